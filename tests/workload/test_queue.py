@@ -1,0 +1,164 @@
+"""Queue semantics against a real Redis server: every state transition and its fencing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from workload.queue import Item, WorkQueue, connect
+from workload.redis_server import RedisServer
+
+
+def make_queue(server: RedisServer, **kw) -> WorkQueue:
+    return WorkQueue(connect(server.url, server.password), prefix="t", **kw)
+
+
+def items(run: str, n: int) -> list[Item]:
+    return [Item(run=run, shard=f"training/day{i:02d}.parquet", dataset="d", seq=i) for i in range(n)]
+
+
+def test_password_is_required(redis_server: RedisServer) -> None:
+    import redis
+
+    with pytest.raises(redis.AuthenticationError):
+        connect(redis_server.url).ping()
+
+
+def test_enqueue_is_idempotent_and_skips_done_items(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    assert q.enqueue(items("a", 3)) == 3
+    assert q.enqueue(items("a", 3)) == 0
+    lease = q.claim("w1", ttl_s=30)
+    assert lease and q.ack(lease)
+    assert q.enqueue(items("a", 3)) == 0  # a done item is not enqueued again
+    c = q.counts()
+    assert (c.pending, c.leased, c.done, c.total) == (2, 0, 1, 3)
+
+
+def test_one_worker_per_run_in_chronological_order(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    q.enqueue(list(reversed(items("a", 3))) + items("b", 2))
+    l1, l2 = q.claim("w1", 30), q.claim("w2", 30)
+    assert l1 and l2
+    assert {l1.item.run, l2.item.run} == {"a", "b"}
+    assert q.claim("w3", 30) is None  # both runs are leased: a third worker gets nothing
+    order = []
+    lease = l1 if l1.item.run == "a" else l2
+    while lease:
+        order.append(lease.item.seq)
+        assert q.ack(lease)
+        lease = q.claim("w1", 30)
+        if lease and lease.item.run != "a":
+            q.ack(lease)
+            lease = q.claim("w1", 30)
+    assert order == [0, 1, 2]
+
+
+def test_stale_owner_cannot_ack_heartbeat_or_release(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 1))
+    stale = q.claim("w1", ttl_s=0.2)
+    assert stale
+    time.sleep(0.3)
+    fresh = q.claim("w2", ttl_s=30)  # reaps the expired lease, then takes the item over
+    assert fresh and fresh.item == stale.item and fresh.token > stale.token
+    assert fresh.attempts == 1  # the expiry counted as a failed attempt
+    assert not q.ack(stale)
+    assert q.heartbeat(stale, 30) is None
+    assert q.release(stale, error="x") is None
+    assert not q.holds(stale) and q.holds(fresh)
+    assert q.ack(fresh)
+    assert q.counts().done == 1
+
+
+def test_heartbeat_keeps_the_lease_alive(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 1))
+    lease = q.claim("w1", ttl_s=0.5)
+    assert lease
+    for _ in range(4):
+        time.sleep(0.25)
+        assert q.heartbeat(lease, 0.5)
+    assert q.reap() == 0
+    assert q.ack(lease)
+
+
+def test_release_without_error_costs_no_attempt(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server, max_attempts=1)
+    q.enqueue(items("a", 1))
+    for _ in range(3):
+        lease = q.claim("w1", 30)
+        assert lease and lease.attempts == 0
+        assert q.release(lease) == "pending"
+    assert q.counts().pending == 1
+
+
+def test_errors_dead_letter_after_max_attempts(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server, max_attempts=3)
+    q.enqueue(items("a", 2))
+    states = []
+    for i in range(3):
+        lease = q.claim("w1", 30)
+        assert lease and lease.item.seq == 0
+        states.append(q.release(lease, error=f"boom {i}"))
+    assert states == ["pending", "pending", "dead"]
+    snap = q.snapshot()["runs"]["a"]
+    assert snap["dead"]["a/training/day00.parquet"]["error"] == "boom 2"
+    assert snap["dead"]["a/training/day00.parquet"]["attempts"] == 3
+    nxt = q.claim("w1", 30)  # the run goes on with its next shard
+    assert nxt and nxt.item.seq == 1
+
+
+def test_permanent_error_dead_letters_at_once(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server, max_attempts=5)
+    q.enqueue(items("a", 1))
+    lease = q.claim("w1", 30)
+    assert lease and q.release(lease, error="pickle refused", permanent=True) == "dead"
+    c = q.counts()
+    assert c.drained and c.dead == 1
+
+
+def test_expired_leases_dead_letter_after_max_attempts(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server, max_attempts=2)
+    q.enqueue(items("a", 1))
+    for _ in range(2):
+        assert q.claim("w1", ttl_s=0.1)
+        time.sleep(0.15)
+    assert q.reap() == 1
+    c = q.counts()
+    assert c.drained and c.dead == 1
+    assert "stopped heartbeating" in q.snapshot()["runs"]["a"]["dead"]["a/training/day00.parquet"]["error"]
+
+
+def test_drained_only_when_nothing_pending_or_leased(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 1))
+    assert not q.counts().drained
+    lease = q.claim("w1", 30)
+    assert lease
+    c = q.counts()
+    assert (c.pending, c.leased, c.drained) == (0, 1, False)
+    q.ack(lease)
+    assert q.counts().drained
+
+
+def test_run_spec_is_recorded_once(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    q.put_spec("a", {"lr": 0.001})
+    q.put_spec("a", {"lr": 0.001})
+    with pytest.raises(ValueError, match="run 'a' already exists"):
+        q.put_spec("a", {"lr": 0.1})
+    assert q.spec("a") == {"lr": 0.001}
+
+
+def test_survives_a_redis_restart(redis_server: RedisServer) -> None:
+    q = make_queue(redis_server, retry_for_s=30)
+    q.enqueue(items("a", 2))
+    lease = q.claim("w1", 60)
+    assert lease
+    redis_server.kill()  # hard kill: appendfsync always keeps every acknowledged write
+    redis_server.start()
+    assert q.holds(lease)
+    assert q.ack(lease)
+    assert q.counts().done == 1 and q.counts().pending == 1

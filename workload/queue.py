@@ -1,0 +1,397 @@
+"""The work queue: items are (run, shard); a run is leased to one worker at a time.
+
+Every state transition is one Lua script, so each is atomic on the Redis server:
+
+    pending --claim--> leased --ack--> done
+                       leased --release(preempted)--> pending           (attempts unchanged)
+                       leased --release(error) / lease expiry--> pending (attempts + 1)
+                                                  ... or dead         (attempts >= max_attempts)
+                       leased --dead_letter(permanent error)--> dead
+
+Leases carry a fencing token (a global counter): only the holder of the current token can
+heartbeat, ack or release. Time comes from the Redis server (``TIME``), so workers with
+skewed clocks agree on when a lease expired. The scripts take the key prefix as an argument,
+so this targets a single Redis instance (not Redis Cluster), which is what the stack deploys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Keys:
+    """Redis key names, built in one spot."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.items = f"{prefix}:items"  # hash  item id -> item JSON (kept forever: idempotent enqueue)
+        self.runs = f"{prefix}:runs"  # set   run names
+        self.specs = f"{prefix}:specs"  # hash  run -> hyperparameters JSON
+        self.leases = f"{prefix}:leases"  # zset  run -> lease deadline (ms, server time)
+        self.attempts = f"{prefix}:attempts"  # hash  item id -> failed attempts
+        self.errors = f"{prefix}:errors"  # hash  item id -> last error text
+        self.done = f"{prefix}:done"  # set   item ids
+        self.dead = f"{prefix}:dead"  # hash  item id -> JSON {error, attempts, owner, at}
+        self.token = f"{prefix}:token"  # int   fencing token counter
+
+    def pending(self, run: str) -> str:
+        return f"{self.prefix}:pending:{run}"  # zset item id -> chronological seq
+
+    def lease(self, run: str) -> str:
+        return f"{self.prefix}:lease:{run}"  # hash item, owner, token, deadline, claimed_at, seq
+
+
+# Shared Lua prelude: server time in ms, and the one place an item fails (back to pending or dead).
+_PRELUDE = """
+local p = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function fail(run, id, seq, owner, err, max_attempts, now)
+  local n = redis.call('HINCRBY', p..':attempts', id, 1)
+  redis.call('HSET', p..':errors', id, err)
+  if n >= max_attempts then
+    redis.call('HSET', p..':dead', id, cjson.encode({error=err, attempts=n, owner=owner, at=now}))
+    return 'dead'
+  end
+  redis.call('ZADD', p..':pending:'..run, seq, id)
+  return 'pending'
+end
+local function drop_lease(run)
+  redis.call('DEL', p..':lease:'..run)
+  redis.call('ZREM', p..':leases', run)
+end
+local function reap(now, max_attempts)
+  local expired = redis.call('ZRANGEBYSCORE', p..':leases', '-inf', now)
+  for _, run in ipairs(expired) do
+    local l = redis.call('HMGET', p..':lease:'..run, 'item', 'owner', 'seq')
+    drop_lease(run)
+    if l[1] then
+      fail(run, l[1], tonumber(l[3]), l[2], 'lease expired: owner '..tostring(l[2])..' stopped heartbeating',
+           max_attempts, now)
+    end
+  end
+  return #expired
+end
+"""
+
+# ARGV: prefix, item id, run, seq, item JSON
+_ENQUEUE = """
+local p = ARGV[1]
+if redis.call('HSETNX', p..':items', ARGV[2], ARGV[5]) == 0 then return 0 end
+redis.call('SADD', p..':runs', ARGV[3])
+redis.call('ZADD', p..':pending:'..ARGV[3], tonumber(ARGV[4]), ARGV[2])
+return 1
+"""
+
+# ARGV: prefix, owner, ttl_ms, max_attempts
+_CLAIM = _PRELUDE + """
+local now = now_ms()
+reap(now, tonumber(ARGV[4]))
+local runs = redis.call('SMEMBERS', p..':runs')
+table.sort(runs)
+for _, run in ipairs(runs) do
+  if redis.call('EXISTS', p..':lease:'..run) == 0 then
+    local first = redis.call('ZRANGE', p..':pending:'..run, 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      local id, seq = first[1], first[2]
+      redis.call('ZREM', p..':pending:'..run, id)
+      local token = redis.call('INCR', p..':token')
+      local deadline = now + tonumber(ARGV[3])
+      redis.call('HSET', p..':lease:'..run, 'item', id, 'owner', ARGV[2], 'token', token,
+                 'deadline', deadline, 'claimed_at', now, 'seq', seq)
+      redis.call('ZADD', p..':leases', deadline, run)
+      local attempts = tonumber(redis.call('HGET', p..':attempts', id) or '0')
+      return {redis.call('HGET', p..':items', id), token, deadline, attempts}
+    end
+  end
+end
+return false
+"""
+
+# ARGV: prefix, run, token, ttl_ms  -> new deadline, or 0 when the lease is not ours any more
+_HEARTBEAT = _PRELUDE + """
+local key = p..':lease:'..ARGV[2]
+if redis.call('HGET', key, 'token') ~= ARGV[3] then return 0 end
+local deadline = now_ms() + tonumber(ARGV[4])
+redis.call('HSET', key, 'deadline', deadline)
+redis.call('ZADD', p..':leases', deadline, ARGV[2])
+return deadline
+"""
+
+# ARGV: prefix, run, token, item id  -> 1 acked, 2 already done (a retried ack), 0 refused
+_ACK = _PRELUDE + """
+local key = p..':lease:'..ARGV[2]
+if redis.call('HGET', key, 'token') == ARGV[3] and redis.call('HGET', key, 'item') == ARGV[4] then
+  drop_lease(ARGV[2])
+  redis.call('SADD', p..':done', ARGV[4])
+  redis.call('HDEL', p..':errors', ARGV[4])
+  return 1
+end
+if redis.call('SISMEMBER', p..':done', ARGV[4]) == 1 then return 2 end
+return 0
+"""
+
+# ARGV: prefix, run, token, mode ('preempted' | 'error' | 'dead'), error text, max_attempts
+# -> 'pending' | 'dead' | '' (refused: not the lease owner)
+_RELEASE = _PRELUDE + """
+local key = p..':lease:'..ARGV[2]
+if redis.call('HGET', key, 'token') ~= ARGV[3] then return '' end
+local l = redis.call('HMGET', key, 'item', 'owner', 'seq')
+drop_lease(ARGV[2])
+local now = now_ms()
+if ARGV[4] == 'preempted' then
+  redis.call('ZADD', p..':pending:'..ARGV[2], tonumber(l[3]), l[1])
+  return 'pending'
+end
+local max_attempts = tonumber(ARGV[6])
+if ARGV[4] == 'dead' then max_attempts = 1 end
+return fail(ARGV[2], l[1], tonumber(l[3]), l[2], ARGV[5], max_attempts, now)
+"""
+
+# ARGV: prefix, max_attempts -> number of expired leases returned to the queue
+_REAP = _PRELUDE + """
+return reap(now_ms(), tonumber(ARGV[2]))
+"""
+
+# ARGV: prefix -> {pending, leased}: read together so "drained" is never a torn view
+_COUNTS = """
+local p = ARGV[1]
+local pending = 0
+for _, run in ipairs(redis.call('SMEMBERS', p..':runs')) do
+  pending = pending + redis.call('ZCARD', p..':pending:'..run)
+end
+return {pending, redis.call('ZCARD', p..':leases')}
+"""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work: apply `shard` (a path relative to the dataset folder) to `run`."""
+
+    run: str
+    shard: str
+    dataset: str
+    seq: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.run}/{self.shard}"
+
+    def to_json(self) -> str:
+        return json.dumps({"run": self.run, "shard": self.shard, "dataset": self.dataset, "seq": self.seq})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Item:
+        data = json.loads(text)
+        return cls(run=str(data["run"]), shard=str(data["shard"]), dataset=str(data["dataset"]),
+                   seq=int(data["seq"]))
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed item. `token` fences every later call: a stale holder is refused."""
+
+    item: Item
+    token: int
+    deadline_ms: int
+    attempts: int  # failed attempts before this claim
+
+
+@dataclass(frozen=True)
+class Counts:
+    pending: int
+    leased: int
+    done: int
+    dead: int
+    total: int
+
+    @property
+    def drained(self) -> bool:
+        return self.pending == 0 and self.leased == 0
+
+
+class QueueUnavailable(RuntimeError):
+    """Redis stayed unreachable for longer than the retry budget."""
+
+
+def connect(url: str, password: str | None = None) -> redis.Redis:
+    """A client that rides out short blips itself; `WorkQueue` retries longer outages."""
+    return redis.Redis.from_url(
+        url,
+        password=password or None,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=15,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
+
+
+class WorkQueue:
+    def __init__(self, client: redis.Redis, prefix: str = "spottrain", *, max_attempts: int = 5,
+                 retry_for_s: float = 300.0) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.redis = client
+        self.keys = Keys(prefix)
+        self.max_attempts = max_attempts
+        self.retry_for_s = retry_for_s
+        self._enqueue = client.register_script(_ENQUEUE)
+        self._claim = client.register_script(_CLAIM)
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self._ack = client.register_script(_ACK)
+        self._release = client.register_script(_RELEASE)
+        self._reap = client.register_script(_REAP)
+        self._counts = client.register_script(_COUNTS)
+
+    # -- connection loss -------------------------------------------------------------------------
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """Retry `call` with capped exponential backoff while Redis is unreachable (e.g. restarting)."""
+        deadline = time.monotonic() + self.retry_for_s
+        delay = 0.2
+        while True:
+            try:
+                return call()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise QueueUnavailable(
+                        f"Redis unreachable for {self.retry_for_s:.0f}s during {what}: {exc}") from exc
+                log.warning("Redis unreachable during %s (%s); retrying in %.1fs", what, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _p(self) -> str:
+        return self.keys.prefix
+
+    # -- producers -------------------------------------------------------------------------------
+    def enqueue(self, items: Iterable[Item]) -> int:
+        """Add items not seen before (done and dead items included). Returns how many were new."""
+        added = 0
+        for item in items:
+            added += int(self._retrying("enqueue", lambda it=item: self._enqueue(
+                args=[self._p(), it.id, it.run, it.seq, it.to_json()])))
+        return added
+
+    def put_spec(self, run: str, spec: dict[str, Any]) -> None:
+        """Record a run's hyperparameters once; a different spec for an existing run is refused."""
+        text = json.dumps(spec, sort_keys=True)
+        if not self._retrying("put_spec", lambda: self.redis.hsetnx(self.keys.specs, run, text)):
+            seen = self.spec(run)
+            if seen != json.loads(text):
+                raise ValueError(
+                    f"run {run!r} already exists with hyperparameters {seen}; got {spec}. A run is one "
+                    "model lineage: give the new hyperparameters a new run name.")
+
+    def spec(self, run: str) -> dict[str, Any]:
+        text = self._retrying("spec", lambda: self.redis.hget(self.keys.specs, run))
+        if text is None:
+            raise KeyError(f"run {run!r} has no hyperparameters in Redis (seed it first)")
+        return json.loads(text)
+
+    # -- consumers -------------------------------------------------------------------------------
+    def claim(self, owner: str, ttl_s: float) -> Lease | None:
+        """Atomically reap expired leases and lease the next shard of a run nobody holds."""
+        got = self._retrying("claim", lambda: self._claim(
+            args=[self._p(), owner, int(ttl_s * 1000), self.max_attempts]))
+        if not got:
+            return None
+        raw, token, deadline, attempts = got
+        return Lease(item=Item.from_json(raw), token=int(token), deadline_ms=int(deadline),
+                     attempts=int(attempts))
+
+    def heartbeat(self, lease: Lease, ttl_s: float) -> int | None:
+        """Extend the lease; None means it is no longer ours (expired and reaped, or taken over)."""
+        deadline = self._heartbeat(args=[self._p(), lease.item.run, lease.token, int(ttl_s * 1000)])
+        return int(deadline) or None
+
+    def holds(self, lease: Lease) -> bool:
+        """Whether `lease` is still the current lease of its run (the fencing check)."""
+        token = self._retrying("holds", lambda: self.redis.hget(self.keys.lease(lease.item.run), "token"))
+        return token is not None and int(token) == lease.token
+
+    def ack(self, lease: Lease) -> bool:
+        """Mark done. Refused (False, logged) when the lease is not ours any more."""
+        res = int(self._retrying("ack", lambda: self._ack(
+            args=[self._p(), lease.item.run, lease.token, lease.item.id])))
+        if res == 0:
+            log.warning("ack of %s refused: token %d no longer holds the lease", lease.item.id, lease.token)
+        return res != 0
+
+    def release(self, lease: Lease, *, error: str | None = None, permanent: bool = False) -> str | None:
+        """Give the item back. Without `error` (preemption) it costs no attempt; with one it
+        counts an attempt and dead-letters at max_attempts; `permanent` dead-letters at once.
+        Returns the item's new state ('pending' | 'dead'), or None when refused (not the owner)."""
+        mode = "dead" if permanent else ("error" if error else "preempted")
+        res = self._retrying("release", lambda: self._release(
+            args=[self._p(), lease.item.run, lease.token, mode, error or "", self.max_attempts]))
+        state = res.decode() if isinstance(res, bytes) else str(res)
+        if not state:
+            log.warning("release of %s refused: token %d no longer holds the lease",
+                        lease.item.id, lease.token)
+            return None
+        return state
+
+    def reap(self) -> int:
+        """Return expired leases to the queue (any live worker may call this)."""
+        return int(self._retrying("reap", lambda: self._reap(args=[self._p(), self.max_attempts])))
+
+    # -- observers -------------------------------------------------------------------------------
+    def counts(self) -> Counts:
+        pending, leased = self._retrying("counts", lambda: self._counts(args=[self._p()]))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.scard(self.keys.done).hlen(self.keys.dead).hlen(self.keys.items)
+        done, dead, total = self._retrying("counts", pipe.execute)
+        return Counts(pending=int(pending), leased=int(leased), done=int(done), dead=int(dead),
+                      total=int(total))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything `status` shows, read in one transaction."""
+        def read() -> dict[str, Any]:
+            runs = sorted(r.decode() for r in self.redis.smembers(self.keys.runs))
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hgetall(self.keys.items).smembers(self.keys.done).hgetall(self.keys.dead)
+            pipe.hgetall(self.keys.attempts).hgetall(self.keys.errors)
+            pipe.time()
+            for run in runs:
+                pipe.zrange(self.keys.pending(run), 0, -1).hgetall(self.keys.lease(run))
+            res = pipe.execute()
+            return {"runs": runs, "res": res}
+
+        got = self._retrying("snapshot", read)
+        runs, res = got["runs"], got["res"]
+        items = {k.decode(): Item.from_json(v) for k, v in res[0].items()}
+        done = {d.decode() for d in res[1]}
+        dead = {k.decode(): json.loads(v) for k, v in res[2].items()}
+        attempts = {k.decode(): int(v) for k, v in res[3].items()}
+        errors = {k.decode(): v.decode() for k, v in res[4].items()}
+        secs, micros = res[5]
+        now_ms = int(secs) * 1000 + int(micros) // 1000
+        out: dict[str, Any] = {"now_ms": now_ms, "runs": {}}
+        for i, run in enumerate(runs):
+            pending = [p.decode() for p in res[6 + 2 * i]]
+            lease = {k.decode(): v.decode() for k, v in res[7 + 2 * i].items()}
+            run_items = [it for it in items.values() if it.run == run]
+            out["runs"][run] = {
+                "total": len(run_items),
+                "done": sum(1 for it in run_items if it.id in done),
+                "dead": {i: dead[i] for i in dead if items.get(i) and items[i].run == run},
+                "pending": pending,
+                "lease": lease or None,
+                "attempts": {i: attempts[i] for i in attempts if items.get(i) and items[i].run == run},
+                "errors": {i: errors[i] for i in errors if items.get(i) and items[i].run == run},
+            }
+        return out
