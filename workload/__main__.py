@@ -1,0 +1,5 @@
+import sys
+
+from workload.cli import main
+
+sys.exit(main())

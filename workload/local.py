@@ -1,0 +1,130 @@
+"""`make local`: the cluster in miniature. A real Redis server (AOF under the local folder), a
+local folder as the share, N worker processes as the Job's pods, a progress bar, a summary.
+
+Running it again resumes what was left, or trains nothing when everything is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from workload import report
+from workload.queue import WorkQueue
+from workload.redis_server import RedisServer
+from workload.worker import share_paths
+
+log = logging.getLogger("workload.local")
+
+
+def progress_line(done: int, dead: int, leased: int, total: int, elapsed: float, width: int = 30) -> str:
+    finished = done + dead
+    filled = int(width * finished / total) if total else width
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{total} shards "
+            f"({done} applied, {dead} dead-lettered, {leased} training) {elapsed:5.0f}s")
+
+
+def main(args: argparse.Namespace) -> int:
+    base = args.dir.resolve()
+    share, logs = base / "share", base / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    server = RedisServer(base / "redis")
+    started = time.monotonic()
+    workers: list[subprocess.Popen[bytes]] = []
+    interrupted = False
+    try:
+        server.start()
+        log.info("Redis %s (AOF in %s); share %s", server.url, server.data_dir, share)
+        env = {**os.environ, "REDIS_URL": server.url, "REDIS_PASSWORD": server.password, "SHARE_DIR": str(share),
+               "TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.workers)),
+               "CHECKPOINT_INTERVAL_SECONDS": str(args.checkpoint_interval),
+               "LEASE_TTL_SECONDS": str(args.lease_ttl)}
+        seed_cmd = [sys.executable, "-m", "workload", "seed", "--preset", args.preset]
+        for run in args.run or []:
+            seed_cmd += ["--run", run]
+        if args.runs_file:
+            seed_cmd += ["--runs-file", str(args.runs_file)]
+        if args.datasets:
+            seed_cmd += ["--datasets", str(args.datasets)]
+        if subprocess.run(seed_cmd, env=env).returncode != 0:
+            log.error("seeding failed (see above)")
+            return 1
+
+        from workload.queue import connect
+
+        queue = WorkQueue(connect(server.url, server.password))
+        before = queue.counts()
+        if before.drained:
+            log.info("nothing new to train: %d shard(s) applied, %d dead-lettered (delete %s to start over)",
+                     before.done, before.dead, base)
+        for i in range(args.workers if not before.drained else 0):
+            out = open(logs / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "workload", "worker", "--worker-id", f"local-{i}"],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        if workers:
+            log.info("%d workers started; logs in %s", len(workers), logs)
+        tty = sys.stderr.isatty()
+        last_print = 0.0
+        while any(w.poll() is None for w in workers):
+            c = queue.counts()
+            now = time.monotonic()
+            line = progress_line(c.done, c.dead, c.leased, c.total, now - started)
+            if tty:
+                print("\r" + line, end="", file=sys.stderr, flush=True)
+            elif now - last_print >= 10:
+                print(line, file=sys.stderr, flush=True)
+                last_print = now
+            time.sleep(0.5)
+        if workers:
+            c = queue.counts()
+            print(("\r" if tty else "") + progress_line(c.done, c.dead, c.leased, c.total,
+                                                        time.monotonic() - started), file=sys.stderr)
+        failed = [(i, w.returncode) for i, w in enumerate(workers) if w.returncode != 0]
+        for i, code in failed:
+            tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
+            log.error("worker local-%d exited %d; last lines of its log:\n%s", i, code, "\n".join(tail))
+        summary(queue, share)
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        interrupted = True
+        print(file=sys.stderr)
+        log.warning("interrupted: workers release their items and stop; run again to resume")
+        return 130
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for w in workers:
+            try:
+                w.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.kill()
+        server.stop()
+        if interrupted:
+            log.info("stopped cleanly after %.0fs", time.monotonic() - started)
+
+
+def summary(queue: WorkQueue, share: Path) -> None:
+    _, output_dir = share_paths(share)
+    snap = queue.snapshot()
+    lines = ["", "Summary"]
+    for run, r in snap["runs"].items():
+        lines.append(f"  run {run}: {r['done']}/{r['total']} shards applied, {len(r['dead'])} dead-lettered")
+        for item, d in r["dead"].items():
+            lines.append(f"    dead: {item}: {d['error']}")
+        m = report.latest_metrics(output_dir / run)
+        if m:
+            lines.append(f"    test days: average precision {m['average_precision']:.3f} vs base rate "
+                         f"{m['base_rate']:.4f}; ROC AUC {m['roc_auc']:.3f}; precision@100/day "
+                         f"{m['precision_top100']:.3f}; recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")
+        lines.append(f"    report:  {output_dir / run / 'report.txt'}")
+        lines.append(f"    plots:   {output_dir / run / 'metrics.png'}, {output_dir / run / 'pr_curve.png'}")
+    print("\n".join(lines))
