@@ -1,0 +1,157 @@
+"""Metrics agree with hand-computed values, known identities, and survive degenerate days."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from workload import metrics
+
+KEYS = {
+    "average_precision",
+    "roc_auc",
+    "precision_top100",
+    "recall_at_1pct_fpr",
+    "accuracy",
+    "base_rate",
+    "n",
+    "n_fraud",
+}
+
+
+def test_hand_computed_small_example() -> None:
+    scores = np.array([0.9, 0.8, 0.7, 0.6])
+    labels = np.array([1, 0, 1, 0])
+    result = metrics.evaluate(scores, labels, np.zeros(4))
+    assert set(result) == KEYS
+    assert all(type(v) is float for v in result.values())
+    # Recall steps 0.5 at precision 1, then 0.5 at precision 2/3.
+    assert result["average_precision"] == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)
+    # Pairs (fraud, legit) ordered right: (0.9,0.8), (0.9,0.6), (0.7,0.6); wrong: (0.7,0.8).
+    assert result["roc_auc"] == pytest.approx(3 / 4)
+    assert result["precision_top100"] == pytest.approx(0.5)  # fewer than 100 rows: all of them
+    assert result["accuracy"] == pytest.approx(0.5)  # >= 0.5 flagged: all four
+    assert result["base_rate"] == 0.5 and result["n"] == 4.0 and result["n_fraud"] == 2.0
+
+
+def test_ties_are_handled_like_scikit_learn() -> None:
+    scores = np.array([0.5, 0.5, 0.2])
+    labels = np.array([1, 0, 1])
+    # One threshold for the tie: (P=1/2, R=1/2), then (P=2/3, R=1).
+    assert metrics.average_precision(scores, labels) == pytest.approx(0.5 * 0.5 + 0.5 * 2 / 3)
+    # Fraud at 0.5 vs legit at 0.5 counts one half; fraud at 0.2 vs legit at 0.5 counts 0.
+    assert metrics.roc_auc(scores, labels) == pytest.approx(0.25)
+    assert metrics.roc_auc(np.ones(6), np.array([1, 0, 1, 0, 0, 0])) == pytest.approx(0.5)
+    assert metrics.average_precision(np.ones(4), np.array([1, 0, 0, 0])) == pytest.approx(0.25)
+
+
+def test_scikit_learn_documented_examples() -> None:
+    # Examples from scikit-learn's docstrings of average_precision_score and roc_auc_score.
+    y = np.array([0, 0, 1, 1])
+    s = np.array([0.1, 0.4, 0.35, 0.8])
+    assert metrics.average_precision(s, y) == pytest.approx(0.8333333333)
+    assert metrics.roc_auc(s, y) == pytest.approx(0.75)
+    precision, recall = metrics.pr_curve(s, y)
+    np.testing.assert_allclose(precision, [1, 1, 0.5, 2 / 3, 0.5])
+    np.testing.assert_allclose(recall, [0, 0.5, 0.5, 1, 1])
+
+
+def test_identities_on_random_data() -> None:
+    rng = np.random.default_rng(0)
+    labels = (rng.random(20000) < 0.05).astype(int)
+    scores = rng.random(20000) + labels * rng.random(20000) * 0.5
+    auc = metrics.roc_auc(scores, labels)
+    assert metrics.roc_auc(-scores, labels) == pytest.approx(1 - auc)
+    # Ranking metrics only see the order: a monotone transform changes nothing.
+    assert metrics.average_precision(np.exp(3 * scores), labels) == pytest.approx(
+        metrics.average_precision(scores, labels)
+    )
+    assert metrics.average_precision(labels + 0.0, labels) == pytest.approx(1.0)
+    assert metrics.roc_auc(labels + 0.0, labels) == pytest.approx(1.0)
+    # Uninformative scores: AP near the base rate, AUC near one half.
+    noise = rng.random(20000)
+    assert metrics.average_precision(noise, labels) == pytest.approx(labels.mean(), abs=0.01)
+    assert metrics.roc_auc(noise, labels) == pytest.approx(0.5, abs=0.03)
+    # AUC equals the pairwise definition.
+    pos, neg = scores[labels == 1][:300], scores[labels == 0][:300]
+    pairwise = ((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean()
+    sub = np.r_[pos, neg]
+    assert metrics.roc_auc(sub, np.r_[np.ones(300), np.zeros(300)]) == pytest.approx(pairwise)
+    # AP equals the mean precision at each fraud's rank when there are no ties.
+    order = np.argsort(-scores)
+    hits = labels[order]
+    ranks = np.nonzero(hits)[0] + 1
+    precision_at_each_fraud = np.cumsum(hits)[ranks - 1] / ranks
+    assert metrics.average_precision(scores, labels) == pytest.approx(precision_at_each_fraud.mean())
+
+
+def test_recall_at_one_percent_fpr() -> None:
+    negatives = np.arange(200) / 200  # 0 .. 0.995
+    scores = np.r_[0.999, 0.9975, 0.5, negatives]
+    labels = np.r_[1, 1, 1, np.zeros(200)]
+    # 1% of 200 legit = 2 false positives allowed: threshold 0.99 flags the two top frauds.
+    assert metrics.recall_at_fpr(scores, labels) == pytest.approx(2 / 3)
+    assert metrics.evaluate(scores, labels, np.zeros(203))["recall_at_1pct_fpr"] == pytest.approx(2 / 3)
+    # A fraud scored below every legit transaction is never found within 1% FPR.
+    assert metrics.recall_at_fpr(np.r_[-1.0, negatives], np.r_[1, np.zeros(200)]) == 0.0
+
+
+def test_precision_top100_is_a_mean_over_days() -> None:
+    # Day 0: 150 rows, the 100 best hold 30 frauds (and 20 more frauds rank below them).
+    day0_scores = np.linspace(1, 0, 150)
+    day0_labels = np.zeros(150)
+    day0_labels[:30] = 1
+    day0_labels[100:120] = 1
+    # Day 1: 10 rows (fewer than 100: all count), 5 frauds.
+    day1_scores = np.linspace(1, 0, 10)
+    day1_labels = np.r_[np.ones(5), np.zeros(5)]
+    scores = np.r_[day0_scores, day1_scores]
+    labels = np.r_[day0_labels, day1_labels]
+    days = np.r_[np.zeros(150), np.ones(10)]
+    assert metrics.precision_top_k(scores, labels, days) == pytest.approx((0.3 + 0.5) / 2)
+    shuffle = np.random.default_rng(0).permutation(160)
+    assert metrics.evaluate(scores[shuffle], labels[shuffle], days[shuffle])["precision_top100"] == (
+        pytest.approx(0.4)
+    )
+
+
+def test_degenerate_cases_give_nan_not_exceptions() -> None:
+    no_fraud = metrics.evaluate(np.array([0.1, 0.7]), np.array([0, 0]), np.array([0, 0]))
+    assert math.isnan(no_fraud["average_precision"]) and math.isnan(no_fraud["roc_auc"])
+    assert math.isnan(no_fraud["recall_at_1pct_fpr"])
+    assert no_fraud["precision_top100"] == 0.0 and no_fraud["base_rate"] == 0.0
+    assert no_fraud["accuracy"] == 0.5
+
+    all_fraud = metrics.evaluate(np.array([0.1, 0.7]), np.array([1, 1]), np.array([0, 1]))
+    assert all_fraud["average_precision"] == 1.0
+    assert math.isnan(all_fraud["roc_auc"]) and math.isnan(all_fraud["recall_at_1pct_fpr"])
+    assert all_fraud["precision_top100"] == 1.0 and all_fraud["base_rate"] == 1.0
+
+    empty = metrics.evaluate(np.array([]), np.array([]), np.array([]))
+    assert empty["n"] == 0.0 and empty["n_fraud"] == 0.0
+    assert all(math.isnan(empty[k]) for k in KEYS - {"n", "n_fraud"})
+    assert all(type(v) is float for v in empty.values())
+
+    precision, recall = metrics.pr_curve(np.array([0.3]), np.array([0]))
+    assert precision.size == 0 and recall.size == 0
+    with pytest.raises(ValueError, match="scores has 2 values, labels has 1"):
+        metrics.evaluate(np.array([0.1, 0.2]), np.array([1]), np.array([0, 0]))
+
+
+def test_logistic_regression_baseline_learns_a_rare_class() -> None:
+    rng = np.random.default_rng(0)
+    n = 20000
+    y = (rng.random(n) < 0.02).astype(np.float32)
+    shift = np.array([2.0, 0.0, -1.0])
+    x = np.c_[rng.normal(size=(n, 3)) + y[:, None] * shift, np.ones(n)]  # a constant column too
+    x_test = np.c_[rng.normal(size=(n, 3)), np.ones(n)]
+    y_test = (rng.random(n) < 0.02).astype(np.float32)
+    x_test[:, :3] += y_test[:, None] * shift
+    scores = metrics.logistic_regression_baseline(x, y, x_test, seed=0)
+    assert scores.shape == (n,) and np.all((scores >= 0) & (scores <= 1))
+    assert metrics.roc_auc(scores, y_test) > 0.9
+    # Class weighting: frauds get probabilities above one half, not squashed to the base rate.
+    assert np.median(scores[y_test == 1]) > 0.5
+    np.testing.assert_array_equal(scores, metrics.logistic_regression_baseline(x, y, x_test, seed=0))

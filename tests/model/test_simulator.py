@@ -1,0 +1,147 @@
+"""The simulator follows the handbook's published design (chapter 3), deterministically."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workload import schema, simulator
+
+TINY = simulator.SimulationSpec(
+    customers=300, terminals=200, train_days=5, test_days=2, start_date="2018-04-01", seed=7
+)
+
+
+@pytest.fixture(scope="module")
+def small() -> simulator.Simulation:
+    return simulator.simulate(simulator.PRESETS["small"])
+
+
+def _read_all(paths: list[Path]) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)
+
+
+def test_generate_writes_one_file_per_day_in_the_tutorial_schema(tmp_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    paths = simulator.generate(tmp_path, TINY, progress=lambda done, total: calls.append((done, total)))
+
+    assert [p.parent.name for p in paths] == ["training"] * 5 + ["testing"] * 2
+    names = [p.stem for p in paths]
+    assert names == [str(np.datetime64("2018-04-01") + d) for d in range(7)]
+    assert calls[-1] == (7, 7) and len(calls) == 7
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".parquet"], "temp files left"
+
+    for path in paths:
+        day = pd.read_parquet(path)
+        assert list(day.columns) == list(schema.COLUMNS)
+        for column, kind in schema.COLUMNS.items():
+            dtype = day[column].dtype
+            ok = {
+                "int": pd.api.types.is_integer_dtype,
+                "float": pd.api.types.is_float_dtype,
+                "datetime": pd.api.types.is_datetime64_any_dtype,
+            }[kind](dtype)
+            assert ok, f"{path.name}: {column} is {dtype}, expected {kind}"
+        # Each file holds exactly its own date: dates come from TX_DATETIME, not the name.
+        assert (day[schema.TX_DATETIME].dt.strftime("%Y-%m-%d") == path.stem).all()
+
+    full = _read_all(paths)
+    ids = full[schema.TRANSACTION_ID].to_numpy()
+    assert (np.diff(ids) > 0).all(), "TRANSACTION_ID must increase over the whole dataset"
+    assert full[schema.TX_DATETIME].is_monotonic_increasing
+    start = pd.Timestamp("2018-04-01")
+    seconds = (full[schema.TX_DATETIME] - start).dt.total_seconds().astype(np.int64)
+    assert (seconds == full[schema.TX_TIME_SECONDS]).all()
+    assert (seconds // 86400 == full[schema.TX_TIME_DAYS]).all()
+    assert (full[schema.TX_AMOUNT] > 0).all() and full[schema.TX_AMOUNT].notna().all()
+
+
+def test_same_seed_gives_identical_files_and_another_seed_differs(tmp_path: Path) -> None:
+    first = simulator.generate(tmp_path / "a", TINY)
+    again = simulator.generate(tmp_path / "b", TINY)
+    other = simulator.generate(tmp_path / "c", dataclasses.replace(TINY, seed=TINY.seed + 1))
+    for a, b in zip(first, again, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert not _read_all(first).equals(_read_all(other))
+
+
+def test_profiles_and_terminals_in_reach(small: simulator.Simulation) -> None:
+    assert ((small.customer_mean_amount >= 5) & (small.customer_mean_amount <= 100)).all()
+    assert ((small.customer_mean_nb_tx_per_day >= 0) & (small.customer_mean_nb_tx_per_day <= 4)).all()
+    tx = small.transactions
+    customer = tx[schema.CUSTOMER_ID].to_numpy()
+    terminal = tx[schema.TERMINAL_ID].to_numpy()
+    distance = np.linalg.norm(small.customer_xy[customer] - small.terminal_xy[terminal], axis=1)
+    assert (distance < simulator.PRESETS["small"].radius).all()
+    # Poisson(mean per day) over the days, less the ~1.6% of times drawn outside the day.
+    expected = small.customer_mean_nb_tx_per_day.sum() * simulator.PRESETS["small"].days
+    assert 0.95 * expected < len(tx) < 1.01 * expected
+    time_of_day = tx[schema.TX_TIME_SECONDS] % 86400
+    assert abs(time_of_day.mean() - 43200) < 500 and 18000 < time_of_day.std() < 21000
+
+
+def test_scenario_1_is_exactly_the_amounts_above_220(small: simulator.Simulation) -> None:
+    tx = small.transactions
+    scenario = tx[schema.TX_FRAUD_SCENARIO]
+    assert (scenario == 1).sum() > 10
+    assert (tx.loc[scenario == 1, schema.TX_AMOUNT] > 220).all()
+    # Above 220 is always fraud (scenarios 2 and 3 may claim it later); legit never exceeds 220.
+    assert (tx.loc[tx[schema.TX_AMOUNT] > 220, schema.TX_FRAUD] == 1).all()
+    assert (tx.loc[scenario == 0, schema.TX_AMOUNT] <= 220).all()
+    assert ((tx[schema.TX_FRAUD] == 1) == (scenario > 0)).all()
+
+
+def test_scenario_2_frauds_are_on_terminals_compromised_in_the_last_28_days(
+    small: simulator.Simulation,
+) -> None:
+    tx = small.transactions
+    days = tx[schema.TX_TIME_DAYS].to_numpy()
+    terminal = tx[schema.TERMINAL_ID].to_numpy()
+    compromised_within = np.zeros(len(tx), dtype=bool)
+    for d, terminals in enumerate(small.compromised_terminals):
+        compromised_within |= np.isin(terminal, terminals) & (days >= d) & (days < d + 28)
+    scenario = tx[schema.TX_FRAUD_SCENARIO].to_numpy()
+    assert (scenario == 2).sum() > 100
+    assert compromised_within[scenario == 2].all()
+    # ... and every transaction on such a terminal in that window is fraud (3 may override 2).
+    assert np.isin(scenario[compromised_within], (2, 3)).all()
+
+    # The share of scenario 2 builds up as compromised terminals accumulate (the burn-in).
+    share = pd.Series(scenario == 2).groupby(days).mean()
+    assert share.iloc[:3].mean() * 3 < share.iloc[-7:].mean()
+    assert share.iloc[-7:].mean() > 0.015
+
+
+def test_scenario_3_scales_a_third_of_compromised_customers_spending_by_5(
+    small: simulator.Simulation,
+) -> None:
+    tx = small.transactions
+    days = tx[schema.TX_TIME_DAYS].to_numpy()
+    customer = tx[schema.CUSTOMER_ID].to_numpy()
+    compromised_within = np.zeros(len(tx), dtype=bool)
+    for d, customers in enumerate(small.compromised_customers):
+        compromised_within |= np.isin(customer, customers) & (days >= d) & (days < d + 14)
+    scenario = tx[schema.TX_FRAUD_SCENARIO].to_numpy()
+    s3 = scenario == 3
+    assert s3.sum() > 100
+    assert compromised_within[s3].all()
+    share = s3[compromised_within].mean()
+    assert 0.28 < share < 0.45, share  # a third, a bit more where compromise windows overlap
+    ratio = tx[schema.TX_AMOUNT].to_numpy()[s3] / small.customer_mean_amount[customer[s3]]
+    assert 4.5 < np.median(ratio) < 5.5
+    legit_ratio = tx[schema.TX_AMOUNT].to_numpy()[scenario == 0] / small.customer_mean_amount[
+        customer[scenario == 0]
+    ]
+    assert 0.9 < np.median(legit_ratio) < 1.1
+
+
+def test_presets_exist_and_cluster_is_the_handbook_size() -> None:
+    assert {"small", "cluster"} <= set(simulator.PRESETS)
+    cluster = simulator.PRESETS["cluster"]
+    assert (cluster.customers, cluster.terminals, cluster.days) == (5000, 10000, 183)
+    small = simulator.PRESETS["small"]
+    assert small.test_days <= 7 and small.train_days >= 14

@@ -1,0 +1,138 @@
+"""Leak-free transaction features: one definition for training and test days.
+
+Following the handbook (chapter 3.4), a transaction is described by its amount and time of day, by
+its customer's recent spending, and by its terminal's recent fraud rate. Labels are only read from
+days at least ``LABEL_DELAY_DAYS`` before the transaction's own day: fraud is confirmed late in real
+life, and a feature that reads fresher labels scores well offline and fails in production.
+Never used: ``TX_FRAUD``/``TX_FRAUD_SCENARIO`` of the row itself, raw IDs or timestamps as numbers.
+
+All windows are computed with sorted composite keys and cumulative sums (numpy ``searchsorted``), so
+a frame of ~40 days x ~10k rows takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from workload import schema
+
+WINDOWS_DAYS = (1, 7, 30)
+LABEL_DELAY_DAYS = 7
+LOOKBACK_DAYS = max(WINDOWS_DAYS) + LABEL_DELAY_DAYS
+SECONDS_PER_DAY = 86400
+NIGHT_END_HOUR = 6
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "log_amount",
+    "weekend",
+    "night",
+    *(f"customer_log_nb_tx_{w}d" for w in WINDOWS_DAYS),
+    *(f"customer_log_avg_amount_{w}d" for w in WINDOWS_DAYS),
+    *(f"amount_to_customer_avg_{w}d" for w in WINDOWS_DAYS),
+    *(f"terminal_log_nb_tx_{w}d_delayed" for w in WINDOWS_DAYS),
+    *(f"terminal_risk_{w}d_delayed" for w in WINDOWS_DAYS),
+)
+
+
+def _window_sums(
+    keys: np.ndarray, values: np.ndarray, lo: np.ndarray, hi: np.ndarray, hi_side: str = "right"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Count and sum of ``values`` whose sorted ``keys`` lie in ``(lo, hi]`` (``[.., hi)`` for left)."""
+    csum = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
+    start = np.searchsorted(keys, lo, side="right")
+    end = np.searchsorted(keys, hi, side=hi_side)
+    end = np.maximum(end, start)
+    return (end - start).astype(np.float64), csum[end] - csum[start]
+
+
+def _customer_windows(
+    customer: np.ndarray, seconds: np.ndarray, amount: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per row: the customer's count and mean amount over the last w days, up to and including it.
+
+    Rows are in chronological order; among the customer's rows at the same second, only those up
+    to the row itself count (what a streaming system would have seen, and what pandas' time-based
+    ``rolling`` gives).
+    """
+    span = int(seconds.max()) + max(WINDOWS_DAYS) * SECONDS_PER_DAY + 1
+    shifted = seconds + max(WINDOWS_DAYS) * SECONDS_PER_DAY  # keeps window starts inside the block
+    order = np.lexsort((np.arange(len(customer)), customer))  # by customer, then row order
+    keys = customer[order] * span + shifted[order]
+    position = np.empty(len(customer), dtype=np.int64)
+    position[order] = np.arange(len(customer))
+    csum = np.concatenate([[0.0], np.cumsum(amount[order], dtype=np.float64)])
+    own_key = customer * span + shifted
+    counts, means = [], []
+    for w in WINDOWS_DAYS:
+        start = np.searchsorted(keys, own_key - w * SECONDS_PER_DAY, side="right")
+        end = position + 1
+        count = (end - start).astype(np.float64)
+        counts.append(count)
+        means.append((csum[end] - csum[start]) / count)
+    return counts, means
+
+
+def _terminal_windows(
+    terminal: np.ndarray, day: np.ndarray, fraud: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per row on day D: the terminal's count and fraud rate over days [D-delay-w+1, D-delay].
+
+    ``LABEL_DELAY_DAYS`` is read at call time, so a test can set it to 0 and see the leak detected.
+    """
+    delay = LABEL_DELAY_DAYS
+    span = int(day.max()) + 2  # days are >= 0; block per terminal holds day indices -1..max
+    order = np.lexsort((day, terminal))
+    keys = terminal[order] * span + day[order]
+    labels = fraud[order].astype(np.float64)
+    counts, risks = [], []
+    for w in WINDOWS_DAYS:
+        last = day - delay
+        first_excluded = np.maximum(last - w, -1)
+        last = np.maximum(last, -1)
+        count, frauds = _window_sums(keys, labels, terminal * span + first_excluded, terminal * span + last)
+        counts.append(count)
+        risks.append(np.divide(frauds, count, out=np.zeros_like(frauds), where=count > 0))
+    return counts, risks
+
+
+def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
+    """Features of the ``target`` rows of ``frame`` (float32, ``[target.sum(), len(FEATURE_NAMES)]``).
+
+    ``frame`` holds validated transactions sorted by ``TX_DATETIME`` then ``TRANSACTION_ID``, covering
+    the target rows and up to ``LOOKBACK_DAYS`` days before them; windows simply see less history
+    where the frame has less.
+    """
+    target = np.asarray(target, dtype=bool)
+    if len(target) != len(frame):
+        raise ValueError(f"target mask has {len(target)} entries, frame has {len(frame)} rows")
+    if len(frame) == 0 or not target.any():
+        return np.zeros((int(target.sum()), len(FEATURE_NAMES)), dtype=np.float32)
+
+    when = pd.DatetimeIndex(frame[schema.TX_DATETIME])
+    origin = when.min().normalize()
+    seconds = ((when - origin) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
+    day = seconds // SECONDS_PER_DAY
+    amount = frame[schema.TX_AMOUNT].to_numpy(dtype=np.float64)
+    customer = pd.factorize(frame[schema.CUSTOMER_ID])[0].astype(np.int64)
+    terminal = pd.factorize(frame[schema.TERMINAL_ID])[0].astype(np.int64)
+    fraud = frame[schema.TX_FRAUD].to_numpy(dtype=np.float64)
+
+    cust_counts, cust_means = _customer_windows(customer, seconds, amount)
+    term_counts, term_risks = _terminal_windows(terminal, day, fraud)
+    columns = [
+        np.log1p(amount),
+        np.asarray(when.day_of_week >= 5, dtype=np.float64),
+        np.asarray(when.hour < NIGHT_END_HOUR, dtype=np.float64),
+        *(np.log1p(c) for c in cust_counts),
+        *(np.log1p(m) for m in cust_means),
+        *(amount / np.maximum(m, 1e-6) for m in cust_means),
+        *(np.log1p(c) for c in term_counts),
+        *term_risks,
+    ]
+    return np.stack([c[target] for c in columns], axis=1).astype(np.float32)
+
+
+def labels(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
+    """``TX_FRAUD`` of the ``target`` rows, as float32 training targets."""
+    return frame[schema.TX_FRAUD].to_numpy()[np.asarray(target, dtype=bool)].astype(np.float32)
