@@ -148,6 +148,7 @@ class Dataset:
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
         self._cache_files = cache_files
         self._test: Examples | None = None
+        self._skipped: set[str] = set()
 
     def training_shards(self) -> list[str]:
         """Training files in chronological order of their first transaction."""
@@ -182,9 +183,20 @@ class Dataset:
         start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
         parts = []
         for f in self.files:
-            if f["path"] in targets or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
-                frame = self._read(f["path"])
-                parts.append(frame.assign(_target=f["path"] in targets))
+            is_target = f["path"] in targets
+            if is_target or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
+                try:
+                    frame = self._read(f["path"])
+                except (OSError, DatasetError) as exc:
+                    if is_target:
+                        raise
+                    # One bad day must not poison every shard whose window reaches it: that day is
+                    # dead-lettered as its own item; here it is left out of the history, loudly.
+                    if f["path"] not in self._skipped:
+                        log.warning("leaving %s out of feature history and evaluation: %s", f["path"], exc)
+                        self._skipped.add(f["path"])
+                    continue
+                parts.append(frame.assign(_target=is_target))
         frame = pd.concat(parts, ignore_index=True)
         end = last + pd.Timedelta(days=1)
         days = frame[schema.TX_DATETIME]

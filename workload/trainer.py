@@ -100,7 +100,10 @@ class Normalizer:
         self.count = total
 
     def apply(self, x: np.ndarray) -> torch.Tensor:
-        std = torch.sqrt(self.m2 / self.count.clamp(min=1) + 1e-6)
+        std = torch.sqrt(self.m2 / self.count.clamp(min=1))
+        # A feature constant so far (terminal risk before any label is old enough) stays unscaled:
+        # dividing by a tiny std would blow its first real values up a millionfold.
+        std = torch.where(std < 1e-3, torch.ones_like(std), std)
         return ((torch.from_numpy(np.asarray(x, dtype=np.float64)) - self.mean) / std).float()
 
     def state(self) -> dict[str, torch.Tensor]:

@@ -213,15 +213,15 @@ class Worker:
                             "lineage wins", item.run, trainer.hp, hp)
         else:
             trainer = Trainer(item.run, hp, features.FEATURE_NAMES)
-        resumed = trainer.progress
-        log.info("%s: %s", item.id, f"resuming at epoch {resumed['epoch']} batch {resumed['batch']}"
-                 if resumed and resumed["shard"] == item.shard else
-                 f"warm start after {len(trainer.applied)} shard(s)" if trainer.applied else "cold start")
-
         examples = dataset.examples([item.shard])
         if self.stop.is_set():
             self._release_preempted(lease)
             return
+        resumed = trainer.progress
+        log.info("%s: training on %d rows, %s", item.id, len(examples.y),
+                 f"resuming at epoch {resumed['epoch']} batch {resumed['batch']}"
+                 if resumed and resumed["shard"] == item.shard else
+                 f"warm start after {len(trainer.applied)} shard(s)" if trainer.applied else "cold start")
         trainer.begin_shard(item.shard, examples.x)
 
         def promote() -> bool:

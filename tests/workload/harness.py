@@ -1,0 +1,110 @@
+"""Test harness: a tiny dataset on a local share, a real Redis, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from workload import dataset as ds
+from workload import simulator
+from workload.checkpoint import CheckpointStore
+from workload.queue import Counts, WorkQueue, connect
+from workload.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = simulator.SimulationSpec(customers=400, terminals=300, train_days=6, test_days=2,
+                                start_date="2018-04-01", seed=7)
+# Enough epochs that a shard takes ~1 s: kills land mid-training and mid-shard checkpoints happen.
+HPARAMS = {"epochs": 40, "batch_size": 64, "hidden": [32, 16]}
+
+
+def make_dataset(folder: Path) -> Path:
+    """The tiny dataset, simulated once and validated, laid out as seed would."""
+    root = folder / "fraud"
+    if not (root / ds.MANIFEST).exists():
+        simulator.generate(root, TINY)
+        ds.write_manifest(root)
+    return root
+
+
+@dataclass
+class Cluster:
+    """One Redis, one share, and the worker processes of a test."""
+
+    server: RedisServer
+    share: Path
+    dataset_src: Path
+    env_extra: dict[str, str] = field(default_factory=dict)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "REDIS_URL": self.server.url, "REDIS_PASSWORD": self.server.password,
+                "SHARE_DIR": str(self.share), "TORCH_THREADS": "1", "PYTHONPATH": str(ROOT),
+                "LEASE_TTL_SECONDS": "3", "CHECKPOINT_INTERVAL_SECONDS": "0.3", "MAX_ATTEMPTS": "50",
+                "REDIS_RETRY_SECONDS": "60", **self.env_extra, **extra}
+
+    def queue(self) -> WorkQueue:
+        return WorkQueue(connect(self.server.url, self.server.password))
+
+    def seed(self, runs: dict[str, dict] | None = None) -> None:
+        target = self.share / "datasets" / "fraud"
+        if not target.exists():
+            shutil.copytree(self.dataset_src, target)
+        runs_file = self.share.parent / "runs.json"
+        runs_file.write_text(json.dumps(runs or {"main": HPARAMS}))
+        out = subprocess.run([sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file)],
+                             env=self.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+
+    def start_worker(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
+        log = open(self.share.parent / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen([sys.executable, "-m", "workload", "worker", "--worker-id", name],
+                                env=self.env(**extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.share.parent / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_all(self, timeout_s: float = 180) -> list[int]:
+        deadline = time.monotonic() + timeout_s
+        codes = []
+        for p in self.procs:
+            codes.append(p.wait(max(0.1, deadline - time.monotonic())))
+        return codes
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+
+    def counts(self) -> Counts:
+        return self.queue().counts()
+
+    def final_state(self, run: str = "main") -> dict:
+        loaded = CheckpointStore(self.share / "output" / run).load()
+        assert loaded is not None, "no checkpoint"
+        return loaded.state
+
+    def wait_for(self, predicate, timeout_s: float = 60, what: str = "condition") -> float:
+        start = time.monotonic()
+        while not predicate():
+            assert time.monotonic() - start < timeout_s, f"timed out waiting for {what}"
+            time.sleep(0.05)
+        return time.monotonic() - start
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k])
+                                                          for k in a["model"])

@@ -1,0 +1,147 @@
+"""The worker under real faults: SIGKILL at every dangerous point, SIGTERM, a Redis restart, poison.
+
+Each disturbed run must end with every shard applied exactly once, nothing leased or pending,
+the surviving workers exiting 0, and (CPU, fixed seeds) the same weights as an undisturbed run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import signal
+import time
+
+import pytest
+from harness import Cluster, same_weights
+
+from workload.dataset import Dataset
+from workload.queue import Item
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def assert_exactly_once(cluster: Cluster, reference: dict) -> None:
+    shards = Dataset(cluster.share / "datasets" / "fraud").training_shards()
+    state = cluster.final_state()
+    assert state["applied"] == shards, "every shard applied once, in chronological order"
+    assert [h["shard"] for h in state["history"]] == shards
+    assert state["progress"] is None
+    c = cluster.counts()
+    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, len(shards), 0)
+    assert same_weights(state, reference), "weights differ from the undisturbed run"
+    report = (cluster.share / "output" / "main" / "report.txt").read_text()
+    assert report.count("training dataset: ") == len(shards)
+
+
+@pytest.mark.parametrize("point", ["claimed", "mid-write:2", "checkpoint-written:3", "after-promote:2",
+                                   "before-ack:3"])
+def test_sigkill_at_a_dangerous_point(cluster: Cluster, reference_state: dict, point: str) -> None:
+    """A worker SIGKILLs itself at `point`; its lease expires and a peer finishes the work."""
+    cluster.seed()
+    victim = cluster.start_worker("victim", WORKLOAD_FAULT=point)
+    assert victim.wait(120) == -signal.SIGKILL, cluster.log("victim")
+    cluster.procs.remove(victim)
+    cluster.start_worker("peer")
+    cluster.start_worker("peer2")
+    assert cluster.wait_all() == [0, 0], cluster.log("peer") + cluster.log("peer2")
+    attempts = cluster.queue().snapshot()["runs"]["main"]["attempts"]
+    assert list(attempts.values()) == [1], "the victim's lease expired once and was reaped"
+    assert_exactly_once(cluster, reference_state)
+
+
+def test_random_sigkills_bit_for_bit(cluster: Cluster, reference_state: dict) -> None:
+    """Workers SIGKILLed at random instants, again and again, end with the undisturbed weights."""
+    rng = random.Random(20261122)
+    cluster.seed()
+    workers = [cluster.start_worker(f"w{i}") for i in range(2)]
+    kills = 0
+    while kills < 6 and not cluster.counts().drained:
+        time.sleep(rng.uniform(0.3, 2.0))
+        i = rng.randrange(len(workers))
+        if workers[i].poll() is None:
+            workers[i].send_signal(signal.SIGKILL)
+            workers[i].wait()
+            kills += 1
+        else:
+            assert workers[i].returncode == 0, cluster.log(f"w{i}")
+        cluster.procs.remove(workers[i])
+        workers[i] = cluster.start_worker(f"w{i}-{kills}")
+    assert kills >= 3, "the run finished before the test could disturb it"
+    assert set(cluster.wait_all()) == {0}
+    assert_exactly_once(cluster, reference_state)
+
+
+def test_sigterm_releases_and_a_peer_resumes_at_once(cluster: Cluster, reference_state: dict) -> None:
+    cluster.env_extra.update(LEASE_TTL_SECONDS="60", CHECKPOINT_INTERVAL_SECONDS="60")
+    cluster.seed()
+    workers = {name: cluster.start_worker(name) for name in ("a", "b")}
+    queue = cluster.queue()
+
+    def lease() -> dict:
+        return queue.snapshot()["runs"]["main"]["lease"] or {}
+
+    cluster.wait_for(lambda: "nothing to claim" in cluster.log("a") + cluster.log("b"), what="one worker idle")
+    holder = lease()["owner"]
+    peer = "b" if holder == "a" else "a"
+    cluster.wait_for(lambda: "warm start after 2 shard(s)" in cluster.log(holder), what="third shard training")
+    shard = lease()["item"]
+    time.sleep(0.1)  # mid-shard (a shard trains ~1 s); the periodic checkpoint is a minute away
+    workers[holder].send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert workers[holder].wait(10) == 143, cluster.log(holder)
+    exit_s = time.monotonic() - t0
+    taken = cluster.wait_for(lambda: lease().get("owner") == peer, timeout_s=5, what="peer takes over")
+    assert exit_s < 10 and taken < 5  # far below the 60 s lease TTL: the lease was released, not expired
+    assert f"released {shard} for a peer" in cluster.log(holder)
+    assert workers[peer].wait(120) == 0
+    cluster.procs.remove(workers[holder])
+    assert "resuming at epoch" in cluster.log(peer), "the peer continues from the SIGTERM checkpoint"
+    assert_exactly_once(cluster, reference_state)
+    assert cluster.queue().snapshot()["runs"]["main"]["attempts"] == {}  # preemption costs no attempt
+
+
+def test_redis_restart_mid_run(cluster: Cluster, reference_state: dict) -> None:
+    cluster.env_extra.update(LEASE_TTL_SECONDS="20")
+    cluster.seed()
+    cluster.start_worker("a")
+    cluster.start_worker("b")
+    cluster.wait_for(lambda: cluster.counts().done >= 2, what="two shards done")
+    cluster.server.kill()  # SIGKILL: AOF with fsync always keeps every acknowledged write
+    time.sleep(2)
+    cluster.server.start()
+    assert cluster.wait_all() == [0, 0], cluster.log("a") + cluster.log("b")
+    assert "Redis unreachable" in cluster.log("a") + cluster.log("b")
+    assert_exactly_once(cluster, reference_state)
+
+
+def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) -> None:
+    cluster.env_extra.update(MAX_ATTEMPTS="2", LEASE_TTL_SECONDS="5")
+    cluster.seed()
+    data = cluster.share / "datasets" / "fraud"
+    poison = data / "training" / "2018-04-03.parquet"
+    poison.write_bytes(b"PAR1 this is not parquet")
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (data / "training" / "evil.pkl").write_bytes(pickle.dumps(Exploit()))
+    cluster.queue().enqueue([Item(run="main", shard="training/evil.pkl", dataset="fraud", seq=100),
+                             Item(run="main", shard="../../../../etc/passwd", dataset="fraud", seq=101)])
+    cluster.start_worker("a")
+    cluster.start_worker("b")
+    assert cluster.wait_all() == [0, 0]
+    runs = cluster.queue().snapshot()["runs"]["main"]
+    dead = runs["dead"]
+    assert set(dead) == {"main/training/2018-04-03.parquet", "main/training/evil.pkl",
+                         "main/../../../../etc/passwd"}
+    assert dead["main/training/2018-04-03.parquet"]["attempts"] == 2
+    assert "2018-04-03.parquet" in dead["main/training/2018-04-03.parquet"]["error"]
+    assert "never read" in dead["main/training/evil.pkl"]["error"] and dead["main/training/evil.pkl"]["attempts"] == 1
+    assert "outside the datasets folder" in dead["main/../../../../etc/passwd"]["error"]
+    assert not marker.exists(), "the pickle was unpickled"
+    state = cluster.final_state()
+    assert len(state["applied"]) == 5 and "training/2018-04-03.parquet" not in state["applied"]
+    c = cluster.counts()
+    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 5, 3)
