@@ -35,25 +35,14 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
-def _window_sums(
-    keys: np.ndarray, values: np.ndarray, lo: np.ndarray, hi: np.ndarray, hi_side: str = "right"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Count and sum of ``values`` whose sorted ``keys`` lie in ``(lo, hi]`` (``[.., hi)`` for left)."""
-    csum = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
-    start = np.searchsorted(keys, lo, side="right")
-    end = np.searchsorted(keys, hi, side=hi_side)
-    end = np.maximum(end, start)
-    return (end - start).astype(np.float64), csum[end] - csum[start]
-
-
 def _customer_windows(
-    customer: np.ndarray, seconds: np.ndarray, amount: np.ndarray
+    customer: np.ndarray, seconds: np.ndarray, amount: np.ndarray, rows: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per row: the customer's count and mean amount over the last w days, up to and including it.
+    """For ``rows``: the customer's count and mean amount over the last w days, up to and including it.
 
     Rows are in chronological order; among the customer's rows at the same second, only those up
     to the row itself count (what a streaming system would have seen, and what pandas' time-based
-    ``rolling`` gives).
+    ``rolling`` gives). Keys are ``customer * span + seconds``, sorted, so a window is a key range.
     """
     span = int(seconds.max()) + max(WINDOWS_DAYS) * SECONDS_PER_DAY + 1
     shifted = seconds + max(WINDOWS_DAYS) * SECONDS_PER_DAY  # keeps window starts inside the block
@@ -62,11 +51,11 @@ def _customer_windows(
     position = np.empty(len(customer), dtype=np.int64)
     position[order] = np.arange(len(customer))
     csum = np.concatenate([[0.0], np.cumsum(amount[order], dtype=np.float64)])
-    own_key = customer * span + shifted
+    own_key = customer[rows] * span + shifted[rows]
+    end = position[rows] + 1
     counts, means = [], []
     for w in WINDOWS_DAYS:
         start = np.searchsorted(keys, own_key - w * SECONDS_PER_DAY, side="right")
-        end = position + 1
         count = (end - start).astype(np.float64)
         counts.append(count)
         means.append((csum[end] - csum[start]) / count)
@@ -74,23 +63,26 @@ def _customer_windows(
 
 
 def _terminal_windows(
-    terminal: np.ndarray, day: np.ndarray, fraud: np.ndarray
+    terminal: np.ndarray, day: np.ndarray, fraud: np.ndarray, rows: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per row on day D: the terminal's count and fraud rate over days [D-delay-w+1, D-delay].
+    """For ``rows`` on day D: the terminal's count and fraud rate over days [D-delay-w+1, D-delay].
 
     ``LABEL_DELAY_DAYS`` is read at call time, so a test can set it to 0 and see the leak detected.
     """
     delay = LABEL_DELAY_DAYS
-    span = int(day.max()) + 2  # days are >= 0; block per terminal holds day indices -1..max
+    span = int(day.max()) + 2  # days are >= 0; a terminal's block holds day indices -1..max
     order = np.lexsort((day, terminal))
     keys = terminal[order] * span + day[order]
-    labels = fraud[order].astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(fraud[order], dtype=np.float64)])
+    block = terminal[rows] * span
+    last = day[rows] - delay
+    end = np.searchsorted(keys, block + np.maximum(last, -1), side="right")
     counts, risks = [], []
     for w in WINDOWS_DAYS:
-        last = day - delay
-        first_excluded = np.maximum(last - w, -1)
-        last = np.maximum(last, -1)
-        count, frauds = _window_sums(keys, labels, terminal * span + first_excluded, terminal * span + last)
+        start = np.searchsorted(keys, block + np.maximum(last - w, -1), side="right")
+        start = np.minimum(start, end)
+        count = (end - start).astype(np.float64)
+        frauds = csum[end] - csum[start]
         counts.append(count)
         risks.append(np.divide(frauds, count, out=np.zeros_like(frauds), where=count > 0))
     return counts, risks
@@ -106,10 +98,13 @@ def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     target = np.asarray(target, dtype=bool)
     if len(target) != len(frame):
         raise ValueError(f"target mask has {len(target)} entries, frame has {len(frame)} rows")
-    if len(frame) == 0 or not target.any():
-        return np.zeros((int(target.sum()), len(FEATURE_NAMES)), dtype=np.float32)
+    rows = np.nonzero(target)[0]
+    if len(rows) == 0:
+        return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
 
     when = pd.DatetimeIndex(frame[schema.TX_DATETIME])
+    if not when.is_monotonic_increasing:
+        raise ValueError(f"{schema.TX_DATETIME} must be sorted ascending: windows are computed in row order")
     origin = when.min().normalize()
     seconds = ((when - origin) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
     day = seconds // SECONDS_PER_DAY
@@ -118,19 +113,20 @@ def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     terminal = pd.factorize(frame[schema.TERMINAL_ID])[0].astype(np.int64)
     fraud = frame[schema.TX_FRAUD].to_numpy(dtype=np.float64)
 
-    cust_counts, cust_means = _customer_windows(customer, seconds, amount)
-    term_counts, term_risks = _terminal_windows(terminal, day, fraud)
+    cust_counts, cust_means = _customer_windows(customer, seconds, amount, rows)
+    term_counts, term_risks = _terminal_windows(terminal, day, fraud, rows)
+    own_amount = amount[rows]
     columns = [
-        np.log1p(amount),
-        np.asarray(when.day_of_week >= 5, dtype=np.float64),
-        np.asarray(when.hour < NIGHT_END_HOUR, dtype=np.float64),
+        np.log1p(own_amount),
+        np.asarray(when[rows].day_of_week >= 5, dtype=np.float64),
+        np.asarray(when[rows].hour < NIGHT_END_HOUR, dtype=np.float64),
         *(np.log1p(c) for c in cust_counts),
         *(np.log1p(m) for m in cust_means),
-        *(amount / np.maximum(m, 1e-6) for m in cust_means),
+        *(own_amount / np.maximum(m, 1e-6) for m in cust_means),
         *(np.log1p(c) for c in term_counts),
         *term_risks,
     ]
-    return np.stack([c[target] for c in columns], axis=1).astype(np.float32)
+    return np.stack(columns, axis=1).astype(np.float32)
 
 
 def labels(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:

@@ -178,3 +178,8 @@ def test_ids_and_scenario_are_not_features(dataset: tuple[pd.DataFrame, np.ndarr
     np.testing.assert_array_equal(before, features.compute_features(renamed, test))
     assert np.isfinite(before).all()
     assert not {"TX_FRAUD", "TX_FRAUD_SCENARIO"} & {n.upper() for n in NAMES}
+
+
+def test_unsorted_frames_are_refused() -> None:
+    with pytest.raises(ValueError, match="TX_DATETIME must be sorted"):
+        features.compute_features(HAND.iloc[::-1].reset_index(drop=True), np.ones(len(HAND), dtype=bool))
