@@ -116,15 +116,15 @@ def simulate(spec: SimulationSpec) -> Simulation:
 
     # Transactions (handbook 3.5): Poisson count per customer and day, time around noon (draws
     # outside the day are dropped, as the handbook does), normal amount (negatives redrawn
-    # uniformly in [0, 2*mean]), a uniformly chosen terminal in reach (customers with none in
-    # reach make no transactions).
+    # uniformly in [0, 2*mean], cents, at least 0.01), a uniformly chosen terminal in reach
+    # (customers with none in reach make no transactions).
     per_day = rng.poisson(np.broadcast_to(mean_nb_tx[:, None], (spec.customers, n_days)))
     customer = np.repeat(np.repeat(np.arange(spec.customers), n_days), per_day.ravel())
     day = np.repeat(np.tile(np.arange(n_days), spec.customers), per_day.ravel())
     time_of_day = rng.normal(SECONDS_PER_DAY / 2, 20000, size=len(customer)).astype(np.int64)
     amount = rng.normal(mean_amount[customer], std_amount[customer])
     redraw = rng.uniform(0, 2 * mean_amount[customer])
-    amount = np.round(np.where(amount < 0, redraw, amount), 2)
+    amount = np.maximum(np.round(np.where(amount < 0, redraw, amount), 2), 0.01)  # no 0.00 after rounding
     pick = rng.random(len(customer))
     keep = (time_of_day > 0) & (time_of_day < SECONDS_PER_DAY) & (n_available[customer] > 0)
     customer, day, time_of_day, amount, pick = (a[keep] for a in (customer, day, time_of_day, amount, pick))

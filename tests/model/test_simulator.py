@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import schema, simulator
+from workload import features, schema, simulator
 
 TINY = simulator.SimulationSpec(
     customers=300, terminals=200, train_days=5, test_days=2, start_date="2018-04-01", seed=7
@@ -171,4 +171,6 @@ def test_presets_exist_and_cluster_is_the_handbook_size() -> None:
     cluster = simulator.PRESETS["cluster"]
     assert (cluster.customers, cluster.terminals, cluster.days) == (5000, 10000, 183)
     small = simulator.PRESETS["small"]
-    assert small.test_days <= 7 and small.train_days >= 14
+    assert small.train_days >= 14
+    # Test days within the label delay: no test label can feed a test day's features.
+    assert all(spec.test_days <= features.LABEL_DELAY_DAYS for spec in simulator.PRESETS.values())
