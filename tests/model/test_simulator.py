@@ -174,3 +174,18 @@ def test_presets_exist_and_cluster_is_the_handbook_size() -> None:
     assert small.train_days >= 14
     # Test days within the label delay: no test label can feed a test day's features.
     assert all(spec.test_days <= features.LABEL_DELAY_DAYS for spec in simulator.PRESETS.values())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"customers": 2}, "customers must be at least 3, got 2"),
+        ({"terminals": 0}, "terminals must be at least 2, got 0"),
+        ({"train_days": 0}, "train_days must be at least 1"),
+        ({"radius": 0.0}, "radius must be positive"),
+        ({"start_date": "April 1st"}, "start_date must be an ISO date"),
+    ],
+)
+def test_invalid_specs_are_refused_with_the_field_named(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TINY, **change)
