@@ -4,7 +4,8 @@ Following the handbook (chapter 3.4), a transaction is described by its amount a
 its customer's recent spending, and by its terminal's recent fraud rate. Labels are only read from
 days at least ``LABEL_DELAY_DAYS`` before the transaction's own day: fraud is confirmed late in real
 life, and a feature that reads fresher labels scores well offline and fails in production.
-Never used: ``TX_FRAUD``/``TX_FRAUD_SCENARIO`` of the row itself, raw IDs or timestamps as numbers.
+Never used: a row's own label, ``TX_FRAUD_SCENARIO`` at all, raw IDs or timestamps as numbers (IDs
+only group rows into windows, timestamps only place them in windows, weekends and nights).
 
 All windows are computed with sorted composite keys and cumulative sums (numpy ``searchsorted``), so
 a frame of ~40 days x ~10k rows takes a fraction of a second.
@@ -19,7 +20,7 @@ from workload import schema
 
 WINDOWS_DAYS = (1, 7, 30)
 LABEL_DELAY_DAYS = 7
-LOOKBACK_DAYS = max(WINDOWS_DAYS) + LABEL_DELAY_DAYS
+LOOKBACK_DAYS = max(WINDOWS_DAYS) + LABEL_DELAY_DAYS  # days of history a day's features read
 SECONDS_PER_DAY = 86400
 NIGHT_END_HOUR = 6
 
