@@ -4,7 +4,8 @@ Following the handbook (chapter 3.4), a transaction is described by its amount a
 its customer's recent spending, and by its terminal's recent fraud rate. Labels are only read from
 days at least ``LABEL_DELAY_DAYS`` before the transaction's own day: fraud is confirmed late in real
 life, and a feature that reads fresher labels scores well offline and fails in production.
-Never used: ``TX_FRAUD``/``TX_FRAUD_SCENARIO`` of the row itself, raw IDs or timestamps as numbers.
+Never used: a row's own label, ``TX_FRAUD_SCENARIO`` at all, raw IDs or timestamps as numbers (IDs
+only group rows into windows, timestamps only place them in windows, weekends and nights).
 
 All windows are computed with sorted composite keys and cumulative sums (numpy ``searchsorted``), so
 a frame of ~40 days x ~10k rows takes a fraction of a second.
@@ -19,7 +20,7 @@ from workload import schema
 
 WINDOWS_DAYS = (1, 7, 30)
 LABEL_DELAY_DAYS = 7
-LOOKBACK_DAYS = max(WINDOWS_DAYS) + LABEL_DELAY_DAYS
+LOOKBACK_DAYS = max(WINDOWS_DAYS) + LABEL_DELAY_DAYS  # days of history a day's features read
 SECONDS_PER_DAY = 86400
 NIGHT_END_HOUR = 6
 
@@ -35,25 +36,14 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
-def _window_sums(
-    keys: np.ndarray, values: np.ndarray, lo: np.ndarray, hi: np.ndarray, hi_side: str = "right"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Count and sum of ``values`` whose sorted ``keys`` lie in ``(lo, hi]`` (``[.., hi)`` for left)."""
-    csum = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
-    start = np.searchsorted(keys, lo, side="right")
-    end = np.searchsorted(keys, hi, side=hi_side)
-    end = np.maximum(end, start)
-    return (end - start).astype(np.float64), csum[end] - csum[start]
-
-
 def _customer_windows(
-    customer: np.ndarray, seconds: np.ndarray, amount: np.ndarray
+    customer: np.ndarray, seconds: np.ndarray, amount: np.ndarray, rows: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per row: the customer's count and mean amount over the last w days, up to and including it.
+    """For ``rows``: the customer's count and mean amount over the last w days, up to and including it.
 
     Rows are in chronological order; among the customer's rows at the same second, only those up
     to the row itself count (what a streaming system would have seen, and what pandas' time-based
-    ``rolling`` gives).
+    ``rolling`` gives). Keys are ``customer * span + seconds``, sorted, so a window is a key range.
     """
     span = int(seconds.max()) + max(WINDOWS_DAYS) * SECONDS_PER_DAY + 1
     shifted = seconds + max(WINDOWS_DAYS) * SECONDS_PER_DAY  # keeps window starts inside the block
@@ -62,11 +52,11 @@ def _customer_windows(
     position = np.empty(len(customer), dtype=np.int64)
     position[order] = np.arange(len(customer))
     csum = np.concatenate([[0.0], np.cumsum(amount[order], dtype=np.float64)])
-    own_key = customer * span + shifted
+    own_key = customer[rows] * span + shifted[rows]
+    end = position[rows] + 1
     counts, means = [], []
     for w in WINDOWS_DAYS:
         start = np.searchsorted(keys, own_key - w * SECONDS_PER_DAY, side="right")
-        end = position + 1
         count = (end - start).astype(np.float64)
         counts.append(count)
         means.append((csum[end] - csum[start]) / count)
@@ -74,23 +64,26 @@ def _customer_windows(
 
 
 def _terminal_windows(
-    terminal: np.ndarray, day: np.ndarray, fraud: np.ndarray
+    terminal: np.ndarray, day: np.ndarray, fraud: np.ndarray, rows: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per row on day D: the terminal's count and fraud rate over days [D-delay-w+1, D-delay].
+    """For ``rows`` on day D: the terminal's count and fraud rate over days [D-delay-w+1, D-delay].
 
     ``LABEL_DELAY_DAYS`` is read at call time, so a test can set it to 0 and see the leak detected.
     """
     delay = LABEL_DELAY_DAYS
-    span = int(day.max()) + 2  # days are >= 0; block per terminal holds day indices -1..max
+    span = int(day.max()) + 2  # days are >= 0; a terminal's block holds day indices -1..max
     order = np.lexsort((day, terminal))
     keys = terminal[order] * span + day[order]
-    labels = fraud[order].astype(np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(fraud[order], dtype=np.float64)])
+    block = terminal[rows] * span
+    last = day[rows] - delay
+    end = np.searchsorted(keys, block + np.maximum(last, -1), side="right")
     counts, risks = [], []
     for w in WINDOWS_DAYS:
-        last = day - delay
-        first_excluded = np.maximum(last - w, -1)
-        last = np.maximum(last, -1)
-        count, frauds = _window_sums(keys, labels, terminal * span + first_excluded, terminal * span + last)
+        start = np.searchsorted(keys, block + np.maximum(last - w, -1), side="right")
+        start = np.minimum(start, end)
+        count = (end - start).astype(np.float64)
+        frauds = csum[end] - csum[start]
         counts.append(count)
         risks.append(np.divide(frauds, count, out=np.zeros_like(frauds), where=count > 0))
     return counts, risks
@@ -106,10 +99,13 @@ def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     target = np.asarray(target, dtype=bool)
     if len(target) != len(frame):
         raise ValueError(f"target mask has {len(target)} entries, frame has {len(frame)} rows")
-    if len(frame) == 0 or not target.any():
-        return np.zeros((int(target.sum()), len(FEATURE_NAMES)), dtype=np.float32)
+    rows = np.nonzero(target)[0]
+    if len(rows) == 0:
+        return np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32)
 
     when = pd.DatetimeIndex(frame[schema.TX_DATETIME])
+    if not when.is_monotonic_increasing:
+        raise ValueError(f"{schema.TX_DATETIME} must be sorted ascending: windows are computed in row order")
     origin = when.min().normalize()
     seconds = ((when - origin) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
     day = seconds // SECONDS_PER_DAY
@@ -118,19 +114,34 @@ def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     terminal = pd.factorize(frame[schema.TERMINAL_ID])[0].astype(np.int64)
     fraud = frame[schema.TX_FRAUD].to_numpy(dtype=np.float64)
 
-    cust_counts, cust_means = _customer_windows(customer, seconds, amount)
-    term_counts, term_risks = _terminal_windows(terminal, day, fraud)
+    cust_counts, cust_means = _customer_windows(customer, seconds, amount, rows)
+    term_counts, term_risks = _terminal_windows(terminal, day, fraud, rows)
+    own_amount = amount[rows]
     columns = [
-        np.log1p(amount),
-        np.asarray(when.day_of_week >= 5, dtype=np.float64),
-        np.asarray(when.hour < NIGHT_END_HOUR, dtype=np.float64),
+        np.log1p(own_amount),
+        np.asarray(when[rows].day_of_week >= 5, dtype=np.float64),
+        np.asarray(when[rows].hour < NIGHT_END_HOUR, dtype=np.float64),
         *(np.log1p(c) for c in cust_counts),
         *(np.log1p(m) for m in cust_means),
-        *(amount / np.maximum(m, 1e-6) for m in cust_means),
+        *(own_amount / np.maximum(m, 1e-6) for m in cust_means),
         *(np.log1p(c) for c in term_counts),
         *term_risks,
     ]
-    return np.stack([c[target] for c in columns], axis=1).astype(np.float32)
+    return np.stack(columns, axis=1).astype(np.float32)
+
+
+def fit_normalisation(x: np.ndarray, min_std: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (mean, std) for standardising, as float32, with near-constant features left unscaled.
+
+    On the first training days no label is 7 days old yet, so every terminal feature is exactly 0:
+    dividing later days by that shard's ``std + eps`` blows them up by ~1e6 and the network learns
+    nothing. Such features get std 1 instead. Fit once (first shard), keep it in the checkpoint.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    mean = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
+    std = x.std(axis=0) if len(x) else np.ones(x.shape[1])
+    std = np.where(std < min_std, 1.0, std)
+    return mean.astype(np.float32), std.astype(np.float32)
 
 
 def labels(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:

@@ -49,6 +49,25 @@ class SimulationSpec:
     seed: int
     radius: float = 5.0
 
+    def __post_init__(self) -> None:
+        minimum = {
+            "customers": COMPROMISED_CUSTOMERS_PER_DAY,  # scenario 3 draws 3 distinct customers a day
+            "terminals": COMPROMISED_TERMINALS_PER_DAY,  # scenario 2 draws 2 distinct terminals a day
+            "train_days": 1,
+            "test_days": 0,
+        }
+        for name, least in minimum.items():
+            if getattr(self, name) < least:
+                raise ValueError(f"simulation {name} must be at least {least}, got {getattr(self, name)}")
+        if not self.radius > 0:
+            raise ValueError(f"simulation radius must be positive, got {self.radius}")
+        try:
+            np.datetime64(self.start_date, "D")
+        except ValueError as error:
+            raise ValueError(
+                f"simulation start_date must be an ISO date like 2018-04-01, got {self.start_date!r}"
+            ) from error
+
     @property
     def days(self) -> int:
         return self.train_days + self.test_days
@@ -92,7 +111,7 @@ def _available_terminals(
     for lo in range(0, len(customer_xy), step):
         diff = customer_xy[lo : lo + step, None, :] - terminal_xy[None, :, :]
         near = np.sqrt((diff**2).sum(axis=2)) < radius
-        rows, cols = np.nonzero(near)  # row-major: terminals grouped by customer, ascending
+        cols = np.nonzero(near)[1]  # row-major: terminals grouped by customer, ascending
         counts[lo : lo + step] = near.sum(axis=1)
         chunks.append(cols.astype(np.int64))
     offsets = np.concatenate([[0], np.cumsum(counts)])
@@ -116,15 +135,15 @@ def simulate(spec: SimulationSpec) -> Simulation:
 
     # Transactions (handbook 3.5): Poisson count per customer and day, time around noon (draws
     # outside the day are dropped, as the handbook does), normal amount (negatives redrawn
-    # uniformly in [0, 2*mean]), a uniformly chosen terminal in reach (customers with none in
-    # reach make no transactions).
+    # uniformly in [0, 2*mean], cents, at least 0.01), a uniformly chosen terminal in reach
+    # (customers with none in reach make no transactions).
     per_day = rng.poisson(np.broadcast_to(mean_nb_tx[:, None], (spec.customers, n_days)))
     customer = np.repeat(np.repeat(np.arange(spec.customers), n_days), per_day.ravel())
     day = np.repeat(np.tile(np.arange(n_days), spec.customers), per_day.ravel())
     time_of_day = rng.normal(SECONDS_PER_DAY / 2, 20000, size=len(customer)).astype(np.int64)
     amount = rng.normal(mean_amount[customer], std_amount[customer])
     redraw = rng.uniform(0, 2 * mean_amount[customer])
-    amount = np.round(np.where(amount < 0, redraw, amount), 2)
+    amount = np.maximum(np.round(np.where(amount < 0, redraw, amount), 2), 0.01)  # no 0.00 after rounding
     pick = rng.random(len(customer))
     keep = (time_of_day > 0) & (time_of_day < SECONDS_PER_DAY) & (n_available[customer] > 0)
     customer, day, time_of_day, amount, pick = (a[keep] for a in (customer, day, time_of_day, amount, pick))

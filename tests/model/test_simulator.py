@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import schema, simulator
+from workload import features, schema, simulator
 
 TINY = simulator.SimulationSpec(
     customers=300, terminals=200, train_days=5, test_days=2, start_date="2018-04-01", seed=7
@@ -19,6 +19,24 @@ TINY = simulator.SimulationSpec(
 @pytest.fixture(scope="module")
 def small() -> simulator.Simulation:
     return simulator.simulate(simulator.PRESETS["small"])
+
+
+@pytest.fixture(scope="module")
+def long() -> simulator.Simulation:
+    """Twice the 28-day compromise period, so its end (and the plateau after burn-in) shows."""
+    spec = simulator.SimulationSpec(
+        customers=1000, terminals=1000, train_days=63, test_days=7, start_date="2018-04-01", seed=5
+    )
+    return simulator.simulate(spec)
+
+
+def _days_since_compromise(ids: np.ndarray, days: np.ndarray, compromised: np.ndarray) -> np.ndarray:
+    """For each row: days since its customer/terminal was last compromised (on or before), or -1."""
+    since = np.full(len(ids), -1)
+    for d, victims in enumerate(compromised):
+        hit = np.isin(ids, victims) & (days >= d)
+        since[hit] = days[hit] - d
+    return since
 
 
 def _read_all(paths: list[Path]) -> pd.DataFrame:
@@ -96,24 +114,31 @@ def test_scenario_1_is_exactly_the_amounts_above_220(small: simulator.Simulation
 
 
 def test_scenario_2_frauds_are_on_terminals_compromised_in_the_last_28_days(
-    small: simulator.Simulation,
+    long: simulator.Simulation,
 ) -> None:
-    tx = small.transactions
+    tx = long.transactions
     days = tx[schema.TX_TIME_DAYS].to_numpy()
     terminal = tx[schema.TERMINAL_ID].to_numpy()
     compromised_within = np.zeros(len(tx), dtype=bool)
-    for d, terminals in enumerate(small.compromised_terminals):
+    assert long.compromised_terminals.shape == (70, 2)
+    for d, terminals in enumerate(long.compromised_terminals):
         compromised_within |= np.isin(terminal, terminals) & (days >= d) & (days < d + 28)
     scenario = tx[schema.TX_FRAUD_SCENARIO].to_numpy()
     assert (scenario == 2).sum() > 100
     assert compromised_within[scenario == 2].all()
     # ... and every transaction on such a terminal in that window is fraud (3 may override 2).
     assert np.isin(scenario[compromised_within], (2, 3)).all()
+    # The window is 28 days exactly: the compromise day itself and the 27 after it.
+    since = _days_since_compromise(terminal, days, long.compromised_terminals)
+    assert since[scenario == 2].min() == 0 and since[scenario == 2].max() == 27
 
-    # The share of scenario 2 builds up as compromised terminals accumulate (the burn-in).
+    # The share of scenario 2 builds up while compromised terminals accumulate (the burn-in),
+    # then levels off once the first ones expire after 28 days: ~56 of 1000 terminals compromised.
     share = pd.Series(scenario == 2).groupby(days).mean()
-    assert share.iloc[:3].mean() * 3 < share.iloc[-7:].mean()
-    assert share.iloc[-7:].mean() > 0.015
+    assert share.iloc[:3].mean() * 5 < share.iloc[25:28].mean()
+    plateau = share.iloc[28:]
+    assert 0.03 < plateau.mean() < 0.09
+    assert plateau.iloc[:21].mean() == pytest.approx(plateau.iloc[21:].mean(), rel=0.3)
 
 
 def test_scenario_3_scales_a_third_of_compromised_customers_spending_by_5(
@@ -131,6 +156,8 @@ def test_scenario_3_scales_a_third_of_compromised_customers_spending_by_5(
     assert compromised_within[s3].all()
     share = s3[compromised_within].mean()
     assert 0.28 < share < 0.45, share  # a third, a bit more where compromise windows overlap
+    since = _days_since_compromise(customer, days, small.compromised_customers)
+    assert since[s3].min() == 0 and since[s3].max() == 13  # 14 days: the compromise day and 13 more
     ratio = tx[schema.TX_AMOUNT].to_numpy()[s3] / small.customer_mean_amount[customer[s3]]
     assert 4.5 < np.median(ratio) < 5.5
     legit_ratio = tx[schema.TX_AMOUNT].to_numpy()[scenario == 0] / small.customer_mean_amount[
@@ -144,4 +171,21 @@ def test_presets_exist_and_cluster_is_the_handbook_size() -> None:
     cluster = simulator.PRESETS["cluster"]
     assert (cluster.customers, cluster.terminals, cluster.days) == (5000, 10000, 183)
     small = simulator.PRESETS["small"]
-    assert small.test_days <= 7 and small.train_days >= 14
+    assert small.train_days >= 14
+    # Test days within the label delay: no test label can feed a test day's features.
+    assert all(spec.test_days <= features.LABEL_DELAY_DAYS for spec in simulator.PRESETS.values())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"customers": 2}, "customers must be at least 3, got 2"),
+        ({"terminals": 0}, "terminals must be at least 2, got 0"),
+        ({"train_days": 0}, "train_days must be at least 1"),
+        ({"radius": 0.0}, "radius must be positive"),
+        ({"start_date": "April 1st"}, "start_date must be an ISO date"),
+    ],
+)
+def test_invalid_specs_are_refused_with_the_field_named(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TINY, **change)

@@ -1,0 +1,55 @@
+"""The run's pictures are written, as real PNGs, whatever state the run is in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from workload import metrics, plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _history() -> tuple[list[dict], tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    labels = (rng.random(2000) < 0.05).astype(float)
+    days = np.repeat(np.arange(4), 500)
+    history = []
+    for i in range(5):
+        scores = rng.random(2000) + labels * i * 0.3
+        history.append({"shard": f"2018-04-0{i + 1}", **metrics.evaluate(scores, labels, days)})
+    return history, metrics.pr_curve(scores, labels)
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path.name} is not a PNG"
+    assert len(data) > 10_000, f"{path.name} is only {len(data)} bytes"
+
+
+def test_write_plots_makes_both_pictures(tmp_path: Path) -> None:
+    history, pr = _history()
+    paths = plots.write_plots(tmp_path / "run", history, pr)
+    assert [p.name for p in paths] == ["metrics.png", "pr_curve.png"]
+    for path in paths:
+        _assert_png(path)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["metrics.png", "pr_curve.png"]
+
+
+def test_refreshing_replaces_the_pictures(tmp_path: Path) -> None:
+    history, pr = _history()
+    first = [p.read_bytes() for p in plots.write_plots(tmp_path, history[:2], pr)]
+    second = [p.read_bytes() for p in plots.write_plots(tmp_path, history, pr)]
+    assert first[0] != second[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.png", "pr_curve.png"], "temp files left"
+
+
+def test_empty_and_degenerate_runs_still_plot(tmp_path: Path) -> None:
+    for path in plots.write_plots(tmp_path / "empty", [], None):
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+    no_fraud = metrics.evaluate(np.array([0.2, 0.9]), np.array([0, 0]), np.array([0, 0]))
+    history = [{"shard": "2018-04-01", **no_fraud}]
+    undefined_curve = metrics.pr_curve(np.array([0.2]), np.array([0]))
+    for path in plots.write_plots(tmp_path / "nan", history, undefined_curve):
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
