@@ -77,6 +77,7 @@ class Registered:
     type: str
     name: str
     urn: str
+    id: str
     inputs: dict[str, Any]
     outputs: dict[str, Any]
     parent: str
@@ -173,6 +174,7 @@ class _RecordingMonitor(mocks.MockMonitor):
                     type=request.type,
                     name=request.name,
                     urn=response.urn,
+                    id=response.id,
                     inputs=inputs,
                     outputs=self.resources[response.urn].state if response.urn in self.resources else {},
                     parent=request.parent,
