@@ -11,7 +11,7 @@ manifests (for ``kubernetes-validate``, ``make render`` and policy checks).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,20 +210,26 @@ def render(stack: str, overrides: Mapping[str, Any] | None = None) -> Rendered:
     """Validate ``stack``'s config and run the program under mocks; raises ``config.ConfigError``."""
     values = stack_config(stack, overrides)
     cfg = config.load(values, stack=stack)  # fails here, before any resource, on a bad value
-    fake = _FakeCloud()
-    monitor = _RecordingMonitor(fake)
-    settings.ROOT.set(None)  # the runtime is global: start every render from a fresh root stack
-    pulumi.runtime.set_mocks(fake, project=config.PROJECT, stack=stack, preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config(values)
     resolved: dict[str, Any] = {}
 
     def program() -> None:
         outputs = build(cfg)
         resolved.update(_sync_await(pulumi.Output.from_input(outputs).future()) or {})
 
+    return Rendered(stack=stack, config=cfg, resources=run_mocked(stack, values, program), outputs=resolved)
+
+
+def run_mocked(stack: str, values: Mapping[str, str], program: Callable[[], Any]) -> list[Registered]:
+    """Run ``program`` under the mock engine with ``values`` as the stack's config, wait for every
+    resource registration, and return the resources. Exceptions from the program propagate."""
+    fake = _FakeCloud()
+    monitor = _RecordingMonitor(fake)
+    settings.ROOT.set(None)  # the runtime is global: start every run from a fresh root stack
+    pulumi.runtime.set_mocks(fake, project=config.PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config(dict(values))
     settings.SETTINGS.rpc_manager.clear()
     settings.SETTINGS.outputs.clear()
     _sync_await(run_pulumi_func(program))
     for r in monitor.registered:
         r.inputs = _unwrap_secrets(r.inputs)
-    return Rendered(stack=stack, config=cfg, resources=monitor.registered, outputs=resolved)
+    return monitor.registered
