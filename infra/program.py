@@ -41,7 +41,11 @@ def build(cfg: StackConfig) -> dict[str, Any]:
 
     namespace = k8s.core.v1.Namespace(
         "namespace",
-        metadata={"name": cfg.namespace, "labels": {contract.NAME_LABEL: contract.APP}},
+        metadata={
+            "name": cfg.namespace,
+            # Every pod here is non-root with a RuntimeDefault seccomp profile: enforce it.
+            "labels": {contract.NAME_LABEL: contract.APP, "pod-security.kubernetes.io/enforce": "restricted"},
+        },
         opts=pulumi.ResourceOptions(provider=cluster.provider),
     )
     ns = namespace.metadata.name

@@ -284,6 +284,20 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_workload_namespace_enforces_the_restricted_pod_security_standard(
+    stack: str, rendered: Render
+) -> None:
+    r = rendered(stack)
+    namespace = r.one("kubernetes:core/v1:Namespace").inputs["metadata"]
+    assert namespace["name"] == r.config.namespace
+    assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    namespaced = [
+        m for m in r.manifests() if m["kind"] not in ("Namespace", "PersistentVolume", "ComputeClass")
+    ]
+    assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace}
+
+
+@pytest.mark.parametrize("stack", STACKS)
 def test_pods_follow_the_worker_image_contract(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     jobs = r.config.jobs
