@@ -15,7 +15,9 @@ from typing import Any
 
 import pulumi
 
-PROJECT = "spot-trainer"
+from infra import contract
+
+PROJECT = "spot-trainer"  # the Pulumi project name: the namespace of its config keys
 
 # GPU type -> machine type per GPU count (Standard node pools; Autopilot picks machines itself).
 GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
@@ -243,7 +245,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
     env = r.raw("env") or stack
     if not _LABEL_VALUE.match(env):
         raise ConfigError("env", env, label_what)
-    labels = Labels(env=env, app=PROJECT, team=r.matching("team", _LABEL_VALUE, label_what))
+    labels = Labels(env=env, app=contract.APP, team=r.matching("team", _LABEL_VALUE, label_what))
 
     cluster = ClusterConfig(
         mode=r.str("clusterMode", CLUSTER_MODES),

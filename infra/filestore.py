@@ -6,6 +6,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from infra import contract
 from infra.config import StackConfig
 from infra.network import Network
 
@@ -53,7 +54,7 @@ class FilestoreShare(pulumi.ComponentResource):
             name,
             metadata={
                 "name": f"{cfg.labels.app}-{cfg.stack}-share",
-                "labels": {"app.kubernetes.io/name": cfg.labels.app},
+                "labels": {contract.NAME_LABEL: contract.APP},
             },
             spec={
                 "capacity": {"storage": size},

@@ -14,6 +14,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import contract
 from infra.cluster import ACCELERATOR_LABEL, GPU_RESOURCE, SPOT_LABEL
 from infra.config import StackConfig
 
@@ -51,7 +52,7 @@ class GpuCapacity(pulumi.ComponentResource):
                 name,
                 api_version="cloud.google.com/v1",
                 kind="ComputeClass",
-                metadata={"name": class_name, "labels": {"app.kubernetes.io/name": cfg.labels.app}},
+                metadata={"name": class_name, "labels": {contract.NAME_LABEL: contract.APP}},
                 spec={
                     "priorities": priorities,
                     # Move pods back to spot when it returns (only matters with the fallback).
