@@ -43,7 +43,7 @@ class Cluster(pulumi.ComponentResource):
         self.node_service_account = gcp.serviceaccount.Account(
             f"{name}-nodes",
             project=cfg.project_id,
-            account_id=f"{cfg.labels.app}-{cfg.stack}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
+            account_id=f"{cfg.labels.app}-{cfg.slug}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
             display_name=f"GKE nodes of {cfg.labels.app} ({cfg.stack})",
             opts=child,
         )

@@ -160,6 +160,11 @@ class StackConfig:
     jobs: JobConfig
     redis_image: str
 
+    @property
+    def slug(self) -> str:
+        """The stack name made safe for GCP and Kubernetes resource names (lowercase, digits, '-')."""
+        return re.sub(r"[^a-z0-9-]+", "-", self.stack.lower()).strip("-") or "stack"
+
 
 class _Reader:
     """Typed access to the project namespace; every failure is a ConfigError naming the key."""

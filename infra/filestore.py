@@ -53,7 +53,7 @@ class FilestoreShare(pulumi.ComponentResource):
         self.volume = k8s.core.v1.PersistentVolume(
             name,
             metadata={
-                "name": f"{cfg.labels.app}-{cfg.stack}-share",
+                "name": f"{cfg.labels.app}-{cfg.slug}-share",
                 "labels": {contract.NAME_LABEL: contract.APP},
             },
             spec={

@@ -37,7 +37,7 @@ class TrainingImage(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-trainer:build:TrainingImage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        repo_id = cfg.labels.app
+        repo_id = f"{cfg.labels.app}-{cfg.slug}"  # stacks may share a project and region
         registry = f"{cfg.region}-docker.pkg.dev"
         self.repository = gcp.artifactregistry.Repository(
             name,
@@ -67,7 +67,7 @@ class TrainingImage(pulumi.ComponentResource):
             context=docker_build.BuildContextArgs(location=_from_cwd(contract.IMAGE_CONTEXT)),
             dockerfile=docker_build.DockerfileArgs(location=_from_cwd(contract.IMAGE_DOCKERFILE)),
             platforms=[docker_build.Platform.LINUX_AMD64],
-            tags=[f"{self.repository_url}:{cfg.stack}"],
+            tags=[f"{self.repository_url}:{cfg.slug}"],
             push=True,
             registries=[
                 docker_build.RegistryArgs(

@@ -128,3 +128,8 @@ def test_every_allowed_gpu_type_loads(gpu_type: str) -> None:
 def test_zonal_and_regional_filestore_tiers() -> None:
     assert load("dev", filestoreTier="BASIC_HDD").filestore.zonal
     assert not load("dev", filestoreTier="REGIONAL").filestore.zonal
+
+
+def test_odd_stack_names_give_valid_resource_names() -> None:
+    cfg = load("Team_A.Staging", env="staging")
+    assert cfg.slug == "team-a-staging"
