@@ -168,7 +168,7 @@ class LoaderJob(pulumi.ComponentResource):
             metadata=_job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
             spec={
                 "backoffLimit": 3,
-                "podFailurePolicy": {"rules": [_fail_on_bad_config(contract.LOADER), IGNORE_DISRUPTIONS]},
+                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.LOADER)]},
                 "template": template,
             },
             opts=pulumi.ResourceOptions(
@@ -234,7 +234,7 @@ class TrainingJob(pulumi.ComponentResource):
                 "parallelism": jobs.parallelism,
                 "backoffLimit": jobs.backoff_limit,
                 "activeDeadlineSeconds": jobs.active_deadline_seconds,
-                "podFailurePolicy": {"rules": [_fail_on_bad_config(contract.WORKER), IGNORE_DISRUPTIONS]},
+                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.WORKER)]},
                 "template": template,
             },
             opts=pulumi.ResourceOptions(

@@ -267,12 +267,14 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
     assert "completions" not in spec and "ttlSecondsAfterFinished" not in spec
     assert spec["backoffLimit"] == jobs.backoff_limit
     assert spec["activeDeadlineSeconds"] == jobs.active_deadline_seconds
-    rules = spec["podFailurePolicy"]["rules"]
-    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
-    assert {
-        "action": "FailJob",
-        "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
-    } in rules
+    # First match wins: a preempted pod is ignored whatever its exit code; exit 2 (bad config) fails fast.
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
+        },
+    ]
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert pod["terminationGracePeriodSeconds"] <= 15
@@ -435,3 +437,15 @@ def test_components_own_their_children(stack: str, rendered: Render) -> None:
     }
     # Only the composition's own glue sits at the top: the gcp provider and the namespace.
     assert loose == {"pulumi:providers:gcp", "kubernetes:core/v1:Namespace"}
+
+
+def test_stacks_can_share_a_project(rendered: Render) -> None:
+    """Explicitly named GCP resources carry the stack, so dev and prod can live in one project."""
+
+    def names(r: Rendered) -> set[str]:
+        return {
+            r.one("gcp:artifactregistry/repository:Repository").inputs["repositoryId"],
+            r.one("gcp:serviceaccount/account:Account").inputs["accountId"],
+        }
+
+    assert not names(rendered("dev")) & names(rendered("prod"))
