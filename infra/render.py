@@ -233,3 +233,31 @@ def run_mocked(stack: str, values: Mapping[str, str], program: Callable[[], Any]
     for r in monitor.registered:
         r.inputs = _unwrap_secrets(r.inputs)
     return monitor.registered
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m infra.render dev [key=value ...]``: the stack's Kubernetes manifests as YAML."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m infra.render", description=main.__doc__)
+    parser.add_argument("stack", choices=stack_names())
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
+    args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"override {item!r} is not key=value")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        rendered = render(args.stack, overrides)
+    except config.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    yaml.safe_dump_all(rendered.manifests(), sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,6 +6,7 @@ import runpy
 
 import pulumi
 import pytest
+import yaml
 
 from infra import render
 
@@ -35,3 +36,15 @@ def test_manifests_need_api_version_and_kind() -> None:
     bare = render.Registered("kubernetes:core/v1:Pod", "p", "urn:x", "id", {}, {}, "", "", [], {}, False)
     with pytest.raises(ValueError, match="apiVersion"):
         render.to_manifest(bare)
+
+
+def test_command_line_prints_the_manifests(capsys: pytest.CaptureFixture[str]) -> None:
+    assert render.main(["dev", "parallelism=3"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    training = next(d for d in docs if d["kind"] == "Job" and d["metadata"]["name"].endswith("worker"))
+    assert training["spec"]["parallelism"] == 3
+
+
+def test_command_line_reports_a_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
+    assert render.main(["dev", "gpuType=nvidia-tesla-k80"]) == 2
+    assert "spot-trainer:gpuType='nvidia-tesla-k80'" in capsys.readouterr().err
