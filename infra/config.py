@@ -59,7 +59,8 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"config {PROJECT}:{key}={value!r} is not allowed: {allowed}")
+        full_key = key if ":" in key else f"{PROJECT}:{key}"
+        super().__init__(f"config {full_key}={value!r} is not allowed: {allowed}")
 
 
 @dataclass(frozen=True)
