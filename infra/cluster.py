@@ -1,0 +1,215 @@
+"""The GKE cluster (Autopilot by default, Standard by config) and a Kubernetes provider for it."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra.config import StackConfig
+from infra.network import Network
+
+# GKE labels spot nodes with this, and the Standard spot pool carries it as a taint (GKE's convention).
+SPOT_LABEL = "cloud.google.com/gke-spot"
+ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+GPU_RESOURCE = "nvidia.com/gpu"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+# Logging, monitoring and metadata for nodes, nothing else (GKE's least-privilege node role).
+NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
+
+_DriverArgs = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs
+_AutoProvisioningArgs = gcp.container.ClusterClusterAutoscalingAutoProvisioningDefaultsArgs
+
+
+class Cluster(pulumi.ComponentResource):
+    """A cluster whose pods reach the Filestore VPC, plus ``provider`` for every Kubernetes object."""
+
+    name: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    node_service_account: gcp.serviceaccount.Account
+    provider: k8s.Provider
+
+    def __init__(
+        self, name: str, cfg: StackConfig, network: Network, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-trainer:gcp:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        labels = cfg.labels.as_dict()
+        self._pools: list[gcp.container.NodePool] = []
+
+        # Nodes run as this account, not the project's default compute account (Editor by default).
+        self.node_service_account = gcp.serviceaccount.Account(
+            f"{name}-nodes",
+            project=cfg.project_id,
+            account_id=f"{cfg.labels.app}-{cfg.slug}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
+            display_name=f"GKE nodes of {cfg.labels.app} ({cfg.stack})",
+            opts=child,
+        )
+        node_roles = [
+            gcp.projects.IAMMember(
+                f"{name}-nodes-{role.split('/')[-1]}",
+                project=cfg.project_id,
+                role=role,
+                member=self.node_service_account.member,
+                opts=child,
+            )
+            for role in NODE_ROLES
+        ]
+
+        common = dict(
+            project=cfg.project_id,
+            location=cfg.region,
+            network=network.network_id,
+            subnetwork=network.subnetwork_id,
+            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
+                cluster_secondary_range_name=cfg.network.pods_range_name,
+                services_secondary_range_name=cfg.network.services_range_name,
+            ),
+            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=cfg.cluster.release_channel),
+            private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
+                enable_private_nodes=cfg.cluster.private_nodes,
+                # The control plane stays reachable so `pulumi up` and kubectl work from a laptop.
+                enable_private_endpoint=False,
+            ),
+            workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
+                workload_pool=f"{cfg.project_id}.svc.id.goog"
+            ),
+            deletion_protection=cfg.cluster.deletion_protection,
+            resource_labels=labels,
+        )
+        if cfg.cluster.autopilot:
+            cluster = gcp.container.Cluster(
+                name,
+                enable_autopilot=True,
+                cluster_autoscaling=gcp.container.ClusterClusterAutoscalingArgs(
+                    auto_provisioning_defaults=_AutoProvisioningArgs(
+                        service_account=self.node_service_account.email,
+                        oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    ),
+                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=node_roles),
+                **common,
+            )
+        else:
+            cluster = gcp.container.Cluster(
+                name,
+                # Node pools are separate resources: the default pool is replaced by ours.
+                remove_default_node_pool=True,
+                initial_node_count=1,
+                # Dataplane V2 enforces NetworkPolicy (the Redis policy relies on it).
+                datapath_provider="ADVANCED_DATAPATH",
+                opts=pulumi.ResourceOptions(parent=self, depends_on=node_roles),
+                **common,
+            )
+            self._standard_pools(name, cfg, cluster)
+        self.cluster = cluster
+        self.name = cluster.name
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(
+                cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate
+            ).apply(lambda args: kubeconfig(*args))
+        )
+        self.provider = k8s.Provider(
+            name,
+            kubeconfig=self.kubeconfig,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self._pools),
+        )
+        self.register_outputs({"name": self.name, "kubeconfig": self.kubeconfig})
+
+    def _standard_pools(self, name: str, cfg: StackConfig, cluster: gcp.container.Cluster) -> None:
+        """A small on-demand pool for Redis and the loader, and the spot GPU pool for training."""
+        labels = cfg.labels.as_dict()
+        node_config = dict(
+            service_account=self.node_service_account.email,
+            oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+            workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(
+                mode="GKE_METADATA"
+            ),
+            resource_labels=labels,
+        )
+        pool_opts = pulumi.ResourceOptions(parent=self)
+        system = gcp.container.NodePool(
+            f"{name}-system",
+            project=cfg.project_id,
+            cluster=cluster.id,
+            location=cfg.region,
+            node_locations=[cfg.zone],
+            initial_node_count=1,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(min_node_count=1, max_node_count=3),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            node_config=gcp.container.NodePoolNodeConfigArgs(machine_type="e2-standard-4", **node_config),
+            opts=pool_opts,
+        )
+        gpu = gcp.container.NodePool(
+            f"{name}-gpu-spot",
+            project=cfg.project_id,
+            cluster=cluster.id,
+            location=cfg.region,
+            # GPUs in the Filestore zone; spot capacity varies by zone, change `zone` if it is scarce.
+            node_locations=[cfg.zone],
+            initial_node_count=0,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(
+                min_node_count=0, max_node_count=cfg.gpu.max_nodes
+            ),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            node_config=gcp.container.NodePoolNodeConfigArgs(
+                machine_type=cfg.gpu.machine_type,
+                # Spot VMs: no 24 h limit (unlike legacy preemptible), ~15 s termination notice.
+                spot=True,
+                guest_accelerators=[
+                    gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
+                        type=cfg.gpu.type,
+                        count=cfg.gpu.count,
+                        gpu_driver_installation_config=_DriverArgs(gpu_driver_version="LATEST"),
+                    )
+                ],
+                # Only pods that tolerate spot preemption (the training Job) land here.
+                taints=[
+                    gcp.container.NodePoolNodeConfigTaintArgs(
+                        key=SPOT_LABEL, value="true", effect="NO_SCHEDULE"
+                    )
+                ],
+                **node_config,
+            ),
+            opts=pool_opts,
+        )
+        self._pools = [system, gpu]
+        self.gpu_pool = gpu
+
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str) -> str:
+    """A kubeconfig that authenticates with the deployer's gcloud credentials (no long-lived keys)."""
+    context = f"gke-{cluster_name}"
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": context,
+                    "cluster": {
+                        "server": f"https://{endpoint}",
+                        "certificate-authority-data": ca_certificate,
+                    },
+                }
+            ],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+            "current-context": context,
+            "users": [
+                {
+                    "name": context,
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": "gke-gcloud-auth-plugin",
+                            "installHint": "gcloud components install gke-gcloud-auth-plugin",
+                            "provideClusterInfo": True,
+                        }
+                    },
+                }
+            ],
+        },
+        indent=2,
+    )

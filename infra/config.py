@@ -1,0 +1,363 @@
+"""Stack configuration: read ``pulumi.Config`` once, validate it all, hand out frozen dataclasses.
+
+Components never read ``pulumi.Config`` themselves. Every check runs before the first resource is
+registered, so a typo fails ``pulumi preview`` in a second instead of half-way through ``pulumi up``.
+Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does ``infra.render``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from infra import contract
+
+PROJECT = "spot-trainer"  # the Pulumi project name: the namespace of its config keys
+
+# GPU type -> machine type per GPU count (Standard node pools; Autopilot picks machines itself).
+GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
+    "nvidia-l4": {1: "g2-standard-8", 2: "g2-standard-24", 4: "g2-standard-48", 8: "g2-standard-96"},
+    "nvidia-tesla-t4": {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32"},
+    "nvidia-tesla-a100": {1: "a2-highgpu-1g", 2: "a2-highgpu-2g", 4: "a2-highgpu-4g", 8: "a2-highgpu-8g"},
+    "nvidia-a100-80gb": {1: "a2-ultragpu-1g", 2: "a2-ultragpu-2g", 4: "a2-ultragpu-4g", 8: "a2-ultragpu-8g"},
+    "nvidia-h100-80gb": {1: "a3-highgpu-1g", 2: "a3-highgpu-2g", 4: "a3-highgpu-4g", 8: "a3-highgpu-8g"},
+}
+# Accelerators that GKE no longer offers: a clear "why" beats a generic "not allowed".
+END_OF_LIFE_GPUS = {"nvidia-tesla-k80": "end-of-life on GKE since 2024-05-01"}
+
+# Filestore tier -> (minimum GiB, maximum GiB).
+FILESTORE_TIERS: dict[str, tuple[int, int]] = {
+    "BASIC_HDD": (1024, 65434),
+    "BASIC_SSD": (2560, 65434),
+    "ZONAL": (1024, 102400),
+    "REGIONAL": (1024, 102400),
+    "ENTERPRISE": (1024, 10240),
+}
+# Tiers whose instance lives in one zone (the others are regional).
+ZONAL_FILESTORE_TIERS = ("BASIC_HDD", "BASIC_SSD", "ZONAL")
+
+CLUSTER_MODES = ("autopilot", "standard")
+GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
+JOB_AWAIT_MODES = ("wait", "skip")
+RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
+
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_SHARE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti)?$")
+
+
+class ConfigError(ValueError):
+    """A stack configuration value is missing or not allowed; the message says which and why."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        full_key = key if ":" in key else f"{PROJECT}:{key}"
+        super().__init__(f"config {full_key}={value!r} is not allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Cost-attribution labels put on every GCP resource that takes labels."""
+
+    env: str
+    app: str
+    team: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"env": self.env, "app": self.app, "team": self.team}
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    existing_network: str  # "" means: create a dedicated VPC
+    existing_subnetwork: str
+    subnet_cidr: str
+    pods_cidr: str
+    services_cidr: str
+    pods_range_name: str
+    services_range_name: str
+
+    @property
+    def create(self) -> bool:
+        return not self.existing_network
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    mode: str
+    release_channel: str
+    private_nodes: bool
+    deletion_protection: bool
+
+    @property
+    def autopilot(self) -> bool:
+        return self.mode == "autopilot"
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    type: str
+    count: int
+    capacity: str  # computeClass | nodeSelector (Autopilot); Standard always uses its node pool
+    on_demand_fallback: bool
+    max_nodes: int
+    machine_type: str
+
+
+@dataclass(frozen=True)
+class FilestoreConfig:
+    tier: str
+    capacity_gb: int
+    share: str
+
+    @property
+    def zonal(self) -> bool:
+        return self.tier in ZONAL_FILESTORE_TIERS
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    parallelism: int
+    backoff_limit: int
+    active_deadline_seconds: int
+    await_mode: str
+    timeout_minutes: int
+    loader_timeout_minutes: int
+    dataset_preset: str
+    runs: tuple[str, ...]
+    lease_ttl_seconds: int
+    checkpoint_interval_seconds: int
+    max_attempts: int
+    worker_cpu: str
+    worker_memory: str
+
+    @property
+    def skip_await(self) -> bool:
+        return self.await_mode == "skip"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Everything the program needs, validated."""
+
+    stack: str
+    project_id: str
+    region: str
+    zone: str
+    namespace: str
+    labels: Labels
+    network: NetworkConfig
+    cluster: ClusterConfig
+    gpu: GpuConfig
+    filestore: FilestoreConfig
+    jobs: JobConfig
+    redis_image: str
+
+    @property
+    def slug(self) -> str:
+        """The stack name made safe for GCP and Kubernetes resource names (lowercase, digits, '-')."""
+        return re.sub(r"[^a-z0-9-]+", "-", self.stack.lower()).strip("-") or "stack"
+
+
+class _Reader:
+    """Typed access to the project namespace; every failure is a ConfigError naming the key."""
+
+    def __init__(self, values: Mapping[str, str] | None) -> None:
+        self._values = values
+
+    def get(self, key: str, namespace: str = PROJECT) -> str | None:
+        if self._values is not None:
+            return self._values.get(f"{namespace}:{key}")
+        return pulumi.Config(namespace).get(key)
+
+    def raw(self, key: str) -> str:
+        value = self.get(key)
+        if value is None:
+            raise ConfigError(key, None, "the key must be set (Pulumi.yaml declares a default for it)")
+        return value
+
+    def str(self, key: str, allowed: tuple[str, ...] | None = None) -> str:
+        value = self.raw(key)
+        if allowed is not None and value not in allowed:
+            raise ConfigError(key, value, "one of " + ", ".join(allowed))
+        return value
+
+    def int(self, key: str, minimum: int, maximum: int | None = None) -> int:
+        value = self.raw(key)
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(key, value, "an integer") from None
+        if number < minimum or (maximum is not None and number > maximum):
+            bound = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+            raise ConfigError(key, number, f"an integer {bound}")
+        return number
+
+    def bool(self, key: str) -> bool:
+        value = self.raw(key).lower()
+        if value not in ("true", "false"):
+            raise ConfigError(key, value, "true or false")
+        return value == "true"
+
+    def matching(self, key: str, pattern: re.Pattern[str], what: str) -> str:
+        value = self.raw(key)
+        if not pattern.match(value):
+            raise ConfigError(key, value, what)
+        return value
+
+    def str_list(self, key: str, check: Callable[[str], bool], what: str) -> tuple[str, ...]:
+        value = self.raw(key)
+        try:
+            items = json.loads(value)
+        except json.JSONDecodeError:
+            raise ConfigError(key, value, "a list of strings") from None
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+            raise ConfigError(key, items, "a non-empty list of strings")
+        for item in items:
+            if not check(item):
+                raise ConfigError(key, item, what)
+        if len(set(items)) != len(items):
+            raise ConfigError(key, items, "names without duplicates")
+        return tuple(items)
+
+
+def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> StackConfig:
+    """Read and validate the stack's configuration (from the Pulumi runtime unless ``config`` is given).
+
+    ``config`` maps full keys (``spot-trainer:gpuType``, ``gcp:project``) to string values, as the
+    engine passes them; tests use it to check a config without touching the global runtime.
+    """
+    stack = stack or pulumi.get_stack()
+    r = _Reader(config)
+
+    project_id = r.get("project", namespace="gcp")
+    if not project_id:
+        raise ConfigError("gcp:project", project_id, "set it with `pulumi config set gcp:project <id>`")
+
+    region = r.matching("region", _REGION, "a GCP region such as us-central1")
+    zone = r.raw("zone")
+    if not re.fullmatch(re.escape(region) + r"-[a-z]", zone):
+        raise ConfigError("zone", zone, f"a zone of region {region!r}, such as {region}-a")
+
+    label_what = "a GCP label value: lowercase letters, digits, '-' or '_', at most 63 characters"
+    env = r.raw("env") or stack
+    if not _LABEL_VALUE.match(env):
+        raise ConfigError("env", env, label_what)
+    labels = Labels(env=env, app=contract.APP, team=r.matching("team", _LABEL_VALUE, label_what))
+
+    cluster = ClusterConfig(
+        mode=r.str("clusterMode", CLUSTER_MODES),
+        release_channel=r.str("releaseChannel", RELEASE_CHANNELS),
+        private_nodes=r.bool("privateNodes"),
+        deletion_protection=_deletion_protection(r, stack),
+    )
+    gpu = _gpu(r, cluster)
+    network = _network(r)
+    filestore = _filestore(r)
+    jobs = _jobs(r)
+    return StackConfig(
+        stack=stack,
+        project_id=project_id,
+        region=region,
+        zone=zone,
+        namespace=r.matching("namespace", _DNS_LABEL, "a Kubernetes namespace name (DNS label)"),
+        labels=labels,
+        network=network,
+        cluster=cluster,
+        gpu=gpu,
+        filestore=filestore,
+        jobs=jobs,
+        redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
+    )
+
+
+def _deletion_protection(r: _Reader, stack: str) -> bool:
+    """``auto`` means on for a stack named prod, off elsewhere (so dev stacks destroy cleanly)."""
+    if r.str("deletionProtection", ("auto", "true", "false")) == "auto":
+        return stack == "prod"
+    return r.bool("deletionProtection")
+
+
+def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:
+    gpu_type = r.raw("gpuType")
+    if gpu_type in END_OF_LIFE_GPUS:
+        allowed = f"{END_OF_LIFE_GPUS[gpu_type]}; use one of " + ", ".join(GPU_MACHINE_TYPES)
+        raise ConfigError("gpuType", gpu_type, allowed)
+    if gpu_type not in GPU_MACHINE_TYPES:
+        raise ConfigError("gpuType", gpu_type, "one of " + ", ".join(GPU_MACHINE_TYPES))
+    counts = GPU_MACHINE_TYPES[gpu_type]
+    count = r.int("gpuCount", 1)
+    if count not in counts:
+        raise ConfigError("gpuCount", count, f"for {gpu_type} one of " + ", ".join(map(str, counts)))
+    capacity = r.str("gpuCapacity", GPU_CAPACITY_MODES)
+    fallback = r.bool("onDemandFallback")
+    if fallback and (not cluster.autopilot or capacity != "computeClass"):
+        raise ConfigError(
+            "onDemandFallback",
+            True,
+            "false unless clusterMode=autopilot and gpuCapacity=computeClass (only a compute class can "
+            "fall back from spot to on-demand; a hard gke-spot selector or a spot node pool cannot)",
+        )
+    machine_type = r.raw("gpuMachineType") or counts[count]
+    return GpuConfig(
+        type=gpu_type,
+        count=count,
+        capacity=capacity,
+        on_demand_fallback=fallback,
+        max_nodes=r.int("gpuMaxNodes", 1, 100),
+        machine_type=machine_type,
+    )
+
+
+def _network(r: _Reader) -> NetworkConfig:
+    existing, subnet = r.raw("network"), r.raw("subnetwork")
+    if bool(existing) != bool(subnet):
+        raise ConfigError("subnetwork", subnet, "set both network and subnetwork (existing VPC) or neither")
+    return NetworkConfig(
+        existing_network=existing,
+        existing_subnetwork=subnet,
+        subnet_cidr=r.raw("subnetCidr"),
+        pods_cidr=r.raw("podsCidr"),
+        services_cidr=r.raw("servicesCidr"),
+        pods_range_name=r.raw("podsRangeName"),
+        services_range_name=r.raw("servicesRangeName"),
+    )
+
+
+def _filestore(r: _Reader) -> FilestoreConfig:
+    tier = r.str("filestoreTier", tuple(FILESTORE_TIERS))
+    low, high = FILESTORE_TIERS[tier]
+    capacity = r.int("filestoreCapacityGb", 1)
+    if not low <= capacity <= high:
+        raise ConfigError("filestoreCapacityGb", capacity, f"between {low} and {high} GiB for tier {tier}")
+    share_what = "a share name: a lowercase letter, then letters, digits or '_', 16 at most"
+    share = r.matching("filestoreShare", _SHARE_NAME, share_what)
+    return FilestoreConfig(tier=tier, capacity_gb=capacity, share=share)
+
+
+def _jobs(r: _Reader) -> JobConfig:
+    quantity = "a Kubernetes quantity such as 4, 500m or 16Gi"
+    name = "a name of lowercase letters, digits and '-'"
+    return JobConfig(
+        parallelism=r.int("parallelism", 1, 1000),
+        backoff_limit=r.int("backoffLimit", 0),
+        active_deadline_seconds=r.int("activeDeadlineSeconds", 60),
+        await_mode=r.str("jobAwait", JOB_AWAIT_MODES),
+        timeout_minutes=r.int("jobTimeoutMinutes", 1),
+        loader_timeout_minutes=r.int("loaderTimeoutMinutes", 1),
+        dataset_preset=r.matching("datasetPreset", _DNS_LABEL, name),
+        runs=r.str_list("runs", lambda run: bool(_DNS_LABEL.match(run)), name),
+        lease_ttl_seconds=r.int("leaseTtlSeconds", 5),
+        checkpoint_interval_seconds=r.int("checkpointIntervalSeconds", 1),
+        max_attempts=r.int("maxAttempts", 1),
+        worker_cpu=r.matching("workerCpu", _QUANTITY, quantity),
+        worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
+    )

@@ -1,0 +1,69 @@
+"""The contract between this program and the worker image (``workload/``): one place for each fact.
+
+Pod labels, the share mount path, environment variable names, the non-root uid and the CLI verbs are
+what the worker and its NetworkPolicy rely on; change them here and only here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+APP = "spot-trainer"
+NAME_LABEL = "app.kubernetes.io/name"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+LOADER, WORKER, REDIS = "loader", "worker", "redis"
+
+# Mount path of the Filestore PVC inside loader and worker pods.
+SHARE_DIR = "/mnt/share"
+
+# Environment variable names the worker reads.
+ENV_SHARE_DIR = "SHARE_DIR"
+ENV_REDIS_URL = "REDIS_URL"
+ENV_REDIS_PASSWORD = "REDIS_PASSWORD"
+ENV_WORKER_ID = "WORKER_ID"
+ENV_LEASE_TTL = "LEASE_TTL_SECONDS"
+ENV_CHECKPOINT_INTERVAL = "CHECKPOINT_INTERVAL_SECONDS"
+ENV_MAX_ATTEMPTS = "MAX_ATTEMPTS"
+
+# The image runs as this uid/gid (see workload/Dockerfile).
+WORKLOAD_UID = 10001
+
+# Exit code with which the worker reports bad configuration: retrying cannot help.
+EXIT_BAD_CONFIG = 2
+
+REDIS_PORT = 6379
+REDIS_PASSWORD_KEY = "password"  # key of the password in the Redis Secret
+
+# Build context and Dockerfile of the training image, relative to the repository root.
+IMAGE_CONTEXT = "workload"
+IMAGE_DOCKERFILE = "workload/Dockerfile"
+
+
+def labels(component: str) -> dict[str, str]:
+    """Pod/object labels of one component; the NetworkPolicy selects on exactly these."""
+    return {NAME_LABEL: APP, COMPONENT_LABEL: component}
+
+
+def loader_args(preset: str, runs: tuple[str, ...]) -> list[str]:
+    """``python -m workload seed ...``: idempotent, so a re-run of the loader Job is harmless."""
+    args = ["seed", "--preset", preset]
+    for run in runs:
+        args += ["--run", run]
+    return args
+
+
+WORKER_ARGS = ["worker"]
+# Queue and run summary (pending, leased, done, dead-lettered, latest metrics).
+STATUS_ARGS = ["status"]
+# Where the worker writes each run's report, relative to SHARE_DIR.
+REPORT_GLOB = "output/*/report.txt"
+
+
+def restricted_security_context() -> dict[str, Any]:
+    """Container securityContext meeting the 'restricted' Pod Security Standard."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }

@@ -1,0 +1,70 @@
+"""Where training pods run: spot GPU capacity, expressed as pod scheduling constraints.
+
+- Autopilot + computeClass: a ComputeClass (spot first, on-demand only if ``onDemandFallback``);
+  pods select it with ``cloud.google.com/compute-class`` and nothing else (a hard gke-spot selector
+  next to a compute class would defeat the fallback).
+- Autopilot + nodeSelector: pods select ``gke-spot`` and the accelerator directly.
+- Standard: the same selectors land pods on the spot GPU node pool; they tolerate its taint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import contract
+from infra.cluster import ACCELERATOR_LABEL, GPU_RESOURCE, SPOT_LABEL
+from infra.config import StackConfig
+
+COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"
+
+
+class GpuCapacity(pulumi.ComponentResource):
+    """``node_selector`` and ``tolerations`` for training pods, and what they must wait for."""
+
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+    resources: list[pulumi.Resource]
+
+    def __init__(
+        self, name: str, cfg: StackConfig, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("spot-trainer:k8s:GpuCapacity", name, None, opts)
+        gpu = cfg.gpu
+        # Tolerated everywhere: the Standard pool's spot taint and GKE's GPU taint; harmless on Autopilot.
+        self.tolerations = [
+            {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+        ]
+        self.resources = []
+        if cfg.cluster.autopilot and gpu.capacity == "computeClass":
+            class_name = f"{cfg.labels.app}-gpu"
+            priorities: list[dict[str, Any]] = [
+                {"gpu": {"type": gpu.type, "count": gpu.count, "driverVersion": "latest"}, "spot": True}
+            ]
+            if gpu.on_demand_fallback:
+                priorities.append(
+                    {"gpu": {"type": gpu.type, "count": gpu.count, "driverVersion": "latest"}, "spot": False}
+                )
+            compute_class = k8s.apiextensions.CustomResource(
+                name,
+                api_version="cloud.google.com/v1",
+                kind="ComputeClass",
+                metadata={"name": class_name, "labels": {contract.NAME_LABEL: contract.APP}},
+                spec={
+                    "priorities": priorities,
+                    # Move pods back to spot when it returns (only matters with the fallback).
+                    "activeMigration": {"optimizeRulePriority": gpu.on_demand_fallback},
+                    # Never scale up outside the priorities: no silent on-demand spend.
+                    "whenUnsatisfiable": "DoNotScaleUp",
+                    "nodePoolAutoCreation": {"enabled": True},
+                },
+                opts=pulumi.ResourceOptions(parent=self, provider=provider),
+            )
+            self.resources.append(compute_class)
+            self.node_selector = {COMPUTE_CLASS_LABEL: class_name}
+        else:
+            self.node_selector = {SPOT_LABEL: "true", ACCELERATOR_LABEL: gpu.type}
+        self.register_outputs({"node_selector": self.node_selector})

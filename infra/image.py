@@ -1,0 +1,80 @@
+"""The training image: an Artifact Registry repository; ``workload/`` built and pushed on ``pulumi up``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pulumi
+import pulumi_docker_build as docker_build
+import pulumi_gcp as gcp
+
+from infra import contract
+from infra.config import StackConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+IMAGE_NAME = "trainer"
+
+
+def _from_cwd(path: str) -> str:
+    """Repository path relative to the working directory: the CLI may run us from root or ``infra/``,
+    and an absolute path would make the Image differ between machines."""
+    return os.path.relpath(REPO_ROOT / path)
+
+
+class TrainingImage(pulumi.ComponentResource):
+    """``ref`` is ``<repository>@sha256:<digest>``: a code change replaces the Jobs, no change keeps them."""
+
+    ref: pulumi.Output[str]
+    repository_url: str
+
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        reader_member: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("spot-trainer:build:TrainingImage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        repo_id = f"{cfg.labels.app}-{cfg.slug}"  # stacks may share a project and region
+        registry = f"{cfg.region}-docker.pkg.dev"
+        self.repository = gcp.artifactregistry.Repository(
+            name,
+            project=cfg.project_id,
+            location=cfg.region,
+            repository_id=repo_id,
+            format="DOCKER",
+            description="Training images of spot-trainer",
+            labels=cfg.labels.as_dict(),
+            opts=child,
+        )
+        # Nodes pull with their own least-privilege account: read access to this repository only.
+        gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-node-reader",
+            project=cfg.project_id,
+            location=cfg.region,
+            repository=self.repository.repository_id,
+            role="roles/artifactregistry.reader",
+            member=reader_member,
+            opts=child,
+        )
+        self.repository_url = f"{registry}/{cfg.project_id}/{repo_id}/{IMAGE_NAME}"
+        # The deployer's short-lived OAuth token: no key file, no `gcloud auth configure-docker` needed.
+        token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
+        self.image = docker_build.Image(
+            name,
+            context=docker_build.BuildContextArgs(location=_from_cwd(contract.IMAGE_CONTEXT)),
+            dockerfile=docker_build.DockerfileArgs(location=_from_cwd(contract.IMAGE_DOCKERFILE)),
+            platforms=[docker_build.Platform.LINUX_AMD64],
+            tags=[f"{self.repository_url}:{cfg.slug}"],
+            push=True,
+            registries=[
+                docker_build.RegistryArgs(
+                    address=registry, username="oauth2accesstoken", password=token.access_token
+                )
+            ],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
+        )
+        self.ref = pulumi.Output.concat(self.repository_url, "@", self.image.digest)
+        self.register_outputs({"ref": self.ref})

@@ -1,0 +1,249 @@
+"""The loader Job (seeds the share and the queue) and the training Job (workers on spot GPUs).
+
+Both run the image by digest, as uid 10001, with the share at ``contract.SHARE_DIR`` and the queue's
+address and password in the environment. The training Job is a work-queue Job: ``completions``
+unset, pods exit 0 only when the queue is drained, and preemptions (``DisruptionTarget``) do not count
+against ``backoffLimit``. No ``ttlSecondsAfterFinished``: Kubernetes would delete the Job and the next
+``pulumi up`` would recreate it and train again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import contract
+from infra.cluster import GPU_RESOURCE
+from infra.config import StackConfig
+from infra.filestore import FilestoreShare
+from infra.gpu import GpuCapacity
+from infra.redis import RedisQueue
+
+SKIP_AWAIT = "pulumi.com/skipAwait"
+# Spot nodes get ~15 s of notice; the worker releases its lease and exits well inside that.
+TERMINATION_GRACE_SECONDS = 15
+SHARE_VOLUME = "share"
+
+# Preemption or eviction: not the code's fault, retry without consuming backoffLimit.
+IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+
+
+def _fail_on_bad_config(container: str) -> dict[str, Any]:
+    """Exit code 2 is bad configuration: every retry would fail the same way."""
+    return {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+    }
+
+
+def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
+    jobs = cfg.jobs
+    return [
+        {"name": contract.ENV_SHARE_DIR, "value": contract.SHARE_DIR},
+        {"name": contract.ENV_REDIS_URL, "value": redis.url},
+        {
+            "name": contract.ENV_REDIS_PASSWORD,
+            "valueFrom": {"secretKeyRef": {"name": redis.secret_name, "key": redis.password_key}},
+        },
+        {"name": contract.ENV_WORKER_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": contract.ENV_LEASE_TTL, "value": str(jobs.lease_ttl_seconds)},
+        {"name": contract.ENV_CHECKPOINT_INTERVAL, "value": str(jobs.checkpoint_interval_seconds)},
+        {"name": contract.ENV_MAX_ATTEMPTS, "value": str(jobs.max_attempts)},
+    ]
+
+
+def _pod_template(
+    component: str,
+    image: pulumi.Input[str],
+    args: list[str],
+    resources: dict[str, Any],
+    cfg: StackConfig,
+    redis: RedisQueue,
+    share: FilestoreShare,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": contract.WORKLOAD_UID,
+            "runAsGroup": contract.WORKLOAD_UID,
+            "fsGroup": contract.WORKLOAD_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": component,
+                "image": image,
+                "args": args,
+                "env": _env(cfg, redis),
+                "resources": resources,
+                "securityContext": contract.restricted_security_context(),
+                "volumeMounts": [{"name": SHARE_VOLUME, "mountPath": contract.SHARE_DIR}],
+            }
+        ],
+        "volumes": [{"name": SHARE_VOLUME, "persistentVolumeClaim": {"claimName": share.claim_name}}],
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {"metadata": {"labels": contract.labels(component)}, "spec": spec}
+
+
+def _job_metadata(
+    name: str, component: str, namespace: pulumi.Input[str], skip_await: bool
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": contract.labels(component)}
+    if skip_await:
+        metadata["annotations"] = {SKIP_AWAIT: "true"}
+    return metadata
+
+
+def one_off_pod(
+    cfg: StackConfig,
+    image: pulumi.Input[str],
+    redis: RedisQueue,
+    share: FilestoreShare,
+    name: str,
+    args: list[str],
+    command: list[str] | None = None,
+) -> pulumi.Output[str]:
+    """A ``kubectl run`` line for a throw-away pod with the loader's environment and share (for
+    ``status`` and reading reports after the workers are gone); labelled loader so Redis admits it."""
+
+    def render(ref: str) -> str:
+        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share)
+        container = template["spec"]["containers"][0]
+        container.pop("resources")
+        container["name"] = name  # kubectl attaches to the container named like the pod
+        if command:
+            container["command"] = command
+        overrides = {"apiVersion": "v1", "metadata": template["metadata"], "spec": template["spec"]}
+        return (
+            f"kubectl -n {cfg.namespace} run {name} --rm -i --restart=Never --image={ref} "
+            f"--overrides='{json.dumps(overrides, separators=(',', ':'))}'"
+        )
+
+    return pulumi.Output.from_input(image).apply(render)
+
+
+class LoaderJob(pulumi.ComponentResource):
+    """Generates the datasets on the share and enqueues (run, shard) items; always awaited, because
+    workers that start on an empty queue would see it drained and exit 0."""
+
+    job: k8s.batch.v1.Job
+    name: str
+
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        image: pulumi.Input[str],
+        redis: RedisQueue,
+        share: FilestoreShare,
+        provider: k8s.Provider,
+        namespace: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
+        self.name = f"{cfg.labels.app}-{contract.LOADER}"
+        template = _pod_template(
+            contract.LOADER,
+            image,
+            contract.loader_args(cfg.jobs.dataset_preset, cfg.jobs.runs),
+            {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+            cfg,
+            redis,
+            share,
+        )
+        self.job = k8s.batch.v1.Job(
+            name,
+            metadata=_job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
+            spec={
+                "backoffLimit": 3,
+                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.LOADER)]},
+                "template": template,
+            },
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                # Fixed names: a new image digest must delete the old Job before creating the new one.
+                delete_before_replace=True,
+                depends_on=[redis.deployment, redis.network_policy, share.claim],
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{cfg.jobs.loader_timeout_minutes}m", update=f"{cfg.jobs.loader_timeout_minutes}m"
+                ),
+            ),
+        )
+        self.register_outputs({"name": self.name})
+
+
+class TrainingJob(pulumi.ComponentResource):
+    """``parallelism`` workers on spot GPUs draining the queue; started after the loader finished."""
+
+    job: k8s.batch.v1.Job
+    name: str
+
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        image: pulumi.Input[str],
+        redis: RedisQueue,
+        share: FilestoreShare,
+        capacity: GpuCapacity,
+        loader: LoaderJob,
+        provider: k8s.Provider,
+        namespace: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("spot-trainer:k8s:TrainingJob", name, None, opts)
+        jobs = cfg.jobs
+        self.name = f"{cfg.labels.app}-{contract.WORKER}"
+        gpus = str(cfg.gpu.count)
+        template = _pod_template(
+            contract.WORKER,
+            image,
+            contract.WORKER_ARGS,
+            {
+                "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
+                "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
+            },
+            cfg,
+            redis,
+            share,
+            node_selector=capacity.node_selector,
+            tolerations=capacity.tolerations,
+        )
+        timeouts = None
+        if not jobs.skip_await:
+            wait = f"{jobs.timeout_minutes}m"
+            timeouts = pulumi.CustomTimeouts(create=wait, update=wait)
+        self.job = k8s.batch.v1.Job(
+            name,
+            metadata=_job_metadata(self.name, contract.WORKER, namespace, skip_await=jobs.skip_await),
+            spec={
+                # Work-queue Job: no completions; done when a pod exits 0 (queue drained) and none run.
+                "parallelism": jobs.parallelism,
+                "backoffLimit": jobs.backoff_limit,
+                "activeDeadlineSeconds": jobs.active_deadline_seconds,
+                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.WORKER)]},
+                "template": template,
+            },
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                # Fixed names: a new image digest must delete the old Job before creating the new one.
+                delete_before_replace=True,
+                depends_on=[loader.job, *capacity.resources],
+                custom_timeouts=timeouts,
+            ),
+        )
+        self.register_outputs({"name": self.name})

@@ -1,0 +1,75 @@
+"""The VPC the cluster and Filestore share: created with secondary ranges and NAT, or an existing one."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.config import StackConfig
+
+
+class Network(pulumi.ComponentResource):
+    """``network_id`` / ``subnetwork_id`` for the cluster; ``network_name`` for Filestore's peering."""
+
+    network_id: pulumi.Output[str]
+    network_name: pulumi.Output[str]
+    subnetwork_id: pulumi.Output[str]
+
+    def __init__(self, name: str, cfg: StackConfig, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("spot-trainer:gcp:Network", name, None, opts)
+        net = cfg.network
+        child = pulumi.ResourceOptions(parent=self)
+        if not net.create:
+            project, region = cfg.project_id, cfg.region
+            self.network_name = pulumi.Output.from_input(net.existing_network)
+            self.network_id = pulumi.Output.from_input(
+                f"projects/{project}/global/networks/{net.existing_network}"
+            )
+            self.subnetwork_id = pulumi.Output.from_input(
+                f"projects/{project}/regions/{region}/subnetworks/{net.existing_subnetwork}"
+            )
+        else:
+            vpc = gcp.compute.Network(
+                name,
+                project=cfg.project_id,
+                auto_create_subnetworks=False,
+                routing_mode="REGIONAL",
+                opts=child,
+            )
+            subnet = gcp.compute.Subnetwork(
+                name,
+                project=cfg.project_id,
+                region=cfg.region,
+                network=vpc.id,
+                ip_cidr_range=net.subnet_cidr,
+                # Private nodes pull from Artifact Registry through Private Google Access.
+                private_ip_google_access=True,
+                secondary_ip_ranges=[
+                    gcp.compute.SubnetworkSecondaryIpRangeArgs(
+                        range_name=net.pods_range_name, ip_cidr_range=net.pods_cidr
+                    ),
+                    gcp.compute.SubnetworkSecondaryIpRangeArgs(
+                        range_name=net.services_range_name, ip_cidr_range=net.services_cidr
+                    ),
+                ],
+                opts=child,
+            )
+            if cfg.cluster.private_nodes:
+                # Private nodes have no public IP: NAT gives them egress (Docker Hub for Redis, PyPI...).
+                router = gcp.compute.Router(
+                    name, project=cfg.project_id, region=cfg.region, network=vpc.id, opts=child
+                )
+                gcp.compute.RouterNat(
+                    name,
+                    project=cfg.project_id,
+                    region=cfg.region,
+                    router=router.name,
+                    nat_ip_allocate_option="AUTO_ONLY",
+                    source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                    log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"),
+                    opts=child,
+                )
+            self.network_name = vpc.name
+            self.network_id = vpc.id
+            self.subnetwork_id = subnet.id
+        self.register_outputs({"network_id": self.network_id, "subnetwork_id": self.subnetwork_id})

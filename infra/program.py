@@ -1,0 +1,90 @@
+"""Composition of the stack: config in, components wired together, outputs out.
+
+``__main__.py`` calls ``build`` under the Pulumi engine; ``infra.render`` calls it under mocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra import contract
+from infra.cluster import Cluster
+from infra.config import StackConfig
+from infra.filestore import FilestoreShare
+from infra.gpu import GpuCapacity
+from infra.image import TrainingImage
+from infra.jobs import LoaderJob, TrainingJob, one_off_pod
+from infra.network import Network
+from infra.redis import RedisQueue
+from infra.services import ProjectServices
+
+
+def build(cfg: StackConfig) -> dict[str, Any]:
+    """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
+    services = ProjectServices("services", cfg)
+    # Every other GCP resource goes through this provider, and the provider waits for the APIs.
+    gcp_provider = gcp.Provider(
+        "gcp",
+        project=cfg.project_id,
+        region=cfg.region,
+        opts=pulumi.ResourceOptions(depends_on=services.services),
+    )
+    on_gcp = pulumi.ResourceOptions(providers={"gcp": gcp_provider})
+
+    network = Network("network", cfg, opts=on_gcp)
+    cluster = Cluster("cluster", cfg, network, opts=on_gcp)
+    image = TrainingImage("image", cfg, reader_member=cluster.node_service_account.member, opts=on_gcp)
+
+    namespace = k8s.core.v1.Namespace(
+        "namespace",
+        metadata={
+            "name": cfg.namespace,
+            # Every pod here is non-root with a RuntimeDefault seccomp profile: enforce it.
+            "labels": {contract.NAME_LABEL: contract.APP, "pod-security.kubernetes.io/enforce": "restricted"},
+        },
+        opts=pulumi.ResourceOptions(provider=cluster.provider),
+    )
+    ns = namespace.metadata.name
+    capacity = GpuCapacity("gpu", cfg, cluster.provider)
+    share = FilestoreShare("share", cfg, network, cluster.provider, ns, opts=on_gcp)
+    redis = RedisQueue("redis", cfg, cluster.provider, ns)
+    loader = LoaderJob("loader", cfg, image.ref, redis, share, cluster.provider, ns)
+    training = TrainingJob("training", cfg, image.ref, redis, share, capacity, loader, cluster.provider, ns)
+
+    n = f"-n {cfg.namespace}"
+    workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
+    return {
+        "clusterName": cluster.name,
+        "kubeconfig": cluster.kubeconfig,
+        "filestoreIp": share.ip,
+        "filestoreShare": share.share,
+        "imageRef": image.ref,
+        "redisService": f"{redis.service_name}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}",
+        "loaderJob": loader.name,
+        "trainingJob": training.name,
+        "commands": {
+            "credentials": pulumi.Output.concat(
+                "gcloud container clusters get-credentials ",
+                cluster.name,
+                f" --region {cfg.region} --project {cfg.project_id}",
+            ),
+            "status": f"kubectl {n} get job {loader.name} {training.name} -o wide",
+            "pods": f"kubectl {n} get pods -l {contract.NAME_LABEL}={contract.APP} -o wide",
+            "logs": f"kubectl {n} logs -f -l {workers} --prefix --max-log-requests=50",
+            "wait": f"kubectl {n} wait --for=condition=complete job/{training.name} --timeout=24h",
+            "queueStatus": one_off_pod(cfg, image.ref, redis, share, "status", contract.STATUS_ARGS),
+            "report": one_off_pod(
+                cfg,
+                image.ref,
+                redis,
+                share,
+                "report",
+                [],
+                command=["sh", "-c", f"cat {contract.SHARE_DIR}/{contract.REPORT_GLOB}"],
+            ),
+        },
+    }

@@ -1,0 +1,263 @@
+"""Run the program for a stack under the Pulumi SDK's mock engine, without a cloud or the Pulumi CLI.
+
+``render("dev")`` applies config the way the CLI does (``Pulumi.yaml`` defaults, then
+``stacks/Pulumi.dev.yaml``, then overrides), runs ``infra.program.build`` with fake provider outputs
+(Filestore IP, cluster endpoint and CA, image digest...), waits for every resource and output, and
+returns what was registered: inputs, parent, provider, dependencies and options of each resource,
+plus the resolved stack outputs. ``Rendered.manifests()`` turns the Kubernetes objects into plain
+manifests (for ``kubernetes-validate``, ``make render`` and policy checks).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks, settings
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from infra import config
+from infra.program import build
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STACKS_DIR = REPO_ROOT / "stacks"
+FAKE_PROJECT_ID = "spot-trainer-test"
+
+# Fabricated provider outputs: tests compare program wiring against these.
+FILESTORE_IP = "10.99.0.2"
+CLUSTER_ENDPOINT = "203.0.113.10"
+CLUSTER_CA = "ZmFrZS1jYQ=="  # base64("fake-ca")
+IMAGE_DIGEST = "sha256:" + "ab" * 32
+ACCESS_TOKEN = "fake-access-token"
+
+
+def stack_names() -> list[str]:
+    """Every ``stacks/Pulumi.<stack>.yaml``: a new stack file is picked up with no code change."""
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+
+
+def _as_config_string(value: Any) -> str:
+    """The engine hands the program strings: JSON for lists/objects, lowercase booleans."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def stack_config(stack: str, overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Full-key config for ``stack`` as the CLI would pass it (plus a fake ``gcp:project`` if unset)."""
+    project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    name = project["name"]
+    values: dict[str, Any] = {"gcp:project": FAKE_PROJECT_ID}
+    for key, spec in (project.get("config") or {}).items():
+        full = key if ":" in key else f"{name}:{key}"
+        if isinstance(spec, dict) and "default" in spec:
+            values[full] = spec["default"]
+        elif isinstance(spec, dict) and "value" in spec:
+            values[full] = spec["value"]
+    stack_file = STACKS_DIR / f"Pulumi.{stack}.yaml"
+    if stack_file.exists():
+        values.update((yaml.safe_load(stack_file.read_text()) or {}).get("config") or {})
+    for key, value in (overrides or {}).items():
+        values[key if ":" in key else f"{name}:{key}"] = value
+    return {k: _as_config_string(v) for k, v in values.items() if v is not None}
+
+
+@dataclass
+class Registered:
+    """One resource as the engine saw it."""
+
+    type: str
+    name: str
+    urn: str
+    id: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    parent: str
+    provider: str
+    dependencies: list[str]
+    custom_timeouts: dict[str, str]
+    delete_before_replace: bool
+
+
+@dataclass
+class Rendered:
+    stack: str
+    config: config.StackConfig
+    resources: list[Registered]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.resources if r.type == type_]
+
+    def one(self, type_: str, name: str | None = None) -> Registered:
+        found = [r for r in self.of_type(type_) if name is None or r.name == name]
+        if len(found) != 1:
+            raise LookupError(f"expected one {type_} named {name!r}, found {[r.name for r in found]}")
+        return found[0]
+
+    def by_urn(self, urn: str) -> Registered:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def kubernetes(self) -> list[Registered]:
+        return [
+            r
+            for r in self.resources
+            if r.type.startswith("kubernetes:") and r.type != "pulumi:providers:kubernetes"
+        ]
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """The Kubernetes objects as manifests, in registration order."""
+        return [to_manifest(r) for r in self.kubernetes()]
+
+
+def to_manifest(resource: Registered) -> dict[str, Any]:
+    """The SDK sends ``apiVersion`` and ``kind`` with every Kubernetes object: inputs are the manifest."""
+    manifest = dict(resource.inputs)
+    if "apiVersion" not in manifest or "kind" not in manifest:
+        raise ValueError(f"{resource.urn}: no apiVersion/kind in its inputs")
+    return manifest
+
+
+class _FakeCloud(pulumi.runtime.Mocks):
+    """Echo inputs as outputs and fabricate what providers would compute."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        out = dict(args.inputs)
+        name = out.get("name") or args.name
+        typ = args.typ
+        if typ == "gcp:filestore/instance:Instance":
+            out["networks"] = [{**n, "ipAddresses": [FILESTORE_IP]} for n in out.get("networks", [])]
+        elif typ == "gcp:container/cluster:Cluster":
+            out.update(name=name, endpoint=CLUSTER_ENDPOINT, masterAuth={"clusterCaCertificate": CLUSTER_CA})
+        elif typ == "gcp:compute/network:Network":
+            out["name"] = name
+        elif typ == "gcp:serviceaccount/account:Account":
+            email = f"{out['accountId']}@{out.get('project', FAKE_PROJECT_ID)}.iam.gserviceaccount.com"
+            out.update(email=email, member=f"serviceAccount:{email}")
+        elif typ == "random:index/randomPassword:RandomPassword":
+            out["result"] = "p" * int(out.get("length", 16))
+        elif typ == "docker-build:index:Image":
+            out.update(digest=IMAGE_DIGEST, ref=f"{out['tags'][0]}@{IMAGE_DIGEST}")
+        elif typ.startswith("kubernetes:") and "metadata" in out:
+            out["metadata"] = {"name": name, **out["metadata"]}
+        return f"{name}-id", out
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        if args.token == "gcp:organizations/getClientConfig:getClientConfig":
+            return {"accessToken": ACCESS_TOKEN, "project": FAKE_PROJECT_ID}
+        return {}
+
+
+class _RecordingMonitor(mocks.MockMonitor):
+    """The SDK's mock monitor, also keeping what a test wants to assert on: parent, provider,
+    dependencies and options (the stock one keeps only the outputs)."""
+
+    def __init__(self, fake: pulumi.runtime.Mocks) -> None:
+        super().__init__(fake)
+        self.registered: list[Registered] = []
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = _sync_await(_deserialize(request.object))
+            timeouts = request.customTimeouts
+            self.registered.append(
+                Registered(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    id=response.id,
+                    inputs=inputs,
+                    outputs=self.resources[response.urn].state if response.urn in self.resources else {},
+                    parent=request.parent,
+                    provider=request.provider,
+                    dependencies=list(request.dependencies),
+                    custom_timeouts={
+                        k: getattr(timeouts, k)
+                        for k in ("create", "update", "delete")
+                        if getattr(timeouts, k)
+                    },
+                    delete_before_replace=request.deleteBeforeReplace,
+                )
+            )
+        return response
+
+
+async def _deserialize(struct: Any) -> dict[str, Any]:
+    return pulumi.runtime.rpc.deserialize_properties(struct)
+
+
+def _unwrap_secrets(value: Any) -> Any:
+    """Secret markers -> plain values, so manifests look like what ``kubectl`` would receive."""
+    if isinstance(value, dict):
+        if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:
+            return _unwrap_secrets(value["value"])
+        return {k: _unwrap_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap_secrets(v) for v in value]
+    return value
+
+
+def render(stack: str, overrides: Mapping[str, Any] | None = None) -> Rendered:
+    """Validate ``stack``'s config and run the program under mocks; raises ``config.ConfigError``."""
+    values = stack_config(stack, overrides)
+    cfg = config.load(values, stack=stack)  # fails here, before any resource, on a bad value
+    resolved: dict[str, Any] = {}
+
+    def program() -> None:
+        outputs = build(cfg)
+        resolved.update(_sync_await(pulumi.Output.from_input(outputs).future()) or {})
+
+    return Rendered(stack=stack, config=cfg, resources=run_mocked(stack, values, program), outputs=resolved)
+
+
+def run_mocked(stack: str, values: Mapping[str, str], program: Callable[[], Any]) -> list[Registered]:
+    """Run ``program`` under the mock engine with ``values`` as the stack's config, wait for every
+    resource registration, and return the resources. Exceptions from the program propagate."""
+    fake = _FakeCloud()
+    monitor = _RecordingMonitor(fake)
+    settings.ROOT.set(None)  # the runtime is global: start every run from a fresh root stack
+    pulumi.runtime.set_mocks(fake, project=config.PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi.runtime.set_all_config(dict(values))
+    settings.SETTINGS.rpc_manager.clear()
+    settings.SETTINGS.outputs.clear()
+    _sync_await(run_pulumi_func(program))
+    for r in monitor.registered:
+        r.inputs = _unwrap_secrets(r.inputs)
+    return monitor.registered
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m infra.render dev [key=value ...]``: the stack's Kubernetes manifests as YAML."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m infra.render", description=main.__doc__)
+    parser.add_argument("stack", choices=stack_names())
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
+    args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"override {item!r} is not key=value")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        rendered = render(args.stack, overrides)
+    except config.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    yaml.safe_dump_all(rendered.manifests(), sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

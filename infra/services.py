@@ -1,0 +1,34 @@
+"""The Google APIs the stack needs, enabled before anything that calls them."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.config import StackConfig
+
+APIS = (
+    "compute.googleapis.com",
+    "container.googleapis.com",
+    "file.googleapis.com",
+    "artifactregistry.googleapis.com",
+)
+
+
+class ProjectServices(pulumi.ComponentResource):
+    """Enables the APIs; other components ``depends_on`` it (``self.services``)."""
+
+    def __init__(self, name: str, cfg: StackConfig, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("spot-trainer:gcp:ProjectServices", name, None, opts)
+        self.services = [
+            gcp.projects.Service(
+                api.split(".")[0],
+                project=cfg.project_id,
+                service=api,
+                # Disabling an API on destroy can break other workloads in a shared project.
+                disable_on_destroy=False,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for api in APIS
+        ]
+        self.register_outputs({"services": [s.service for s in self.services]})

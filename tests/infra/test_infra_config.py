@@ -1,0 +1,135 @@
+"""Config validation: every bad value fails before any resource, naming the key, the value and the rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from infra import config, render
+from infra.config import ConfigError
+
+
+def load(stack: str = "dev", **overrides: Any) -> config.StackConfig:
+    return config.load(render.stack_config(stack, overrides), stack=stack)
+
+
+def test_a_new_stack_needs_only_gcp_project() -> None:
+    values = render.stack_config("brand-new")  # no stacks/Pulumi.brand-new.yaml: Pulumi.yaml defaults only
+    del values["gcp:project"]
+    with pytest.raises(ConfigError, match="gcp:project") as err:
+        config.load(values, stack="brand-new")
+    assert str(err.value).startswith("config gcp:project=None is not allowed: set it with `pulumi config set")
+
+    cfg = config.load({**values, "gcp:project": "my-project"}, stack="brand-new")
+    assert cfg.project_id == "my-project"
+    assert cfg.cluster.mode == "autopilot" and cfg.gpu.type == "nvidia-l4"
+    assert cfg.labels.as_dict() == {"env": "brand-new", "app": "spot-trainer", "team": "ml-platform"}
+
+
+def test_deletion_protection_defaults_on_only_for_prod() -> None:
+    assert load("brand-new").cluster.deletion_protection is False
+    assert load("prod", deletionProtection="auto").cluster.deletion_protection is True
+    assert load("prod", deletionProtection=False).cluster.deletion_protection is False
+    assert load("dev", deletionProtection=True).cluster.deletion_protection is True
+
+
+def test_stack_files_only_use_declared_keys() -> None:
+    """A typo in a stack file (``paralelism``) would be silently ignored: refuse undeclared keys."""
+    project = yaml.safe_load((render.REPO_ROOT / "Pulumi.yaml").read_text())
+    declared = {f"{project['name']}:{key}" for key in project["config"]}
+    for stack in render.stack_names():
+        keys = (yaml.safe_load((render.STACKS_DIR / f"Pulumi.{stack}.yaml").read_text()) or {})["config"]
+        own = {k for k in keys if k.startswith(project["name"] + ":")}
+        assert own <= declared, f"stacks/Pulumi.{stack}.yaml: undeclared keys {sorted(own - declared)}"
+
+
+BAD_VALUES = [
+    # (overrides, key in the message, value in the message, what the message says is allowed)
+    ({"gpuType": "nvidia-tesla-k80"}, "gpuType", "'nvidia-tesla-k80'", "end-of-life on GKE since 2024-05-01"),
+    ({"gpuType": "nvidia-rtx-4090"}, "gpuType", "'nvidia-rtx-4090'", "one of nvidia-l4, nvidia-tesla-t4"),
+    ({"gpuCount": 3}, "gpuCount", "3", "for nvidia-l4 one of 1, 2, 4, 8"),
+    ({"gpuType": "nvidia-tesla-t4", "gpuCount": 8}, "gpuCount", "8", "for nvidia-tesla-t4 one of 1, 2, 4"),
+    ({"gpuCount": 0}, "gpuCount", "0", "an integer >= 1"),
+    ({"clusterMode": "hybrid"}, "clusterMode", "'hybrid'", "one of autopilot, standard"),
+    ({"zone": "us-east1-b"}, "zone", "'us-east1-b'", "a zone of region 'us-central1'"),
+    ({"region": "Central US"}, "region", "'Central US'", "a GCP region"),
+    (
+        {"filestoreCapacityGb": 1000},
+        "filestoreCapacityGb",
+        "1000",
+        "between 1024 and 65434 GiB for tier BASIC_HDD",
+    ),
+    (
+        {"filestoreTier": "BASIC_SSD", "filestoreCapacityGb": 1024},
+        "filestoreCapacityGb",
+        "1024",
+        "between 2560 and 65434 GiB for tier BASIC_SSD",
+    ),
+    ({"filestoreTier": "PREMIUM"}, "filestoreTier", "'PREMIUM'", "one of BASIC_HDD, BASIC_SSD, ZONAL"),
+    ({"filestoreShare": "My-Share"}, "filestoreShare", "'My-Share'", "a share name"),
+    ({"parallelism": 0}, "parallelism", "0", "an integer >= 1"),
+    ({"parallelism": "two"}, "parallelism", "'two'", "an integer"),
+    ({"onDemandFallback": "maybe"}, "onDemandFallback", "'maybe'", "true or false"),
+    (
+        {"onDemandFallback": True, "clusterMode": "standard"},
+        "onDemandFallback",
+        "True",
+        "only a compute class can fall back",
+    ),
+    (
+        {"onDemandFallback": True, "gpuCapacity": "nodeSelector"},
+        "onDemandFallback",
+        "True",
+        "only a compute class can fall back",
+    ),
+    ({"gpuCapacity": "anything"}, "gpuCapacity", "'anything'", "one of computeClass, nodeSelector"),
+    ({"jobAwait": "forever"}, "jobAwait", "'forever'", "one of wait, skip"),
+    ({"jobTimeoutMinutes": 0}, "jobTimeoutMinutes", "0", "an integer >= 1"),
+    ({"releaseChannel": "BETA"}, "releaseChannel", "'BETA'", "one of RAPID, REGULAR, STABLE"),
+    ({"deletionProtection": "yes"}, "deletionProtection", "'yes'", "one of auto, true, false"),
+    ({"team": "ML Platform"}, "team", "'ML Platform'", "a GCP label value"),
+    ({"env": "Prod!"}, "env", "'Prod!'", "a GCP label value"),
+    ({"redisImage": "redis:7.4"}, "redisImage", "'redis:7.4'", "an image by digest"),
+    ({"runs": []}, "runs", "[]", "a non-empty list of strings"),
+    ({"runs": ["main", "Sweep_1"]}, "runs", "'Sweep_1'", "a name of lowercase letters"),
+    ({"runs": ["a", "a"]}, "runs", "['a', 'a']", "without duplicates"),
+    ({"network": "shared-vpc"}, "subnetwork", "''", "set both network and subnetwork"),
+    ({"workerMemory": "16 GB"}, "workerMemory", "'16 GB'", "a Kubernetes quantity"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "value", "allowed"), BAD_VALUES, ids=lambda v: str(v)[:40])
+def test_bad_value_is_named_with_what_is_allowed(
+    overrides: dict[str, Any], key: str, value: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load("dev", **overrides)
+    message = str(err.value)
+    assert err.value.key == key
+    assert f"spot-trainer:{key}={value} is not allowed" in message
+    assert allowed in message
+
+
+def test_bad_config_fails_before_any_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[object] = []
+    monkeypatch.setattr(render, "build", lambda cfg: built.append(cfg) or {})
+    with pytest.raises(ConfigError, match="nvidia-tesla-k80"):
+        render.render("dev", {"gpuType": "nvidia-tesla-k80"})
+    assert built == []
+
+
+@pytest.mark.parametrize("gpu_type", sorted(config.GPU_MACHINE_TYPES))
+def test_every_allowed_gpu_type_loads(gpu_type: str) -> None:
+    assert load("dev", gpuType=gpu_type).gpu.type == gpu_type
+
+
+def test_zonal_and_regional_filestore_tiers() -> None:
+    assert load("dev", filestoreTier="BASIC_HDD").filestore.zonal
+    assert not load("dev", filestoreTier="REGIONAL").filestore.zonal
+
+
+def test_odd_stack_names_give_valid_resource_names() -> None:
+    cfg = load("Team_A.Staging", env="staging")
+    assert cfg.slug == "team-a-staging"

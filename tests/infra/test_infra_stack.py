@@ -1,0 +1,451 @@
+"""The program under mocks, per stack file and per mode: issue 3 acceptance on the registered resources."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from infra import contract, render
+from infra.render import Registered, Rendered
+
+STACKS = render.stack_names()
+Render = Callable[..., Rendered]
+
+JOB = "kubernetes:batch/v1:Job"
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+FILESTORE = "gcp:filestore/instance:Instance"
+COMPUTE_CLASS = "kubernetes:cloud.google.com/v1:ComputeClass"
+DIGEST_REF = re.compile(r"^[a-z0-9.-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def pod_spec(job: Registered) -> dict[str, Any]:
+    return job.inputs["spec"]["template"]["spec"]
+
+
+def container(job: Registered) -> dict[str, Any]:
+    (only,) = pod_spec(job)["containers"]
+    return only
+
+
+def test_every_stack_file_is_found() -> None:
+    assert {"dev", "prod"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    assert r.config.stack == stack and r.config.labels.env == stack
+    out = r.outputs
+    assert out["clusterName"] == r.one(CLUSTER).outputs["name"]
+    assert out["filestoreIp"] == render.FILESTORE_IP
+    assert out["filestoreShare"] == r.config.filestore.share
+    assert DIGEST_REF.match(out["imageRef"]) and out["imageRef"].endswith(render.IMAGE_DIGEST)
+    assert out["redisService"] == f"redis.{r.config.namespace}.svc.cluster.local:6379"
+    assert {out["loaderJob"], out["trainingJob"]} == {j.inputs["metadata"]["name"] for j in r.of_type(JOB)}
+    assert "gke-gcloud-auth-plugin" in out["kubeconfig"] and render.CLUSTER_ENDPOINT in out["kubeconfig"]
+    assert {"logs", "status", "report", "queueStatus"} <= set(out["commands"])
+    assert out["trainingJob"] in out["commands"]["status"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    cluster = r.one(CLUSTER).inputs
+    assert cluster["enableAutopilot"] is True
+    assert cluster["releaseChannel"] == {"channel": r.config.cluster.release_channel}
+    assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{r.config.project_id}.svc.id.goog"}
+    assert cluster["privateClusterConfig"]["enablePrivateNodes"] is r.config.cluster.private_nodes
+    assert cluster["deletionProtection"] is (stack == "prod")
+    assert not r.of_type(NODE_POOL)
+
+
+def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(rendered: Render) -> None:
+    r = rendered(
+        "dev", clusterMode="standard", gpuCapacity="nodeSelector", gpuType="nvidia-tesla-t4", gpuCount=2
+    )
+    cluster = r.one(CLUSTER).inputs
+    assert not cluster.get("enableAutopilot")
+    assert cluster["removeDefaultNodePool"] is True
+    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"  # enforces the Redis NetworkPolicy
+
+    pool = r.one(NODE_POOL, "cluster-gpu-spot").inputs
+    node = pool["nodeConfig"]
+    assert node["spot"] is True and not node.get("preemptible")
+    assert node["guestAccelerators"] == [
+        {"type": "nvidia-tesla-t4", "count": 2, "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"}}
+    ]
+    assert node["machineType"] == "n1-standard-16"
+    assert pool["autoscaling"]["minNodeCount"] == 0 and pool["initialNodeCount"] == 0
+    sa = r.one("gcp:serviceaccount/account:Account").outputs["email"]
+    assert node["serviceAccount"] == sa  # not the default compute account
+    roles = {m.inputs["role"] for m in r.of_type("gcp:projects/iAMMember:IAMMember")}
+    assert roles == {"roles/container.defaultNodeServiceAccount"}
+
+    (taint,) = node["taints"]
+    effect = {
+        "NO_SCHEDULE": "NoSchedule",
+        "NO_EXECUTE": "NoExecute",
+        "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+    }
+    tolerated = pod_spec(r.one(JOB, "training"))["tolerations"]
+    assert {
+        "key": taint["key"],
+        "operator": "Equal",
+        "value": taint["value"],
+        "effect": effect[taint["effect"]],
+    } in (tolerated)
+    # Redis and the loader need somewhere untainted to run.
+    assert not r.one(NODE_POOL, "cluster-system").inputs["nodeConfig"].get("taints")
+
+
+def test_training_pods_select_spot_gpus_through_the_compute_class(rendered: Render) -> None:
+    r = rendered("dev")
+    compute_class = r.one(COMPUTE_CLASS).inputs
+    priorities = compute_class["spec"]["priorities"]
+    assert priorities == [{"gpu": {"type": "nvidia-l4", "count": 1, "driverVersion": "latest"}, "spot": True}]
+    assert compute_class["spec"]["whenUnsatisfiable"] == "DoNotScaleUp"
+    training = r.one(JOB, "training")
+    selector = pod_spec(training)["nodeSelector"]
+    assert selector == {"cloud.google.com/compute-class": compute_class["metadata"]["name"]}
+    assert container(training)["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert r.one(COMPUTE_CLASS).urn in training.dependencies
+
+
+def test_on_demand_fallback_comes_after_spot(rendered: Render) -> None:
+    r = rendered("prod")
+    assert r.config.gpu.on_demand_fallback
+    priorities = r.one(COMPUTE_CLASS).inputs["spec"]["priorities"]
+    assert [p["spot"] for p in priorities] == [True, False]
+    assert "cloud.google.com/gke-spot" not in pod_spec(r.one(JOB, "training"))["nodeSelector"]
+
+
+def test_node_selector_mode_requests_spot_and_the_accelerator(rendered: Render) -> None:
+    r = rendered("dev", gpuCapacity="nodeSelector", gpuType="nvidia-h100-80gb", gpuCount=8)
+    assert not r.of_type(COMPUTE_CLASS)
+    spec = pod_spec(r.one(JOB, "training"))
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-spot": "true",
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+    }
+    assert container(r.one(JOB, "training"))["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pv_points_at_the_filestore_ip_output_and_the_claim_binds_to_it(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    instance = r.one(FILESTORE)
+    pv = r.one("kubernetes:core/v1:PersistentVolume")
+    share = r.config.filestore.share
+    assert pv.inputs["spec"]["nfs"] == {"server": render.FILESTORE_IP, "path": f"/{share}"}
+    assert instance.urn in pv.dependencies  # the IP flows from the instance's output, not a literal
+    assert pv.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert instance.inputs["fileShares"] == {"name": share, "capacityGb": r.config.filestore.capacity_gb}
+    assert instance.inputs["tier"] == r.config.filestore.tier
+
+    pvc = r.one("kubernetes:core/v1:PersistentVolumeClaim", "share").inputs
+    assert pvc["spec"]["volumeName"] == pv.inputs["metadata"]["name"]
+    assert pvc["spec"]["storageClassName"] == "" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    for job in r.of_type(JOB):
+        volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
+        (mount,) = container(job)["volumeMounts"]
+        assert mount["mountPath"] == contract.SHARE_DIR
+        assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"network": "shared", "subnetwork": "shared-us"}], ids=["created-vpc", "existing-vpc"]
+)
+def test_filestore_and_cluster_share_a_network(overrides: dict[str, str], rendered: Render) -> None:
+    r = rendered("dev", **overrides)
+    cluster = r.one(CLUSTER).inputs
+    (fs_network,) = r.one(FILESTORE).inputs["networks"]
+    assert fs_network["connectMode"] == "DIRECT_PEERING"
+    if overrides:
+        assert not r.of_type("gcp:compute/network:Network")
+        assert cluster["network"].endswith(f"/networks/{overrides['network']}")
+        assert fs_network["network"] == overrides["network"]
+    else:
+        vpc = r.one("gcp:compute/network:Network")
+        assert cluster["network"] == vpc.id
+        assert fs_network["network"] == vpc.outputs["name"]
+        subnet = r.one("gcp:compute/subnetwork:Subnetwork")
+        assert cluster["subnetwork"] == subnet.id
+        ranges = {x["rangeName"] for x in subnet.inputs["secondaryIpRanges"]}
+        policy = cluster["ipAllocationPolicy"]
+        assert {policy["clusterSecondaryRangeName"], policy["servicesSecondaryRangeName"]} == ranges
+        assert r.of_type("gcp:compute/routerNat:RouterNat")  # private nodes need egress
+
+
+def test_public_nodes_need_no_nat(rendered: Render) -> None:
+    r = rendered("dev", privateNodes=False)
+    assert not r.of_type("gcp:compute/routerNat:RouterNat")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_redis_requires_the_password_from_the_secret(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    secret = r.one("kubernetes:core/v1:Secret").inputs
+    password = secret["stringData"][contract.REDIS_PASSWORD_KEY]
+    assert len(password) >= 32
+    deployment = r.one("kubernetes:apps/v1:Deployment").inputs
+    assert password not in repr(deployment)  # never on a command line or in the spec
+    pod = deployment["spec"]["template"]["spec"]
+    (redis,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    auth_mount = next(m for m in redis["volumeMounts"] if volumes[m["name"]].get("secret"))
+    auth = volumes[auth_mount["name"]]["secret"]
+    assert auth["secretName"] == secret["metadata"]["name"]
+    (item,) = auth["items"]
+    # redis-server's first argument is that config file, which holds `requirepass <password>`.
+    assert redis["args"][0] == f"{auth_mount['mountPath']}/{item['path']}"
+    assert secret["stringData"][item["key"]] == f"requirepass {password}\n"
+    assert redis["args"][redis["args"].index("--appendonly") + 1] == "yes"
+    data_mount = next(m for m in redis["volumeMounts"] if volumes[m["name"]].get("persistentVolumeClaim"))
+    assert redis["args"][redis["args"].index("--dir") + 1] == data_mount["mountPath"]
+    assert "@sha256:" in redis["image"]
+    assert redis["readinessProbe"] and redis["resources"]["requests"]
+    service = r.one("kubernetes:core/v1:Service").inputs["spec"]
+    assert service["type"] == "ClusterIP" and service["ports"][0]["port"] == contract.REDIS_PORT
+    # Loader and workers get the same password from the same Secret, and no password in the URL.
+    for job in r.of_type(JOB):
+        env = {e["name"]: e for e in container(job)["env"]}
+        ref = env[contract.ENV_REDIS_PASSWORD]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": secret["metadata"]["name"], "key": contract.REDIS_PASSWORD_KEY}
+        assert env[contract.ENV_REDIS_URL]["value"] == f"redis://{r.outputs['redisService']}/0"
+
+
+def _admits(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule["from"]:
+            selector = peer["podSelector"]
+            if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+                continue
+            if all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_network_policy_admits_only_loader_and_worker_pods_on_6379(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    policy = r.one("kubernetes:networking.k8s.io/v1:NetworkPolicy").inputs
+    redis_pod = r.one("kubernetes:apps/v1:Deployment").inputs["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": redis_pod}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert [rule["ports"] for rule in policy["spec"]["ingress"]] == [[{"protocol": "TCP", "port": 6379}]]
+    for job in r.of_type(JOB):
+        assert _admits(policy, job.inputs["spec"]["template"]["metadata"]["labels"])
+    assert not _admits(policy, redis_pod)
+    assert not _admits(policy, {contract.NAME_LABEL: contract.APP, contract.COMPONENT_LABEL: "debug"})
+    assert not _admits(policy, {contract.NAME_LABEL: "other-app", contract.COMPONENT_LABEL: contract.WORKER})
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    image = r.one("docker-build:index:Image")
+    assert image.inputs["push"] is True and image.inputs["platforms"] == ["linux/amd64"]
+    assert image.inputs["context"]["location"].endswith("workload")
+    assert image.inputs["dockerfile"]["location"].endswith("workload/Dockerfile")
+    (registry,) = image.inputs["registries"]
+    assert registry["password"] == render.ACCESS_TOKEN and registry["username"] == "oauth2accesstoken"
+    for job in r.of_type(JOB):
+        assert container(job)["image"] == r.outputs["imageRef"]
+        assert image.urn in job.dependencies
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    jobs = r.config.jobs
+    spec = r.one(JOB, "training").inputs["spec"]
+    assert spec["parallelism"] == jobs.parallelism
+    assert "completions" not in spec and "ttlSecondsAfterFinished" not in spec
+    assert spec["backoffLimit"] == jobs.backoff_limit
+    assert spec["activeDeadlineSeconds"] == jobs.active_deadline_seconds
+    # First match wins: a preempted pod is ignored whatever its exit code; exit 2 (bad config) fails fast.
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
+        },
+    ]
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] <= 15
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    c = container(r.one(JOB, "training"))
+    assert c["args"] == ["worker"]
+    assert c["resources"]["requests"]["cpu"] == jobs.worker_cpu
+    assert c["resources"]["requests"]["memory"] == jobs.worker_memory
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_workload_namespace_enforces_the_restricted_pod_security_standard(
+    stack: str, rendered: Render
+) -> None:
+    r = rendered(stack)
+    namespace = r.one("kubernetes:core/v1:Namespace").inputs["metadata"]
+    assert namespace["name"] == r.config.namespace
+    assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    namespaced = [
+        m for m in r.manifests() if m["kind"] not in ("Namespace", "PersistentVolume", "ComputeClass")
+    ]
+    assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pods_follow_the_worker_image_contract(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    jobs = r.config.jobs
+    for job in r.of_type(JOB):
+        component = job.inputs["metadata"]["labels"][contract.COMPONENT_LABEL]
+        assert job.inputs["spec"]["template"]["metadata"]["labels"] == contract.labels(component)
+        pod = pod_spec(job)
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        c = container(job)
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        env = {e["name"]: e for e in c["env"]}
+        assert env["SHARE_DIR"]["value"] == "/mnt/share"
+        assert env["WORKER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["LEASE_TTL_SECONDS"]["value"] == str(jobs.lease_ttl_seconds)
+        assert env["CHECKPOINT_INTERVAL_SECONDS"]["value"] == str(jobs.checkpoint_interval_seconds)
+        assert env["MAX_ATTEMPTS"]["value"] == str(jobs.max_attempts)
+    loader = container(r.one(JOB, "loader"))
+    assert loader["args"][:3] == ["seed", "--preset", jobs.dataset_preset]
+    assert loader["args"][3:] == [a for run in jobs.runs for a in ("--run", run)]
+
+
+def test_loader_seeds_every_configured_run(rendered: Render) -> None:
+    r = rendered("dev", runs=["lr-small", "lr-large"], datasetPreset="small")
+    assert container(r.one(JOB, "loader"))["args"] == [
+        "seed", "--preset", "small", "--run", "lr-small", "--run", "lr-large",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_job_starts_after_the_loader_job(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    loader, training = r.one(JOB, "loader"), r.one(JOB, "training")
+    assert loader.urn in training.dependencies
+    redis = r.one("kubernetes:apps/v1:Deployment")
+    assert redis.urn in loader.dependencies
+    # The loader is always awaited: workers that start on an unseeded queue would see it drained.
+    assert loader.custom_timeouts["create"] == f"{r.config.jobs.loader_timeout_minutes}m"
+    assert "annotations" not in loader.inputs["metadata"]
+    assert loader.delete_before_replace and training.delete_before_replace
+
+
+@pytest.mark.parametrize("mode", ["wait", "skip"])
+def test_job_await_mode_is_chosen_by_config(mode: str, rendered: Render) -> None:
+    r = rendered("dev", jobAwait=mode, jobTimeoutMinutes=45)
+    training = r.one(JOB, "training")
+    annotations = training.inputs["metadata"].get("annotations", {})
+    if mode == "wait":
+        assert training.custom_timeouts == {"create": "45m", "update": "45m"}
+        assert "pulumi.com/skipAwait" not in annotations
+    else:
+        assert annotations == {"pulumi.com/skipAwait": "true"}
+        assert training.custom_timeouts == {}
+
+
+# GCP resource type -> path to its labels in the inputs; types that take no labels are listed apart,
+# so a new resource type fails here until someone decides.
+LABELLED = {
+    CLUSTER: ("resourceLabels",),
+    NODE_POOL: ("nodeConfig", "resourceLabels"),
+    FILESTORE: ("labels",),
+    "gcp:artifactregistry/repository:Repository": ("labels",),
+}
+UNLABELLED = {
+    "gcp:projects/service:Service",
+    "gcp:projects/iAMMember:IAMMember",
+    "gcp:serviceaccount/account:Account",
+    "gcp:compute/network:Network",
+    "gcp:compute/subnetwork:Subnetwork",
+    "gcp:compute/router:Router",
+    "gcp:compute/routerNat:RouterNat",
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
+}
+
+
+@pytest.mark.parametrize("mode", ["autopilot", "standard"])
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_labellable_gcp_resource_carries_the_cost_labels(
+    stack: str, mode: str, rendered: Render
+) -> None:
+    overrides = {"clusterMode": mode, "gpuCapacity": "nodeSelector", "onDemandFallback": False}
+    r = rendered(stack, **(overrides if mode == "standard" else {}))
+    expected = {"env": stack, "app": "spot-trainer", "team": r.config.labels.team}
+    for res in r.resources:
+        if not res.type.startswith("gcp:"):
+            continue
+        assert res.type in LABELLED or res.type in UNLABELLED, f"decide whether {res.type} takes labels"
+        if res.type in LABELLED:
+            labels = res.inputs
+            for key in LABELLED[res.type]:
+                labels = labels[key]
+            assert labels == expected, res.urn
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    services = r.of_type("gcp:projects/service:Service")
+    assert {s.inputs["service"] for s in services} >= {
+        "container.googleapis.com", "file.googleapis.com", "artifactregistry.googleapis.com",
+        "compute.googleapis.com",
+    }  # fmt: skip
+    provider = r.one("pulumi:providers:gcp")
+    assert set(provider.dependencies) == {s.urn for s in services}
+    provider_ref = f"{provider.urn}::{provider.id}"
+    for res in r.resources:
+        if res.type.startswith("gcp:") and res not in services:
+            assert res.provider == provider_ref, res.urn
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_kubernetes_objects_use_the_cluster_provider(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    provider = r.one("pulumi:providers:kubernetes")
+    assert r.one(CLUSTER).urn in provider.dependencies  # kubeconfig comes from the cluster's outputs
+    for res in r.kubernetes():
+        assert res.provider == f"{provider.urn}::{provider.id}", res.urn
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_components_own_their_children(stack: str, rendered: Render) -> None:
+    r = rendered(stack)
+    components = {res.urn for res in r.resources if res.type.startswith("spot-trainer:")}
+    assert len(components) >= 9
+    loose = {
+        res.type
+        for res in r.resources
+        if not res.type.startswith("spot-trainer:") and res.parent not in components
+    }
+    # Only the composition's own glue sits at the top: the gcp provider and the namespace.
+    assert loose == {"pulumi:providers:gcp", "kubernetes:core/v1:Namespace"}
+
+
+def test_stacks_can_share_a_project(rendered: Render) -> None:
+    """Explicitly named GCP resources carry the stack, so dev and prod can live in one project."""
+
+    def names(r: Rendered) -> set[str]:
+        return {
+            r.one("gcp:artifactregistry/repository:Repository").inputs["repositoryId"],
+            r.one("gcp:serviceaccount/account:Account").inputs["accountId"],
+        }
+
+    assert not names(rendered("dev")) & names(rendered("prod"))
