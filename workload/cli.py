@@ -219,8 +219,9 @@ def status(args: argparse.Namespace) -> int:
                    f"{len(r['dead'])} dead-lettered")
         if r["lease"]:
             left = (int(r["lease"]["deadline"]) - snap["now_ms"]) / 1000
+            when = f"expires in {left:.1f}s" if left >= 0 else f"EXPIRED {-left:.1f}s ago (a claim will reap it)"
             out.append(f"  leased: {r['lease']['item']} by {r['lease']['owner']} (token {r['lease']['token']}), "
-                       f"lease {'expires in %.1fs' % left if left >= 0 else 'EXPIRED %.1fs ago' % -left}")
+                       f"lease {when}")
         for item, d in r["dead"].items():
             out.append(f"  dead: {item} after {d['attempts']} attempt(s): {d['error']}")
         for item, err in r["errors"].items():

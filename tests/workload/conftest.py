@@ -4,8 +4,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from harness import Cluster, make_dataset
+
 from workload.redis_server import RedisServer
 
 
