@@ -130,20 +130,6 @@ def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     return np.stack(columns, axis=1).astype(np.float32)
 
 
-def fit_normalisation(x: np.ndarray, min_std: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature (mean, std) for standardising, as float32, with near-constant features left unscaled.
-
-    On the first training days no label is 7 days old yet, so every terminal feature is exactly 0:
-    dividing later days by that shard's ``std + eps`` blows them up by ~1e6 and the network learns
-    nothing. Such features get std 1 instead. Fit once (first shard), keep it in the checkpoint.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    mean = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
-    std = x.std(axis=0) if len(x) else np.ones(x.shape[1])
-    std = np.where(std < min_std, 1.0, std)
-    return mean.astype(np.float32), std.astype(np.float32)
-
-
 def labels(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     """``TX_FRAUD`` of the ``target`` rows, as float32 training targets."""
     return frame[schema.TX_FRAUD].to_numpy()[np.asarray(target, dtype=bool)].astype(np.float32)

@@ -50,7 +50,7 @@ class HParams:
                      seed=int(values["seed"]))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
-        checks = [("hidden", all(h >= 1 for h in hp.hidden) and len(hp.hidden) >= 1, "a list of sizes >= 1"),
+        checks = [("hidden", all(h >= 1 for h in hp.hidden), "a list of layer sizes >= 1 ([] is logistic regression)"),
                   ("lr", 0 < hp.lr < 1, "0 < lr < 1"), ("weight_decay", hp.weight_decay >= 0, ">= 0"),
                   ("epochs", hp.epochs >= 1, ">= 1"), ("batch_size", hp.batch_size >= 1, ">= 1"),
                   ("pos_weight_cap", hp.pos_weight_cap >= 1, ">= 1")]

@@ -185,12 +185,3 @@ def test_unsorted_frames_are_refused() -> None:
         features.compute_features(HAND.iloc[::-1].reset_index(drop=True), np.ones(len(HAND), dtype=bool))
 
 
-def test_normalisation_leaves_constant_features_unscaled() -> None:
-    # First-day shape: terminal features all 0 (no label is 7 days old yet).
-    first_day = np.c_[np.array([1.0, 2.0, 3.0, 4.0]), np.zeros(4)]
-    mean, std = features.fit_normalisation(first_day)
-    assert mean.dtype == np.float32 and std.dtype == np.float32
-    np.testing.assert_allclose(mean, [2.5, 0.0])
-    np.testing.assert_allclose(std, [np.std([1, 2, 3, 4]), 1.0], rtol=1e-6)
-    later_day = np.array([[2.5, 0.8]])
-    np.testing.assert_allclose((later_day - mean) / std, [[0.0, 0.8]], atol=1e-6)
