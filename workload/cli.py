@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from workload import dataset as ds
 from workload import report, simulator
 from workload.queue import Item, QueueUnavailable, WorkQueue, connect
@@ -301,3 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     except QueueUnavailable as exc:
         log.error("%s", exc)
         return 3
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        if isinstance(exc, redis.ResponseError) and "NOAUTH" not in str(exc):
+            raise
+        if env("REDIS_PASSWORD"):
+            log.error("Redis at %s refused the password: check REDIS_PASSWORD", args.redis_url)
+        else:
+            log.error("Redis at %s requires a password: set REDIS_PASSWORD", args.redis_url)
+        return 2

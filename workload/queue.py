@@ -266,6 +266,8 @@ class WorkQueue:
         while True:
             try:
                 return call()
+            except redis.AuthenticationError:
+                raise  # a ConnectionError subclass, but waiting will not fix a wrong password
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise QueueUnavailable(

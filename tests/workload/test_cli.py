@@ -1,0 +1,111 @@
+"""The command line: idempotent seed, errors that name what is wrong, status, Ctrl-C on local."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import HPARAMS, ROOT, Cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workload", *args], env=cluster.env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_seed_twice_changes_nothing(cluster: Cluster) -> None:
+    cluster.seed({"a": HPARAMS, "b": {}})
+    manifest = (cluster.share / "datasets" / "fraud" / "manifest.json").read_text()
+    first = cluster.counts()
+    out = cli(cluster, "seed", "--run", "a", "--run", "b")
+    assert out.returncode == 2 and "run 'a' already exists with hyperparameters" in out.stderr  # a's spec differs
+    cluster.seed({"a": HPARAMS, "b": {}})
+    assert cluster.counts() == first and first.total == 12
+    assert (cluster.share / "datasets" / "fraud" / "manifest.json").read_text() == manifest
+
+
+def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(cluster.dataset_src, src)
+    (src / "manifest.json").unlink()
+    out = cli(cluster, "seed", "--datasets", str(src))
+    assert out.returncode == 0, out.stderr
+    assert cluster.counts().total == 6
+    (src / "training" / "x.pkl").write_bytes(pickle.dumps({"a": 1}))
+    out = cli(cluster, "seed", "--datasets", str(src), "--dataset", "other")
+    assert out.returncode == 2 and "x.pkl: .pkl files are never read" in out.stderr
+    assert not (cluster.share / "datasets" / "other").exists()
+    assert not [p for p in (cluster.share / "datasets").iterdir() if p.name.startswith(".")], "temp left behind"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["seed", "--run", "../etc"], "run name '../etc' is not allowed"),
+    (["seed", "--preset", "huge"], "--preset 'huge' is unknown; allowed: ['cluster', 'small']"),
+    (["worker", "--lease-ttl", "0"], "--lease-ttl must be > 0"),
+    (["seed", "--customers", "many"], "--customers must be a int, got 'many'"),
+])
+def test_usage_errors_name_the_flag_and_exit_2(cluster: Cluster, args: list[str], message: str) -> None:
+    out = cli(cluster, *args)
+    assert out.returncode == 2 and message in out.stderr
+
+
+def test_runs_file_errors(cluster: Cluster, tmp_path: Path) -> None:
+    bad = tmp_path / "runs.json"
+    bad.write_text(json.dumps({"main": {"learning_rate": 1}}))
+    out = cli(cluster, "seed", "--runs-file", str(bad))
+    assert out.returncode == 2 and "run 'main': unknown key(s) ['learning_rate']" in out.stderr
+    bad.write_text("{")
+    out = cli(cluster, "seed", "--runs-file", str(bad))
+    assert out.returncode == 2 and f"--runs-file {bad}: cannot read it as JSON" in out.stderr
+
+
+@pytest.mark.parametrize(("password", "message"), [("not-it", "refused the password"), ("", "requires a password")])
+def test_a_bad_password_fails_at_once_with_a_clear_error(cluster: Cluster, password: str, message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "workload", "status"], cwd=ROOT, capture_output=True, text=True,
+                         env={**cluster.env(), "REDIS_PASSWORD": password}, timeout=60)
+    assert out.returncode == 2 and message in out.stderr
+    assert "not-it" not in out.stderr, "the password must not be logged"
+
+
+def test_status_shows_progress_leases_and_figures(cluster: Cluster) -> None:
+    cluster.seed()
+    out = cli(cluster, "status")
+    assert out.returncode == 0 and "6 items: 6 pending, 0 leased, 0 done" in out.stdout
+    cluster.start_worker("w")
+    assert cluster.wait_all() == [0]
+    out = cli(cluster, "status")
+    assert "(drained)" in out.stdout and "run main: 6/6 shards applied" in out.stdout
+    assert "latest: after training/2018-04-06.parquet: average precision" in out.stdout
+    assert cluster.server.password not in out.stdout + out.stderr
+
+
+def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Path) -> None:
+    base = tmp_path / "local"
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": {"epochs": 20}}))
+    cmd = [sys.executable, "-m", "workload", "local", "--dir", str(base), "--runs-file", str(runs)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list((base / "share" / "output").glob("*/checkpoints/manifest.json")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    leftovers = subprocess.run(["pgrep", "-f", f"--dir {base}|{base}/redis"], capture_output=True, text=True)
+    assert leftovers.stdout == "", "processes left running"
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "21/21 shards applied" in again.stdout
+    assert os.path.exists(base / "share" / "output" / "main" / "report.txt")
