@@ -11,6 +11,7 @@ import random
 import signal
 import time
 
+import pandas as pd
 import pytest
 from harness import Cluster, same_weights
 
@@ -120,6 +121,8 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     data = cluster.share / "datasets" / "fraud"
     poison = data / "training" / "2018-04-03.parquet"
     poison.write_bytes(b"PAR1 this is not parquet")
+    schema_bad = data / "training" / "2018-04-05.parquet"
+    pd.read_parquet(schema_bad).drop(columns=["TX_AMOUNT"]).to_parquet(schema_bad)
     marker = tmp_path / "pwned"
 
     class Exploit:
@@ -134,14 +137,21 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     assert cluster.wait_all() == [0, 0]
     runs = cluster.queue().snapshot()["runs"]["main"]
     dead = runs["dead"]
-    assert set(dead) == {"main/training/2018-04-03.parquet", "main/training/evil.pkl",
-                         "main/../../../../etc/passwd"}
+    assert set(dead) == {"main/training/2018-04-03.parquet", "main/training/2018-04-05.parquet",
+                         "main/training/evil.pkl", "main/../../../../etc/passwd"}
+    schema_dead = dead["main/training/2018-04-05.parquet"]
+    assert schema_dead["attempts"] == 1, "a schema error is permanent: no retries"
+    assert "2018-04-05.parquet: missing column(s) ['TX_AMOUNT']" in schema_dead["error"]
     assert dead["main/training/2018-04-03.parquet"]["attempts"] == 2
     assert "2018-04-03.parquet" in dead["main/training/2018-04-03.parquet"]["error"]
     assert "never read" in dead["main/training/evil.pkl"]["error"] and dead["main/training/evil.pkl"]["attempts"] == 1
     assert "outside the datasets folder" in dead["main/../../../../etc/passwd"]["error"]
     assert not marker.exists(), "the pickle was unpickled"
     state = cluster.final_state()
-    assert len(state["applied"]) == 5 and "training/2018-04-03.parquet" not in state["applied"]
+    assert state["applied"] == ["training/2018-04-01.parquet", "training/2018-04-02.parquet",
+                                "training/2018-04-04.parquet", "training/2018-04-06.parquet"]
+    logs = cluster.log("a") + cluster.log("b")
+    assert "2018-04-05.parquet: training on" not in logs, "a schema-invalid day must never start training"
+    assert "2018-04-04.parquet: training on" in logs
     c = cluster.counts()
-    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 5, 3)
+    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 4, 4)
