@@ -16,15 +16,18 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from workload import dataset as ds
 from workload import report, simulator
+from workload.hparams import HParams
+from workload.paths import share_paths
 from workload.queue import Item, QueueUnavailable, WorkQueue, connect
-from workload.trainer import HParams
-from workload.worker import Worker, WorkerConfig, default_worker_id, share_paths
+
+if TYPE_CHECKING:
+    from workload.worker import WorkerConfig
 
 log = logging.getLogger("workload")
 
@@ -186,6 +189,8 @@ def seed(args: argparse.Namespace) -> int:
 
 # -- worker -----------------------------------------------------------------------------------------
 def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    from workload.worker import WorkerConfig, default_worker_id  # torch: only workers pay for it
+
     try:
         return WorkerConfig(
             share=args.share, redis_url=args.redis_url, redis_password=env("REDIS_PASSWORD"),
@@ -201,6 +206,8 @@ def worker(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from workload.worker import Worker
+
     cfg = worker_config(args)
     setup_logging(cfg.worker_id)
     w = Worker(cfg, make_queue(args))

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from workload import report
+from workload.paths import share_paths
 from workload.queue import WorkQueue
 from workload.redis_server import RedisServer
-from workload.worker import share_paths
 
 log = logging.getLogger("workload.local")
 

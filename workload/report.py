@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from workload import plots
 from workload.fsutil import atomic_write_text
 
 
@@ -61,6 +60,8 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
     atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir))
     atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(h, sort_keys=True) + "\n" for h in history))
     if history:
+        from workload import plots  # matplotlib: only writers pay for it
+
         plots.write_plots(run_dir, history, pr)
     return report
 

@@ -27,6 +27,7 @@ import redis
 from workload import faults, features, metrics, report
 from workload.checkpoint import CheckpointStore
 from workload.dataset import Dataset, DatasetError
+from workload.paths import share_paths
 from workload.queue import Lease, QueueUnavailable, WorkQueue
 from workload.trainer import HParams, Trainer
 
@@ -34,11 +35,6 @@ log = logging.getLogger(__name__)
 
 EXIT_DRAINED = 0
 EXIT_TERMINATED = 143  # 128 + SIGTERM: not success, so a Job never mistakes preemption for completion
-
-
-def share_paths(share: Path) -> tuple[Path, Path]:
-    """(datasets folder, output folder) on the share: one place for that layout."""
-    return share / "datasets", share / "output"
 
 
 def default_worker_id() -> str:

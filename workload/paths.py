@@ -1,0 +1,10 @@
+"""The layout of the shared volume, in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def share_paths(share: Path) -> tuple[Path, Path]:
+    """(datasets folder, output folder) on the share."""
+    return Path(share) / "datasets", Path(share) / "output"
