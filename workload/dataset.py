@@ -133,9 +133,10 @@ def write_manifest(root: Path) -> list[dict[str, Any]]:
 
 
 class Dataset:
-    """A validated dataset folder. Reads are cached per process (consecutive shards share history)."""
+    """A validated dataset folder. Reads are cached per process (consecutive shards share history),
+    up to `cache_rows` transactions (~80 bytes each in memory)."""
 
-    def __init__(self, root: Path, cache_files: int = 64) -> None:
+    def __init__(self, root: Path, cache_rows: int = 10_000_000) -> None:
         self.root = Path(root)
         path = self.root / MANIFEST
         try:
@@ -146,7 +147,7 @@ class Dataset:
             raise DatasetError(f"{path}: unreadable manifest ({exc}); run seed again") from exc
         self._by_path = {f["path"]: f for f in self.files}
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
-        self._cache_files = cache_files
+        self._cache_rows = cache_rows
         self._test: Examples | None = None
         self._skipped: set[str] = set()
 
@@ -172,7 +173,7 @@ class Dataset:
             return self._cache[rel]
         frame = read_transactions(self.resolve(rel))
         self._cache[rel] = frame
-        if len(self._cache) > self._cache_files:
+        while len(self._cache) > 1 and sum(len(f) for f in self._cache.values()) > self._cache_rows:
             self._cache.popitem(last=False)
         return frame
 

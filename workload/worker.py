@@ -75,6 +75,10 @@ class LeaseLost(Exception):
     """Our lease expired or was taken over: stop, promote nothing, ack nothing."""
 
 
+class PermanentError(Exception):
+    """Retrying cannot help (bad hyperparameters, a checkpoint from other features): dead-letter now."""
+
+
 class Heartbeat(threading.Thread):
     """Extends the lease in the background; sets `lost` when it is no longer ours."""
 
@@ -157,7 +161,7 @@ class Worker:
         except LeaseLost:
             log.warning("lost the lease on %s: abandoning it (the new owner resumes from the last "
                         "promoted checkpoint)", item.id)
-        except (DatasetError, ValueError) as exc:
+        except (DatasetError, PermanentError) as exc:
             state = self.queue.release(lease, error=str(exc), permanent=True)
             log.error("%s can never succeed: %s -> %s", item.id, exc, state)
         except QueueUnavailable:
@@ -182,7 +186,10 @@ class Worker:
         item = lease.item
         dataset = self.dataset(item.dataset)
         dataset.resolve(item.shard)  # refuses paths outside the dataset and pickle files
-        hp = HParams.from_dict(self.queue.spec(item.run), where=f"run {item.run!r} hyperparameters")
+        try:
+            hp = HParams.from_dict(self.queue.spec(item.run), where=f"run {item.run!r} hyperparameters")
+        except (KeyError, ValueError) as exc:
+            raise PermanentError(str(exc)) from exc
         run_dir = self.output_dir / item.run
         store = CheckpointStore(run_dir, keep=self.cfg.keep_checkpoints)
         loaded = store.load()
@@ -202,7 +209,7 @@ class Worker:
         if loaded:
             trainer = Trainer.from_state(loaded.state)
             if trainer.feature_names != features.FEATURE_NAMES:
-                raise ValueError(f"checkpoint {loaded.path} was trained on features {trainer.feature_names}, "
+                raise PermanentError(f"checkpoint {loaded.path} was trained on features {trainer.feature_names}, "
                                  f"this code computes {features.FEATURE_NAMES}: start a new run")
             if trainer.hp != hp:
                 log.warning("run %s: checkpoint hyperparameters %s differ from the queue's %s; the checkpoint's "
@@ -225,7 +232,6 @@ class Worker:
 
         last_save = time.monotonic()
         save_cost = 1.0
-        term_at: float | None = None
 
         def checkpoint() -> None:
             nonlocal last_save, save_cost
@@ -236,11 +242,9 @@ class Worker:
             save_cost = last_save - started
 
         def after_step() -> bool:
-            nonlocal term_at
             if beat.lost.is_set():
                 raise LeaseLost
             if self.stop.is_set():
-                term_at = term_at or time.monotonic()
                 if save_cost < self.cfg.term_budget_s:
                     checkpoint()
                 else:

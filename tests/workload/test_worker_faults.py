@@ -131,7 +131,8 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
 
     (data / "training" / "evil.pkl").write_bytes(pickle.dumps(Exploit()))
     cluster.queue().enqueue([Item(run="main", shard="training/evil.pkl", dataset="fraud", seq=100),
-                             Item(run="main", shard="../../../../etc/passwd", dataset="fraud", seq=101)])
+                             Item(run="main", shard="../../../../etc/passwd", dataset="fraud", seq=101),
+                             Item(run="ghost", shard="training/2018-04-01.parquet", dataset="fraud", seq=0)])
     cluster.start_worker("a")
     cluster.start_worker("b")
     assert cluster.wait_all() == [0, 0]
@@ -153,5 +154,7 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     logs = cluster.log("a") + cluster.log("b")
     assert "2018-04-05.parquet: training on" not in logs, "a schema-invalid day must never start training"
     assert "2018-04-04.parquet: training on" in logs
+    ghost = cluster.queue().snapshot()["runs"]["ghost"]["dead"]["ghost/training/2018-04-01.parquet"]
+    assert ghost["attempts"] == 1 and "run 'ghost' has no hyperparameters" in ghost["error"]
     c = cluster.counts()
-    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 4, 4)
+    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 4, 5)
