@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +18,20 @@ import pytest
 from harness import HPARAMS, ROOT, Cluster
 
 pytestmark = pytest.mark.timeout(300)
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """PIDs of live processes whose environment holds `entry` (read from /proc: no procps needed)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if entry.encode() in environ and state != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -103,8 +119,10 @@ def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Pat
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, out
     assert "interrupted" in out
-    leftovers = subprocess.run(["pgrep", "-f", f"--dir {base}|{base}/redis"], capture_output=True, text=True)
-    assert leftovers.stdout == "", "processes left running"
+    assert not processes_with_env(f"SHARE_DIR={base / 'share'}"), "workers left running"
+    port = int(re.search(r"Redis redis://127.0.0.1:(\d+)/0", out)[1])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "21/21 shards applied" in again.stdout
