@@ -24,7 +24,7 @@ lint: $(STAMP)
 
 # Static checks alone (make test runs them too): ruff, yamllint, hadolint, manifests, policy pack.
 check: $(STAMP)
-	$(PY) -m pytest -q tests/policy
+	$(PY) -m pytest -q tests/policy tests/infra/test_infra_manifests.py
 
 # Offline render of one stack under the SDK mocks: manifests + inventory in build/render/$(STACK),
 # then the policy pack's result (exit 1 on a mandatory violation). No credentials needed.

@@ -28,8 +28,14 @@ NAME = "spot-trainer-guardrails"
 LEVELS = {rules.MANDATORY: EnforcementLevel.MANDATORY, rules.ADVISORY: EnforcementLevel.ADVISORY}
 
 
+def stack_of(urn: str) -> str:
+    """The stack named in a URN (``urn:pulumi:<stack>::<project>::<type>::<name>``): the deletion rule
+    must not depend on whether the engine also exported ``PULUMI_STACK`` to the pack."""
+    return urn.split("::", 1)[0].rsplit(":", 1)[-1]
+
+
 def stack_facts(config: Mapping[str, Any] | None = None, stack: str | None = None) -> rules.StackFacts:
-    """Stack name and config as the engine passes them to the pack (``PULUMI_STACK``, ``PULUMI_CONFIG``).
+    """Stack name and config as the engine passes them to the pack (the URN, ``PULUMI_CONFIG``).
 
     Pulumi.yaml defaults may not be among them, so a missing ``team`` is checked for presence only and
     a missing ``env`` means the stack name, as in ``infra.config``.
@@ -50,7 +56,7 @@ def _resource_policy(rule: rules.Rule) -> ResourceValidationPolicy:
     assert check is not None
 
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
-        for message in check(args.resource_type, args.props, stack_facts()):
+        for message in check(args.resource_type, args.props, stack_facts(stack=stack_of(args.urn))):
             report(message, None)
 
     return ResourceValidationPolicy(rule.name, rule.description, validate, LEVELS[rule.level])
@@ -62,7 +68,8 @@ def _stack_policy(rule: rules.Rule) -> StackValidationPolicy:
 
     def validate(args: StackValidationArgs, report: ReportViolation) -> None:
         resources = [rules.Resource(r.resource_type, r.name, r.urn, r.props) for r in args.resources]
-        for urn, message in check(resources, stack_facts()):
+        facts = stack_facts(stack=stack_of(resources[0].urn) if resources else None)
+        for urn, message in check(resources, facts):
             report(message, urn)
 
     return StackValidationPolicy(rule.name, rule.description, validate, LEVELS[rule.level])

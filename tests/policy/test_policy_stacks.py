@@ -14,7 +14,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from pulumi_policy import EnforcementLevel, ResourceValidationArgs, ResourceValidationPolicy
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
 from infra import render
@@ -112,12 +119,13 @@ def test_the_pack_wraps_every_rule_at_its_level() -> None:
     assert set(levels.values()) == {EnforcementLevel.ADVISORY, EnforcementLevel.MANDATORY}
 
 
-def _run_resource_policy(name: str, type_: str, props: dict[str, Any]) -> list[str]:
+def _run_resource_policy(name: str, type_: str, props: dict[str, Any], stack: str = "dev") -> list[str]:
     """Run one wrapped policy the way the analyzer does: props behind the SDK's unknown-checking proxy."""
     (policy,) = [p for p in pack.policies() if p.name == name]
     assert isinstance(policy, ResourceValidationPolicy)
     reported: list[str] = []
-    args = ResourceValidationArgs(type_, unknown_checking_proxy(props), "urn:x", "x", None, None)  # type: ignore[arg-type]
+    urn = f"urn:pulumi:{stack}::spot-trainer::{type_}::x"
+    args = ResourceValidationArgs(type_, unknown_checking_proxy(props), urn, "x", None, None)  # type: ignore[arg-type]
     policy.validate(args, lambda message, urn=None: reported.append(message))
     return reported
 
@@ -126,7 +134,7 @@ def test_wrapped_policies_report_through_the_sdk(
     rendered: Callable[[str], Rendered], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     r = rendered("dev")
-    monkeypatch.setattr(pack, "stack_facts", lambda: offline.facts_of(r))
+    monkeypatch.setattr(pack, "stack_facts", lambda stack: offline.facts_of(r))
     loader = copy.deepcopy(r.one("kubernetes:batch/v1:Job", "loader").inputs)
     assert _run_resource_policy("image-pinned-by-digest", "kubernetes:batch/v1:Job", loader) == []
     pod_spec(loader)["containers"][0]["image"] = "trainer:latest"
@@ -134,13 +142,50 @@ def test_wrapped_policies_report_through_the_sdk(
     assert "'trainer:latest' is not pinned by digest" in message
 
 
+def test_a_wrapped_policy_knows_prod_from_the_urn() -> None:
+    cluster = {"deletionProtection": False}
+    assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="dev") == []
+    assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="prod") == [
+        "Cluster: deletionProtection is False in stack 'prod'; it must be true"
+    ]
+
+
+def test_wrapped_stack_policies_report_against_the_offending_urn(rendered: Callable[[str], Rendered]) -> None:
+    r = rendered("dev")
+    (policy,) = [p for p in pack.policies() if p.name == "redis-requires-password"]
+    assert isinstance(policy, StackValidationPolicy)
+
+    def run(resources: list[Registered]) -> list[tuple[str, str | None]]:
+        views = [offline.stack_view(res) for res in resources]
+        args = StackValidationArgs(
+            [PolicyResource(v.type, unknown_checking_proxy(dict(v.props)), v.urn, v.name, None, None, None, [], {})  # type: ignore[arg-type]
+             for v in views]
+        )  # fmt: skip
+        reported: list[tuple[str, str | None]] = []
+        policy.validate(args, lambda message, urn=None: reported.append((message, urn)))
+        return reported
+
+    assert run(r.resources) == []
+
+    def open_redis(props: dict[str, Any]) -> None:
+        pod_spec(props)["containers"][0]["args"] = []
+
+    ((message, urn),) = run(mutated(r, "kubernetes:apps/v1:Deployment", "redis", open_redis))
+    assert urn == r.one("kubernetes:apps/v1:Deployment").urn and "does not require a password" in message
+
+
 def test_an_unknown_value_in_preview_is_not_a_silent_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK turns UnknownValueError into "can't run policy during preview"; a rule must not hide it."""
-    monkeypatch.setattr(pack, "stack_facts", lambda: rules.StackFacts(stack="dev"))
+    monkeypatch.setattr(pack, "stack_facts", lambda stack: rules.StackFacts(stack=stack))
     job = {"metadata": {"name": "j"}, "spec": {"template": {"spec": {"containers": [
         {"name": "worker", "image": UNKNOWN_STRING_VALUE}]}}}}  # fmt: skip
     with pytest.raises(UnknownValueError):
         _run_resource_policy("image-pinned-by-digest", "kubernetes:batch/v1:Job", job)
+
+
+def test_the_stack_name_comes_from_the_urn(rendered: Callable[[str], Rendered]) -> None:
+    for stack in STACKS:
+        assert {pack.stack_of(res.urn) for res in rendered(stack).resources} == {stack}
 
 
 def test_stack_facts_follow_the_config_the_engine_passes() -> None:
