@@ -404,7 +404,8 @@ def _password_source(
             if not arg.startswith(mount_path + "/"):
                 continue
             file = arg[len(mount_path) + 1 :]
-            text = _secret_text(secrets[secret_name], items.get(file, file) if items else file)
+            key = items.get(file) if items else file  # with items, only the listed keys are projected
+            text = _secret_text(secrets[secret_name], key) if key else None
             if text is not None and _REQUIREPASS.search(text):
                 return f"config file {arg} from Secret {secret_name!r}"
     return None

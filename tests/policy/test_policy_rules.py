@@ -328,8 +328,9 @@ def test_redis_with_requirepass_from_a_secret_env_passes() -> None:
         [redis(["/etc/redis-auth/a.conf"]), secret({"c": "appendonly yes\n"})],  # the file has no requirepass
         [redis(["/etc/redis-auth/a.conf"])],  # the Secret is not in the stack
         [redis(["--requirepass", "hunter2"]), secret({"password": "x"})],  # a literal on the command line
+        [redis(["/etc/redis-auth/c"]), secret({"c": "requirepass s3\n"})],  # key c is projected as a.conf only
     ],
-    ids=["none", "file-without-requirepass", "no-secret", "literal"],
+    ids=["none", "file-without-requirepass", "no-secret", "literal", "file-not-projected"],
 )
 def test_redis_without_a_password_from_a_secret_is_a_violation(resources: list[Resource]) -> None:
     assert rules.redis_requires_password(resources, DEV) == [

@@ -66,6 +66,18 @@ def test_every_stack_passes_the_pack(stack: str, rendered: Callable[[str], Rende
     assert violations == []  # advisory ones too, with the stack files as they are
 
 
+def test_the_offline_runner_feeds_engine_shaped_properties(rendered: Callable[[str], Rendered]) -> None:
+    """Schema (camelCase) names, numbers as floats, secrets unwrapped: what an analyzer receives."""
+    r = rendered("prod")
+    cluster = r.one(rules.CLUSTER).inputs
+    assert {"releaseChannel", "deletionProtection", "privateClusterConfig", "resourceLabels"} <= set(cluster)
+    assert not [k for k in cluster if "_" in k]
+    assert isinstance(r.one("kubernetes:batch/v1:Job", "training").inputs["spec"]["parallelism"], float)
+    secret = offline.stack_view(r.one(rules.SECRET)).props
+    assert isinstance(secret["stringData"]["password"], str)
+    assert offline.stack_view(r.one(rules.NETWORK)).props["id"] == r.one(rules.NETWORK).id
+
+
 def test_a_mutated_stack_reports_each_break_as_mandatory(rendered: Callable[[str], Rendered]) -> None:
     r = rendered("dev")
     job, redis = "kubernetes:batch/v1:Job", "kubernetes:apps/v1:Deployment"
