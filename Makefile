@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: local test lint clean-local
+.PHONY: local test lint check render clean-local
 
 $(STAMP): requirements.txt workload/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed, found " + sys.version.split()[0])'
@@ -21,6 +21,16 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+
+# Static checks alone (make test runs them too): ruff, yamllint, hadolint, manifests, policy pack.
+check: $(STAMP)
+	$(PY) -m pytest -q tests/policy tests/infra/test_infra_manifests.py
+
+# Offline render of one stack under the SDK mocks: manifests + inventory in build/render/$(STACK),
+# then the policy pack's result (exit 1 on a mandatory violation). No credentials needed.
+STACK ?= dev
+render: $(STAMP)
+	$(PY) -m policy.offline $(STACK)
 
 clean-local:
 	rm -rf local

@@ -9,12 +9,9 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
+from infra.gke import SPOT_LABEL
 from infra.network import Network
 
-# GKE labels spot nodes with this, and the Standard spot pool carries it as a taint (GKE's convention).
-SPOT_LABEL = "cloud.google.com/gke-spot"
-ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
-GPU_RESOURCE = "nvidia.com/gpu"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Logging, monitoring and metadata for nodes, nothing else (GKE's least-privilege node role).
 NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)

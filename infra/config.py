@@ -45,6 +45,8 @@ CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
 JOB_AWAIT_MODES = ("wait", "skip")
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
+# The stack whose cluster and Filestore keep deletion protection by default (and the policy pack insists).
+PROTECTED_STACK = "prod"
 
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -282,7 +284,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
 def _deletion_protection(r: _Reader, stack: str) -> bool:
     """``auto`` means on for a stack named prod, off elsewhere (so dev stacks destroy cleanly)."""
     if r.str("deletionProtection", ("auto", "true", "false")) == "auto":
-        return stack == "prod"
+        return stack == PROTECTED_STACK
     return r.bool("deletionProtection")
 
 

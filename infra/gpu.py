@@ -15,10 +15,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.cluster import ACCELERATOR_LABEL, GPU_RESOURCE, SPOT_LABEL
 from infra.config import StackConfig
-
-COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"
+from infra.gke import ACCELERATOR_LABEL, COMPUTE_CLASS_LABEL, GPU_RESOURCE, SPOT_LABEL
 
 
 class GpuCapacity(pulumi.ComponentResource):

@@ -16,9 +16,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.cluster import GPU_RESOURCE
 from infra.config import StackConfig
 from infra.filestore import FilestoreShare
+from infra.gke import GPU_RESOURCE
 from infra.gpu import GpuCapacity
 from infra.redis import RedisQueue
 

@@ -5,12 +5,14 @@
 (Filestore IP, cluster endpoint and CA, image digest...), waits for every resource and output, and
 returns what was registered: inputs, parent, provider, dependencies and options of each resource,
 plus the resolved stack outputs. ``Rendered.manifests()`` turns the Kubernetes objects into plain
-manifests (for ``kubernetes-validate``, ``make render`` and policy checks).
+manifests (for ``kubernetes-validate``, ``make render`` and policy checks); ``write`` puts them and an
+inventory of every resource on disk with secret values masked.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,11 @@ CLUSTER_ENDPOINT = "203.0.113.10"
 CLUSTER_CA = "ZmFrZS1jYQ=="  # base64("fake-ca")
 IMAGE_DIGEST = "sha256:" + "ab" * 32
 ACCESS_TOKEN = "fake-access-token"
+
+MASK = "[secret]"
+# Values under such keys are credentials even where the engine would not mark them secret (a provider
+# function's result, for instance): masked in anything written to disk.
+_CREDENTIAL_KEY = re.compile(r"password|token|kubeconfig|privatekey|credentials", re.IGNORECASE)
 
 
 def stack_names() -> list[str]:
@@ -85,6 +92,8 @@ class Registered:
     dependencies: list[str]
     custom_timeouts: dict[str, str]
     delete_before_replace: bool
+    # ``inputs`` with secrets and credentials replaced by MASK: what may be written to disk.
+    masked_inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,14 +122,14 @@ class Rendered:
             if r.type.startswith("kubernetes:") and r.type != "pulumi:providers:kubernetes"
         ]
 
-    def manifests(self) -> list[dict[str, Any]]:
-        """The Kubernetes objects as manifests, in registration order."""
-        return [to_manifest(r) for r in self.kubernetes()]
+    def manifests(self, masked: bool = False) -> list[dict[str, Any]]:
+        """The Kubernetes objects as manifests, in registration order (``masked``: without secrets)."""
+        return [to_manifest(r, masked) for r in self.kubernetes()]
 
 
-def to_manifest(resource: Registered) -> dict[str, Any]:
+def to_manifest(resource: Registered, masked: bool = False) -> dict[str, Any]:
     """The SDK sends ``apiVersion`` and ``kind`` with every Kubernetes object: inputs are the manifest."""
-    manifest = dict(resource.inputs)
+    manifest = dict(resource.masked_inputs if masked else resource.inputs)
     if "apiVersion" not in manifest or "kind" not in manifest:
         raise ValueError(f"{resource.urn}: no apiVersion/kind in its inputs")
     return manifest
@@ -195,6 +204,28 @@ async def _deserialize(struct: Any) -> dict[str, Any]:
     return pulumi.runtime.rpc.deserialize_properties(struct)
 
 
+def mask_secrets(value: Any, key: str = "") -> Any:
+    """Secret-marked values, and strings under credential-like keys, replaced by MASK. Keys and
+    structure stay (a Secret's ``stringData`` keeps its keys), so masked manifests still validate."""
+    if isinstance(value, str) and value and _CREDENTIAL_KEY.search(key):
+        return MASK
+    if isinstance(value, dict):
+        if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:
+            return _mask_leaves(value.get("value"))
+        return {k: mask_secrets(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_secrets(v, key) for v in value]
+    return value
+
+
+def _mask_leaves(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _mask_leaves(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_leaves(v) for v in value]
+    return MASK
+
+
 def _unwrap_secrets(value: Any) -> Any:
     """Secret markers -> plain values, so manifests look like what ``kubectl`` would receive."""
     if isinstance(value, dict):
@@ -231,8 +262,57 @@ def run_mocked(stack: str, values: Mapping[str, str], program: Callable[[], Any]
     settings.SETTINGS.outputs.clear()
     _sync_await(run_pulumi_func(program))
     for r in monitor.registered:
+        r.masked_inputs = mask_secrets(r.inputs)
         r.inputs = _unwrap_secrets(r.inputs)
     return monitor.registered
+
+
+def _plain_numbers(value: Any) -> Any:
+    """The wire carries every number as a float: 6379.0 back to 6379 for files people read."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_numbers(v) for v in value]
+    return value
+
+
+def write(rendered: Rendered, out_dir: Path) -> list[Path]:
+    """Write ``manifests/<kind>-[<namespace>-]<name>.yaml`` (one object each) and ``inventory.json``
+    (every resource: type, name, URN, parent, dependencies, inputs) into ``out_dir``, secrets masked.
+
+    Names and order do not depend on registration order (which varies run to run), so two renders
+    diff cleanly; old manifests are removed first, so a deleted resource does not linger as a file.
+    """
+    manifests_dir = out_dir / "manifests"
+    if manifests_dir.exists():
+        for old in manifests_dir.glob("*.yaml"):
+            old.unlink()
+    manifests_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for manifest in rendered.manifests(masked=True):
+        metadata = manifest.get("metadata", {})
+        parts = [manifest["kind"], metadata.get("namespace", ""), metadata.get("name", "")]
+        stem = "-".join(re.sub(r"[^a-z0-9.]+", "-", str(p).lower()) for p in parts if p)
+        path = manifests_dir / f"{stem}.yaml"
+        path.write_text(yaml.safe_dump(_plain_numbers(manifest), sort_keys=False))
+        written.append(path)
+    inventory = [
+        {
+            "type": r.type,
+            "name": r.name,
+            "urn": r.urn,
+            "parent": r.parent,
+            "dependencies": r.dependencies,
+            "inputs": _plain_numbers(r.masked_inputs),
+        }
+        for r in sorted(rendered.resources, key=lambda r: r.urn)
+    ]
+    path = out_dir / "inventory.json"
+    path.write_text(json.dumps({"stack": rendered.stack, "resources": inventory}, indent=2) + "\n")
+    written.append(path)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from infra import contract, render
 from infra.render import Registered, Rendered
+from policy.rules import LABELLED, UNLABELLED  # one list of which GCP types take labels
 
 STACKS = render.stack_names()
 Render = Callable[..., Rendered]
@@ -359,26 +360,6 @@ def test_job_await_mode_is_chosen_by_config(mode: str, rendered: Render) -> None
     else:
         assert annotations == {"pulumi.com/skipAwait": "true"}
         assert training.custom_timeouts == {}
-
-
-# GCP resource type -> path to its labels in the inputs; types that take no labels are listed apart,
-# so a new resource type fails here until someone decides.
-LABELLED = {
-    CLUSTER: ("resourceLabels",),
-    NODE_POOL: ("nodeConfig", "resourceLabels"),
-    FILESTORE: ("labels",),
-    "gcp:artifactregistry/repository:Repository": ("labels",),
-}
-UNLABELLED = {
-    "gcp:projects/service:Service",
-    "gcp:projects/iAMMember:IAMMember",
-    "gcp:serviceaccount/account:Account",
-    "gcp:compute/network:Network",
-    "gcp:compute/subnetwork:Subnetwork",
-    "gcp:compute/router:Router",
-    "gcp:compute/routerNat:RouterNat",
-    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
-}
 
 
 @pytest.mark.parametrize("mode", ["autopilot", "standard"])

@@ -1,0 +1,107 @@
+"""Run the policy pack's rules over a stack rendered under the SDK's mocks: no CLI, cloud or credentials.
+
+It feeds the rules what the engine would: resource rules get each resource's inputs (camelCase, as the
+SDK sends them, secrets unwrapped), stack rules get each resource's outputs (the mocks echo inputs and
+fabricate computed values; the resource's ``id`` is added, as bridged providers report it among outputs).
+``python -m policy.offline STACK`` (``make render STACK=...``) also writes the manifests and an inventory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra import render
+from infra.render import Registered, Rendered
+from policy import rules
+from policy.pack import NAME, stack_facts
+
+BUILD_DIR = render.REPO_ROOT / "build" / "render"
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    level: str
+    resource: str  # "type name" of the resource, or the stack
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.level}] {self.policy}: {self.resource}: {self.message}"
+
+
+def facts_of(rendered: Rendered) -> rules.StackFacts:
+    """The facts the pack reads from ``PULUMI_STACK``/``PULUMI_CONFIG``, from the validated config."""
+    cfg = rendered.config
+    config = {"env": cfg.labels.env, "team": cfg.labels.team, "onDemandFallback": str(cfg.gpu.on_demand_fallback)}
+    return stack_facts(config, stack=rendered.stack)
+
+
+def stack_view(resource: Registered) -> rules.Resource:
+    """A resource as ``StackValidationArgs`` shows it: outputs, secrets unwrapped, ``id`` included."""
+    props = render._unwrap_secrets(dict(resource.outputs))
+    if resource.id and "id" not in props:
+        props["id"] = resource.id
+    return rules.Resource(resource.type, resource.name, resource.urn, props)
+
+
+def check(resources: Sequence[Registered], facts: rules.StackFacts) -> list[Violation]:
+    """Every rule over every resource, in the order of ``rules.RULES``."""
+    by_urn = {r.urn: f"{r.type} {r.name}" for r in resources}
+    views = [stack_view(r) for r in resources]
+    found = []
+    for rule in rules.RULES:
+        if rule.check_resource is not None:
+            for r in resources:
+                for message in rule.check_resource(r.type, r.inputs, facts):
+                    found.append(Violation(rule.name, rule.level, by_urn[r.urn], message))
+        if rule.check_stack is not None:
+            for urn, message in rule.check_stack(views, facts):
+                found.append(Violation(rule.name, rule.level, by_urn.get(urn, "stack"), message))
+    return found
+
+
+def check_rendered(rendered: Rendered) -> list[Violation]:
+    return check(rendered.resources, facts_of(rendered))
+
+
+def mandatory(violations: Sequence[Violation]) -> list[Violation]:
+    return [v for v in violations if v.level == rules.MANDATORY]
+
+
+def render_and_check(stack: str, out_dir: Path | None = None) -> tuple[Rendered, list[Path], list[Violation]]:
+    """What ``make render`` does: render ``stack`` under mocks, write it to ``out_dir`` (default
+    ``build/render/<stack>``) and run the pack over it."""
+    rendered = render.render(stack)
+    written = render.write(rendered, out_dir or BUILD_DIR / stack)
+    return rendered, written, check_rendered(rendered)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m policy.offline STACK [--out DIR]``: exit 1 on a mandatory violation, 2 on bad config."""
+    parser = argparse.ArgumentParser(prog="python -m policy.offline", description=main.__doc__)
+    parser.add_argument("stack", choices=render.stack_names())
+    parser.add_argument("--out", type=Path, help="output folder (default build/render/STACK)")
+    args = parser.parse_args(argv)
+    try:
+        rendered, written, violations = render_and_check(args.stack, args.out)
+    except render.config.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = written[-1].parent
+    print(f"{args.stack}: {len(rendered.resources)} resources, {len(written) - 1} Kubernetes manifests -> {out}")
+    for v in violations:
+        print(v)
+    blocking = mandatory(violations)
+    print(
+        f"policy pack {NAME}: {len(blocking)} mandatory, "
+        f"{len(violations) - len(blocking)} advisory violation(s) across {len(rules.RULES)} rules"
+    )
+    return 1 if blocking else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

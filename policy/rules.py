@@ -1,0 +1,608 @@
+"""The guardrails of the policy pack, as pure functions over resource types and properties.
+
+Pure so that one definition serves twice: ``policy/pack.py`` wraps each rule for ``pulumi preview
+--policy-pack policy``, and ``policy.offline`` runs the very same functions over a stack rendered under
+the SDK's mocks (tests, ``make render``). Nothing here needs the Pulumi engine or a provider SDK.
+
+Properties arrive the way the engine hands them to a policy: the provider schema's camelCase names
+(``releaseChannel``, ``resourceLabels``, ``deletionProtection``), numbers as floats, secrets unwrapped.
+Resource rules see a resource's inputs; stack rules see every resource's outputs. During a preview a
+value may still be unknown: the SDK's proxy raises on reading it and reports "can't run policy during
+preview", so rules read only the keys they judge and never swallow exceptions.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra import contract, gke
+from infra.config import END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS
+
+MANDATORY, ADVISORY = "mandatory", "advisory"
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+FILESTORE = "gcp:filestore/instance:Instance"
+NETWORK = "gcp:compute/network:Network"
+COMPUTE_CLASS = "kubernetes:cloud.google.com/v1:ComputeClass"
+SECRET = "kubernetes:core/v1:Secret"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+
+# Where each workload kind keeps its pod template (the pod spec is its "spec").
+POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "kubernetes:core/v1:Pod": (),
+    "kubernetes:batch/v1:Job": ("spec", "template"),
+    "kubernetes:batch/v1:CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "kubernetes:apps/v1:Deployment": ("spec", "template"),
+    "kubernetes:apps/v1:StatefulSet": ("spec", "template"),
+    "kubernetes:apps/v1:DaemonSet": ("spec", "template"),
+    "kubernetes:apps/v1:ReplicaSet": ("spec", "template"),
+}
+
+# GCP resource type -> path to its labels in the inputs. Types that take no labels are listed apart, so
+# a new GCP type is a violation until someone decides (the infra tests read both from here).
+LABELLED: dict[str, tuple[str, ...]] = {
+    CLUSTER: ("resourceLabels",),
+    NODE_POOL: ("nodeConfig", "resourceLabels"),
+    FILESTORE: ("labels",),
+    "gcp:artifactregistry/repository:Repository": ("labels",),
+}
+UNLABELLED: frozenset[str] = frozenset(
+    {
+        "gcp:projects/service:Service",
+        "gcp:projects/iAMMember:IAMMember",
+        "gcp:serviceaccount/account:Account",
+        "gcp:compute/network:Network",
+        "gcp:compute/subnetwork:Subnetwork",
+        "gcp:compute/router:Router",
+        "gcp:compute/routerNat:RouterNat",
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
+    }
+)
+
+# GKE also accepts EXTENDED; "UNSPECIFIED" (or nothing) means no automatic upgrades.
+GOOD_RELEASE_CHANNELS = (*RELEASE_CHANNELS, "EXTENDED")
+REDIS_CLIENTS = frozenset({contract.LOADER, contract.WORKER})
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+_REQUIREPASS = re.compile(r"^\s*requirepass\s+\S+", re.MULTILINE)
+_ENV_REF = re.compile(r"^\$\(([A-Za-z_][A-Za-z0-9_]*)\)$")
+
+
+@dataclass(frozen=True)
+class StackFacts:
+    """What a rule may know about the stack besides its resources.
+
+    ``labels`` maps each cost label to the value it must have, or None where any non-empty value will
+    do (the pack cannot always see the stack's config).
+    """
+
+    stack: str
+    on_demand_fallback: bool = False
+    labels: Mapping[str, str | None] = field(default_factory=lambda: {"env": None, "app": contract.APP, "team": None})
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource as a stack rule sees it: its type, name, URN and outputs."""
+
+    type: str
+    name: str
+    urn: str
+    props: Mapping[str, Any]
+
+
+ResourceCheck = Callable[[str, Mapping[str, Any], StackFacts], list[str]]
+# A stack check returns (URN of the offending resource, message) pairs.
+StackCheck = Callable[[Sequence[Resource], StackFacts], list[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    level: str
+    check_resource: ResourceCheck | None = None
+    check_stack: StackCheck | None = None
+
+
+# --- reading properties -----------------------------------------------------------------------------
+
+
+def _get(value: Any, *path: str) -> Any:
+    """``value[path...]``, or None where a step is missing or not a mapping."""
+    for key in path:
+        if not isinstance(value, Mapping) or key not in _keys(value):
+            return None
+        value = value[key]
+    return value
+
+
+def _keys(mapping: Mapping[str, Any]) -> list[str]:
+    """Key names without reading values (reading an unknown value raises during preview)."""
+    return list(iter(mapping))
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else []
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def pod_template(type_: str, props: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod template (``metadata`` + ``spec``) of a workload, or None for other types."""
+    if type_ not in POD_TEMPLATE_PATHS:
+        return None
+    template = _get(props, *POD_TEMPLATE_PATHS[type_]) if POD_TEMPLATE_PATHS[type_] else props
+    return _map(template)
+
+
+def _containers(pod: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        if key in _keys(pod):
+            yield from (_map(c) for c in _list(pod[key]))
+
+
+def _requests_gpu(pod: Mapping[str, Any]) -> bool:
+    for c in _containers(pod):
+        for kind in ("limits", "requests"):
+            if gke.GPU_RESOURCE in _keys(_map(_get(c, "resources", kind))):
+                return True
+    return False
+
+
+def _kind_name(type_: str, props: Mapping[str, Any]) -> str:
+    return f"{type_.rsplit(':', 1)[-1]} {_get(props, 'metadata', 'name')!r}"
+
+
+# --- resource rules ---------------------------------------------------------------------------------
+
+
+def image_pinned_by_digest(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """A tag can be moved to other bytes; a digest cannot. ``latest`` next to a digest misleads readers."""
+    template = pod_template(type_, props)
+    if template is None:
+        return []
+    problems = []
+    for c in _containers(_map(_get(template, "spec"))):
+        image, name = c.get("image"), c.get("name")
+        if not isinstance(image, str) or not _DIGEST.search(image):
+            problems.append(
+                f"{_kind_name(type_, props)}: container {name!r} image {image!r} is not pinned by digest; "
+                "use name@sha256:<digest>"
+            )
+            continue
+        last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+        if last.partition(":")[2] == "latest":
+            problems.append(
+                f"{_kind_name(type_, props)}: container {name!r} image {image!r} names the tag 'latest'; "
+                "drop the tag, the digest is what runs"
+            )
+    return problems
+
+
+def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees."""
+    template = pod_template(type_, props)
+    if template is None:
+        return []
+    pod = _map(_get(template, "spec"))
+    pod_context = _map(_get(pod, "securityContext"))
+    problems = []
+    for c in _containers(pod):
+        context = _map(c.get("securityContext"))
+        where = f"{_kind_name(type_, props)}: container {c.get('name')!r}"
+
+        def effective(key: str, context: Mapping[str, Any] = context) -> Any:
+            return context[key] if key in _keys(context) else _get(pod_context, key)
+
+        if effective("runAsNonRoot") is not True:
+            problems.append(f"{where} does not set runAsNonRoot: true (pod or container securityContext)")
+        uid = effective("runAsUser")
+        if uid is None:
+            problems.append(f"{where} sets no runAsUser; give it a non-zero uid")
+        elif uid == 0:
+            problems.append(f"{where} runs as uid 0 (root)")
+        if context.get("privileged") is True:
+            problems.append(f"{where} is privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where} does not set allowPrivilegeEscalation: false")
+    return problems
+
+
+def no_end_of_life_gpu(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """GKE no longer has capacity for these: a request for one waits forever instead of failing."""
+    found: list[tuple[str, Any]] = []
+    if type_ == COMPUTE_CLASS:
+        for i, p in enumerate(_list(_get(props, "spec", "priorities"))):
+            found.append((f"ComputeClass {_get(props, 'metadata', 'name')!r} priority {i}", _get(p, "gpu", "type")))
+    elif type_ in (NODE_POOL, CLUSTER):
+        what = "NodePool" if type_ == NODE_POOL else "Cluster"
+        for a in _list(_get(props, "nodeConfig", "guestAccelerators")):
+            found.append((f"{what} guest accelerator", _get(a, "type")))
+        for limit in _list(_get(props, "clusterAutoscaling", "resourceLimits")):
+            found.append((f"{what} autoscaling limit", _get(limit, "resourceType")))
+    else:
+        template = pod_template(type_, props)
+        if template is not None:
+            selector = _map(_get(template, "spec", "nodeSelector"))
+            if gke.ACCELERATOR_LABEL in _keys(selector):
+                found.append((f"{_kind_name(type_, props)} nodeSelector", selector[gke.ACCELERATOR_LABEL]))
+    return [f"{where} asks for GPU {gpu!r}: {END_OF_LIFE_GPUS[gpu]}" for where, gpu in found if gpu in END_OF_LIFE_GPUS]
+
+
+def cost_labels(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """Billing exports group spend by these labels; an unlabelled resource is spend nobody owns."""
+    if not type_.startswith("gcp:") or type_ in UNLABELLED:
+        return []
+    if type_ not in LABELLED:
+        return [f"{type_}: not known to take labels or not; add it to LABELLED or UNLABELLED in policy/rules.py"]
+    path = ".".join(LABELLED[type_])
+    labels = _map(_get(props, *LABELLED[type_]))
+    problems = []
+    for key, want in facts.labels.items():
+        have = labels.get(key)
+        if not have:
+            problems.append(f"{type_}: label {key!r} missing from {path}")
+        elif want is not None and have != want:
+            problems.append(f"{type_}: label {key}={have!r} in {path}, expected {want!r}")
+    return problems
+
+
+def prod_deletion_protection(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share."""
+    if facts.stack != PROTECTED_STACK:
+        return []
+    if type_ == CLUSTER:
+        # The provider's default is true: only an explicit false turns it off.
+        on = props["deletionProtection"] if "deletionProtection" in _keys(props) else True
+        if on is not True:
+            return [f"Cluster: deletionProtection is {on!r} in stack {facts.stack!r}; it must be true"]
+    if type_ == FILESTORE and _get(props, "deletionProtectionEnabled") is not True:
+        value = _get(props, "deletionProtectionEnabled")
+        return [f"Filestore instance: deletionProtectionEnabled is {value!r} in stack {facts.stack!r}; it must be true"]
+    return []
+
+
+def private_nodes(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """Nodes without public IPs cannot be reached from the internet; egress goes through Cloud NAT."""
+    if type_ == CLUSTER and _get(props, "privateClusterConfig", "enablePrivateNodes") is not True:
+        return ["Cluster: privateClusterConfig.enablePrivateNodes is not true; nodes get public IPs"]
+    return []
+
+
+def workload_identity(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """Pods get Google credentials per Kubernetes service account instead of the node's account."""
+    if type_ != CLUSTER or _get(props, "enableAutopilot") is True:  # always on in Autopilot
+        return []
+    if not _get(props, "workloadIdentityConfig", "workloadPool"):
+        return ["Cluster: workloadIdentityConfig.workloadPool is not set; pods would use the node's account"]
+    return []
+
+
+def release_channel(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """A channel keeps the control plane and nodes patched; without one upgrades are manual."""
+    channel = _get(props, "releaseChannel", "channel")
+    if type_ == CLUSTER and channel not in GOOD_RELEASE_CHANNELS:
+        return [f"Cluster: releaseChannel.channel is {channel!r}; use one of {', '.join(GOOD_RELEASE_CHANNELS)}"]
+    return []
+
+
+# --- stack rules ------------------------------------------------------------------------------------
+
+
+def _of_type(resources: Sequence[Resource], type_: str) -> list[Resource]:
+    return [r for r in resources if r.type == type_]
+
+
+def _workloads(resources: Sequence[Resource]) -> Iterator[tuple[Resource, Mapping[str, Any]]]:
+    for r in resources:
+        template = pod_template(r.type, r.props)
+        if template is not None:
+            yield r, template
+
+
+def training_on_spot(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """Training tolerates preemption by design; paying on-demand prices for it needs a stack's consent."""
+    classes = {_get(r.props, "metadata", "name"): r for r in _of_type(resources, COMPUTE_CLASS)}
+    problems = []
+    for r, template in _workloads(resources):
+        pod = _map(_get(template, "spec"))
+        component = _get(template, "metadata", "labels", contract.COMPONENT_LABEL)
+        if not (_requests_gpu(pod) or component == contract.WORKER):
+            continue
+        where = _kind_name(r.type, r.props)
+        selector = _map(_get(pod, "nodeSelector"))
+        if _get(selector, gke.SPOT_LABEL) == "true":
+            continue
+        class_name = _get(selector, gke.COMPUTE_CLASS_LABEL)
+        if class_name is None:
+            problems.append(
+                (
+                    r.urn,
+                    f"{where}: training pods must select spot capacity: nodeSelector "
+                    f'{gke.SPOT_LABEL}: "true", or {gke.COMPUTE_CLASS_LABEL} with a class that lists spot first',
+                )
+            )
+            continue
+        if class_name not in classes:
+            problems.append((r.urn, f"{where}: selects compute class {class_name!r}, which the stack does not declare"))
+            continue
+        spec = _map(_get(classes[class_name].props, "spec"))
+        spots = [_get(p, "spot") is True for p in _list(_get(spec, "priorities"))]
+        if not spots or not spots[0]:
+            problems.append((r.urn, f"{where}: compute class {class_name!r} does not list spot first"))
+        elif not facts.on_demand_fallback:
+            if not all(spots):
+                problems.append(
+                    (
+                        r.urn,
+                        f"{where}: compute class {class_name!r} falls back to on-demand, "
+                        "but the stack does not enable onDemandFallback",
+                    )
+                )
+            if _get(spec, "whenUnsatisfiable") != "DoNotScaleUp":
+                problems.append(
+                    (
+                        r.urn,
+                        f"{where}: compute class {class_name!r} must set whenUnsatisfiable: DoNotScaleUp, "
+                        "or GKE scales up on-demand nodes when spot is out",
+                    )
+                )
+    return problems
+
+
+def _is_redis(template: Mapping[str, Any]) -> bool:
+    if _get(template, "metadata", "labels", contract.COMPONENT_LABEL) == contract.REDIS:
+        return True
+    for c in _containers(_map(_get(template, "spec"))):
+        image = c.get("image")
+        if isinstance(image, str) and image.split("@")[0].rsplit("/", 1)[-1].split(":")[0] == "redis":
+            return True
+    return False
+
+
+def _secret_text(secret: Mapping[str, Any], key: str) -> str | None:
+    """A key of a Secret as text, from ``stringData`` (inputs) or base64 ``data`` (what the cluster keeps)."""
+    text = _get(secret, "stringData", key)
+    if isinstance(text, str):
+        return text
+    data = _get(secret, "data", key)
+    if isinstance(data, str):
+        try:
+            return base64.b64decode(data).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    return None
+
+
+def _password_source(
+    template: Mapping[str, Any], container: Mapping[str, Any], secrets: Mapping[str, Mapping[str, Any]]
+) -> str | None:
+    """How the Redis container gets ``requirepass`` from a Secret, or None if it does not."""
+    argv = [a for a in _list(container.get("command")) + _list(container.get("args")) if isinstance(a, str)]
+    if "--requirepass" in argv[:-1]:
+        match = _ENV_REF.match(argv[argv.index("--requirepass") + 1])
+        env = {e.get("name"): e for e in map(_map, _list(container.get("env")))}
+        ref = _get(env.get(match.group(1)) if match else None, "valueFrom", "secretKeyRef", "name")
+        return f"--requirepass from Secret {ref!r}" if ref in secrets else None
+    volumes = {v.get("name"): v for v in map(_map, _list(_get(template, "spec", "volumes")))}
+    for mount in map(_map, _list(container.get("volumeMounts"))):
+        secret_name = _get(volumes.get(mount.get("name")), "secret", "secretName")
+        mount_path = str(mount.get("mountPath", "")).rstrip("/")
+        if secret_name not in secrets:
+            continue
+        items = {i.get("path"): i.get("key") for i in map(_map, _list(_get(volumes[mount["name"]], "secret", "items")))}
+        for arg in argv:
+            if not arg.startswith(mount_path + "/"):
+                continue
+            file = arg[len(mount_path) + 1 :]
+            key = items.get(file) if items else file  # with items, only the listed keys are projected
+            text = _secret_text(secrets[secret_name], key) if key else None
+            if text is not None and _REQUIREPASS.search(text):
+                return f"config file {arg} from Secret {secret_name!r}"
+    return None
+
+
+def redis_requires_password(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """The queue holds every work item; an open Redis lets any pod in the cluster drain or poison it."""
+    problems = []
+    for r, template in _workloads(resources):
+        if not _is_redis(template):
+            continue
+        namespace = _get(r.props, "metadata", "namespace")
+        secrets = {
+            _get(s.props, "metadata", "name"): _map(s.props)
+            for s in _of_type(resources, SECRET)
+            if _get(s.props, "metadata", "namespace") == namespace
+        }
+        for c in _containers(_map(_get(template, "spec"))):
+            if _password_source(template, c, secrets) is None:
+                problems.append(
+                    (
+                        r.urn,
+                        f"{_kind_name(r.type, r.props)}: Redis container {c.get('name')!r} does not require "
+                        "a password from a Secret of the stack (a `requirepass` config file mounted from the Secret, "
+                        "or --requirepass $(VAR) with VAR from a secretKeyRef)",
+                    )
+                )
+    return problems
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """Kubernetes label-selector semantics (an empty selector selects everything)."""
+    if any(labels.get(k) != v for k, v in _map(selector.get("matchLabels")).items()):
+        return False
+    for e in map(_map, _list(selector.get("matchExpressions"))):
+        key, op, values = e.get("key"), e.get("operator"), _list(e.get("values"))
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(str(op), False)
+        if not ok:
+            return False
+    return True
+
+
+def _only_clients(selector: Mapping[str, Any]) -> bool:
+    """True when every pod the selector can match is one of this app's loader or worker pods."""
+    names = {selector.get("matchLabels", {}).get(contract.NAME_LABEL)}
+    components = {_map(selector.get("matchLabels")).get(contract.COMPONENT_LABEL)}
+    for e in map(_map, _list(selector.get("matchExpressions"))):
+        if e.get("operator") == "In" and e.get("key") == contract.NAME_LABEL:
+            names.add(frozenset(_list(e.get("values"))))
+        if e.get("operator") == "In" and e.get("key") == contract.COMPONENT_LABEL:
+            components.add(frozenset(_list(e.get("values"))))
+    name_ok = contract.APP in names or frozenset({contract.APP}) in names
+    component_ok = any(
+        (isinstance(c, str) and c in REDIS_CLIENTS) or (isinstance(c, frozenset) and c and c <= REDIS_CLIENTS)
+        for c in components
+    )
+    return name_ok and component_ok
+
+
+def redis_network_policy(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """A password is one lock; a NetworkPolicy admitting only loader and worker pods is the second."""
+    problems = []
+    for r, template in _workloads(resources):
+        if not _is_redis(template):
+            continue
+        where = _kind_name(r.type, r.props)
+        namespace = _get(r.props, "metadata", "namespace")
+        pod_labels = _map(_get(template, "metadata", "labels"))
+        policies = [
+            p
+            for p in _of_type(resources, NETWORK_POLICY)
+            if _get(p.props, "metadata", "namespace") == namespace
+            and _selects(_map(_get(p.props, "spec", "podSelector")), pod_labels)
+        ]
+        guarding = [p for p in policies if "Ingress" in _list(_get(p.props, "spec", "policyTypes"))]
+        if not guarding:
+            problems.append((r.urn, f"{where}: no NetworkPolicy with policyType Ingress selects the Redis pods"))
+        # Policies add up: one that admits anyone opens Redis whatever the others say.
+        for p in policies:
+            for i, rule in enumerate(map(_map, _list(_get(p.props, "spec", "ingress")))):
+                peers = list(map(_map, _list(rule.get("from"))))
+                who = f"NetworkPolicy {_get(p.props, 'metadata', 'name')!r} ingress rule {i}"
+                if not peers:
+                    problems.append((p.urn, f"{who} admits every source; list the loader and worker pods"))
+                for peer in peers:
+                    if set(peer) - {"podSelector"} or not _only_clients(_map(peer.get("podSelector"))):
+                        problems.append(
+                            (
+                                p.urn,
+                                f"{who} admits {dict(peer)!r}; only {contract.NAME_LABEL}={contract.APP} pods "
+                                f"with {contract.COMPONENT_LABEL} in {sorted(REDIS_CLIENTS)} may reach Redis",
+                            )
+                        )
+    return problems
+
+
+def _network_name(value: Any, by_id: Mapping[str, str]) -> str:
+    """A network reference (id, self link, name) reduced to the network's name."""
+    text = str(value)
+    return by_id.get(text) or text.rstrip("/").rsplit("/", 1)[-1]
+
+
+def filestore_on_cluster_network(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """Pods reach Filestore over the VPC: an instance on another network is a PV that never mounts."""
+    by_id: dict[str, str] = {}
+    for n in _of_type(resources, NETWORK):
+        name = _get(n.props, "name")
+        for key in ("id", "selfLink"):
+            ref = _get(n.props, key)
+            if ref and name:
+                by_id[str(ref)] = str(name)
+    clusters = {
+        c.name: _network_name(_get(c.props, "network") or "default", by_id) for c in _of_type(resources, CLUSTER)
+    }
+    if not clusters:
+        return []
+    problems = []
+    for fs in _of_type(resources, FILESTORE):
+        networks = [_network_name(_get(n, "network"), by_id) for n in _list(_get(fs.props, "networks"))]
+        if not networks:
+            problems.append((fs.urn, f"Filestore instance {fs.name!r} names no network"))
+        for network in networks:
+            if network not in clusters.values():
+                problems.append(
+                    (
+                        fs.urn,
+                        f"Filestore instance {fs.name!r} is on network {network!r}, the cluster on "
+                        f"{sorted(set(clusters.values()))}; pods could not mount it",
+                    )
+                )
+    return problems
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "training-on-spot",
+        "Training pods run only on spot capacity unless the stack enables on-demand "
+        "fallback (a ComputeClass listing spot first)",
+        MANDATORY,
+        check_stack=training_on_spot,
+    ),
+    Rule(
+        "no-end-of-life-gpu",
+        "No end-of-life GPU type in compute classes, node pools or node selectors",
+        MANDATORY,
+        check_resource=no_end_of_life_gpu,
+    ),
+    Rule(
+        "image-pinned-by-digest",
+        "Container images are pinned by digest, never by a tag alone or 'latest'",
+        MANDATORY,
+        check_resource=image_pinned_by_digest,
+    ),
+    Rule(
+        "containers-run-as-non-root",
+        "Containers run as a non-zero uid with runAsNonRoot, unprivileged, without privilege escalation",
+        MANDATORY,
+        check_resource=containers_run_as_non_root,
+    ),
+    Rule(
+        "redis-requires-password",
+        "Redis requires a password taken from a Secret",
+        MANDATORY,
+        check_stack=redis_requires_password,
+    ),
+    Rule(
+        "redis-network-policy",
+        "Only loader and worker pods reach Redis, through a NetworkPolicy",
+        MANDATORY,
+        check_stack=redis_network_policy,
+    ),
+    Rule(
+        "filestore-on-cluster-network",
+        "The Filestore instance is on the cluster's VPC network",
+        MANDATORY,
+        check_stack=filestore_on_cluster_network,
+    ),
+    Rule(
+        "prod-deletion-protection",
+        "Stack prod keeps deletion protection on its cluster and Filestore",
+        MANDATORY,
+        check_resource=prod_deletion_protection,
+    ),
+    Rule(
+        "cost-labels",
+        "Every GCP resource that takes labels carries env, app and team",
+        MANDATORY,
+        check_resource=cost_labels,
+    ),
+    Rule("private-nodes", "Cluster nodes have no public IPs", ADVISORY, check_resource=private_nodes),
+    Rule(
+        "workload-identity", "Workload Identity is enabled on the cluster", ADVISORY, check_resource=workload_identity
+    ),
+    Rule("release-channel", "The cluster follows a release channel", ADVISORY, check_resource=release_channel),
+)

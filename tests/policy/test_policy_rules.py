@@ -1,0 +1,441 @@
+"""Each rule on a passing and a violating resource, with the message checked (no engine, no mocks)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+import pytest
+
+from infra import contract, gke
+from policy import rules
+from policy.rules import Resource, StackFacts
+
+JOB = "kubernetes:batch/v1:Job"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+POD = "kubernetes:core/v1:Pod"
+DIGEST = "sha256:" + "0f" * 32
+DEV = StackFacts(stack="dev", labels={"env": "dev", "app": contract.APP, "team": "ml-platform"})
+
+
+def job(**pod: Any) -> dict[str, Any]:
+    """A training Job as the program declares it, with ``pod`` merged into its pod spec."""
+    spec: dict[str, Any] = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001.0},
+        "nodeSelector": {gke.SPOT_LABEL: "true", gke.ACCELERATOR_LABEL: "nvidia-l4"},
+        "containers": [
+            {
+                "name": "worker",
+                "image": f"europe-docker.pkg.dev/p/r/trainer@{DIGEST}",
+                "securityContext": {"allowPrivilegeEscalation": False},
+                "resources": {"limits": {gke.GPU_RESOURCE: "1"}},
+            }
+        ],
+    }
+    spec.update(pod)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": "ns"},
+        "spec": {"template": {"metadata": {"labels": contract.labels(contract.WORKER)}, "spec": spec}},
+    }
+
+
+def container(props: dict[str, Any]) -> dict[str, Any]:
+    return props["spec"]["template"]["spec"]["containers"][0]
+
+
+# --- images ------------------------------------------------------------------------------------------
+
+
+def test_image_by_digest_passes() -> None:
+    assert rules.image_pinned_by_digest(JOB, job(), DEV) == []
+    tagged_and_pinned = job()
+    container(tagged_and_pinned)["image"] = f"redis:7.4-alpine@{DIGEST}"
+    assert rules.image_pinned_by_digest(JOB, tagged_and_pinned, DEV) == []
+
+
+@pytest.mark.parametrize("image", ["trainer:latest", "trainer:v1", "trainer", "eu.gcr.io/p/trainer:1.0"])
+def test_image_without_digest_is_a_violation(image: str) -> None:
+    props = job()
+    container(props)["image"] = image
+    assert rules.image_pinned_by_digest(JOB, props, DEV) == [
+        f"Job 'train': container 'worker' image {image!r} is not pinned by digest; use name@sha256:<digest>"
+    ]
+
+
+def test_latest_next_to_a_digest_is_a_violation() -> None:
+    props = job()
+    container(props)["image"] = f"trainer:latest@{DIGEST}"
+    (message,) = rules.image_pinned_by_digest(JOB, props, DEV)
+    assert "names the tag 'latest'" in message
+
+
+def test_init_containers_and_bare_pods_are_checked_too() -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"initContainers": [{"name": "init", "image": "busybox"}]}}
+    (message,) = rules.image_pinned_by_digest(POD, pod, DEV)
+    assert message.startswith("Pod 'p': container 'init' image 'busybox' is not pinned")
+    assert rules.image_pinned_by_digest("gcp:container/cluster:Cluster", {"image": "x"}, DEV) == []
+
+
+# --- non-root ----------------------------------------------------------------------------------------
+
+
+def test_non_root_container_passes() -> None:
+    assert rules.containers_run_as_non_root(JOB, job(), DEV) == []
+
+
+def test_container_context_overrides_the_pod_context() -> None:
+    props = job(securityContext={})
+    container(props)["securityContext"].update(runAsNonRoot=True, runAsUser=999.0)
+    assert rules.containers_run_as_non_root(JOB, props, DEV) == []
+    container(props)["securityContext"]["runAsUser"] = 0.0
+    assert rules.containers_run_as_non_root(JOB, props, DEV) == ["Job 'train': container 'worker' runs as uid 0 (root)"]
+
+
+@pytest.mark.parametrize(
+    ("pod_context", "container_context", "expected"),
+    [
+        ({"runAsUser": 10001.0}, {"allowPrivilegeEscalation": False},
+         "does not set runAsNonRoot: true (pod or container securityContext)"),
+        ({"runAsNonRoot": True}, {"allowPrivilegeEscalation": False}, "sets no runAsUser; give it a non-zero uid"),
+        ({"runAsNonRoot": True, "runAsUser": 1.0}, {"allowPrivilegeEscalation": False, "privileged": True},
+         "is privileged"),
+        ({"runAsNonRoot": True, "runAsUser": 1.0}, {}, "does not set allowPrivilegeEscalation: false"),
+    ],
+)  # fmt: skip
+def test_root_or_privileged_containers_are_violations(
+    pod_context: dict[str, Any], container_context: dict[str, Any], expected: str
+) -> None:
+    props = job(securityContext=pod_context)
+    container(props)["securityContext"] = container_context
+    assert rules.containers_run_as_non_root(JOB, props, DEV) == [f"Job 'train': container 'worker' {expected}"]
+
+
+# --- end-of-life GPUs --------------------------------------------------------------------------------
+
+
+def test_current_gpus_pass() -> None:
+    pool = {"nodeConfig": {"guestAccelerators": [{"type": "nvidia-l4", "count": 1.0}]}}
+    assert rules.no_end_of_life_gpu(rules.NODE_POOL, pool, DEV) == []
+    assert rules.no_end_of_life_gpu(JOB, job(), DEV) == []
+
+
+@pytest.mark.parametrize(
+    ("type_", "props", "where"),
+    [
+        (rules.NODE_POOL, {"nodeConfig": {"guestAccelerators": [{"type": "nvidia-tesla-k80"}]}},
+         "NodePool guest accelerator"),
+        (rules.COMPUTE_CLASS, {"metadata": {"name": "gpu"}, "spec": {"priorities": [
+            {"spot": True, "gpu": {"type": "nvidia-tesla-k80", "count": 1.0}}]}},
+         "ComputeClass 'gpu' priority 0"),
+        (JOB, job(nodeSelector={gke.SPOT_LABEL: "true", gke.ACCELERATOR_LABEL: "nvidia-tesla-k80"}),
+         "Job 'train' nodeSelector"),
+        (rules.CLUSTER, {"clusterAutoscaling": {"resourceLimits": [{"resourceType": "nvidia-tesla-k80"}]}},
+         "Cluster autoscaling limit"),
+    ],
+)  # fmt: skip
+def test_end_of_life_gpu_is_a_violation(type_: str, props: dict[str, Any], where: str) -> None:
+    assert rules.no_end_of_life_gpu(type_, props, DEV) == [
+        f"{where} asks for GPU 'nvidia-tesla-k80': end-of-life on GKE since 2024-05-01"
+    ]
+
+
+# --- cost labels -------------------------------------------------------------------------------------
+
+LABELS = {"env": "dev", "app": contract.APP, "team": "ml-platform"}
+
+
+def test_labelled_resources_pass_and_unlabellable_ones_are_skipped() -> None:
+    assert rules.cost_labels(rules.FILESTORE, {"labels": LABELS}, DEV) == []
+    assert rules.cost_labels(rules.NODE_POOL, {"nodeConfig": {"resourceLabels": LABELS}}, DEV) == []
+    assert rules.cost_labels("gcp:projects/service:Service", {}, DEV) == []
+    assert rules.cost_labels(JOB, {}, DEV) == []  # Kubernetes objects are not billed resources
+
+
+def test_missing_or_wrong_labels_are_violations() -> None:
+    props = {"resourceLabels": {"env": "prod", "app": contract.APP}}
+    assert rules.cost_labels(rules.CLUSTER, props, DEV) == [
+        "gcp:container/cluster:Cluster: label env='prod' in resourceLabels, expected 'dev'",
+        "gcp:container/cluster:Cluster: label 'team' missing from resourceLabels",
+    ]
+
+
+def test_any_team_will_do_when_the_pack_cannot_see_the_config() -> None:
+    facts = StackFacts(stack="dev", labels={"env": "dev", "app": contract.APP, "team": None})
+    assert rules.cost_labels(rules.FILESTORE, {"labels": {**LABELS, "team": "data"}}, facts) == []
+
+
+def test_a_gcp_type_nobody_classified_is_a_violation() -> None:
+    assert rules.cost_labels("gcp:storage/bucket:Bucket", {"labels": LABELS}, DEV) == [
+        "gcp:storage/bucket:Bucket: not known to take labels or not; add it to LABELLED or UNLABELLED in "
+        "policy/rules.py"
+    ]
+
+
+# --- deletion protection -----------------------------------------------------------------------------
+
+PROD = StackFacts(stack="prod")
+
+
+def test_prod_with_protection_passes_and_dev_is_not_checked() -> None:
+    assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": True}, PROD) == []
+    assert rules.prod_deletion_protection(rules.CLUSTER, {}, PROD) == []  # the provider defaults to true
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"deletionProtectionEnabled": True}, PROD) == []
+    assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, DEV) == []
+
+
+def test_prod_without_protection_is_a_violation() -> None:
+    assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, PROD) == [
+        "Cluster: deletionProtection is False in stack 'prod'; it must be true"
+    ]
+    assert rules.prod_deletion_protection(rules.FILESTORE, {}, PROD) == [
+        "Filestore instance: deletionProtectionEnabled is None in stack 'prod'; it must be true"
+    ]
+
+
+# --- advisory cluster rules --------------------------------------------------------------------------
+
+GOOD_CLUSTER = {
+    "privateClusterConfig": {"enablePrivateNodes": True},
+    "workloadIdentityConfig": {"workloadPool": "p.svc.id.goog"},
+    "releaseChannel": {"channel": "REGULAR"},
+}
+
+
+@pytest.mark.parametrize(
+    ("rule", "broken", "message"),
+    [
+        (rules.private_nodes, {"privateClusterConfig": {"enablePrivateNodes": False}},
+         "Cluster: privateClusterConfig.enablePrivateNodes is not true; nodes get public IPs"),
+        (rules.workload_identity, {"workloadIdentityConfig": None},
+         "Cluster: workloadIdentityConfig.workloadPool is not set; pods would use the node's account"),
+        (rules.release_channel, {"releaseChannel": {"channel": "UNSPECIFIED"}},
+         "Cluster: releaseChannel.channel is 'UNSPECIFIED'; use one of RAPID, REGULAR, STABLE, EXTENDED"),
+    ],
+)  # fmt: skip
+def test_advisory_cluster_rules(rule: rules.ResourceCheck, broken: dict[str, Any], message: str) -> None:
+    assert rule(rules.CLUSTER, GOOD_CLUSTER, DEV) == []
+    assert rule(rules.CLUSTER, {**GOOD_CLUSTER, **broken}, DEV) == [message]
+
+
+def test_autopilot_always_has_workload_identity() -> None:
+    assert rules.workload_identity(rules.CLUSTER, {"enableAutopilot": True}, DEV) == []
+
+
+# --- stack rules: spot -------------------------------------------------------------------------------
+
+
+def res(type_: str, props: dict[str, Any], name: str = "r") -> Resource:
+    return Resource(type_, name, f"urn:{type_}::{name}", props)
+
+
+def compute_class(*spots: bool, when: str = "DoNotScaleUp") -> Resource:
+    priorities = [{"spot": s, "gpu": {"type": "nvidia-l4", "count": 1.0}} for s in spots]
+    props = {"metadata": {"name": "gpu"}, "spec": {"priorities": priorities, "whenUnsatisfiable": when}}
+    return res(rules.COMPUTE_CLASS, props, "gpu")
+
+
+CLASS_SELECTOR = {"nodeSelector": {gke.COMPUTE_CLASS_LABEL: "gpu"}}
+
+
+def test_training_on_spot_passes() -> None:
+    assert rules.training_on_spot([res(JOB, job())], DEV) == []
+    assert rules.training_on_spot([res(JOB, job(**CLASS_SELECTOR)), compute_class(True)], DEV) == []
+    fallback = StackFacts(stack="prod", on_demand_fallback=True)
+    assert rules.training_on_spot([res(JOB, job(**CLASS_SELECTOR)), compute_class(True, False)], fallback) == []
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ([res(JOB, job(nodeSelector={}))],
+         "Job 'train': training pods must select spot capacity: nodeSelector cloud.google.com/gke-spot: \"true\", "
+         "or cloud.google.com/compute-class with a class that lists spot first"),
+        ([res(JOB, job(**CLASS_SELECTOR))],
+         "Job 'train': selects compute class 'gpu', which the stack does not declare"),
+        ([res(JOB, job(**CLASS_SELECTOR)), compute_class(False, True)],
+         "Job 'train': compute class 'gpu' does not list spot first"),
+        ([res(JOB, job(**CLASS_SELECTOR)), compute_class(True, False)],
+         "Job 'train': compute class 'gpu' falls back to on-demand, but the stack does not enable onDemandFallback"),
+        ([res(JOB, job(**CLASS_SELECTOR)), compute_class(True, when="ScaleUpAnyway")],
+         "Job 'train': compute class 'gpu' must set whenUnsatisfiable: DoNotScaleUp, or GKE scales up on-demand "
+         "nodes when spot is out"),
+    ],
+)  # fmt: skip
+def test_training_off_spot_is_a_violation(resources: list[Resource], message: str) -> None:
+    assert rules.training_on_spot(resources, DEV) == [(resources[0].urn, message)]
+
+
+def test_pods_without_gpus_outside_the_worker_component_may_run_anywhere() -> None:
+    loader = job(nodeSelector={})
+    container(loader)["resources"] = {}
+    loader["spec"]["template"]["metadata"]["labels"] = contract.labels(contract.LOADER)
+    assert rules.training_on_spot([res(JOB, loader)], DEV) == []
+
+
+# --- stack rules: Redis ------------------------------------------------------------------------------
+
+REDIS_LABELS = contract.labels(contract.REDIS)
+
+
+def redis(args: list[str], env: list[dict[str, Any]] | None = None) -> Resource:
+    pod = {
+        "containers": [
+            {
+                "name": "redis",
+                "image": f"redis:7.4@{DIGEST}",
+                "args": args,
+                "env": env or [],
+                "volumeMounts": [{"name": "auth", "mountPath": "/etc/redis-auth"}],
+            }
+        ],
+        "volumes": [{"name": "auth", "secret": {"secretName": "auth", "items": [{"key": "c", "path": "a.conf"}]}}],
+    }
+    props = {
+        "metadata": {"name": "redis", "namespace": "ns"},
+        "spec": {"template": {"metadata": {"labels": REDIS_LABELS}, "spec": pod}},
+    }
+    return res(DEPLOYMENT, props, "redis")
+
+
+def secret(data: dict[str, str], encoded: bool = False) -> Resource:
+    body = (
+        {"data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+        if encoded
+        else {"stringData": data}
+    )
+    return res(rules.SECRET, {"metadata": {"name": "auth", "namespace": "ns"}, **body}, "auth")
+
+
+@pytest.mark.parametrize("encoded", [False, True], ids=["stringData", "data"])
+def test_redis_with_requirepass_from_a_secret_file_passes(encoded: bool) -> None:
+    resources = [redis(["/etc/redis-auth/a.conf", "--appendonly", "yes"]), secret({"c": "requirepass s3\n"}, encoded)]
+    assert rules.redis_requires_password(resources, DEV) == []
+
+
+def test_redis_with_requirepass_from_a_secret_env_passes() -> None:
+    env = [{"name": "PW", "valueFrom": {"secretKeyRef": {"name": "auth", "key": "password"}}}]
+    resources = [redis(["--requirepass", "$(PW)"], env), secret({"password": "x"})]
+    assert rules.redis_requires_password(resources, DEV) == []
+
+
+@pytest.mark.parametrize(
+    ("resources"),
+    [
+        [redis(["--appendonly", "yes"]), secret({"c": "requirepass s3\n"})],  # no password at all
+        [redis(["/etc/redis-auth/a.conf"]), secret({"c": "appendonly yes\n"})],  # the file has no requirepass
+        [redis(["/etc/redis-auth/a.conf"])],  # the Secret is not in the stack
+        [redis(["--requirepass", "hunter2"]), secret({"password": "x"})],  # a literal on the command line
+        [redis(["/etc/redis-auth/c"]), secret({"c": "requirepass s3\n"})],  # key c is projected as a.conf only
+    ],
+    ids=["none", "file-without-requirepass", "no-secret", "literal", "file-not-projected"],
+)
+def test_redis_without_a_password_from_a_secret_is_a_violation(resources: list[Resource]) -> None:
+    assert rules.redis_requires_password(resources, DEV) == [
+        (
+            resources[0].urn,
+            "Deployment 'redis': Redis container 'redis' does not require a password from a Secret of the stack "
+            "(a `requirepass` config file mounted from the Secret, or --requirepass $(VAR) with VAR from a "
+            "secretKeyRef)",
+        )
+    ]
+
+
+def network_policy(*peers: dict[str, Any], selector: dict[str, Any] | None = None) -> Resource:
+    props = {
+        "metadata": {"name": "redis-clients", "namespace": "ns"},
+        "spec": {
+            "podSelector": {"matchLabels": REDIS_LABELS} if selector is None else selector,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": list(peers), "ports": [{"port": 6379.0}]}],
+        },
+    }
+    return res(rules.NETWORK_POLICY, props, "redis-clients")
+
+
+CLIENTS = {
+    "podSelector": {
+        "matchLabels": {contract.NAME_LABEL: contract.APP},
+        "matchExpressions": [{"key": contract.COMPONENT_LABEL, "operator": "In", "values": ["loader", "worker"]}],
+    }
+}
+
+
+def test_redis_behind_a_network_policy_for_loader_and_workers_passes() -> None:
+    redis_pod = redis(["/etc/redis-auth/a.conf"])
+    assert rules.redis_network_policy([redis_pod, network_policy(CLIENTS)], DEV) == []
+    worker_only = {"podSelector": {"matchLabels": contract.labels(contract.WORKER)}}
+    assert rules.redis_network_policy([redis_pod, network_policy(worker_only)], DEV) == []
+
+
+def test_redis_without_a_network_policy_is_a_violation() -> None:
+    redis_pod = redis(["/etc/redis-auth/a.conf"])
+    other = network_policy(CLIENTS, selector={"matchLabels": {contract.COMPONENT_LABEL: "web"}})
+    assert rules.redis_network_policy([redis_pod, other], DEV) == [
+        (redis_pod.urn, "Deployment 'redis': no NetworkPolicy with policyType Ingress selects the Redis pods")
+    ]
+
+
+@pytest.mark.parametrize(
+    "peer",
+    [
+        {"podSelector": {"matchLabels": {contract.NAME_LABEL: contract.APP}}},  # every component, Redis too
+        {"podSelector": {"matchLabels": contract.labels("debug")}},
+        {"ipBlock": {"cidr": "0.0.0.0/0"}},
+        {**CLIENTS, "namespaceSelector": {}},  # loader-like pods of every namespace
+    ],
+    ids=["whole-app", "debug-pod", "ip-block", "any-namespace"],
+)
+def test_a_policy_admitting_other_pods_is_a_violation(peer: dict[str, Any]) -> None:
+    policy = network_policy(peer)
+    ((urn, message),) = rules.redis_network_policy([redis(["/etc/redis-auth/a.conf"]), policy], DEV)
+    assert urn == policy.urn
+    assert message.startswith("NetworkPolicy 'redis-clients' ingress rule 0 admits {")
+    assert message.endswith("may reach Redis")
+
+
+def test_an_ingress_rule_without_sources_admits_everyone() -> None:
+    policy = network_policy()
+    assert rules.redis_network_policy([redis(["/etc/redis-auth/a.conf"]), policy], DEV) == [
+        (
+            policy.urn,
+            "NetworkPolicy 'redis-clients' ingress rule 0 admits every source; list the loader and worker pods",
+        )
+    ]
+
+
+# --- stack rules: Filestore network ------------------------------------------------------------------
+
+
+def test_filestore_on_the_cluster_network_passes() -> None:
+    vpc = res(rules.NETWORK, {"name": "vpc", "id": "projects/p/global/networks/vpc"})
+    cluster = res(rules.CLUSTER, {"network": "projects/p/global/networks/vpc"}, "cluster")
+    filestore = res(rules.FILESTORE, {"networks": [{"network": "vpc", "connectMode": "DIRECT_PEERING"}]}, "share")
+    assert rules.filestore_on_cluster_network([vpc, cluster, filestore], DEV) == []
+    # The mocks give ids that are not paths: the Network resource maps them to its name.
+    mock_vpc = res(rules.NETWORK, {"name": "vpc", "id": "network-id"})
+    mock_cluster = res(rules.CLUSTER, {"network": "network-id"}, "cluster")
+    assert rules.filestore_on_cluster_network([mock_vpc, mock_cluster, filestore], DEV) == []
+
+
+def test_filestore_on_another_network_is_a_violation() -> None:
+    cluster = res(rules.CLUSTER, {"network": "projects/p/global/networks/vpc"}, "cluster")
+    filestore = res(rules.FILESTORE, {"networks": [{"network": "default"}]}, "share")
+    assert rules.filestore_on_cluster_network([cluster, filestore], DEV) == [
+        (filestore.urn, "Filestore instance 'share' is on network 'default', the cluster on ['vpc']; "
+         "pods could not mount it")
+    ]  # fmt: skip
+
+
+def test_rules_do_not_mutate_what_they_read() -> None:
+    props = job()
+    before = copy.deepcopy(props)
+    for rule in rules.RULES:
+        if rule.check_resource:
+            rule.check_resource(JOB, props, DEV)
+        else:
+            assert rule.check_stack
+            rule.check_stack([res(JOB, props)], DEV)
+    assert props == before

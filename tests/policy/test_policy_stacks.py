@@ -1,0 +1,256 @@
+"""The pack over every rendered stack, over mutated stacks, through pulumi-policy's own wrappers, and
+what ``make render`` writes (manifests valid for Kubernetes 1.33, no secret values)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
+
+from infra import render
+from infra.render import Registered, Rendered
+from policy import offline, pack, rules
+from tests.infra.test_infra_manifests import KUBERNETES_VERSION, _is_custom
+
+STACKS = render.stack_names()
+_CACHE: dict[str, Rendered] = {}
+
+
+@pytest.fixture
+def rendered() -> Callable[[str], Rendered]:
+    def get(stack: str) -> Rendered:
+        if stack not in _CACHE:
+            _CACHE[stack] = render.render(stack)
+        return _CACHE[stack]
+
+    return get
+
+
+def mutated(r: Rendered, type_: str, name: str, change: Callable[[dict[str, Any]], None]) -> list[Registered]:
+    """The stack's resources with one resource's inputs and outputs changed alike (deep copies)."""
+    out = []
+    for res in r.resources:
+        if res.type == type_ and res.name == name:
+            res = copy.deepcopy(res)
+            change(res.inputs)
+            change(res.outputs)
+        out.append(res)
+    return out
+
+
+def pod_spec(props: dict[str, Any]) -> dict[str, Any]:
+    return props["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_passes_the_pack(stack: str, rendered: Callable[[str], Rendered]) -> None:
+    violations = offline.check_rendered(rendered(stack))
+    assert offline.mandatory(violations) == []
+    assert violations == []  # advisory ones too, with the stack files as they are
+
+
+def test_the_offline_runner_feeds_engine_shaped_properties(rendered: Callable[[str], Rendered]) -> None:
+    """Schema (camelCase) names, numbers as floats, secrets unwrapped: what an analyzer receives."""
+    r = rendered("prod")
+    cluster = r.one(rules.CLUSTER).inputs
+    assert {"releaseChannel", "deletionProtection", "privateClusterConfig", "resourceLabels"} <= set(cluster)
+    assert not [k for k in cluster if "_" in k]
+    assert isinstance(r.one("kubernetes:batch/v1:Job", "training").inputs["spec"]["parallelism"], float)
+    secret = offline.stack_view(r.one(rules.SECRET)).props
+    assert isinstance(secret["stringData"]["password"], str)
+    assert offline.stack_view(r.one(rules.NETWORK)).props["id"] == r.one(rules.NETWORK).id
+
+
+def test_a_mutated_stack_reports_each_break_as_mandatory(rendered: Callable[[str], Rendered]) -> None:
+    r = rendered("dev")
+    job, redis = "kubernetes:batch/v1:Job", "kubernetes:apps/v1:Deployment"
+
+    def latest(props: dict[str, Any]) -> None:
+        pod_spec(props)["containers"][0]["image"] = "us-docker.pkg.dev/p/r/trainer:latest"
+
+    def off_spot(props: dict[str, Any]) -> None:
+        pod_spec(props).pop("nodeSelector")
+
+    def open_redis(props: dict[str, Any]) -> None:
+        pod_spec(props)["containers"][0]["args"] = ["--appendonly", "yes"]
+
+    resources = mutated(r, job, "loader", latest)
+    resources = mutated(Rendered(r.stack, r.config, resources), job, "training", off_spot)
+    resources = mutated(Rendered(r.stack, r.config, resources), redis, "redis", open_redis)
+    found = offline.check(resources, offline.facts_of(r))
+    assert {(v.policy, v.level, v.resource) for v in found} == {
+        ("image-pinned-by-digest", rules.MANDATORY, f"{job} loader"),
+        ("training-on-spot", rules.MANDATORY, f"{job} training"),
+        ("redis-requires-password", rules.MANDATORY, f"{redis} redis"),
+    }
+    messages = {v.policy: v.message for v in found}
+    assert "image 'us-docker.pkg.dev/p/r/trainer:latest' is not pinned by digest" in messages["image-pinned-by-digest"]
+    assert "training pods must select spot capacity" in messages["training-on-spot"]
+    assert "does not require a password from a Secret" in messages["redis-requires-password"]
+
+
+def test_prod_mutations_hit_the_prod_only_and_network_rules(rendered: Callable[[str], Rendered]) -> None:
+    r = rendered("prod")
+    fs = "gcp:filestore/instance:Instance"
+    resources = mutated(r, fs, "share", lambda p: p.update(deletionProtectionEnabled=False, labels={}))
+    resources = mutated(
+        Rendered(r.stack, r.config, resources), fs, "share", lambda p: p.update(networks=[{"network": "other"}])
+    )
+    found = {(v.policy, v.level) for v in offline.check(resources, offline.facts_of(r))}
+    assert found == {
+        ("prod-deletion-protection", rules.MANDATORY),
+        ("cost-labels", rules.MANDATORY),
+        ("filestore-on-cluster-network", rules.MANDATORY),
+    }
+
+
+def test_the_pack_wraps_every_rule_at_its_level() -> None:
+    policies = pack.policies()
+    assert [p.name for p in policies] == [r.name for r in rules.RULES]
+    levels = {p.name: p.enforcement_level for p in policies}
+    assert {n for n, level in levels.items() if level == EnforcementLevel.ADVISORY} == {
+        "private-nodes", "workload-identity", "release-channel",
+    }  # fmt: skip
+    assert set(levels.values()) == {EnforcementLevel.ADVISORY, EnforcementLevel.MANDATORY}
+
+
+def _run_resource_policy(name: str, type_: str, props: dict[str, Any], stack: str = "dev") -> list[str]:
+    """Run one wrapped policy the way the analyzer does: props behind the SDK's unknown-checking proxy."""
+    (policy,) = [p for p in pack.policies() if p.name == name]
+    assert isinstance(policy, ResourceValidationPolicy)
+    reported: list[str] = []
+    urn = f"urn:pulumi:{stack}::spot-trainer::{type_}::x"
+    args = ResourceValidationArgs(type_, unknown_checking_proxy(props), urn, "x", None, None)  # type: ignore[arg-type]
+    policy.validate(args, lambda message, urn=None: reported.append(message))
+    return reported
+
+
+def test_wrapped_policies_report_through_the_sdk(
+    rendered: Callable[[str], Rendered], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = rendered("dev")
+    monkeypatch.setattr(pack, "stack_facts", lambda stack: offline.facts_of(r))
+    loader = copy.deepcopy(r.one("kubernetes:batch/v1:Job", "loader").inputs)
+    assert _run_resource_policy("image-pinned-by-digest", "kubernetes:batch/v1:Job", loader) == []
+    pod_spec(loader)["containers"][0]["image"] = "trainer:latest"
+    (message,) = _run_resource_policy("image-pinned-by-digest", "kubernetes:batch/v1:Job", loader)
+    assert "'trainer:latest' is not pinned by digest" in message
+
+
+def test_a_wrapped_policy_knows_prod_from_the_urn() -> None:
+    cluster = {"deletionProtection": False}
+    assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="dev") == []
+    assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="prod") == [
+        "Cluster: deletionProtection is False in stack 'prod'; it must be true"
+    ]
+
+
+def test_wrapped_stack_policies_report_against_the_offending_urn(rendered: Callable[[str], Rendered]) -> None:
+    r = rendered("dev")
+    (policy,) = [p for p in pack.policies() if p.name == "redis-requires-password"]
+    assert isinstance(policy, StackValidationPolicy)
+
+    def run(resources: list[Registered]) -> list[tuple[str, str | None]]:
+        views = [offline.stack_view(res) for res in resources]
+        args = StackValidationArgs(
+            [PolicyResource(v.type, unknown_checking_proxy(dict(v.props)), v.urn, v.name, None, None, None, [], {})  # type: ignore[arg-type]
+             for v in views]
+        )  # fmt: skip
+        reported: list[tuple[str, str | None]] = []
+        policy.validate(args, lambda message, urn=None: reported.append((message, urn)))
+        return reported
+
+    assert run(r.resources) == []
+
+    def open_redis(props: dict[str, Any]) -> None:
+        pod_spec(props)["containers"][0]["args"] = []
+
+    ((message, urn),) = run(mutated(r, "kubernetes:apps/v1:Deployment", "redis", open_redis))
+    assert urn == r.one("kubernetes:apps/v1:Deployment").urn and "does not require a password" in message
+
+
+def test_an_unknown_value_in_preview_is_not_a_silent_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK turns UnknownValueError into "can't run policy during preview"; a rule must not hide it."""
+    monkeypatch.setattr(pack, "stack_facts", lambda stack: rules.StackFacts(stack=stack))
+    job = {"metadata": {"name": "j"}, "spec": {"template": {"spec": {"containers": [
+        {"name": "worker", "image": UNKNOWN_STRING_VALUE}]}}}}  # fmt: skip
+    with pytest.raises(UnknownValueError):
+        _run_resource_policy("image-pinned-by-digest", "kubernetes:batch/v1:Job", job)
+
+
+def test_the_stack_name_comes_from_the_urn(rendered: Callable[[str], Rendered]) -> None:
+    for stack in STACKS:
+        assert {pack.stack_of(res.urn) for res in rendered(stack).resources} == {stack}
+
+
+def test_stack_facts_follow_the_config_the_engine_passes() -> None:
+    facts = pack.stack_facts({"onDemandFallback": "true", "team": "data"}, stack="prod")
+    assert facts == rules.StackFacts("prod", True, {"env": "prod", "app": "spot-trainer", "team": "data"})
+    assert pack.stack_facts({}, stack="dev").labels["team"] is None
+
+
+def test_the_rules_import_without_provider_sdks() -> None:
+    """The pack's own virtualenv has pulumi and pulumi-policy only (policy/requirements.txt)."""
+    code = (
+        "import sys; sys.modules['pulumi_gcp'] = sys.modules['pulumi_kubernetes'] = None; "
+        "from policy import pack; print(len(pack.policies()))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=render.REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(len(rules.RULES))
+
+
+def test_the_pack_pins_what_the_project_pins() -> None:
+    def pins(path: Path) -> dict[str, str]:
+        lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+        return dict(line.split("==") for line in lines if "==" in line)
+
+    pack_pins = pins(render.REPO_ROOT / "policy" / "requirements.txt")
+    assert set(pack_pins) == {"pulumi", "pulumi-policy"}
+    assert pack_pins.items() <= pins(render.REPO_ROOT / "requirements.txt").items()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_make_render_writes_valid_manifests_and_a_masked_inventory(stack: str, tmp_path: Path) -> None:
+    """``make render STACK=<stack>`` calls ``offline.main``, which calls ``render_and_check``."""
+    assert offline.main([stack, "--out", str(tmp_path)]) == 0
+    manifests = sorted((tmp_path / "manifests").glob("*.yaml"))
+    assert {m["kind"] for m in map(lambda p: yaml.safe_load(p.read_text()), manifests)} >= {"Job", "Secret"}
+    for path in manifests:
+        manifest = yaml.safe_load(path.read_text())
+        if not _is_custom(manifest):
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    inventory = json.loads((tmp_path / "inventory.json").read_text())
+    rendered = render.render(stack)
+    assert len(inventory["resources"]) == len(rendered.resources)
+    assert {"type", "name", "inputs"} <= set(inventory["resources"][0])
+    written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    password = rendered.one("random:index/randomPassword:RandomPassword").outputs["result"]
+    for secret_value in (password, render.ACCESS_TOKEN, render.CLUSTER_CA):
+        assert secret_value not in written
+    assert render.MASK in written
+
+
+def test_make_render_fails_on_a_mandatory_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(rules, "RULES", (rules.Rule("always", "d", rules.MANDATORY, lambda t, p, f: ["no"]),))
+    assert offline.main(["dev", "--out", str(tmp_path)]) == 1
+    assert "[mandatory] always:" in capsys.readouterr().out
