@@ -98,8 +98,11 @@ class RedisQueue(pulumi.ComponentResource):
                                     f"{AUTH_CONF_DIR}/{AUTH_CONF_KEY}",
                                     "--appendonly",
                                     "yes",
+                                    # Every queue write reaches disk before it is acknowledged:
+                                    # the queue writes a few times a second, and a lost write
+                                    # could hand out a fencing token twice.
                                     "--appendfsync",
-                                    "everysec",
+                                    "always",
                                     "--dir",
                                     DATA_DIR,
                                     "--port",

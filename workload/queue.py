@@ -122,20 +122,29 @@ end
 return false
 """
 
-# ARGV: prefix, run, token, ttl_ms  -> new deadline, or 0 when the lease is not ours any more
-_HEARTBEAT = _PRELUDE + """
+# Fencing compares the (token, owner) pair: even if a restored Redis handed a token out twice,
+# it would not be to the same worker.
+_OWNS = """
+local function owns(run, token, owner)
+  local l = redis.call('HMGET', p..':lease:'..run, 'token', 'owner')
+  return l[1] == token and l[2] == owner
+end
+"""
+
+# ARGV: prefix, run, token, ttl_ms, owner  -> new deadline, or 0 when the lease is not ours any more
+_HEARTBEAT = _PRELUDE + _OWNS + """
 local key = p..':lease:'..ARGV[2]
-if redis.call('HGET', key, 'token') ~= ARGV[3] then return 0 end
+if not owns(ARGV[2], ARGV[3], ARGV[5]) then return 0 end
 local deadline = now_ms() + tonumber(ARGV[4])
 redis.call('HSET', key, 'deadline', deadline)
 redis.call('ZADD', p..':leases', deadline, ARGV[2])
 return deadline
 """
 
-# ARGV: prefix, run, token, item id  -> 1 acked, 2 already done (a retried ack), 0 refused
-_ACK = _PRELUDE + """
+# ARGV: prefix, run, token, item id, owner  -> 1 acked, 2 already done (a retried ack), 0 refused
+_ACK = _PRELUDE + _OWNS + """
 local key = p..':lease:'..ARGV[2]
-if redis.call('HGET', key, 'token') == ARGV[3] and redis.call('HGET', key, 'item') == ARGV[4] then
+if owns(ARGV[2], ARGV[3], ARGV[5]) and redis.call('HGET', key, 'item') == ARGV[4] then
   drop_lease(ARGV[2])
   redis.call('SADD', p..':done', ARGV[4])
   redis.call('HDEL', p..':errors', ARGV[4])
@@ -145,11 +154,11 @@ if redis.call('SISMEMBER', p..':done', ARGV[4]) == 1 then return 2 end
 return 0
 """
 
-# ARGV: prefix, run, token, mode ('preempted' | 'error' | 'dead'), error text, max_attempts
+# ARGV: prefix, run, token, mode ('preempted' | 'error' | 'dead'), error text, max_attempts, owner
 # -> 'pending' | 'dead' | '' (refused: not the lease owner)
-_RELEASE = _PRELUDE + """
+_RELEASE = _PRELUDE + _OWNS + """
 local key = p..':lease:'..ARGV[2]
-if redis.call('HGET', key, 'token') ~= ARGV[3] then return '' end
+if not owns(ARGV[2], ARGV[3], ARGV[7]) then return '' end
 local l = redis.call('HMGET', key, 'item', 'owner', 'seq')
 drop_lease(ARGV[2])
 local now = now_ms()
@@ -207,6 +216,7 @@ class Lease:
 
     item: Item
     token: int
+    owner: str
     deadline_ms: int
     attempts: int  # failed attempts before this claim
 
@@ -312,23 +322,24 @@ class WorkQueue:
         if not got:
             return None
         raw, token, deadline, attempts = got
-        return Lease(item=Item.from_json(raw), token=int(token), deadline_ms=int(deadline),
+        return Lease(item=Item.from_json(raw), token=int(token), owner=owner, deadline_ms=int(deadline),
                      attempts=int(attempts))
 
     def heartbeat(self, lease: Lease, ttl_s: float) -> int | None:
         """Extend the lease; None means it is no longer ours (expired and reaped, or taken over)."""
-        deadline = self._heartbeat(args=[self._p(), lease.item.run, lease.token, int(ttl_s * 1000)])
+        deadline = self._heartbeat(args=[self._p(), lease.item.run, lease.token, int(ttl_s * 1000), lease.owner])
         return int(deadline) or None
 
     def holds(self, lease: Lease) -> bool:
         """Whether `lease` is still the current lease of its run (the fencing check)."""
-        token = self._retrying("holds", lambda: self.redis.hget(self.keys.lease(lease.item.run), "token"))
-        return token is not None and int(token) == lease.token
+        token, owner = self._retrying("holds", lambda: self.redis.hmget(self.keys.lease(lease.item.run),
+                                                                         "token", "owner"))
+        return token is not None and int(token) == lease.token and owner.decode() == lease.owner
 
     def ack(self, lease: Lease) -> bool:
         """Mark done. Refused (False, logged) when the lease is not ours any more."""
         res = int(self._retrying("ack", lambda: self._ack(
-            args=[self._p(), lease.item.run, lease.token, lease.item.id])))
+            args=[self._p(), lease.item.run, lease.token, lease.item.id, lease.owner])))
         if res == 0:
             log.warning("ack of %s refused: token %d no longer holds the lease", lease.item.id, lease.token)
         return res != 0
@@ -339,7 +350,7 @@ class WorkQueue:
         Returns the item's new state ('pending' | 'dead'), or None when refused (not the owner)."""
         mode = "dead" if permanent else ("error" if error else "preempted")
         res = self._retrying("release", lambda: self._release(
-            args=[self._p(), lease.item.run, lease.token, mode, error or "", self.max_attempts]))
+            args=[self._p(), lease.item.run, lease.token, mode, error or "", self.max_attempts, lease.owner]))
         state = res.decode() if isinstance(res, bytes) else str(res)
         if not state:
             log.warning("release of %s refused: token %d no longer holds the lease",

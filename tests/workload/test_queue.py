@@ -72,6 +72,20 @@ def test_stale_owner_cannot_ack_heartbeat_or_release(redis_server: RedisServer) 
     assert q.counts().done == 1
 
 
+def test_fencing_checks_the_owner_too(redis_server: RedisServer) -> None:
+    """A token handed out twice (a Redis restored from a stale disk) still fences: the owner differs."""
+    from dataclasses import replace
+
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 1))
+    lease = q.claim("w1", 30)
+    assert lease
+    impostor = replace(lease, owner="w2")
+    assert not q.holds(impostor) and q.heartbeat(impostor, 30) is None
+    assert not q.ack(impostor) and q.release(impostor) is None
+    assert q.holds(lease) and q.ack(lease)
+
+
 def test_heartbeat_keeps_the_lease_alive(redis_server: RedisServer) -> None:
     q = make_queue(redis_server)
     q.enqueue(items("a", 1))
