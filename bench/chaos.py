@@ -29,9 +29,9 @@ from workload.redis_server import RedisServer
 
 @dataclass(frozen=True)
 class ChaosConfig:
-    workers: int = 3
-    runs: int = 3
-    events: int = 10  # worker disturbances (SIGKILL or SIGTERM); the Redis restart comes on top
+    workers: int = 4
+    runs: int = 8
+    events: int = 20  # worker disturbances (SIGKILL or SIGTERM); the Redis restart comes on top
     seed: int | None = None  # None: drawn at random and printed
     gap_s: tuple[float, float] = (0.3, 2.0)  # pause before each disturbance, uniform
     lease_ttl_s: float = 3.0
@@ -152,7 +152,8 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
 
         for _ in range(cfg.workers):
             spawn()
-        restart_at = rng.randrange(cfg.events)  # the Redis restart comes before this disturbance
+        # The Redis restart comes before one of the first disturbances: early enough that it always happens.
+        restart_at = rng.randrange(min(cfg.events, 3))
         started = time.monotonic()
         queue = cluster.queue()
         for event in range(cfg.events):
