@@ -304,14 +304,16 @@ def explain(res: Results) -> list[str]:
             f"in memory. On the {big['size']:,}-row shard the worker spent {big['worker_s']:.1f}s, of which "
             f"training {big['phases'].get('training', 0):.1f}s (bare loop {big['bare_s']:.1f}s) and "
             + ", ".join(f"{k} {v:.2f}s" for k, v in top) + ". Everything but training is paid once per shard "
-            "and grows with its rows, so the ratio is bounded by training / (training + features): with the "
+            "and grows with its rows, so the ratio cannot exceed training / (training + the rest): with the "
             f"default {HP.epochs} epochs, computing the features of a row costs about as much as "
             f"{big['phases'].get('features', 0) / max(big['bare_s'], 1e-9) * HP.epochs:.1f} epoch(s) of "
             "training it. Where the ratio is below 0.9 that is why; it rises with epochs (not tuned here: the "
-            "default run is measured). On small shards the ratio is noisy (a 10k shard trains in well under a "
-            "second) and the fixed costs (report plots, test-day features once per process) dominate. Each "
-            "ratio is the median of three worker/bare pairs run back to back; the range is shown because this "
-            "2-core machine is shared and a single pair can move by 0.1.")
+            "default run is measured). Before commit d76755d the features searched their window bounds in row "
+            "order, missing the cache at every step: this shard's features took ~2.8 s, which put the ratio near 0.65. "
+            "On small shards the ratio is noisy (a 10k shard trains in well under a second) and the fixed "
+            "costs (report plots, test-day features once per process) dominate. Each ratio is the median of "
+            "three worker/bare pairs run back to back; the range is shown because this 2-core machine is "
+            "shared and a single pair can move by 0.1.")
     ov = res.plots.get("overhead")
     if ov:
         ph = sorted(ov["phases"].items(), key=lambda kv: -kv[1])
@@ -325,7 +327,8 @@ def explain(res: Results) -> list[str]:
             "two matplotlib PNGs after every shard, and the features, which re-read, sort and window 37 days of "
             "history for every day trained. Neither is work done twice; making them cheaper means drawing "
             "plots once per run (or on `status`) and keeping the sorted history between consecutive shards, "
-            "which are design changes, not in this branch.")
+            "which are design changes, not in this branch. (The test days are scored twice per item, for the "
+            "metrics and again for the report's PR curve: a few ms, left alone here.)")
     if res.plots.get("queue"):
         out.append(
             "- **Queue**: forked client processes (not threads: the client holds the GIL while encoding) each "
