@@ -36,6 +36,17 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
+def _search(keys: np.ndarray, queries: np.ndarray, by: np.ndarray) -> np.ndarray:
+    """``searchsorted(keys, queries, side="right")``, searched in the order ``by`` (ascending queries).
+
+    The same answer, but binary searches in key order stay in cache: on a million rows, searching in
+    row order missed it at every step and took most of the features' time.
+    """
+    out = np.empty(len(queries), dtype=np.int64)
+    out[by] = np.searchsorted(keys, queries[by], side="right")
+    return out
+
+
 def _customer_windows(
     customer: np.ndarray, seconds: np.ndarray, amount: np.ndarray, rows: np.ndarray
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -54,9 +65,10 @@ def _customer_windows(
     csum = np.concatenate([[0.0], np.cumsum(amount[order], dtype=np.float64)])
     own_key = customer[rows] * span + shifted[rows]
     end = position[rows] + 1
+    by_key = np.argsort(end)  # rows in key order: each window's queries ascend
     counts, means = [], []
     for w in WINDOWS_DAYS:
-        start = np.searchsorted(keys, own_key - w * SECONDS_PER_DAY, side="right")
+        start = _search(keys, own_key - w * SECONDS_PER_DAY, by_key)
         count = (end - start).astype(np.float64)
         counts.append(count)
         means.append((csum[end] - csum[start]) / count)
@@ -75,12 +87,15 @@ def _terminal_windows(
     order = np.lexsort((day, terminal))
     keys = terminal[order] * span + day[order]
     csum = np.concatenate([[0.0], np.cumsum(fraud[order], dtype=np.float64)])
+    position = np.empty(len(terminal), dtype=np.int64)
+    position[order] = np.arange(len(terminal))
+    by_key = np.argsort(position[rows])  # rows in (terminal, day) order: the queries ascend
     block = terminal[rows] * span
     last = day[rows] - delay
-    end = np.searchsorted(keys, block + np.maximum(last, -1), side="right")
+    end = _search(keys, block + np.maximum(last, -1), by_key)
     counts, risks = [], []
     for w in WINDOWS_DAYS:
-        start = np.searchsorted(keys, block + np.maximum(last - w, -1), side="right")
+        start = _search(keys, block + np.maximum(last - w, -1), by_key)
         start = np.minimum(start, end)
         count = (end - start).astype(np.float64)
         frauds = csum[end] - csum[start]

@@ -1,0 +1,229 @@
+"""Chaos run: N workers drain M runs while workers are SIGKILLed or SIGTERMed and Redis restarts once.
+
+What a spot fleet does to the Job, compressed into a minute: each disturbance lands at a random
+instant (the schedule comes from one seed, printed, so a failure can be replayed), a killed worker
+is replaced as Kubernetes replaces a pod, and Redis is SIGKILLed and restarted once mid-run. At the
+end every run must hold every shard exactly once, in order, nothing may be leased or pending, the
+surviving workers must exit 0, and each run's weights must equal an undisturbed run's, bit for bit.
+
+``python -m bench.chaos [--workers N] [--runs M] [--events K] [--seed S]`` exits 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.workload.harness import HPARAMS, Cluster, make_dataset, same_weights
+from workload.checkpoint import CheckpointStore
+from workload.dataset import Dataset
+from workload.redis_server import RedisServer
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    workers: int = 4
+    runs: int = 8
+    events: int = 20  # worker disturbances (SIGKILL or SIGTERM); the Redis restart comes on top
+    seed: int | None = None  # None: drawn at random and printed
+    gap_s: tuple[float, float] = (0.3, 2.0)  # pause before each disturbance, uniform
+    lease_ttl_s: float = 3.0
+    checkpoint_interval_s: float = 0.3
+    timeout_s: float = 300.0
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    workers: int
+    runs: int
+    shards: int
+    kills: int = 0
+    terms: int = 0
+    redis_restarts: int = 0
+    wall_s: float = 0.0
+    lost_work_s: float = 0.0  # upper bound: per SIGKILL of a lease holder, time since its run's last promote
+    violations: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        verdict = "OK" if not self.violations else f"{len(self.violations)} VIOLATION(S)"
+        return (f"chaos seed={self.seed}: {self.workers} workers, {self.runs} runs x {self.shards} shards; "
+                f"{self.kills} SIGKILL, {self.terms} SIGTERM, {self.redis_restarts} Redis restart; "
+                f"wall {self.wall_s:.1f}s; lost work <= {self.lost_work_s:.2f}s (sum over SIGKILLs): {verdict}")
+
+
+def run_specs(runs: int) -> dict[str, dict]:
+    """M runs of the test hyperparameters with different seeds: distinct lineages, same cost."""
+    return {f"run{i}": {**HPARAMS, "seed": i} for i in range(runs)}
+
+
+def _cluster(base: Path, dataset_src: Path, cfg: ChaosConfig) -> Cluster:
+    cluster = Cluster(server=RedisServer(base / "redis").start(), share=base / "share", dataset_src=dataset_src)
+    cluster.share.mkdir(parents=True)
+    cluster.env_extra.update(LEASE_TTL_SECONDS=str(cfg.lease_ttl_s),
+                             CHECKPOINT_INTERVAL_SECONDS=str(cfg.checkpoint_interval_s), MAX_ATTEMPTS="50")
+    return cluster
+
+
+def reference_states(base: Path, dataset_src: Path, cfg: ChaosConfig) -> dict[str, dict]:
+    """Each run's final checkpoint from undisturbed workers: what the chaos run must reproduce."""
+    cluster = _cluster(base, dataset_src, cfg)
+    try:
+        cluster.seed(run_specs(cfg.runs))
+        for i in range(min(2, cfg.workers)):
+            cluster.start_worker(f"ref{i}")
+        codes = cluster.wait_all(cfg.timeout_s)
+        if set(codes) != {0}:
+            raise RuntimeError(f"undisturbed reference workers exited {codes}: {cluster.log('ref0')[-2000:]}")
+        return {run: cluster.final_state(run) for run in run_specs(cfg.runs)}
+    finally:
+        cluster.stop()
+        cluster.server.kill()
+
+
+def _lost_work_s(cluster: Cluster, run: str, claimed_at_ms: int, killed_at: float) -> float:
+    """Training time since the run's last promoted checkpoint (or since the claim): lost by a SIGKILL."""
+    manifest = CheckpointStore(cluster.share / "output" / run).manifest
+    last = manifest.stat().st_mtime if manifest.exists() else 0.0
+    return max(0.0, killed_at - max(last, claimed_at_ms / 1000))
+
+
+def verify(cluster: Cluster, reference: dict[str, dict], codes: dict[str, int | None]) -> list[str]:
+    """Every violation of exactly-once, drained, clean exit and bit-for-bit weights, in words."""
+    problems = []
+    shards = Dataset(cluster.share / "datasets" / "fraud").training_shards()
+    for run, ref in reference.items():
+        loaded = CheckpointStore(cluster.share / "output" / run).load()
+        if loaded is None:
+            problems.append(f"{run}: no checkpoint at all")
+            continue
+        applied = loaded.state["applied"]
+        duplicated = sorted({s for s in applied if applied.count(s) > 1})
+        lost = [s for s in shards if s not in applied]
+        if duplicated:
+            problems.append(f"{run}: shard(s) applied more than once: {duplicated}")
+        if lost:
+            problems.append(f"{run}: shard(s) never applied: {lost}")
+        if not duplicated and not lost and applied != shards:
+            problems.append(f"{run}: shards applied out of order: {applied}")
+        if [h["shard"] for h in loaded.state["history"]] != applied:
+            problems.append(f"{run}: report history does not match the applied shards")
+        if loaded.state["progress"] is not None:
+            problems.append(f"{run}: final checkpoint is mid-shard: {loaded.state['progress']}")
+        if not same_weights(loaded.state, ref):
+            problems.append(f"{run}: final weights differ from the undisturbed run")
+    c = cluster.counts()
+    if c.pending or c.leased:
+        problems.append(f"queue not drained: {c.pending} pending, {c.leased} leased")
+    if c.done != len(shards) * len(reference) or c.dead:
+        problems.append(f"queue: {c.done} done and {c.dead} dead, expected {len(shards) * len(reference)} done")
+    for name, code in codes.items():
+        if code != 0:
+            problems.append(f"surviving worker {name} exited {code}: {cluster.log(name)[-1500:]}")
+    return problems
+
+
+def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
+    seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    dataset_src = make_dataset(workdir / "dataset")
+    reference = reference_states(workdir / "reference", dataset_src, cfg)
+    shards = len(Dataset(dataset_src).training_shards())
+    result = ChaosResult(seed=seed, workers=cfg.workers, runs=cfg.runs, shards=shards)
+
+    cluster = _cluster(workdir / "chaos", dataset_src, cfg)
+    try:
+        cluster.seed(run_specs(cfg.runs))
+        live: dict[str, subprocess.Popen[bytes]] = {}
+        spawned = 0
+
+        def spawn() -> None:
+            nonlocal spawned
+            name = f"w{spawned}"
+            spawned += 1
+            live[name] = cluster.start_worker(name)
+
+        for _ in range(cfg.workers):
+            spawn()
+        # The Redis restart comes before one of the first disturbances: early enough that it always happens.
+        restart_at = rng.randrange(min(cfg.events, 3))
+        started = time.monotonic()
+        queue = cluster.queue()
+        for event in range(cfg.events):
+            time.sleep(rng.uniform(*cfg.gap_s))
+            if queue.counts().drained:
+                break
+            if event == restart_at:
+                cluster.server.kill()
+                time.sleep(rng.uniform(0.5, 1.5))
+                cluster.server.start()
+                result.redis_restarts += 1
+            name = rng.choice(sorted(live))
+            sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
+            proc = live.pop(name)
+            held = [(run, r["lease"]) for run, r in queue.snapshot()["runs"].items()
+                    if r["lease"] and r["lease"]["owner"] == name]
+            if proc.poll() is None:
+                proc.send_signal(sig)
+                killed_at = time.time()
+                code = proc.wait(30)
+                if sig == signal.SIGKILL:
+                    result.kills += 1
+                    result.lost_work_s += sum(_lost_work_s(cluster, run, int(lease["claimed_at"]), killed_at)
+                                              for run, lease in held)
+                else:
+                    result.terms += 1
+                    # Before its handlers are installed (still importing) a worker dies of the signal; it
+                    # cannot have claimed anything yet, so that is fine. Afterwards it must exit 143 (or 0).
+                    started_up = "starting (lease" in cluster.log(name)
+                    if code not in (143, 0) and not (code == -signal.SIGTERM and not started_up):
+                        result.violations.append(f"{name} exited {code} after SIGTERM: {cluster.log(name)[-1500:]}")
+            elif proc.returncode != 0:
+                result.violations.append(f"{name} exited {proc.returncode} undisturbed: {cluster.log(name)[-1500:]}")
+            cluster.procs.remove(proc)
+            spawn()  # Kubernetes replaces the pod
+        deadline = time.monotonic() + cfg.timeout_s
+        codes: dict[str, int | None] = {}
+        for name, proc in live.items():
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        result.wall_s = time.monotonic() - started
+        result.violations += verify(cluster, reference, codes)
+        return result
+    finally:
+        cluster.stop()
+        cluster.server.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=ChaosConfig.workers)
+    p.add_argument("--runs", type=int, default=ChaosConfig.runs)
+    p.add_argument("--events", type=int, default=ChaosConfig.events, help="worker SIGKILL/SIGTERM events")
+    p.add_argument("--seed", type=int, help="replay a schedule (default: random, printed)")
+    p.add_argument("--dir", type=Path, help="keep the clusters' files here (default: a temp folder)")
+    args = p.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    print(f"chaos seed {seed} (replay with --seed {seed}): {args.workers} workers, {args.runs} runs, "
+          f"{args.events} disturbances + 1 Redis restart", flush=True)
+    cfg = ChaosConfig(workers=args.workers, runs=args.runs, events=args.events, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        workdir = args.dir or Path(tmp)
+        result = run_chaos(cfg, workdir)
+    print(result.summary())
+    for v in result.violations:
+        print(f"VIOLATION: {v}", file=sys.stderr)
+    return 1 if result.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""The real `Worker`, run in this process against a real Redis server, with its phases timed.
+
+Nothing in `workload/` knows it is being measured: the queue is a `WorkQueue` subclass that notes
+when a claim that returned a lease started and when its ack finished, and the phases are timed by
+wrapping the worker's collaborators (checkpoint store, dataset, trainer, metrics, report) for the
+duration of the measurement. Times are exclusive: a checkpoint written from inside `train_shard`
+counts as checkpointing, not training.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workload import metrics, report, trainer
+from workload.checkpoint import CheckpointStore
+from workload.dataset import Dataset
+from workload.queue import Item, Lease, WorkQueue, connect
+from workload.redis_server import RedisServer
+from workload.trainer import HParams, Trainer
+from workload.worker import Worker, WorkerConfig
+
+# (owner, attribute, phase): what the worker does with an item besides claiming and acking it.
+PHASES: list[tuple[Any, str, str]] = [
+    (WorkQueue, "spec", "queue"),
+    (CheckpointStore, "load", "load checkpoint"),
+    (CheckpointStore, "save", "checkpoint"),
+    (Dataset, "examples", "features"),
+    (Dataset, "test_examples", "test features"),  # includes its own `examples` call
+    (Trainer, "train_shard", "training"),
+    (Trainer, "score", "scoring"),
+    (metrics, "evaluate", "metrics"),
+    (report, "write", "report"),
+]
+
+
+@dataclass
+class ItemTiming:
+    item: str
+    total_s: float  # claim call start -> ack return
+    phases: dict[str, float]
+
+    @property
+    def training_s(self) -> float:
+        return self.phases.get("training", 0.0)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.total_s - self.training_s
+
+
+@dataclass
+class PhaseClock:
+    """Exclusive wall time per phase, for the item being processed."""
+
+    totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    _stack: list[float] = field(default_factory=list)
+    _inside_whole: int = 0  # > 0 while a phase that keeps its nested calls runs
+
+    def timed(self, phase: str, fn: Callable[..., Any], whole: bool = False) -> Callable[..., Any]:
+        """`fn`, timed as `phase`; a `whole` phase keeps the time of the phases it calls."""
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self._inside_whole:
+                return fn(*args, **kwargs)
+            self._inside_whole += whole
+            self._stack.append(0.0)
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - started
+                self._inside_whole -= whole
+                self.totals[phase] += elapsed - self._stack.pop()
+                if self._stack:
+                    self._stack[-1] += elapsed
+        return wrapper
+
+    def take(self) -> dict[str, float]:
+        out, self.totals = dict(self.totals), defaultdict(float)
+        return out
+
+
+class TimedQueue(WorkQueue):
+    """A `WorkQueue` that records, per item, claim start to ack end and the phases in between."""
+
+    def __init__(self, *args: Any, clock: PhaseClock, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+        self.items: list[ItemTiming] = []
+        self._claimed: tuple[float, float] | None = None
+
+    def claim(self, owner: str, ttl_s: float) -> Lease | None:
+        started = time.perf_counter()
+        lease = super().claim(owner, ttl_s)
+        if lease is not None:
+            self.clock.take()  # phases of this item start now
+            self._claimed = (started, time.perf_counter() - started)
+        return lease
+
+    def ack(self, lease: Lease) -> bool:
+        started = time.perf_counter()
+        ok = super().ack(lease)
+        ended = time.perf_counter()
+        assert self._claimed is not None
+        phases = {"claim": self._claimed[1], **self.clock.take(), "ack": ended - started}
+        self.items.append(ItemTiming(item=lease.item.id, total_s=ended - self._claimed[0], phases=phases))
+        return ok
+
+
+@contextmanager
+def instrumented(clock: PhaseClock, device: torch.device) -> Iterator[None]:
+    """Wrap the worker's collaborators with `clock`, and pin the trainer's device, for a while."""
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in PHASES]
+    saved.append((trainer, "default_device", trainer.default_device))
+    try:
+        for owner, attr, phase in PHASES:
+            setattr(owner, attr, clock.timed(phase, getattr(owner, attr), whole=attr == "test_examples"))
+        trainer.default_device = lambda: device
+        yield
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+
+
+def run_items(server: RedisServer, share: Path, prefix: str, run: str, hp: HParams, dataset: str,
+              shards: list[str], device: torch.device, **config: Any) -> list[ItemTiming]:
+    """Seed `shards` of `dataset` for `run`, drain them with one in-process `Worker`, time each item."""
+    clock = PhaseClock()
+    queue = TimedQueue(connect(server.url, server.password), prefix, clock=clock)
+    queue.put_spec(run, hp.to_dict())
+    queue.enqueue(Item(run=run, shard=s, dataset=dataset, seq=i) for i, s in enumerate(shards))
+    cfg = WorkerConfig(share=share, redis_url=server.url, redis_password=server.password, prefix=prefix,
+                       worker_id=f"bench-{prefix}", **config)
+    with instrumented(clock, device):
+        code = Worker(cfg, queue).run()
+    if code != 0 or len(queue.items) != len(shards):
+        raise RuntimeError(f"in-process worker exited {code} after {len(queue.items)}/{len(shards)} items")
+    return queue.items

@@ -1,0 +1,477 @@
+"""`make bench`: the figures behind "cheaper per trained model, and loses nothing".
+
+One function per benchmark; each returns rows for the table (benchmark, figure, value, target,
+verdict). Nothing here asserts: figures that miss a target are printed as "falls short" and
+`docs/benchmarks.md` says why. Writes `docs/benchmarks.md` and `docs/benchmarks.png`.
+
+    python -m bench.run                      # everything (what `make bench` runs)
+    python -m bench.run --only queue program # a subset, printed only (docs are written for full runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from bench import data, inprocess, queue_clients, recovery
+from workload.dataset import Dataset
+from workload.redis_server import RedisServer
+from workload.trainer import FraudMLP, HParams, Normalizer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+HP = HParams()  # the default run: what `seed` enqueues when no hyperparameters are given
+SIZES = (10_000, 100_000, 1_000_000)
+# The worker's shipped defaults (WorkerConfig / CLI): what the figures are compared with.
+CHECKPOINT_INTERVAL_S, LEASE_TTL_S = 10.0, 30.0
+# One torch thread for the worker and the bare loop alike (TORCH_THREADS=1): this MLP's matrices are too
+# small for intra-op parallelism, and on a 2-vCPU VM two threads made steps 1-15x slower, erratically.
+THREADS = 1
+
+
+@dataclass(frozen=True)
+class Row:
+    bench: str
+    figure: str
+    value: str
+    target: str = ""
+    verdict: str = ""  # "holds" | "falls short" | ""
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the table cannot say: why a figure is what it is
+    plots: dict[str, object] = field(default_factory=dict)
+
+
+def check(ok: bool) -> str:
+    return "holds" if ok else "falls short"
+
+
+# -- 1. training efficiency ---------------------------------------------------------------------------
+def bare_loop(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device) -> float:
+    """Seconds for the ideal: the same model, optimiser, loss, batch size and epochs on tensors already
+    normalised and in device memory; no queue, files, features, checkpoints or evaluation."""
+    torch.manual_seed(hp.seed)
+    model = FraudMLP(x.shape[1], hp.hidden).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    norm = Normalizer(x.shape[1])
+    norm.update(x)
+    xs, ys = norm.apply(x).to(device), torch.from_numpy(y).to(device)
+    n = len(ys)
+    positives = float(ys.sum())
+    pos_weight = min(max((n - positives) / positives, 1.0), hp.pos_weight_cap) if positives else 1.0
+    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight, device=device))
+    gen = torch.Generator().manual_seed(hp.seed)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(hp.epochs):
+        order = torch.randperm(n, generator=gen).to(device)
+        for b in range(math.ceil(n / hp.batch_size)):
+            idx = order[b * hp.batch_size:(b + 1) * hp.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(model(xs[idx]), ys[idx]).backward()
+            optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def efficiency(server: RedisServer, work: Path, device: torch.device, sizes: tuple[int, ...] = SIZES,
+               label: str = "training efficiency") -> tuple[list[Row], list[dict]]:
+    """Worker samples/s (claim -> ack, one fresh worker per item, as a new pod would be) over the
+    bare loop's, on one shard of each size; three back-to-back pairs each, the median ratio reported."""
+    rows, points = [], []
+    for size in sizes:
+        src = data.single_shard(size)
+        share = work / f"share-{label.replace(' ', '-')}-{size}"
+        data.place(src, share)
+        examples = Dataset(src).examples(["training/shard.parquet"])
+        repeats = 3
+        worker_s, bare_s, overhead = [], [], []
+        for r in range(repeats):
+            bare_s.append(bare_loop(examples.x, examples.y, HP, device))
+            (item,) = inprocess.run_items(
+                server, share, f"eff-{device.type}-{size}-{r}", f"r{r}-{device.type}", HP, "fraud",
+                ["training/shard.parquet"], device,
+                checkpoint_interval_s=CHECKPOINT_INTERVAL_S, lease_ttl_s=LEASE_TTL_S)
+            worker_s.append(item.total_s)
+            overhead.append(item.phases)
+        samples = size * HP.epochs
+        w, b = statistics.median(worker_s), statistics.median(bare_s)
+        ratios = [bs / ws for bs, ws in zip(bare_s, worker_s, strict=True)]  # each pair measured back to back
+        ratio = statistics.median(ratios)
+        phases = {k: statistics.median(p.get(k, 0.0) for p in overhead) for k in overhead[0]}
+        top = sorted(((v, k) for k, v in phases.items() if k != "training"), reverse=True)[:3]
+        where = ", ".join(f"{k} {v:.2f}s" for v, k in top)
+        rows.append(Row(label, f"{size:,}-row shard: worker / bare samples/s",
+                        f"{samples / w:,.0f} / {samples / b:,.0f}: ratio {ratio:.2f} (median of {repeats}, "
+                        f"{min(ratios):.2f}-{max(ratios):.2f}; worker {w:.2f}s: training "
+                        f"{phases.get('training', 0):.2f}s, {where})",
+                        ">= 0.9" if size == 1_000_000 and device.type == "cpu" else "",
+                        check(ratio >= 0.9) if size == 1_000_000 and device.type == "cpu" else ""))
+        points.append({"size": size, "ratio": ratio, "ratios": ratios, "worker_s": w, "bare_s": b,
+                       "phases": phases})
+        print(f"  {label}: {size:,} rows x {HP.epochs} epochs: ratio {ratio:.3f}", flush=True)
+    return rows, points
+
+
+# -- 2. per-item overhead ------------------------------------------------------------------------------
+def overhead(server: RedisServer, work: Path, items: int = 12) -> tuple[list[Row], dict]:
+    """Tutorial-sized daily shards deep enough into the run that each has its full feature history
+    (LOOKBACK_DAYS of earlier days): the steady state of a run over the handbook's dataset."""
+    from workload.features import LOOKBACK_DAYS
+
+    src = data.daily(LOOKBACK_DAYS + items)
+    share = work / "share-overhead"
+    data.place(src, share)
+    shards = Dataset(src).training_shards()[-items:]
+    timings = inprocess.run_items(server, share, "overhead", "main", HP, "fraud", shards, torch.device("cpu"),
+                                  checkpoint_interval_s=CHECKPOINT_INTERVAL_S, lease_ttl_s=LEASE_TTL_S)
+    over = [t.overhead_s * 1000 for t in timings]
+    med, p95 = statistics.median(over), float(np.percentile(over, 95))
+    phases = sorted({k for t in timings for k in t.phases} - {"training"})
+    per_phase = {k: statistics.median(t.phases.get(k, 0.0) * 1000 for t in timings) for k in phases}
+    per_phase["other"] = statistics.median(
+        (t.overhead_s - sum(v for k, v in t.phases.items() if k != "training")) * 1000 for t in timings)
+    rows_per_item = int(np.mean([m["rows"] for m in Dataset(src).files if m["path"] in shards]))
+    rows = [
+        Row("per-item overhead", f"{items} daily shards of ~{rows_per_item:,} rows: median / p95 outside training",
+            f"{med:.0f} ms / {p95:.0f} ms", "median <= 150 ms", check(med <= 150)),
+        Row("per-item overhead", "median per phase",
+            ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_phase.items(), key=lambda kv: -kv[1])) + " (ms)"),
+        Row("per-item overhead", "first item of a fresh worker (cold: test-day features, imports)",
+            f"{over[0]:.0f} ms"),
+        Row("per-item overhead", "median training time per item",
+            f"{statistics.median(t.training_s for t in timings) * 1000:.0f} ms ({HP.epochs} epochs)"),
+    ]
+    return rows, {"phases": per_phase, "median": med, "p95": p95}
+
+
+# -- 3. queue ------------------------------------------------------------------------------------------
+def queue(work: Path, clients: tuple[int, ...] = (1, 2, 4, 8), seconds: float = 2.0) -> tuple[list[Row], dict]:
+    """Client processes claim and ack as fast as they can, against the Redis server as `make local` runs
+    it (AOF fsync on every write) and as the stack runs it (fsync every second)."""
+    from workload.queue import WorkQueue, connect
+
+    rows, points = [], {}
+    for fsync in ("always", "everysec"):
+        with RedisServer(work / f"redis-queue-{fsync}", fsync=fsync) as server:
+            server.client().config_set("appendfsync", "everysec")  # seeding 64k items is not the benchmark
+            queue_clients.seed(server.url, server.password, "q", items_per_run=6000)
+            server.client().config_set("appendfsync", fsync)
+            figures = [queue_clients.measure(server.url, server.password, "q", n, seconds) for n in clients]
+            if WorkQueue(connect(server.url, server.password), "q").counts().pending == 0:
+                raise RuntimeError("the queue benchmark ran out of items: seed more")
+        where = "make local / tests" if fsync == "always" else "the stack's Redis"
+        rows.append(Row("queue", f"claim+ack pairs/s, appendfsync {fsync} ({where}), 1/2/4/8 client processes",
+                        " / ".join(f"{f.per_s:,.0f}" for f in figures)))
+        points[fsync] = [(f.clients, f.per_s) for f in figures]
+        print(f"  queue ({fsync}): " + ", ".join(f"{f.clients}: {f.per_s:,.0f}/s" for f in figures), flush=True)
+    return rows, points
+
+
+# -- 4. recovery ---------------------------------------------------------------------------------------
+def recovery_bench(work: Path, interval_s: float = 5.0, ttl_s: float = 15.0) -> tuple[list[Row], list]:
+    """Worker processes as `make local` configures them (checkpoint every 5 s, lease TTL 15 s)."""
+    src = data.daily(12)
+    x = Dataset(src).examples([Dataset(src).training_shards()[3]])
+    hp = HParams(batch_size=64, epochs=3)
+    bare_loop(x.x, x.y, hp, torch.device("cpu"))  # warm-up
+    per_epoch = bare_loop(x.x, x.y, hp, torch.device("cpu")) / hp.epochs
+    # A shard trains >= 2.5 checkpoint intervals (by the bare loop's pace): the signal lands 1-2 intervals
+    # in, after at least one mid-shard checkpoint, and well before the shard ends.
+    epochs = max(1, math.ceil(2.5 * interval_s / per_epoch))
+    hparams = {**hp.to_dict(), "epochs": epochs}
+    sigs = [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM]
+    trials = recovery.run_trials(work / "recovery", src, hparams, sigs, interval_s, ttl_s)
+    rows = []
+    for name, lost_bound, resume_bound in (("SIGKILL", interval_s, ttl_s + 2), ("SIGTERM", 0.0, 2.0)):
+        lost_target = f"<= {lost_bound:g}s (checkpoint interval)" if name == "SIGKILL" else "none"
+        ts = [t for t in trials if t.signal == name]
+        lost = max(t.lost_s for t in ts)
+        claim = max(t.claim_s for t in ts)
+        lost_ok = lost <= lost_bound + 1e-9 if not math.isnan(lost) else False
+        rows.append(Row("recovery", f"{name} mid-shard: training work lost, worst of {len(ts)}",
+                        ", ".join(f"{t.lost_s:.2f}s" for t in ts),
+                        lost_target,
+                        check(lost_ok)))
+        rows.append(Row("recovery", f"{name}: signal -> peer holds the lease / trains again",
+                        ", ".join(f"{t.claim_s:.2f}s / {t.resume_s:.2f}s" for t in ts),
+                        f"lease <= {resume_bound:g}s" + (" (TTL + 2 s)" if name == "SIGKILL" else ""),
+                        check(claim <= resume_bound)))
+    details = [f"{t.signal} after {t.kill_after_s:.1f}s of training: {t.detail}" for t in trials]
+    return rows, [trials, details, epochs, hparams]
+
+
+# -- 5. program ----------------------------------------------------------------------------------------
+def program(repeats: int = 3) -> list[Row]:
+    from infra.render import render, stack_names
+
+    rows = []
+    for stack in stack_names():
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            rendered = render(stack)
+            times.append(time.perf_counter() - started)
+        rows.append(Row("program", f"construct stack {stack} under the mock engine ({len(rendered.resources)} "
+                        "resources)", f"median {statistics.median(times):.2f}s, first {times[0]:.2f}s"))
+    return rows
+
+
+# -- 6. GPU --------------------------------------------------------------------------------------------
+def gpu(server: RedisServer, work: Path) -> tuple[list[Row], list[dict]]:
+    if not torch.cuda.is_available():
+        return [Row("GPU", "CUDA", "no CUDA device found: GPU benchmark skipped")], []
+    name = torch.cuda.get_device_name(0)
+    rows, points = efficiency(server, work, torch.device("cuda"), label="GPU efficiency")
+    return [Row("GPU", "device", name), *rows], points
+
+
+# -- output --------------------------------------------------------------------------------------------
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"CPU": cpu, "cores": str(os.cpu_count()), "memory": f"{mem:.0f} GiB",
+            "torch threads": str(THREADS), "torch": torch.__version__, "Python": platform.python_version(),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (no CUDA device found)",
+            "OS": platform.platform()}
+
+
+def table(rows: list[Row]) -> str:
+    head = ("benchmark", "figure", "value", "target", "verdict")
+    cells = [head, *[(r.bench, r.figure, r.value, r.target, r.verdict) for r in rows]]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells)
+
+
+def markdown(res: Results, command: str, wall_s: float) -> str:
+    m = machine()
+    out = ["# Benchmarks", "",
+           f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `{command}` in {wall_s / 60:.1f} min. "
+           "Rerun it to reproduce on your machine; `make chaos` is the companion fault run.", "",
+           "## Machine", ""]
+    out += [f"- {k}: {v}" for k, v in m.items()]
+    out += ["", "## Figures", "", "| benchmark | figure | value | target | verdict |", "|---|---|---|---|---|"]
+    out += [f"| {r.bench} | {r.figure} | {r.value} | {r.target} | {r.verdict} |" for r in res.rows]
+    out += ["", "![benchmarks](benchmarks.png)", "", "## What the figures mean", ""]
+    out += res.notes
+    return "\n".join(out) + "\n"
+
+
+def explain(res: Results) -> list[str]:
+    """The paragraphs under the table: method, and why a figure is what it is (shortfalls named)."""
+    out = [f"- All CPU figures use {THREADS} torch thread (`TORCH_THREADS=1`) in the worker and the bare loop "
+           "alike: this MLP's matrices are too small for intra-op parallelism, and on the 2-vCPU machine two "
+           "threads made training steps 1-15x slower, erratically. Use `TORCH_THREADS=1` for CPU workers."]
+    eff = res.plots.get("efficiency") or []
+    if eff:
+        big = eff[-1]
+        per_shard = {k: v for k, v in big["phases"].items() if k != "training"}
+        top = sorted(per_shard.items(), key=lambda kv: -kv[1])[:3]
+        out.append(
+            f"- **Training efficiency** is the worker's samples/s from the claim call to the ack's return (one "
+            f"fresh in-process `Worker` per shard, as a new pod: parquet read and validation, features, "
+            f"training with checkpoints every {CHECKPOINT_INTERVAL_S:g} s, evaluation on the test days, report "
+            f"with plots, ack) over a bare loop with the same `FraudMLP`, Adam, loss, batch size "
+            f"{HP.batch_size} and {HP.epochs} epochs (the default run) on the same features already normalised "
+            f"in memory. On the {big['size']:,}-row shard the worker spent {big['worker_s']:.1f}s, of which "
+            f"training {big['phases'].get('training', 0):.1f}s (bare loop {big['bare_s']:.1f}s) and "
+            + ", ".join(f"{k} {v:.2f}s" for k, v in top) + ". Everything but training is paid once per shard "
+            "and grows with its rows, so the ratio cannot exceed training / (training + the rest): with the "
+            f"default {HP.epochs} epochs, computing the features of a row costs about as much as "
+            f"{big['phases'].get('features', 0) / max(big['bare_s'], 1e-9) * HP.epochs:.1f} epoch(s) of "
+            "training it. Where the ratio is below 0.9 that is why; it rises with epochs (not tuned here: the "
+            "default run is measured). Before commit d76755d the features searched their window bounds in row "
+            "order, missing the cache at every step: this shard's features took ~2.8 s, which put the ratio near 0.65. "
+            "On small shards the ratio is noisy (a 10k shard trains in well under a second) and the fixed "
+            "costs (report plots, test-day features once per process) dominate. Each ratio is the median of "
+            "three worker/bare pairs run back to back; the range is shown because this 2-core machine is "
+            "shared and a single pair can move by 0.1.")
+    ov = res.plots.get("overhead")
+    if ov:
+        ph = sorted(ov["phases"].items(), key=lambda kv: -kv[1])
+        out.append(
+            "- **Per-item overhead** is claim-to-ack time minus time inside `Trainer.train_shard` (a checkpoint "
+            "written from inside training counts as overhead), on tutorial-sized daily shards (the handbook's "
+            "5000 customers) deep enough into the run that each has its full 37-day feature history. Median "
+            f"{ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms (the tail is the fresh worker's first item: test-day "
+            "features are computed once per process). By phase (median ms): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in ph) + ". The two big ones are the report, which redraws "
+            "two matplotlib PNGs after every shard, and the features, which re-read, sort and window 37 days of "
+            "history for every day trained. Neither is work done twice; making them cheaper means drawing "
+            "plots once per run (or on `status`) and keeping the sorted history between consecutive shards, "
+            "which are design changes, not in this branch. (The test days are scored twice per item, for the "
+            "metrics and again for the report's PR curve: a few ms, left alone here.)")
+    if res.plots.get("queue"):
+        out.append(
+            "- **Queue**: forked client processes (not threads: the client holds the GIL while encoding) each "
+            "claim and ack as fast as they can for 2 s against one real redis-server with 16 runs pending (a "
+            "run is leased to one worker at a time). `appendfsync always` is how `make local` and the tests "
+            "run Redis (an fsync per write: more clients share fsyncs); `everysec` is how the stack runs it. "
+            "On 2 cores the clients and the server compete for the CPU, so more clients do not scale further. "
+            "A shard takes seconds to minutes to train, so even 1,000 pairs/s is three orders of magnitude "
+            "more than any realistic fleet asks of the queue.")
+    rec = res.plots.get("recovery")
+    if rec:
+        trials, _, epochs, hparams = rec
+        out.append(
+            "- **Recovery**: two real worker processes as `make local` configures them (checkpoint every 5 s, "
+            f"lease TTL 15 s, 1 torch thread), daily shards with batch size {hparams['batch_size']} and {epochs} "
+            "epochs so a shard trains for several checkpoint intervals; the holder gets the signal 1-2 "
+            "intervals into a fresh shard. Lost work after SIGKILL is the wall time between the run's last "
+            "promoted checkpoint (manifest mtime) and the kill: bounded by the checkpoint interval plus one "
+            "batch and one checkpoint write. After SIGTERM the victim checkpoints at the next batch and "
+            "releases: lost work is 0 when the peer resumes at exactly that checkpoint's epoch and batch "
+            "(checked; NaN would mean it did not). Resume is the signal until the idle peer holds the lease; "
+            "after SIGKILL that waits for the lease to expire (2/3 to 1 TTL after the last heartbeat), after "
+            "SIGTERM it is one idle poll (0.5 s). \"Trains again\" adds loading the checkpoint and features.")
+    out.append("- **Program**: `infra.render.render(stack)` (config validation and the whole Pulumi program "
+               "under the SDK's mock engine); the first call of the process includes imports and warm-up.")
+    if not torch.cuda.is_available():
+        out.append("- **GPU**: this machine has no CUDA device, so the GPU part did not run. On a machine with "
+                   "one, `make bench` repeats the efficiency benchmark with the worker and the bare loop on the "
+                   "GPU and names the device.")
+    return out
+
+
+def picture(res: Results, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 8.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2)
+    eff = res.plots.get("efficiency") or []
+    if eff:
+        ax = axes[0][0]
+        labels = [f"{p['size']:,}" for p in eff]
+        spread = [[p["ratio"] - min(p["ratios"]) for p in eff], [max(p["ratios"]) - p["ratio"] for p in eff]]
+        ax.bar(labels, [p["ratio"] for p in eff], yerr=spread, capsize=5, color="tab:blue")
+        ax.axhline(0.9, color="tab:red", linestyle="--", label="target 0.9 (1M rows)")
+        ax.set(title="Training efficiency: worker / bare-loop samples/s (CPU)", xlabel="rows per shard",
+               ylabel="ratio", ylim=(0, 1.05))
+        ax.legend()
+    ov = res.plots.get("overhead")
+    if ov:
+        ax = axes[0][1]
+        phases = sorted(ov["phases"].items(), key=lambda kv: kv[1])
+        ax.barh([k for k, _ in phases], [v for _, v in phases], color="tab:orange")
+        ax.set(title=f"Per-item overhead by phase (median {ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms)",
+               xlabel="ms per item (median)")
+    q = res.plots.get("queue")
+    if q:
+        ax = axes[1][0]
+        for fsync, pts in q.items():
+            ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=f"appendfsync {fsync}")
+        ax.set(title="Queue: claim+ack pairs per second", xlabel="client processes", ylabel="pairs/s")
+        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+        ax.legend()
+    rec = res.plots.get("recovery")
+    if rec:
+        ax = axes[1][1]
+        trials = rec[0]
+        names = [f"{t.signal[3:]} {i + 1}" for i, t in enumerate(trials)]
+        xs = np.arange(len(trials))
+        ax.bar(xs - 0.2, [0 if math.isnan(t.lost_s) else t.lost_s for t in trials], 0.4, label="training lost (s)")
+        ax.bar(xs + 0.2, [t.claim_s for t in trials], 0.4, label="signal -> peer holds lease (s)")
+        ax.axhline(5.0, color="tab:blue", linestyle=":", label="checkpoint interval 5 s")
+        ax.axhline(15.0, color="tab:red", linestyle=":", label="lease TTL 15 s")
+        ax.set_xticks(xs, names)
+        ax.set(title="Recovery after SIGKILL / SIGTERM mid-shard", ylabel="seconds")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+BENCHES = ("efficiency", "overhead", "queue", "recovery", "program", "gpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--only", nargs="+", choices=BENCHES, help="run these benchmarks only (docs are not written)")
+    args = p.parse_args(argv)
+    chosen = args.only or list(BENCHES)
+    command = "make bench" if not argv and not args.only else "python -m bench.run " + shlex.join(argv or [])
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # the worker's INFO lines are noise here
+    torch.set_num_threads(THREADS)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups: no stray workers or Redis
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()), flush=True)
+    print(f"default run hyperparameters: {HP.to_dict()}", flush=True)
+    res = Results()
+    load_start = os.getloadavg()[0]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        with RedisServer(work / "redis") as server:
+            if "efficiency" in chosen:
+                print("1. training efficiency", flush=True)
+                rows, res.plots["efficiency"] = efficiency(server, work, torch.device("cpu"))
+                res.rows += rows
+            if "overhead" in chosen:
+                print("2. per-item overhead", flush=True)
+                rows, res.plots["overhead"] = overhead(server, work)
+                res.rows += rows
+            if "gpu" in chosen:
+                print("6. GPU", flush=True)
+                rows, res.plots["gpu"] = gpu(server, work)
+                gpu_rows = rows
+        if "queue" in chosen:
+            print("3. queue", flush=True)
+            rows, res.plots["queue"] = queue(work)
+            res.rows += rows
+        if "recovery" in chosen:
+            print("4. recovery", flush=True)
+            rows, res.plots["recovery"] = recovery_bench(work)
+            res.rows += rows
+            res.notes += [f"- recovery trial: {d}" for d in res.plots["recovery"][1]]
+        if "program" in chosen:
+            print("5. program", flush=True)
+            res.rows += program()
+        if "gpu" in chosen:
+            res.rows += gpu_rows
+    wall = time.monotonic() - started
+    res.notes = explain(res) + res.notes + [
+        f"- Load average (1 min) at the start and the end: {load_start:.2f}, {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} cores. The machine may be shared: rerun when figures look off."]
+    print()
+    print(table(res.rows))
+    print(f"\n{wall / 60:.1f} min")
+    if not args.only:
+        DOCS.mkdir(exist_ok=True)
+        (DOCS / "benchmarks.md").write_text(markdown(res, command, wall))
+        picture(res, DOCS / "benchmarks.png")
+        print(f"wrote {DOCS / 'benchmarks.md'} and {DOCS / 'benchmarks.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
