@@ -23,7 +23,7 @@ import redis
 from workload import dataset as ds
 from workload import report, simulator
 from workload.hparams import HParams
-from workload.paths import share_paths
+from workload.paths import REPORT_TXT, share_paths
 from workload.queue import Item, QueueUnavailable, WorkQueue, connect
 
 if TYPE_CHECKING:
@@ -196,7 +196,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
             share=args.share, redis_url=args.redis_url, redis_password=env("REDIS_PASSWORD"),
             prefix=args.queue_prefix, worker_id=args.worker_id or default_worker_id(),
             lease_ttl_s=args.lease_ttl, checkpoint_interval_s=args.checkpoint_interval,
-            max_attempts=args.max_attempts, redis_retry_s=float(env("REDIS_RETRY_SECONDS", 300)))
+            max_attempts=args.max_attempts, redis_retry_s=float(env("REDIS_RETRY_SECONDS", 300)),
+            plot_interval_s=float(env("PLOT_INTERVAL_SECONDS", 30)))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -241,7 +242,7 @@ def status(args: argparse.Namespace) -> int:
             out.append(f"  latest: after {m['shard']}: average precision {m['average_precision']:.3f} "
                        f"(base rate {m['base_rate']:.4f}), ROC AUC {m['roc_auc']:.3f}, "
                        f"precision@100/day {m['precision_top100']:.3f}, recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")
-            out.append(f"  report: {output_dir / run / 'report.txt'}")
+            out.append(f"  report: {output_dir / run / REPORT_TXT}")
     print("\n".join(out))
     return 0
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from workload import report
-from workload.paths import share_paths
+from workload.paths import METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, share_paths
 from workload.queue import WorkQueue
 from workload.redis_server import RedisServer
 
@@ -125,6 +125,6 @@ def summary(queue: WorkQueue, share: Path) -> None:
             lines.append(f"    test days: average precision {m['average_precision']:.3f} vs base rate "
                          f"{m['base_rate']:.4f}; ROC AUC {m['roc_auc']:.3f}; precision@100/day "
                          f"{m['precision_top100']:.3f}; recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")
-        lines.append(f"    report:  {output_dir / run / 'report.txt'}")
-        lines.append(f"    plots:   {output_dir / run / 'metrics.png'}, {output_dir / run / 'pr_curve.png'}")
+        lines.append(f"    report:  {output_dir / run / REPORT_TXT}")
+        lines.append(f"    plots:   {output_dir / run / METRICS_PNG}, {output_dir / run / PR_CURVE_PNG}")
     print("\n".join(lines))

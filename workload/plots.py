@@ -15,8 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-METRICS_PNG = "metrics.png"
-PR_CURVE_PNG = "pr_curve.png"
+from workload.paths import METRICS_PNG, PR_CURVE_PNG
 
 CURVES = (
     ("average_precision", "average precision (AUPRC)"),

@@ -363,6 +363,9 @@ class WorkQueue:
         return int(self._retrying("reap", lambda: self._reap(args=[self._p(), self.max_attempts])))
 
     # -- observers -------------------------------------------------------------------------------
+    def pending_in_run(self, run: str) -> int:
+        return int(self._retrying("pending_in_run", lambda: self.redis.zcard(self.keys.pending(run))))
+
     def counts(self) -> Counts:
         pending, leased = self._retrying("counts", lambda: self._counts(args=[self._p()]))
         pipe = self.redis.pipeline(transaction=True)

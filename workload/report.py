@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from workload.fsutil import atomic_write_text
+from workload.paths import METRICS_JSONL, METRICS_PNG, REPORT_TXT
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -52,14 +54,24 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
     return "\n".join(lines) + "\n"
 
 
-def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray] | None) -> Path:
-    """Rewrite report.txt, metrics.jsonl and the pictures from a checkpoint state; returns the report."""
+def plots_stale(run_dir: Path, interval_s: float) -> bool:
+    """Whether the pictures are missing or older than `interval_s` (any worker may have drawn them)."""
+    try:
+        return time.time() - (Path(run_dir) / METRICS_PNG).stat().st_mtime >= interval_s
+    except FileNotFoundError:
+        return True
+
+
+def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray] | None,
+          draw: bool = True) -> Path:
+    """Rewrite report.txt and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
+    returns the report."""
     run_dir = Path(run_dir)
     history = state["history"]
-    report = run_dir / "report.txt"
+    report = run_dir / REPORT_TXT
     atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir))
-    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(h, sort_keys=True) + "\n" for h in history))
-    if history:
+    atomic_write_text(run_dir / METRICS_JSONL, "".join(json.dumps(h, sort_keys=True) + "\n" for h in history))
+    if history and draw:
         from workload import plots  # matplotlib: only writers pay for it
 
         plots.write_plots(run_dir, history, pr)
@@ -69,7 +81,7 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
 def latest_metrics(run_dir: Path) -> dict[str, Any] | None:
     """The last line of metrics.jsonl (what `status` and the local summary print)."""
     try:
-        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        lines = (Path(run_dir) / METRICS_JSONL).read_text().splitlines()
     except FileNotFoundError:
         return None
     return json.loads(lines[-1]) if lines else None

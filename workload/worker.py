@@ -55,6 +55,7 @@ class WorkerConfig:
     idle_poll_s: float = 0.5
     keep_checkpoints: int = 3
     term_budget_s: float = 8.0  # of the ~15 s spot notice: what a final checkpoint may use
+    plot_interval_s: float = 30.0  # pictures are redrawn at most this often, and after a run's last shard
     redis_retry_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -262,25 +263,34 @@ class Worker:
 
         path = store.next_path(lease.token)
         test = dataset.test_examples()
+        test_scores = trainer.score(test.x)
         entry: dict[str, Any] = {
             "shard": item.shard, "time": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "checkpoint": path.name, "train_rows": int(len(examples.y)), "train_frauds": int(examples.y.sum()),
             "train_accuracy": float(np.mean((trainer.score(examples.x) >= 0.5) == (examples.y >= 0.5))),
-            "train_seconds": round(train_s, 3), **metrics.evaluate(trainer.score(test.x), test.y, test.day),
+            "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day),
         }
         trainer.finish_shard(entry)
         if store.save(trainer.state_dict(), path=path, may_promote=promote) is None:
             raise LeaseLost
         faults.point("after-promote")
-        self._report(run_dir, trainer, dataset)
+        last_of_run = self.queue.pending_in_run(item.run) == 0
+        self._report(run_dir, trainer, dataset, test_scores, draw=last_of_run or report.plots_stale(
+            run_dir, self.cfg.plot_interval_s))
         log.info("%s applied: average precision %.3f (base rate %.4f), ROC AUC %.3f", item.id,
                  entry["average_precision"], entry["base_rate"], entry["roc_auc"])
         faults.point("before-ack")
         self._ack(lease)
 
-    def _report(self, run_dir: Path, trainer: Trainer, dataset: Dataset) -> None:
-        test = dataset.test_examples()
-        report.write(run_dir, trainer.state_dict(), metrics.pr_curve(trainer.score(test.x), test.y))
+    def _report(self, run_dir: Path, trainer: Trainer, dataset: Dataset, test_scores: np.ndarray | None = None,
+                draw: bool = True) -> None:
+        """Rewrite the report from the trainer's history; redraw the pictures only when `draw`
+        (drawing two PNGs costs more than training a tutorial-sized day)."""
+        pr = None
+        if draw:
+            test = dataset.test_examples()
+            pr = metrics.pr_curve(trainer.score(test.x) if test_scores is None else test_scores, test.y)
+        report.write(run_dir, trainer.state_dict(), pr, draw=draw)
 
     def _ack(self, lease: Lease) -> None:
         if self.queue.ack(lease):

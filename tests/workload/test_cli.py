@@ -97,8 +97,12 @@ def test_status_shows_progress_leases_and_figures(cluster: Cluster) -> None:
     cluster.seed()
     out = cli(cluster, "status")
     assert out.returncode == 0 and "6 items: 6 pending, 0 leased, 0 done" in out.stdout
-    cluster.start_worker("w")
+    cluster.start_worker("w", PLOT_INTERVAL_SECONDS="3600")
     assert cluster.wait_all() == [0]
+    run_dir = cluster.share / "output" / "main"
+    last_checkpoint = max((run_dir / "checkpoints").glob("ckpt-*.pt"), key=lambda f: f.stat().st_mtime)
+    assert (run_dir / "metrics.png").stat().st_mtime >= last_checkpoint.stat().st_mtime, \
+        "the last shard of a run always redraws the pictures, whatever the throttle"
     out = cli(cluster, "status")
     assert "(drained)" in out.stdout and "run main: 6/6 shards applied" in out.stdout
     assert "latest: after training/2018-04-06.parquet: average precision" in out.stdout
