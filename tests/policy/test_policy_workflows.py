@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,11 @@ def index(job: dict[str, Any], predicate: Any) -> int:
 def run_listing_step(wf: dict[str, Any], cwd: Path) -> list[str]:
     """Run the `stacks` job's listing step the way the runner would (bash, $GITHUB_OUTPUT)."""
     (listing,) = [s for s in wf["jobs"]["stacks"]["steps"] if s.get("id") == "list"]
-    output = cwd / "github_output"
+    with tempfile.TemporaryDirectory() as out_dir:
+        return _run_listing_step(wf, listing, cwd, Path(out_dir) / "github_output")
+
+
+def _run_listing_step(wf: dict[str, Any], listing: dict[str, Any], cwd: Path, output: Path) -> list[str]:
     output.write_text("")
     env = {**os.environ, "GITHUB_OUTPUT": str(output)}
     subprocess.run(["bash", "-e", "-c", listing["run"]], cwd=cwd, env=env, check=True, timeout=30)
