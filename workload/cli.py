@@ -239,9 +239,7 @@ def status(args: argparse.Namespace) -> int:
                 out.append(f"  retrying: {item} ({r['attempts'].get(item, 0)} failed): {err}")
         m = report.latest_metrics(output_dir / run)
         if m:
-            out.append(f"  latest: after {m['shard']}: average precision {m['average_precision']:.3f} "
-                       f"(base rate {m['base_rate']:.4f}), ROC AUC {m['roc_auc']:.3f}, "
-                       f"precision@100/day {m['precision_top100']:.3f}, recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")
+            out.append(f"  latest: after {m['shard']}: {report.figures_line(m)}")
             out.append(f"  report: {output_dir / run / REPORT_TXT}")
     print("\n".join(out))
     return 0

@@ -122,9 +122,7 @@ def summary(queue: WorkQueue, share: Path) -> None:
             lines.append(f"    dead: {item}: {d['error']}")
         m = report.latest_metrics(output_dir / run)
         if m:
-            lines.append(f"    test days: average precision {m['average_precision']:.3f} vs base rate "
-                         f"{m['base_rate']:.4f}; ROC AUC {m['roc_auc']:.3f}; precision@100/day "
-                         f"{m['precision_top100']:.3f}; recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")
+            lines.append(f"    test days: {report.figures_line(m)}")
         lines.append(f"    report:  {output_dir / run / REPORT_TXT}")
         lines.append(f"    plots:   {output_dir / run / METRICS_PNG}, {output_dir / run / PR_CURVE_PNG}")
     print("\n".join(lines))

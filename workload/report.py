@@ -85,3 +85,10 @@ def latest_metrics(run_dir: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return json.loads(lines[-1]) if lines else None
+
+
+def figures_line(m: dict[str, Any]) -> str:
+    """The latest test-day figures in one line (`status` and the local summary print it)."""
+    return (f"average precision {m['average_precision']:.3f} vs base rate {m['base_rate']:.4f}; "
+            f"ROC AUC {m['roc_auc']:.3f}; precision@100/day {m['precision_top100']:.3f}; "
+            f"recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")
