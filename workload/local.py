@@ -17,7 +17,7 @@ from pathlib import Path
 
 from workload import report
 from workload.paths import METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, share_paths
-from workload.queue import WorkQueue
+from workload.queue import WorkQueue, connect
 from workload.redis_server import RedisServer
 
 log = logging.getLogger("workload.local")
@@ -55,8 +55,6 @@ def main(args: argparse.Namespace) -> int:
         if subprocess.run(seed_cmd, env=env).returncode != 0:
             log.error("seeding failed (see above)")
             return 1
-
-        from workload.queue import connect
 
         queue = WorkQueue(connect(server.url, server.password))
         before = queue.counts()
