@@ -138,6 +138,12 @@ class JobConfig:
     lease_ttl_seconds: int
     checkpoint_interval_seconds: int
     max_attempts: int
+
+    @property
+    def standby_workers(self) -> int:
+        """Pods beyond one per run: a run trains on one worker at a time, so these wait (on a GPU)
+        as hot standbys that take over at once when a spot node is reclaimed."""
+        return max(0, self.parallelism - len(self.runs))
     worker_cpu: str
     worker_memory: str
 

@@ -25,6 +25,11 @@ from infra.services import ProjectServices
 
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
+    if cfg.jobs.standby_workers:
+        pulumi.log.warn(
+            f"parallelism {cfg.jobs.parallelism} > {len(cfg.jobs.runs)} run(s): {cfg.jobs.standby_workers} "
+            "training pod(s) will wait on spot GPUs as hot standbys (a run trains on one worker at a time). "
+            "Add runs (a sweep) or lower parallelism if that is not what you want to pay for.")
     services = ProjectServices("services", cfg)
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(

@@ -133,3 +133,18 @@ def test_zonal_and_regional_filestore_tiers() -> None:
 def test_odd_stack_names_give_valid_resource_names() -> None:
     cfg = load("Team_A.Staging", env="staging")
     assert cfg.slug == "team-a-staging"
+
+
+def test_pods_beyond_one_per_run_are_counted_and_warned_about(monkeypatch) -> None:
+    """A run trains on one worker at a time: extra pods are hot standbys that hold a GPU."""
+    import pulumi
+
+    assert load("dev", parallelism=3, runs=["a", "b", "c"]).jobs.standby_workers == 0
+    assert load("dev", parallelism=4, runs=["a", "b"]).jobs.standby_workers == 2
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warnings.append(msg))
+    render.render("dev", {"parallelism": 3})
+    assert any("2 training pod(s) will wait on spot GPUs as hot standbys" in w for w in warnings), warnings
+    warnings.clear()
+    render.render("dev", {"parallelism": 1})
+    assert not any("hot standbys" in w for w in warnings)
