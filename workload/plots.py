@@ -8,13 +8,14 @@ the Agg canvas and no pyplot: no display needed, no global figure registry to le
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from workload.fsutil import atomic_write_bytes
 from workload.paths import METRICS_PNG, PR_CURVE_PNG
 
 CURVES = (
@@ -26,9 +27,9 @@ CURVES = (
 
 
 def _save_atomically(figure: Figure, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    FigureCanvasAgg(figure).print_png(tmp)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(buf)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

@@ -17,7 +17,7 @@ one ``numpy.random.default_rng(seed)``: a seed gives identical files, whatever e
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from workload import schema
+from workload.fsutil import atomic_write_bytes
 
 SECONDS_PER_DAY = 86400
 FRAUD_AMOUNT_THRESHOLD = 220.0
@@ -213,12 +214,10 @@ def simulate(spec: SimulationSpec) -> Simulation:
 
 
 def _write_parquet_atomically(frame: pd.DataFrame, path: Path) -> None:
-    """Readers on the share never see a half-written day: temp file in the same folder, then rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    frame.to_parquet(tmp, index=False)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Readers on the share never see a half-written day."""
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def generate(
