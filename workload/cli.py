@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import time
@@ -21,17 +20,16 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from workload import dataset as ds
-from workload import report, simulator
+from workload import plan, report, simulator
 from workload.hparams import HParams
-from workload.paths import REPORT_TXT, share_paths
-from workload.queue import Item, QueueUnavailable, WorkQueue, connect
+from workload.paths import REPORT_TXT, check_name, share_paths
+from workload.queue import QueueUnavailable, WorkQueue, connect
 
 if TYPE_CHECKING:
     from workload.worker import WorkerConfig
 
 log = logging.getLogger("workload")
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 DEFAULT_DATASET = "fraud"
 DEFAULT_RUN = "main"
 
@@ -51,10 +49,10 @@ def setup_logging(worker_id: str | None = None) -> None:
 
 
 def check_run_name(name: str) -> str:
-    if not RUN_NAME.match(name):
-        raise UsageError(f"run name {name!r} is not allowed: use 1-63 letters, digits, '_', '.', '-' "
-                         "(it names a folder on the share)")
-    return name
+    try:
+        return check_name(name, "run name")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def positive(kind: type, what: str) -> Any:
@@ -162,8 +160,10 @@ def place_dataset(args: argparse.Namespace, root: Path) -> None:
 def seed(args: argparse.Namespace) -> int:
     runs = load_runs(args)
     name = args.dataset
-    if not RUN_NAME.match(name):
-        raise UsageError(f"--dataset {name!r} is not allowed: use letters, digits, '_', '.', '-'")
+    try:
+        check_name(name, "--dataset")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
     root = datasets_dir / name
@@ -171,15 +171,15 @@ def seed(args: argparse.Namespace) -> int:
         log.info("dataset %s is already on the share: not touching it", root)
     else:
         place_dataset(args, root)
-    shards = ds.Dataset(root).training_shards()
     queue = make_queue(args)
-    items = []
     for run, hp in runs.items():
         try:
+            plan.record(args.share, plan.RunSpec(run=run, dataset=name, hparams=hp.to_dict()))
             queue.put_spec(run, hp.to_dict())
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
-        items += [Item(run=run, shard=shard, dataset=name, seq=i) for i, shard in enumerate(shards)]
+    # Every recorded run, not only those named now: days appended to a dataset reach every run.
+    items = plan.items(args.share)
     added = queue.enqueue(items)
     c = queue.counts()
     log.info("queued %d new item(s) (%d already known) for run(s) %s; queue: %d pending, %d leased, %d done, "

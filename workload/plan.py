@@ -1,0 +1,111 @@
+"""What must be trained, read from the share: the share is the truth, Redis a cache of the queue.
+
+`seed` records each run here (its dataset and hyperparameters) before it enqueues anything. The
+items of a run are the training days in its dataset's manifest, in chronological order. Whatever
+must rebuild the queue (a wiped Redis, new days appended to a dataset, a new run) derives it from
+these two facts; what was already trained is in each run's checkpoints.
+
+    <share>/runs/<run>.json   {"run": ..., "dataset": ..., "hparams": {...}}
+
+A run's record is created once and never changed: a run is one model lineage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workload.dataset import Dataset
+from workload.fsutil import fsync_dir
+from workload.paths import check_name, runs_dir, share_paths
+from workload.queue import Item
+
+
+class PlanError(ValueError):
+    """A run record that conflicts with what is asked, or cannot be read."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run: str
+    dataset: str
+    hparams: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps({"run": self.run, "dataset": self.dataset, "hparams": self.hparams}, sort_keys=True,
+                          indent=1) + "\n"
+
+
+def _read(path: Path) -> RunSpec:
+    try:
+        data = json.loads(path.read_text())
+        spec = RunSpec(run=check_name(data["run"], "run"), dataset=check_name(data["dataset"], "dataset"),
+                       hparams=dict(data["hparams"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PlanError(f"{path}: not a run record ({exc}); expected {{run, dataset, hparams}}") from exc
+    if path.stem != spec.run:
+        raise PlanError(f"{path}: records run {spec.run!r}, but the file is named for {path.stem!r}")
+    return spec
+
+
+def record(share: Path, spec: RunSpec) -> bool:
+    """Record `spec` if its run is new (True); False if the same spec is already recorded.
+
+    The file is written whole under a temporary name and linked into place, so two seeders racing
+    cannot both create it and no reader ever sees half a record. A different spec for an existing
+    run is refused: give new hyperparameters a new run name."""
+    check_name(spec.run, "run")
+    check_name(spec.dataset, "dataset")
+    folder = runs_dir(share)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{spec.run}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{spec.run}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(spec.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            seen = _read(path)
+            if seen != spec:
+                raise PlanError(
+                    f"run {spec.run!r} already exists with hyperparameters {seen.hparams} on dataset {seen.dataset!r}; "
+                    f"got {spec.hparams} on dataset {spec.dataset!r}. A run is one model lineage: "
+                    "give the new hyperparameters a new run name.") from None
+            return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    fsync_dir(folder)
+    return True
+
+
+def runs(share: Path) -> dict[str, RunSpec]:
+    """Every run recorded on the share, by name."""
+    folder = runs_dir(share)
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        if not path.name.startswith("."):
+            spec = _read(path)
+            found[spec.run] = spec
+    return found
+
+
+def items(share: Path, only: dict[str, RunSpec] | None = None) -> list[Item]:
+    """The (run, training day) items of every recorded run (or of `only`), in chronological order."""
+    datasets_dir, _ = share_paths(share)
+    datasets: dict[str, Dataset] = {}
+    out = []
+    for spec in (runs(share) if only is None else only).values():
+        if spec.dataset not in datasets:
+            datasets[spec.dataset] = Dataset(datasets_dir / spec.dataset)
+        shards = datasets[spec.dataset].training_shards()
+        out += [Item(run=spec.run, shard=shard, dataset=spec.dataset, seq=i) for i, shard in enumerate(shards)]
+    return out
