@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from workload import features, schema
+from workload.errors import ItemFault, is_infra
 from workload.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ ROLES = ("training", "testing")
 _PICKLE_SUFFIXES = {".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz"}
 
 
-class DatasetError(ValueError):
+class DatasetError(ItemFault, ValueError):
     """A dataset file or path that can never be trained on as it is (the item is dead-lettered)."""
 
 
@@ -54,8 +55,10 @@ def read_transactions(path: Path) -> pd.DataFrame:
             frame = pd.read_csv(path)
     except FileNotFoundError:
         raise
-    except Exception as exc:  # noqa: BLE001 - unreadable bytes: retried, then dead-lettered
-        raise OSError(f"{path}: unreadable {path.suffix} file: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - classified: the share failing, or the file's own bytes
+        if is_infra(exc):
+            raise OSError(f"{path}: cannot read it: {exc}") from exc  # disk, permissions, I/O: not the item's fault
+        raise DatasetError(f"{path}: unreadable {path.suffix} file: {exc}") from exc
     return validate(frame, str(path))
 
 
@@ -189,8 +192,8 @@ class Dataset:
                 try:
                     frame = self._read(f["path"])
                 except (OSError, DatasetError) as exc:
-                    if is_target:
-                        raise
+                    if is_target or is_infra(exc):
+                        raise  # a sick share must not silently change a day's features
                     # One bad day must not poison every shard whose window reaches it: that day is
                     # dead-lettered as its own item; here it is left out of the history, loudly.
                     if f["path"] not in self._skipped:

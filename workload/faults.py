@@ -1,13 +1,34 @@
-"""Fault injection for the crash tests: SIGKILL this process at a named point.
+"""Fault injection for the crash tests: disturb this process at a named point.
 
-Set ``WORKLOAD_FAULT=<point>[:<n>]`` to die at the n-th time (default 1st) the process reaches
-``point``. Unset (always, outside tests), a call is one dictionary lookup.
+``WORKLOAD_FAULT=<point>[:<n>]`` fires at the n-th time (default the 1st) the process reaches
+``point``; ``WORKLOAD_FAULT_ACTION`` says what happens there:
+
+* ``kill`` (default): SIGKILL itself: a node that vanished;
+* ``stop``: SIGSTOP itself: a frozen VM, a long GC pause. The test resumes it with SIGCONT after
+  its lease expired, and it must then change nothing (fencing);
+* ``term``: SIGTERM itself and carry on: a spot preemption notice at exactly that instant.
+
+Points, in the order an item meets them:
+
+* ``claimed``: the lease was just granted, nothing read yet;
+* ``mid-write``: half of a file written under its temporary name (checkpoints, manifests, reports);
+* ``checkpoint-written``: a checkpoint file is complete under its final name, not yet promoted;
+* ``promote``: ownership was last confirmed (Redis said the lease is ours), immediately before the
+  promotion takes effect on the share: the check-then-act window that fencing at the storage closes;
+* ``after-promote``: the shard's final checkpoint is promoted, the report not yet written;
+* ``report``: immediately before the report, metrics and pictures are rewritten;
+* ``before-ack``: everything is on the share; the queue does not know yet.
+
+Unset (always, outside tests), a call is one dictionary lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+
+POINTS = ("claimed", "mid-write", "checkpoint-written", "promote", "after-promote", "report", "before-ack")
+ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 _hits: dict[str, int] = {}
 
@@ -21,4 +42,7 @@ def point(name: str) -> None:
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+        action = os.environ.get("WORKLOAD_FAULT_ACTION", "kill")
+        if action not in ACTIONS:
+            raise ValueError(f"WORKLOAD_FAULT_ACTION={action!r} is not allowed: use one of {sorted(ACTIONS)}")
+        os.kill(os.getpid(), ACTIONS[action])
