@@ -1,14 +1,26 @@
-"""Checkpoints on the shared volume: atomic, verified on load, fenced on promotion.
+"""Checkpoints on the shared volume: atomic, verified on load, fenced at the storage.
 
 Layout under ``output/<run>/checkpoints/``::
 
-    ckpt-00000007-t42.pt   one plain dict of tensors and numbers (seq 7, written under lease token 42)
-    manifest.json          the retained checkpoints, newest first, with their sha256: the `latest` pointer
+    ckpt-00000007-t42.pt            one plain dict of tensors and numbers (seq 7, written under lease token 42)
+    manifest-t000000000042.json     what lease 42 promoted: the retained checkpoints, newest first, with sha256
 
-A checkpoint is *promoted* by rewriting the manifest, only after the writer proved it still holds
-the run's lease. Loading walks the manifest newest first and skips (with a warning) any file whose
-hash or contents do not check out, so a torn or corrupt checkpoint falls back to the previous one.
-Files are loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling.
+**Fencing at the storage.** A check ("do I still hold the lease?") followed by a write is not enough:
+the writer can freeze between the two for longer than its lease. So the token is part of what is
+written, and readers decide by it:
+
+* each lease writes only its own manifest (``manifest-t<token>``), and writes it as soon as it claims
+  the run (`fence`), adopting the entries of the newest manifest before it;
+* the loader trusts only the manifest with the highest token; a lower one (a stale holder's, however
+  late it lands) is never read while a higher one is readable;
+* a writer promotes only while no higher manifest exists, and after the lease check (`may_promote`);
+* retention deletes a file only if no manifest on the share names it and its token is not above
+  the writer's own: a stale writer can never delete what the current holder loads, and the newest
+  shard-boundary checkpoint of every kept manifest stays.
+
+Loading walks the trusted manifest newest first and skips (with a warning) any file whose hash or
+contents do not check out, so a torn or corrupt checkpoint falls back to the previous one. Files are
+loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling.
 """
 
 from __future__ import annotations
@@ -32,6 +44,8 @@ from workload.fsutil import atomic_write_bytes, atomic_write_text
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^ckpt-(\d{8})-t(\d+)\.pt$")
+_MANIFEST = re.compile(r"^manifest-t(\d{12})\.json$")
+KEEP_MANIFESTS = 3  # the newest leases' manifests: a fallback if the newest is unreadable
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,11 @@ class Loaded:
     state: dict[str, Any]
     path: Path
     seq: int
+    token: int = 0
+
+
+def _order(entry: dict[str, Any]) -> tuple[int, int]:
+    return int(entry.get("token", 0)), int(entry["seq"])
 
 
 class CheckpointStore:
@@ -46,26 +65,63 @@ class CheckpointStore:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.dir = Path(run_dir) / "checkpoints"
-        self.manifest = self.dir / "manifest.json"
         self.keep = keep
 
-    # -- reading ---------------------------------------------------------------------------------
+    # -- manifests -------------------------------------------------------------------------------
+    def manifest_path(self, token: int) -> Path:
+        return self.dir / f"manifest-t{token:012d}.json"
+
+    def manifests(self) -> list[tuple[int, Path]]:
+        """Every lease's manifest, highest token first."""
+        if not self.dir.is_dir():
+            return []
+        found = [(int(m[1]), p) for p in self.dir.iterdir() if (m := _MANIFEST.match(p.name))]
+        return sorted(found, reverse=True)
+
+    @property
+    def manifest(self) -> Path:
+        """The trusted manifest (the highest token's); its mtime is the last promotion."""
+        found = self.manifests()
+        return found[0][1] if found else self.manifest_path(0)
+
+    def highest_token(self) -> int:
+        """The highest lease token anything in this folder was written under (0 if none)."""
+        tokens = [t for t, _ in self.manifests()]
+        if self.dir.is_dir():
+            tokens += [int(m[2]) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
+        return max(tokens, default=0)
+
+    def _read_manifest(self, path: Path) -> list[dict[str, Any]]:
+        entries = json.loads(path.read_text())["entries"]
+        for e in entries:
+            if not _NAME.match(e["file"]):
+                raise ValueError(f"entry {e['file']!r} is not a checkpoint file name")
+        return sorted(entries, key=_order, reverse=True)
+
     def _entries(self) -> list[dict[str, Any]]:
-        """Manifest entries newest first; without a readable manifest, every file found, unverified."""
-        try:
-            entries = json.loads(self.manifest.read_text())["entries"]
-            return sorted(entries, key=lambda e: e["seq"], reverse=True)
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("checkpoint manifest %s is unreadable (%s); scanning the folder", self.manifest, exc)
+        """The trusted manifest's entries, newest first. Only if no manifest is readable at all: every
+        file found, unverified (a lost manifest must not lose the run)."""
+        for _, path in self.manifests():
+            try:
+                return self._read_manifest(path)
+            except FileNotFoundError:
+                continue  # pruned between listing and reading: a newer one exists
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("checkpoint manifest %s is unreadable (%s); trying the previous one", path, exc)
         found = []
         for path in self.dir.glob("ckpt-*.pt") if self.dir.exists() else []:
             m = _NAME.match(path.name)
             if m:
-                found.append({"file": path.name, "seq": int(m[1]), "sha256": None})
-        return sorted(found, key=lambda e: e["seq"], reverse=True)
+                found.append({"file": path.name, "seq": int(m[1]), "token": int(m[2]), "sha256": None})
+        if found:
+            log.warning("no readable checkpoint manifest in %s; scanning the folder", self.dir)
+        return sorted(found, key=_order, reverse=True)
 
+    def retained(self) -> set[str]:
+        """File names of the checkpoints the trusted manifest keeps (the others are pruned)."""
+        return {e["file"] for e in self._entries()}
+
+    # -- reading ---------------------------------------------------------------------------------
     def load(self, accept: Callable[[dict[str, Any]], bool] = lambda state: True) -> Loaded | None:
         """The newest checkpoint that verifies and that `accept` takes; None when there is none."""
         for entry in self._entries():
@@ -81,22 +137,38 @@ class CheckpointStore:
                 log.warning("checkpoint %s is unusable (%s); falling back to the previous one", path, exc)
                 continue
             if accept(state):
-                return Loaded(state=state, path=path, seq=int(entry["seq"]))
+                return Loaded(state=state, path=path, seq=int(entry["seq"]), token=int(entry.get("token", 0)))
         return None
 
     # -- writing ---------------------------------------------------------------------------------
+    def fence(self, token: int) -> bool:
+        """Claim the run on the share for lease `token`: write its manifest (the newest one's entries)
+        before anything else, so from now on every lower token is ignored. False if a higher token
+        already wrote here (then this lease is stale, or the queue's token counter is behind)."""
+        found = self.manifests()
+        if found and found[0][0] > token:
+            return False
+        if found and found[0][0] == token:
+            return True
+        entries = self._entries()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.manifest_path(token), json.dumps({"entries": entries}, indent=1) + "\n")
+        return True
+
     def next_path(self, token: int) -> Path:
         """Where the next checkpoint goes; the token in the name keeps a stale writer's file apart."""
         entries = self._entries()
-        seq = (entries[0]["seq"] + 1) if entries else 1
+        seq = (max(int(e["seq"]) for e in entries) + 1) if entries else 1
         return self.dir / f"ckpt-{seq:08d}-t{token}.pt"
 
     def save(self, state: dict[str, Any], *, path: Path, may_promote: Callable[[], bool]) -> Path | None:
         """Write `state` atomically to `path` (from `next_path`), then promote it if `may_promote()`
-        (the lease check) allows. Returns `path`, or None when the writer lost its lease."""
+        (the lease check) allows and no higher lease has written here. Returns `path`, or None when
+        the writer lost its lease (nothing promoted, nothing deleted)."""
         m = _NAME.match(path.name)
         if path.parent != self.dir or not m:
             raise ValueError(f"{path} is not a checkpoint path of {self.dir}; use next_path()")
+        token = int(m[2])
         self.dir.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -107,12 +179,19 @@ class CheckpointStore:
             log.warning("lease lost before promoting %s: discarding it (fencing)", path.name)
             path.unlink(missing_ok=True)
             return None
-        entry = {"file": path.name, "seq": int(m[1]), "token": int(m[2]),
+        faults.point("promote")
+        newer = [t for t, _ in self.manifests() if t > token]
+        if newer:
+            log.warning("lease token %d wrote %s after ours (%d): we are stale; discarding %s (fencing)",
+                        max(newer), self.manifest_path(max(newer)).name, token, path.name)
+            path.unlink(missing_ok=True)
+            return None
+        entry = {"file": path.name, "seq": int(m[1]), "token": token,
                  "sha256": hashlib.sha256(data).hexdigest(), "boundary": state.get("progress") is None}
         entries = [e for e in self._entries() if e["file"] != path.name]
         kept = self._retain([entry, *entries])
-        atomic_write_text(self.manifest, json.dumps({"entries": kept}, indent=1) + "\n")
-        self._collect(kept)
+        atomic_write_text(self.manifest_path(token), json.dumps({"entries": kept}, indent=1) + "\n")
+        self._collect(token)
         return path
 
     def _retain(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,10 +203,33 @@ class CheckpointStore:
                 kept.append(boundary)
         return kept
 
-    def _collect(self, kept: list[dict[str, Any]]) -> None:
-        names = {e["file"] for e in kept}
-        for path in self.dir.iterdir():
-            if _NAME.match(path.name) and path.name not in names:
+    def _collect(self, token: int) -> None:
+        """Prune what no manifest names, never above our own token; keep the newest manifests.
+
+        A stale writer reaches this only if no higher manifest existed a moment ago; even then it
+        deletes only files that no manifest names, and a newer lease adopts its entries from a
+        manifest, so what the newer lease loads is named and stays."""
+        manifests = self.manifests()
+        if manifests and manifests[0][0] > token:
+            return  # a newer lease owns the folder now: it prunes
+        for t, path in manifests[KEEP_MANIFESTS:]:
+            if t < token:
                 path.unlink(missing_ok=True)
-            elif path.name.endswith(".tmp") and time.time() - path.stat().st_mtime > 600:
-                path.unlink(missing_ok=True)  # left by a writer killed mid-write
+        named: set[str] = set()
+        for _, path in self.manifests():
+            try:
+                named |= {e["file"] for e in json.loads(path.read_text())["entries"]}
+            except FileNotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                return  # cannot tell what that manifest keeps: delete nothing
+        for path in self.dir.iterdir():
+            m = _NAME.match(path.name)
+            if m and path.name not in named and int(m[2]) <= token:
+                path.unlink(missing_ok=True)
+            elif path.name.endswith(".tmp"):
+                try:
+                    if time.time() - path.stat().st_mtime > 600:
+                        path.unlink(missing_ok=True)  # left by a writer killed mid-write
+                except FileNotFoundError:
+                    continue

@@ -1,7 +1,8 @@
-"""Command line (also the container entrypoint): seed, worker, status, local.
+"""Command line (also the container entrypoint): seed, worker, status, requeue, local.
 
 Every flag has an environment variable, so a Kubernetes Job configures the same code by env.
-The Redis password is read from REDIS_PASSWORD only: never a flag, never logged.
+The Redis password is read from REDIS_PASSWORD only: never a flag, never logged. Exit codes are
+workload.errors' (0 done, 2 bad configuration, 3 infrastructure, 4 dead letters, 143 SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import redis
 
 from workload import dataset as ds
 from workload import plan, report, simulator
+from workload.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA
+from workload.fsutil import clean_stale_tmp, tmp_dir_for
 from workload.hparams import HParams
 from workload.paths import REPORT_TXT, check_name, share_paths
-from workload.queue import QueueUnavailable, WorkQueue, connect
+from workload.queue import QueueInterrupted, QueueUnavailable, WorkQueue, connect
 
 if TYPE_CHECKING:
     from workload.worker import WorkerConfig
@@ -74,13 +77,26 @@ def add_common(p: argparse.ArgumentParser, share: bool = True) -> None:
     p.add_argument("--redis-url", default=env("REDIS_URL", "redis://localhost:6379/0"),
                    help="Redis URL without password (env REDIS_URL); the password comes from env REDIS_PASSWORD")
     p.add_argument("--queue-prefix", default=env("QUEUE_PREFIX", "spottrain"), help="Redis key prefix")
-    p.add_argument("--max-attempts", type=positive(int, "--max-attempts"), default=int(env("MAX_ATTEMPTS", 5)),
+    p.add_argument("--max-attempts", type=positive(int, "--max-attempts"),
+                   default=env("MAX_ATTEMPTS", "5"),
                    help="failed attempts before an item is dead-lettered (env MAX_ATTEMPTS; default 5)")
 
 
-def make_queue(args: argparse.Namespace) -> WorkQueue:
+def env_seconds(name: str, default: float) -> float:
+    text = env(name)
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        raise UsageError(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise UsageError(f"{name}={text!r} is not allowed: it must be > 0")
+    return value
+
+
+def make_queue(args: argparse.Namespace, retry_for_s: float | None = None) -> WorkQueue:
+    retry = retry_for_s if retry_for_s is not None else env_seconds("REDIS_RETRY_SECONDS", 300)
     return WorkQueue(connect(args.redis_url, env("REDIS_PASSWORD")), args.queue_prefix,
-                     max_attempts=args.max_attempts, retry_for_s=float(env("REDIS_RETRY_SECONDS", 300)))
+                     max_attempts=args.max_attempts, retry_for_s=retry)
 
 
 # -- seed -------------------------------------------------------------------------------------------
@@ -121,7 +137,7 @@ def simulation_spec(args: argparse.Namespace) -> simulator.SimulationSpec:
 def place_dataset(args: argparse.Namespace, root: Path) -> None:
     """Lay the dataset out on the share once: copy `--datasets` or simulate, validate, then publish
     it with one rename, so a seeder killed half-way leaves nothing a worker could read."""
-    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
+    tmp = tmp_dir_for(root)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         if args.datasets:
@@ -166,6 +182,7 @@ def seed(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp(datasets_dir)  # a seeder killed mid-copy left its temporary folder behind
     root = datasets_dir / name
     if (root / ds.MANIFEST).exists():
         log.info("dataset %s is already on the share: not touching it", root)
@@ -181,6 +198,7 @@ def seed(args: argparse.Namespace) -> int:
     # Every recorded run, not only those named now: days appended to a dataset reach every run.
     items = plan.items(args.share)
     added = queue.enqueue(items)
+    queue.mark_seeded()
     c = queue.counts()
     log.info("queued %d new item(s) (%d already known) for run(s) %s; queue: %d pending, %d leased, %d done, "
              "%d dead", added, len(items) - added, ", ".join(runs), c.pending, c.leased, c.done, c.dead)
@@ -196,8 +214,10 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
             share=args.share, redis_url=args.redis_url, redis_password=env("REDIS_PASSWORD"),
             prefix=args.queue_prefix, worker_id=args.worker_id or default_worker_id(),
             lease_ttl_s=args.lease_ttl, checkpoint_interval_s=args.checkpoint_interval,
-            max_attempts=args.max_attempts, redis_retry_s=float(env("REDIS_RETRY_SECONDS", 300)),
-            plot_interval_s=float(env("PLOT_INTERVAL_SECONDS", 30)))
+            max_attempts=args.max_attempts, redis_retry_s=env_seconds("REDIS_RETRY_SECONDS", 300),
+            plot_interval_s=env_seconds("PLOT_INTERVAL_SECONDS", 30),
+            infra_give_up_s=env_seconds("INFRA_GIVE_UP_SECONDS", 300),
+            stall_s=env_seconds("STALL_SECONDS", 300), term_grace_s=env_seconds("TERM_GRACE_SECONDS", 13))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -211,14 +231,17 @@ def worker(args: argparse.Namespace) -> int:
 
     cfg = worker_config(args)
     setup_logging(cfg.worker_id)
-    w = Worker(cfg, make_queue(args))
+    w = Worker(cfg, make_queue(args, cfg.redis_retry_s))
     w.install_signal_handlers()
     return w.run()
 
 
 # -- status -----------------------------------------------------------------------------------------
+STATUS_RETRY_S = 3.0  # status is for a person at a terminal: fail fast when Redis is unreachable
+
+
 def status(args: argparse.Namespace) -> int:
-    queue = make_queue(args)
+    queue = make_queue(args, STATUS_RETRY_S)
     snap = queue.snapshot()
     c = queue.counts()
     out = [f"queue {args.queue_prefix}: {c.total} items: {c.pending} pending, {c.leased} leased, {c.done} done, "
@@ -241,8 +264,33 @@ def status(args: argparse.Namespace) -> int:
         if m:
             out.append(f"  latest: after {m['shard']}: {report.figures_line(m)}")
             out.append(f"  report: {output_dir / run / REPORT_TXT}")
+    if c.drained and not queue.seeded():
+        out.append("the queue was never seeded (or Redis lost its data): a worker restores it from the share's "
+                   "run records, or run `python -m workload seed`")
     print("\n".join(out))
     return 0
+
+
+# -- requeue ----------------------------------------------------------------------------------------
+def requeue(args: argparse.Namespace) -> int:
+    """Dead letters back to pending, attempts reset: after fixing a day's file or a run's spec."""
+    queue = make_queue(args, STATUS_RETRY_S)
+    if args.item and args.run and not args.item.startswith(args.run + "/"):
+        raise UsageError(f"--item {args.item!r} is not an item of --run {args.run!r} (item ids are <run>/<shard>)")
+    before = {item: d for r in queue.snapshot()["runs"].values() for item, d in r["dead"].items()}
+    ids = queue.requeue(run=args.run, item_id=args.item)
+    scope = f"item {args.item}" if args.item else f"run {args.run}" if args.run else "all runs"
+    if not ids:
+        print(f"no dead-lettered items to requeue in {scope} ({len(before)} dead-lettered in total)")
+        return EXIT_DEAD_LETTERS if args.item else EXIT_DONE
+    print(f"requeued {len(ids)} dead-lettered item(s) in {scope}, attempts reset:")
+    for i in ids:
+        print(f"  {i} (was: {before.get(i, {}).get('error', '?')})")
+    left = [i for i in before if i not in ids]
+    if left:
+        print(f"{len(left)} still dead-lettered (malformed, or outside the selection): {', '.join(left[:5])}"
+              + (" ..." if len(left) > 5 else ""))
+    return EXIT_DONE
 
 
 # -- parser -----------------------------------------------------------------------------------------
@@ -269,18 +317,26 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="drain the queue; exit 0 only when everything is done or dead-lettered")
     add_common(w)
     w.add_argument("--worker-id", default=env("WORKER_ID"), help="name in leases and logs (env WORKER_ID)")
-    w.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=float(env("LEASE_TTL_SECONDS", 30)),
+    # String defaults go through `type` too, so a bad environment value is a usage error (exit 2).
+    w.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"),
+                   default=env("LEASE_TTL_SECONDS", "30"),
                    help="seconds a lease lives without heartbeat (env LEASE_TTL_SECONDS; default 30)")
     w.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"),
-                   default=float(env("CHECKPOINT_INTERVAL_SECONDS", 10)),
+                   default=env("CHECKPOINT_INTERVAL_SECONDS", "10"),
                    help="seconds of training between mid-shard checkpoints (env CHECKPOINT_INTERVAL_SECONDS)")
     w.add_argument("--threads", type=positive(int, "--threads"),
-                   default=int(env("TORCH_THREADS", 0)) or None, help="torch CPU threads (env TORCH_THREADS)")
+                   default=env("TORCH_THREADS") or None, help="torch CPU threads (env TORCH_THREADS)")
     w.set_defaults(fn=worker)
 
     st = sub.add_parser("status", help="pending, leased (by whom, until when), done, dead-lettered, per run")
     add_common(st)
     st.set_defaults(fn=status)
+
+    rq = sub.add_parser("requeue", help="put dead-lettered items back to pending (attempts reset); prints them")
+    add_common(rq, share=False)
+    rq.add_argument("--run", help="only this run's dead letters (default: every run)")
+    rq.add_argument("--item", help="only this item, <run>/<shard> as `status` prints it")
+    rq.set_defaults(fn=requeue)
 
     lo = sub.add_parser("local", help="everything on this machine: embedded Redis, local share, N workers")
     lo.add_argument("--workers", type=positive(int, "--workers"), default=2)
@@ -291,6 +347,7 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--runs-file", help="JSON {run name: {hyperparameters}}")
     lo.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"), default=5.0)
     lo.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=15.0)
+    lo.add_argument("--requeue", action="store_true", help="put dead-lettered shards back first (after a fix)")
     lo.set_defaults(fn=lambda a: __import__("workload.local", fromlist=["main"]).main(a))
     return p
 
@@ -302,13 +359,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except UsageError as exc:
         log.error("%s", exc)
-        return 2
+        return EXIT_BAD_CONFIG
     except ds.DatasetError as exc:
         log.error("dataset problem: %s", exc)
-        return 2
+        return EXIT_BAD_CONFIG
+    except QueueInterrupted as exc:
+        log.error("%s", exc)
+        return 143
     except QueueUnavailable as exc:
         log.error("%s", exc)
-        return 3
+        return EXIT_INFRA
     except (redis.AuthenticationError, redis.ResponseError) as exc:
         if isinstance(exc, redis.ResponseError) and "NOAUTH" not in str(exc):
             raise

@@ -23,6 +23,10 @@ LABEL_DELAY_DAYS = 7
 LOOKBACK_DAYS = max(WINDOWS_DAYS) + LABEL_DELAY_DAYS  # days of history a day's features read
 SECONDS_PER_DAY = 86400
 NIGHT_END_HOUR = 6
+# Amounts are clipped here before any sum: two amounts of 1e308 overflow a cumulative sum to infinity
+# and every window mean after them to NaN. No real payment comes near; the cap keeps every feature
+# finite (and float32-representable) for any finite input, and leaves real amounts unchanged.
+AMOUNT_CAP = 1e9
 
 FEATURE_NAMES: tuple[str, ...] = (
     "log_amount",
@@ -124,7 +128,7 @@ def compute_features(frame: pd.DataFrame, target: np.ndarray) -> np.ndarray:
     origin = when.min().normalize()
     seconds = ((when - origin) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
     day = seconds // SECONDS_PER_DAY
-    amount = frame[schema.TX_AMOUNT].to_numpy(dtype=np.float64)
+    amount = np.clip(frame[schema.TX_AMOUNT].to_numpy(dtype=np.float64), 0.0, AMOUNT_CAP)
     customer = pd.factorize(frame[schema.CUSTOMER_ID])[0].astype(np.int64)
     terminal = pd.factorize(frame[schema.TERMINAL_ID])[0].astype(np.int64)
     fraud = frame[schema.TX_FRAUD].to_numpy(dtype=np.float64)

@@ -1,12 +1,16 @@
 """`make local`: the cluster in miniature. A real Redis server (AOF under the local folder), a
 local folder as the share, N worker processes as the Job's pods, a progress bar, a summary.
 
-Running it again resumes what was left, or trains nothing when everything is done.
+Running it again resumes what was left, or trains nothing when everything is done. One `make local`
+per folder at a time (a lock); the Redis server and the workers die with it, however it ends. The
+exit code is the workers' verdict (workload.errors): 0 all done, 4 dead letters (listed), 3 or 5 an
+infrastructure fault (the worker's last log lines are shown).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
@@ -16,9 +20,10 @@ import time
 from pathlib import Path
 
 from workload import report
+from workload.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
 from workload.paths import METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, share_paths
 from workload.queue import WorkQueue, connect
-from workload.redis_server import RedisServer
+from workload.redis_server import RedisServer, die_with_parent
 
 log = logging.getLogger("workload.local")
 
@@ -30,10 +35,38 @@ def progress_line(done: int, dead: int, leased: int, total: int, elapsed: float,
             f"({done} applied, {dead} dead-lettered, {leased} training) {elapsed:5.0f}s")
 
 
+def lock_folder(base: Path) -> int | None:
+    """Hold `base`'s lock for the life of this process (the kernel drops it however we die); None
+    when another `make local` holds it."""
+    fd = os.open(base / "local.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def verdict(codes: list[int]) -> int:
+    """One exit code for the run from the workers': infrastructure first, then dead letters."""
+    for code in (EXIT_INFRA, EXIT_STALLED, EXIT_DEAD_LETTERS):
+        if code in codes:
+            return code
+    return EXIT_DONE if all(c == EXIT_DONE for c in codes) else EXIT_FAILED
+
+
 def main(args: argparse.Namespace) -> int:
     base = args.dir.resolve()
     share, logs = base / "share", base / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    lock = lock_folder(base)
+    if lock is None:
+        holder = (base / "local.lock").read_text().strip() or "?"
+        log.error("another `make local` (pid %s) is running on %s: wait for it, stop it, or use another --dir",
+                  holder, base)
+        return EXIT_BAD_CONFIG
     server = RedisServer(base / "redis")
     started = time.monotonic()
     workers: list[subprocess.Popen[bytes]] = []
@@ -52,20 +85,25 @@ def main(args: argparse.Namespace) -> int:
             seed_cmd += ["--runs-file", str(args.runs_file)]
         if args.datasets:
             seed_cmd += ["--datasets", str(args.datasets)]
-        if subprocess.run(seed_cmd, env=env).returncode != 0:
+        seeded = subprocess.run(seed_cmd, env=env, preexec_fn=die_with_parent())
+        if seeded.returncode != 0:
             log.error("seeding failed (see above)")
-            return 1
+            return seeded.returncode if seeded.returncode > 0 else EXIT_FAILED
 
         queue = WorkQueue(connect(server.url, server.password))
+        if args.requeue:
+            ids = queue.requeue()
+            log.info("requeued %d dead-lettered shard(s)%s", len(ids), f": {', '.join(ids)}" if ids else "")
         before = queue.counts()
         if before.drained:
-            log.info("nothing new to train: %d shard(s) applied, %d dead-lettered (delete %s to start over)",
-                     before.done, before.dead, base)
+            log.info("nothing new to train: %d shard(s) applied, %d dead-lettered (delete %s to start over%s)",
+                     before.done, before.dead, base, "; `--requeue` retries the dead-lettered" if before.dead else "")
         for i in range(args.workers if not before.drained else 0):
             out = open(logs / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
             workers.append(subprocess.Popen(
                 [sys.executable, "-m", "workload", "worker", "--worker-id", f"local-{i}"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent()))
         if workers:
             log.info("%d workers started; logs in %s", len(workers), logs)
         tty = sys.stderr.isatty()
@@ -84,12 +122,20 @@ def main(args: argparse.Namespace) -> int:
             c = queue.counts()
             print(("\r" if tty else "") + progress_line(c.done, c.dead, c.leased, c.total,
                                                         time.monotonic() - started), file=sys.stderr)
-        failed = [(i, w.returncode) for i, w in enumerate(workers) if w.returncode != 0]
-        for i, code in failed:
-            tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
-            log.error("worker local-%d exited %d; last lines of its log:\n%s", i, code, "\n".join(tail))
+        codes = [w.returncode for w in workers]
+        for i, code in enumerate(codes):
+            if code not in (EXIT_DONE, EXIT_DEAD_LETTERS):
+                tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
+                log.error("worker local-%d exited %d; last lines of its log:\n%s", i, code, "\n".join(tail))
         summary(queue, share)
-        return 1 if failed else 0
+        code = verdict(codes) if workers else (EXIT_DEAD_LETTERS if before.dead else EXIT_DONE)
+        if code == EXIT_DEAD_LETTERS:
+            log.error("some shards are dead-lettered (listed above with their errors): fix them, then run "
+                      "again with --requeue (make local ARGS=--requeue)")
+        elif code in (EXIT_INFRA, EXIT_STALLED):
+            log.error("workers stopped on an infrastructure fault (above); nothing was dead-lettered for it: "
+                      "fix it and run again to resume")
+        return code
     except KeyboardInterrupt:
         interrupted = True
         print(file=sys.stderr)

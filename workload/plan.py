@@ -8,11 +8,16 @@ these two facts; what was already trained is in each run's checkpoints.
     <share>/runs/<run>.json   {"run": ..., "dataset": ..., "hparams": {...}}
 
 A run's record is created once and never changed: a run is one model lineage.
+
+`restore` rebuilds a wiped queue from these records: every item is enqueued again (idempotently),
+the days a run's checkpoint already records are marked done without training, and the fencing
+token counter is raised above every token on the share.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -20,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from workload.dataset import Dataset
-from workload.fsutil import fsync_dir
+from workload.fsutil import FILE_MODE, fsync_dir
 from workload.paths import check_name, runs_dir, share_paths
-from workload.queue import Item
+from workload.queue import Item, WorkQueue
+
+log = logging.getLogger(__name__)
 
 
 class PlanError(ValueError):
@@ -66,6 +73,7 @@ def record(share: Path, spec: RunSpec) -> bool:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{spec.run}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), FILE_MODE)
             f.write(spec.to_json())
             f.flush()
             os.fsync(f.fileno())
@@ -83,6 +91,12 @@ def record(share: Path, spec: RunSpec) -> bool:
         Path(tmp).unlink(missing_ok=True)
     fsync_dir(folder)
     return True
+
+
+def spec(share: Path, run: str) -> RunSpec | None:
+    """The recorded spec of `run`, or None if seed never recorded it (PlanError if unreadable)."""
+    path = runs_dir(share) / f"{check_name(run, 'run')}.json"
+    return _read(path) if path.exists() else None
 
 
 def runs(share: Path) -> dict[str, RunSpec]:
@@ -109,3 +123,32 @@ def items(share: Path, only: dict[str, RunSpec] | None = None) -> list[Item]:
         shards = datasets[spec.dataset].training_shards()
         out += [Item(run=spec.run, shard=shard, dataset=spec.dataset, seq=i) for i, shard in enumerate(shards)]
     return out
+
+
+def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
+    """Rebuild the queue from the share (idempotent; several workers may race through it).
+
+    Returns counts: runs, items enqueued anew, items marked done because the run's newest checkpoint
+    already records them."""
+    from workload.checkpoint import CheckpointStore  # torch: only workers pay for it
+
+    specs = runs(share)
+    _, output_dir = share_paths(share)
+    for rs in specs.values():
+        try:
+            queue.put_spec(rs.run, rs.hparams)
+        except ValueError as exc:
+            log.warning("run %s: Redis holds other hyperparameters than the share; the share wins: %s", rs.run, exc)
+    todo = items(share, specs)
+    added = queue.enqueue(todo)
+    applied: dict[str, set[str]] = {}
+    floor = 0
+    for run in specs:
+        store = CheckpointStore(output_dir / run)
+        floor = max(floor, store.highest_token())
+        loaded = store.load()
+        applied[run] = set(loaded.state["applied"]) if loaded else set()
+    queue.raise_token(floor)
+    done = queue.mark_done([it for it in todo if it.shard in applied[it.run]])
+    queue.mark_seeded()
+    return {"runs": len(specs), "enqueued": added, "already_applied": done}

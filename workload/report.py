@@ -3,6 +3,11 @@
 ``report.txt`` keeps the shape of the original tutorial's report (one block per applied shard:
 time, training dataset, model checkpoint, accuracy on training and testing data) and adds the
 figures that mean something for rare fraud. ``metrics.jsonl`` has one JSON line per shard.
+
+Writes are fenced like checkpoints: ``.report-source.json`` records the (lease token, seq) of the
+checkpoint the files were rendered from, and a writer whose source is older than that writes nothing
+(a stale worker cannot roll the report back). Only checkpoints that still exist are named as such;
+the others say they were pruned.
 """
 
 from __future__ import annotations
@@ -25,7 +30,19 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run_dir: Path) -> str:
+SOURCE = ".report-source.json"  # {"token", "seq"} of the checkpoint the report was rendered from
+
+
+def _checkpoint_line(run_dir: Path, name: str, kept: set[str] | None) -> str:
+    path = run_dir / "checkpoints" / name
+    if kept is None or name in kept:
+        return f"model checkpoint: {path}"
+    return f"model checkpoint: {path} (pruned: only the newest checkpoints are kept)"
+
+
+def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run_dir: Path,
+           kept: set[str] | None = None) -> str:
+    """The report text; `kept` names the checkpoint files that still exist (None: do not say)."""
     lines = [f"Training report: run {run!r}", f"hyperparameters: {json.dumps(hparams, sort_keys=True)}",
              f"shards applied: {len(history)}", ""]
     for h in history:
@@ -35,7 +52,7 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
         lines += [
             f"time: {h['time']}",
             f"training dataset: {h['shard']}",
-            f"model checkpoint: {run_dir / 'checkpoints' / h['checkpoint']}",
+            _checkpoint_line(run_dir, h["checkpoint"], kept),
             f"accuracy on training data: {_fmt(h['train_accuracy'])}",
             f"accuracy on testing data: {_fmt(h['accuracy'])}",
             f"average precision (AUPRC) on testing data: {_fmt(h['average_precision'])} "
@@ -62,19 +79,33 @@ def plots_stale(run_dir: Path, interval_s: float) -> bool:
         return True
 
 
+def rendered_from(run_dir: Path) -> tuple[int, int]:
+    """(token, seq) of the checkpoint the current report was rendered from; (0, 0) if unknown."""
+    try:
+        data = json.loads((Path(run_dir) / SOURCE).read_text())
+        return int(data["token"]), int(data["seq"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return 0, 0
+
+
 def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray] | None,
-          draw: bool = True) -> Path:
+          draw: bool = True, kept: set[str] | None = None, stamp: tuple[int, int] | None = None) -> Path | None:
     """Rewrite report.txt and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
-    returns the report."""
+    returns the report. With `stamp` (the source checkpoint's token and seq), nothing is written
+    when the report already comes from a newer checkpoint (None is returned)."""
     run_dir = Path(run_dir)
+    if stamp is not None and rendered_from(run_dir) > tuple(stamp):
+        return None
     history = state["history"]
     report = run_dir / REPORT_TXT
-    atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir))
+    atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir, kept))
     atomic_write_text(run_dir / METRICS_JSONL, "".join(json.dumps(h, sort_keys=True) + "\n" for h in history))
     if history and draw:
         from workload import plots  # matplotlib: only writers pay for it
 
         plots.write_plots(run_dir, history, pr)
+    if stamp is not None:
+        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n")
     return report
 
 
