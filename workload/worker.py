@@ -237,7 +237,7 @@ class Worker:
                     code = self._back_off()
                     if code is not None:
                         return code
-                elif outcome is not Outcome.RELEASED:
+                elif outcome is Outcome.DONE:
                     self._infra_since, self._infra_backoff = None, self.cfg.infra_backoff_s
                 continue
             counts = self.queue.counts()
@@ -364,6 +364,8 @@ class Worker:
         run_dir = self.output_dir / item.run
         store = CheckpointStore(run_dir, keep=self.cfg.keep_checkpoints)
         if not store.fence(lease.token):
+            if not beat.confirm():
+                raise LeaseLost  # frozen past our lease: a newer owner already fenced the run
             # The share holds a higher token than Redis handed us: Redis lost its counter (a wiped or
             # stale volume). Raise it past the share's and claim again; a write under our token would
             # be ignored by every reader.

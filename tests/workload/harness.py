@@ -92,6 +92,22 @@ class Cluster:
     def counts(self) -> Counts:
         return self.queue().counts()
 
+    def wipe_redis(self) -> None:
+        """Restart Redis without its data (a lost volume): same port and password, nothing in it."""
+        self.server.kill()
+        shutil.rmtree(self.server.data_dir / "appendonlydir", ignore_errors=True)
+        for f in self.server.data_dir.glob("*.aof"):
+            f.unlink()
+        self.server.start()
+
+    def outside_share(self) -> set[str]:
+        """Every path under the test's folder that is not the share, Redis's data or a log: what a
+        hostile item must never create."""
+        base = self.share.parent
+        return {str(p.relative_to(base)) for p in base.rglob("*")
+                if not p.is_relative_to(self.share) and not p.is_relative_to(self.server.data_dir)
+                and p.suffix != ".log" and p.name != "runs.json"}
+
     def final_state(self, run: str = "main") -> dict:
         loaded = CheckpointStore(self.share / "output" / run).load()
         assert loaded is not None, "no checkpoint"
@@ -103,6 +119,14 @@ class Cluster:
             assert time.monotonic() - start < timeout_s, f"timed out waiting for {what}"
             time.sleep(0.05)
         return time.monotonic() - start
+
+
+def is_stopped(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether `proc` is frozen by SIGSTOP (state T in /proc)."""
+    try:
+        return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def same_weights(a: dict, b: dict) -> bool:
