@@ -102,3 +102,76 @@ def test_checkpoints_are_never_unpickled(tmp_path: Path, caplog) -> None:
     assert loaded and loaded.state["step"] == 1
     assert not marker.exists()
     assert f"checkpoint {evil} is unusable" in caplog.text
+
+
+def test_a_stale_writer_is_fenced_by_the_storage(tmp_path: Path) -> None:
+    """Lease 5 checked its lease, then froze; lease 6 fenced the run and promoted. When 5 wakes up and
+    promotes, the share refuses it: nothing it writes is loaded, and it deletes nothing."""
+    store = CheckpointStore(tmp_path, keep=1)
+    assert store.fence(5)
+    first = save(store, 1, token=5)
+    stale_path = store.next_path(5)  # lease 5 is about to write this when it freezes
+    assert store.fence(6)  # the new owner adopts what 5 promoted
+    newer = save(store, 2, token=6)
+    assert store.save(state(99), path=stale_path, may_promote=lambda: True) is None
+    assert not stale_path.exists()
+    assert store.load().state["step"] == 2
+    assert first.exists() or first.name not in store.retained()
+    assert newer.exists() and all((store.dir / n).exists() for n in store.retained())
+    assert not store.fence(5), "a lower token can never fence again"
+
+
+def test_a_stale_manifest_is_never_read(tmp_path: Path) -> None:
+    """Even a stale manifest that does land (written before the fence check could see lease 7's)
+    is ignored: the loader trusts the highest token only, and retention keeps what any manifest names."""
+    store = CheckpointStore(tmp_path, keep=1)
+    assert store.fence(6)
+    base = save(store, 1, token=6)
+    assert store.fence(7)
+    save(store, 2, token=7, progress={"shard": "b", "epoch": 0, "batch": 3})
+    stale = tmp_path / "checkpoints" / "ckpt-00000009-t6.pt"
+    torch.save(state(66), stale)
+    store.manifest_path(6).write_text(json.dumps({"entries": [{"file": stale.name, "seq": 9, "token": 6}]}))
+    assert store.load().state["step"] == 2
+    save(store, 3, token=7, progress={"shard": "b", "epoch": 0, "batch": 4})
+    assert base.exists(), "the newest shard-boundary checkpoint of lease 7 was deleted"
+    assert store.load(accept=lambda s: s["progress"] is None).state["step"] == 1
+
+
+def test_files_on_the_share_are_readable_by_the_group(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    path = save(store, 1)
+    assert path.stat().st_mode & 0o040 and store.manifest.stat().st_mode & 0o040
+
+
+def test_a_report_from_an_older_checkpoint_does_not_overwrite_a_newer_one(tmp_path: Path) -> None:
+    from workload import report
+
+    def st(n: int) -> dict:
+        h = {"shard": "", "time": "t", "checkpoint": "", "train_accuracy": 1.0,
+             "accuracy": 1.0, "average_precision": 0.5, "base_rate": 0.1, "roc_auc": 0.5, "precision_top100": 0.1,
+             "recall_at_1pct_fpr": 0.1}
+        return {"run": "r", "hparams": {}, "history": [dict(h, shard=f"d{i}", checkpoint=f"ckpt-0000000{i + 1}-t1.pt")
+                                                      for i in range(n)]}
+
+    assert report.write(tmp_path, st(3), None, draw=False, kept={"ckpt-00000003-t1.pt"}, stamp=(7, 3))
+    assert report.write(tmp_path, st(2), None, draw=False, stamp=(6, 9)) is None
+    text = (tmp_path / "report.txt").read_text()
+    assert text.count("training dataset: ") == 3 and report.rendered_from(tmp_path) == (7, 3)
+    assert "pruned" in text and "ckpt-00000003-t1.pt\n" in text
+
+
+def test_late_retention_by_a_stale_writer_deletes_nothing_a_newer_lease_names(tmp_path: Path) -> None:
+    """The race a check cannot close: lease 7 adopted lease 5's checkpoint while lease 6 (stale) was
+    promoting its own; lease 6's retention then runs. It must not delete what lease 7 loads."""
+    store = CheckpointStore(tmp_path, keep=1)
+    assert store.fence(5)
+    f5 = save(store, 1, token=5)
+    assert store.fence(6) and store.fence(7)  # both adopt [f5]
+    g6 = tmp_path / "checkpoints" / "ckpt-00000002-t6.pt"  # lease 6's late promotion lands
+    torch.save(state(2), g6)
+    store.manifest_path(6).write_text(json.dumps({"entries": [{"file": g6.name, "seq": 2, "token": 6,
+                                                                "boundary": True}]}))
+    store._collect(6)
+    assert f5.exists(), "lease 6 deleted the checkpoint lease 7 resumes from"
+    assert store.load().state["step"] == 1
