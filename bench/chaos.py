@@ -1,10 +1,19 @@
-"""Chaos run: N workers drain M runs while workers are SIGKILLed or SIGTERMed and Redis restarts once.
+"""Chaos run: N workers drain M runs while a spot fleet's faults land on them.
 
 What a spot fleet does to the Job, compressed into a minute: each disturbance lands at a random
-instant (the schedule comes from one seed, printed, so a failure can be replayed), a killed worker
-is replaced as Kubernetes replaces a pod, and Redis is SIGKILLed and restarted once mid-run. At the
-end every run must hold every shard exactly once, in order, nothing may be leased or pending, the
-surviving workers must exit 0, and each run's weights must equal an undisturbed run's, bit for bit.
+instant (the schedule comes from one seed, printed, so a failure can be replayed) and is drawn from:
+
+* SIGKILL (a node vanished) or SIGTERM (a spot notice): the worker is replaced as Kubernetes
+  replaces a pod;
+* SIGSTOP for longer than the lease TTL, then SIGCONT (a frozen VM): the worker wakes up stale and
+  must change nothing;
+* a full share: an extra worker whose writes fail with EFBIG (RLIMIT_FSIZE, so no root is needed)
+  must exit EXIT_INFRA having charged no attempt and dead-lettered nothing.
+
+On top, Redis is SIGKILLed and restarted once (keeping its data) and wiped once (restarted empty:
+the workers restore the queue from the share). At the end every run must hold every shard exactly
+once, in order, nothing may be leased or pending or dead, the surviving workers must exit 0, and
+each run's weights must equal an undisturbed run's, bit for bit.
 
 ``python -m bench.chaos [--workers N] [--runs M] [--events K] [--seed S]`` exits 1 on any violation.
 """
@@ -13,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -24,14 +34,17 @@ from pathlib import Path
 from tests.workload.harness import HPARAMS, Cluster, make_dataset, same_weights
 from workload.checkpoint import CheckpointStore
 from workload.dataset import Dataset
+from workload.errors import EXIT_INFRA
 from workload.redis_server import RedisServer
+
+DISTURBANCES = ("kill", "term", "stop", "full")
 
 
 @dataclass(frozen=True)
 class ChaosConfig:
     workers: int = 4
     runs: int = 8
-    events: int = 20  # worker disturbances (SIGKILL or SIGTERM); the Redis restart comes on top
+    events: int = 20  # worker disturbances (drawn from DISTURBANCES); the Redis restart and wipe come on top
     seed: int | None = None  # None: drawn at random and printed
     gap_s: tuple[float, float] = (0.3, 2.0)  # pause before each disturbance, uniform
     lease_ttl_s: float = 3.0
@@ -47,7 +60,10 @@ class ChaosResult:
     shards: int
     kills: int = 0
     terms: int = 0
+    stops: int = 0
+    full_shares: int = 0
     redis_restarts: int = 0
+    redis_wipes: int = 0
     wall_s: float = 0.0
     lost_work_s: float = 0.0  # upper bound: per SIGKILL of a lease holder, time since its run's last promote
     violations: list[str] = field(default_factory=list)
@@ -55,7 +71,8 @@ class ChaosResult:
     def summary(self) -> str:
         verdict = "OK" if not self.violations else f"{len(self.violations)} VIOLATION(S)"
         return (f"chaos seed={self.seed}: {self.workers} workers, {self.runs} runs x {self.shards} shards; "
-                f"{self.kills} SIGKILL, {self.terms} SIGTERM, {self.redis_restarts} Redis restart; "
+                f"{self.kills} SIGKILL, {self.terms} SIGTERM, {self.stops} SIGSTOP past the lease, "
+                f"{self.full_shares} full share, {self.redis_restarts} Redis restart, {self.redis_wipes} Redis wipe; "
                 f"wall {self.wall_s:.1f}s; lost work <= {self.lost_work_s:.2f}s (sum over SIGKILLs): {verdict}")
 
 
@@ -150,23 +167,49 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
             spawned += 1
             live[name] = cluster.start_worker(name)
 
+        full: dict[str, subprocess.Popen[bytes]] = {}
+
+        def spawn_full() -> None:
+            """A worker on a node whose share is full: every write past 16 KiB fails (EFBIG)."""
+            nonlocal spawned
+            name = f"full{spawned}"
+            spawned += 1
+            full[name] = cluster.start_worker(name, preexec_fn=_limit_file_size, INFRA_GIVE_UP_SECONDS="2")
+
         for _ in range(cfg.workers):
             spawn()
-        # The Redis restart comes before one of the first disturbances: early enough that it always happens.
+        # The Redis restart and wipe come early, so that they always happen before the queue drains.
         restart_at = rng.randrange(min(cfg.events, 3))
+        wipe_at = rng.choice([e for e in range(min(cfg.events, 4)) if e != restart_at] or [restart_at])
         started = time.monotonic()
         queue = cluster.queue()
         for event in range(cfg.events):
             time.sleep(rng.uniform(*cfg.gap_s))
-            if queue.counts().drained:
+            if queue.counts().drained and queue.seeded():
                 break
             if event == restart_at:
                 cluster.server.kill()
                 time.sleep(rng.uniform(0.5, 1.5))
                 cluster.server.start()
                 result.redis_restarts += 1
+            if event == wipe_at:
+                cluster.wipe_redis()
+                result.redis_wipes += 1
+            kind = rng.choice(DISTURBANCES)
+            if kind == "full":
+                spawn_full()
+                result.full_shares += 1
+                continue
             name = rng.choice(sorted(live))
-            sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
+            if kind == "stop":
+                proc = live[name]
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGSTOP)
+                    time.sleep(cfg.lease_ttl_s * rng.uniform(1.3, 2.0))  # past its lease: a peer takes over
+                    proc.send_signal(signal.SIGCONT)
+                    result.stops += 1
+                continue
+            sig = signal.SIGKILL if kind == "kill" else signal.SIGTERM
             proc = live.pop(name)
             held = [(run, r["lease"]) for run, r in queue.snapshot()["runs"].items()
                     if r["lease"] and r["lease"]["owner"] == name]
@@ -196,12 +239,26 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
                 codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 codes[name] = None
+        for name, proc in full.items():
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+            # It exits EXIT_INFRA once it hit the full share, or 0 if the queue drained before it wrote.
+            if code not in (0, EXIT_INFRA) or (code == EXIT_INFRA and "File too large" not in cluster.log(name)):
+                result.violations.append(f"full-share worker {name} exited {code}: {cluster.log(name)[-1500:]}")
         result.wall_s = time.monotonic() - started
         result.violations += verify(cluster, reference, codes)
         return result
     finally:
         cluster.stop()
         cluster.server.kill()
+
+
+def _limit_file_size() -> None:
+    """preexec_fn: this process may write no file past 16 KiB (a checkpoint is ~30 KiB): a full share
+    without root. Python ignores SIGXFSZ, so the write fails with EFBIG instead of killing it."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"chaos seed {seed} (replay with --seed {seed}): {args.workers} workers, {args.runs} runs, "
-          f"{args.events} disturbances + 1 Redis restart", flush=True)
+          f"{args.events} disturbances + 1 Redis restart + 1 Redis wipe", flush=True)
     cfg = ChaosConfig(workers=args.workers, runs=args.runs, events=args.events, seed=seed)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         workdir = args.dir or Path(tmp)

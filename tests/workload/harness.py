@@ -65,10 +65,11 @@ class Cluster:
                              env=self.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
 
-    def start_worker(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, preexec_fn=None, **extra: str) -> subprocess.Popen[bytes]:
         log = open(self.share.parent / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen([sys.executable, "-m", "workload", "worker", "--worker-id", name],
-                                env=self.env(**extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                env=self.env(**extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=preexec_fn)
         self.procs.append(proc)
         return proc
 

@@ -131,3 +131,77 @@ def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Pat
     assert again.returncode == 0, again.stderr
     assert "21/21 shards applied" in again.stdout
     assert os.path.exists(base / "share" / "output" / "main" / "report.txt")
+
+
+def test_status_fails_fast_when_redis_is_unreachable(cluster: Cluster) -> None:
+    cluster.server.kill()
+    started = time.monotonic()
+    out = cli(cluster, "status")
+    assert out.returncode == 3 and "Redis unreachable" in out.stderr
+    assert time.monotonic() - started < 15, "status is for a person at a terminal: seconds, not minutes"
+
+
+def test_a_killed_seeders_temporary_folder_is_cleaned(cluster: Cluster) -> None:
+    datasets = cluster.share / "datasets"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = datasets / f".fraud.tmp-{socket.gethostname()}-{gone.pid}"
+    (stale / "training").mkdir(parents=True)
+    (stale / "training" / "half.parquet").write_bytes(b"PAR1")
+    busy = datasets / f".other.tmp-another-pod-{os.getpid()}"  # another pod's, still being written
+    busy.mkdir()
+    cluster.seed()
+    assert not stale.exists(), "a dead seeder's temporary folder survived"
+    assert busy.exists(), "a live seeder's folder on another pod must be left alone"
+
+
+def test_a_second_local_on_the_same_folder_refuses_and_a_killed_local_leaves_nothing(tmp_path: Path) -> None:
+    base = tmp_path / "local"
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": {"epochs": 200}}))
+    cmd = [sys.executable, "-m", "workload", "local", "--dir", str(base), "--runs-file", str(runs)]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    line = ""
+    while not (found := re.search(r"Redis redis://127.0.0.1:(\d+)/0", line)):
+        line = first.stderr.readline()
+        assert line or first.poll() is None, "local exited before starting Redis"
+    port = int(found[1])
+    deadline = time.monotonic() + 120
+    while not list(base.glob("logs/worker-*.log")):
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.2)
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2 and f"another `make local` (pid {first.pid}) is running on {base}" in second.stderr
+    first.send_signal(signal.SIGKILL)  # a closed terminal or a second Ctrl-C could leave no time to clean up
+    first.wait()
+    deadline = time.monotonic() + 20
+    while processes_with_env(f"SHARE_DIR={base / 'share'}") or _listening(port):
+        assert time.monotonic() < deadline, "workers or Redis outlived a killed `make local`"
+        time.sleep(0.2)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_exit_codes_and_requeue(cluster: Cluster) -> None:
+    """0 all done; 4 drained with dead letters; `requeue` brings them back and they train."""
+    cluster.seed({"main": HPARAMS, "bad": {**HPARAMS, "seed": 1}})
+    (cluster.share / "runs" / "bad.json").write_text('{"run": "bad", "dataset": "fraud", "hparams": {"lr": 5}}')
+    cluster.start_worker("w")
+    assert cluster.wait_all() == [4], cluster.log("w")
+    assert "dead-lettered in run bad: bad/training/2018-04-01.parquet: run 'bad' hyperparameters: lr=5.0" \
+        in cluster.log("w")
+    (cluster.share / "runs" / "bad.json").write_text(json.dumps({"run": "bad", "dataset": "fraud",
+                                                                 "hparams": {**HPARAMS, "seed": 1}}))
+    out = cli(cluster, "requeue", "--run", "bad")
+    assert out.returncode == 0 and "requeued 6 dead-lettered item(s) in run bad" in out.stdout
+    cluster.procs.clear()
+    cluster.start_worker("w2")
+    assert cluster.wait_all() == [0], cluster.log("w2")
+    assert len(cluster.final_state("bad")["applied"]) == 6
+    assert "no dead-lettered items" in cli(cluster, "requeue").stdout

@@ -50,20 +50,17 @@ def small_output(cluster: Cluster):
 def fill(folder: Path) -> Path:
     """Fill the file system under `folder` to the last byte."""
     filler = folder / "filler"
-    with open(filler, "wb") as f:
-        try:
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 512, 1):
             while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    with open(filler, "ab") as f:
-        try:
-            while True:
-                f.write(b"\0" * 512)
-                f.flush()
-        except OSError:
-            pass
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
     return filler
 
 
