@@ -153,6 +153,9 @@ class CheckpointStore:
         entries = self._entries()
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.manifest_path(token), json.dumps({"entries": entries}, indent=1) + "\n")
+        if self.manifests()[0][0] > token:  # frozen while writing it, past the lease: take it back
+            self.manifest_path(token).unlink(missing_ok=True)
+            return False
         return True
 
     def next_path(self, token: int) -> Path:

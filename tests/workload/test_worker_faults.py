@@ -199,8 +199,13 @@ def test_a_worker_frozen_past_its_lease_changes_nothing(cluster: Cluster, refere
                      what="the peer to take over and make progress")
     resumed_at = time.time()
     victim.send_signal(signal.SIGCONT)
-    cluster.wait_for(lambda: "lost the lease" in cluster.log("victim") or "already acked by" in cluster.log("victim"),
+    cluster.wait_for(lambda: any(m in cluster.log("victim") for m in ("lost the lease", "already acked by",
+                                                                       "refused: token")),
                      timeout_s=60, what="the resumed victim to notice it is stale")
+    run_dir = cluster.share / "output" / "main"
+    late = [p.name for p in run_dir.rglob("*") if p.is_file() and re.search(rf"-t0*{stale_token}\.", p.name)
+            and p.stat().st_mtime >= resumed_at]
+    assert not late, f"the stale worker (token {stale_token}) wrote {late} after it was resumed"
     if peer.poll() is None:
         peer.send_signal(signal.SIGKILL)
         peer.wait()
@@ -210,10 +215,6 @@ def test_a_worker_frozen_past_its_lease_changes_nothing(cluster: Cluster, refere
     assert_exactly_once(cluster, reference_state)
     after = cluster.log("victim").split("lost the lease")[-1] if "lost the lease" in cluster.log("victim") else ""
     assert f"acked {stale_item}\n" not in after and f"{stale_item} applied" not in after
-    run_dir = cluster.share / "output" / "main"
-    late = [p.name for p in run_dir.rglob("*") if p.is_file() and re.search(rf"-t0*{stale_token}\.", p.name)
-            and p.stat().st_mtime >= resumed_at]
-    assert not late, f"the stale worker (token {stale_token}) wrote {late} after it was resumed"
     store = CheckpointStore(run_dir)
     final = store.load()
     assert report_source(run_dir) == (final.token, final.seq), "the report comes from the newest checkpoint"
