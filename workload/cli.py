@@ -25,7 +25,7 @@ from workload import plan, report, simulator
 from workload.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA
 from workload.fsutil import clean_stale_tmp, tmp_dir_for
 from workload.hparams import HParams
-from workload.paths import REPORT_TXT, check_name, share_paths
+from workload.paths import NAME, REPORT_TXT, check_name, share_paths
 from workload.queue import QueueInterrupted, QueueUnavailable, WorkQueue, connect
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ def status(args: argparse.Namespace) -> int:
         for item, err in r["errors"].items():
             if item not in r["dead"]:
                 out.append(f"  retrying: {item} ({r['attempts'].get(item, 0)} failed): {err}")
-        m = report.latest_metrics(output_dir / run)
+        m = report.latest_metrics(output_dir / run) if NAME.match(run) else None  # a hostile name: no path
         if m:
             out.append(f"  latest: after {m['shard']}: {report.figures_line(m)}")
             out.append(f"  report: {output_dir / run / REPORT_TXT}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from workload import report
 from workload.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
-from workload.paths import METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, share_paths
+from workload.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_TXT, share_paths
 from workload.queue import WorkQueue, connect
 from workload.redis_server import RedisServer, die_with_parent
 
@@ -164,7 +164,7 @@ def summary(queue: WorkQueue, share: Path) -> None:
         lines.append(f"  run {run}: {r['done']}/{r['total']} shards applied, {len(r['dead'])} dead-lettered")
         for item, d in r["dead"].items():
             lines.append(f"    dead: {item}: {d['error']}")
-        m = report.latest_metrics(output_dir / run)
+        m = report.latest_metrics(output_dir / run) if NAME.match(run) else None  # a hostile name: no path
         if m:
             lines.append(f"    test days: {report.figures_line(m)}")
         lines.append(f"    report:  {output_dir / run / REPORT_TXT}")

@@ -49,7 +49,7 @@ from workload.errors import (
     is_infra,
 )
 from workload.paths import check_name, share_paths
-from workload.queue import Lease, QueueInterrupted, WorkQueue
+from workload.queue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
 from workload.trainer import HParams, Trainer
 
 log = logging.getLogger(__name__)
@@ -311,8 +311,8 @@ class Worker:
             state = self.queue.release(lease, error=str(exc), permanent=True)
             log.error("%s can never succeed: %s -> %s", item.id, exc, state)
             return Outcome.FAILED
-        except QueueInterrupted:
-            raise
+        except QueueUnavailable:
+            raise  # Redis is gone for longer than the retry budget: nothing to release with; exit EXIT_INFRA
         except Exception as exc:  # noqa: BLE001 - classified: the platform's fault, or one attempt
             if is_infra(exc):
                 self._last_infra = f"{item.id}: {describe(exc)}"
