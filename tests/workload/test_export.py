@@ -19,7 +19,7 @@ import torch
 from harness import ROOT, Cluster
 from safetensors import safe_open
 
-from workload import metrics, schema
+from workload import cli, metrics, schema
 from workload.checkpoint import CheckpointStore
 from workload.export import HEADER_KEY, MODEL_FILE, load_model
 from workload.redis_server import free_port
@@ -33,6 +33,13 @@ FILES = ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png", MODEL_FIL
 def workload_cmd(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "workload", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The command line in this process (no interpreter start-up): exit code, stdout, stderr."""
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")
@@ -130,10 +137,11 @@ def test_export_to_a_folder_scores_the_test_days_as_the_report_says(sweep: Path,
         (folder / "report.txt").read_text()
 
 
-def test_export_is_idempotent_and_the_loaded_model_is_the_checkpoint(sweep: Path, tmp_path: Path) -> None:
+def test_export_is_idempotent_and_the_loaded_model_is_the_checkpoint(sweep: Path, tmp_path: Path, capsys) -> None:
     for _ in range(2):
-        out = workload_cmd("export", "--share", str(sweep / "share"), "--run", "main", "--to", str(tmp_path))
-        assert out.returncode == 0, out.stderr
+        code, _, err = in_process(capsys, "export", "--share", str(sweep / "share"), "--run", "main", "--to",
+                                  str(tmp_path))
+        assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "main").iterdir()) == sorted(FILES), "no temporary files left"
     trainer = load_model(tmp_path / "main" / MODEL_FILE)
     state = CheckpointStore(sweep / "share" / "output" / "main").load().state
@@ -144,21 +152,21 @@ def test_export_is_idempotent_and_the_loaded_model_is_the_checkpoint(sweep: Path
         assert torch.equal(trainer.norm.state()[key], tensor), key
 
 
-def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp_path: Path) -> None:
-    env = {"STORAGE_EMULATOR_HOST": emulator}
+def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp_path: Path, capsys) -> None:
     uri = f"gs://{bucket.name}/results/"
-    out = workload_cmd("export", "--share", str(sweep / "share"), "--run", "lr3", "--to", uri, env=env)
+    out = workload_cmd("export", "--share", str(sweep / "share"), "--run", "lr3", "--to", uri,
+                       env={"STORAGE_EMULATOR_HOST": emulator})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"gs://{bucket.name}/results/lr3/"
     assert "5 object(s) uploaded, 0 already there" in out.stderr
     objects = {b.name: b for b in bucket.client.list_blobs(bucket)}
     assert sorted(objects) == sorted(f"results/lr3/{name}" for name in FILES)
-    local = workload_cmd("export", "--share", str(sweep / "share"), "--run", "lr3", "--to", str(tmp_path))
-    assert local.returncode == 0, local.stderr
+    code, _, err = in_process(capsys, "export", "--share", str(sweep / "share"), "--run", "lr3", "--to", str(tmp_path))
+    assert code == 0, err
     for name in FILES:
         assert objects[f"results/lr3/{name}"].download_as_bytes() == (tmp_path / "lr3" / name).read_bytes(), name
-    again = workload_cmd("export", "--share", str(sweep / "share"), "--run", "lr3", "--to", uri, env=env)
-    assert again.returncode == 0 and "0 object(s) uploaded, 5 already there" in again.stderr, again.stderr
+    code, _, err = in_process(capsys, "export", "--share", str(sweep / "share"), "--run", "lr3", "--to", uri)
+    assert code == 0 and "0 object(s) uploaded, 5 already there" in err, err
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -169,14 +177,15 @@ def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp
     (["score", "--model", "{ckpt}", "--datasets", "{data}", "--out", "{tmp}/s.parquet"], "not a readable model file"),
     (["score", "--model", "{tmp}/none.safetensors", "--datasets", "{data}"], "cannot read it"),
 ])
-def test_bad_export_and_score_arguments_get_one_line(sweep: Path, dataset_src: Path, tmp_path: Path,
-                                                     args: list[str], message: str) -> None:
+def test_bad_export_and_score_arguments_get_one_line(sweep: Path, dataset_src: Path, tmp_path: Path, capsys,
+                                                     monkeypatch, args: list[str], message: str) -> None:
+    monkeypatch.delenv("OUTPUT_URI", raising=False)
     ckpt = next((sweep / "share" / "output" / "main" / "checkpoints").glob("ckpt-*.pt"))  # a pickle-zip: refused
     args = [a.format(tmp=tmp_path, ckpt=ckpt, data=dataset_src) for a in args]
-    out = workload_cmd(*args, "--share", str(sweep / "share")) if args[0] == "export" else workload_cmd(*args)
-    errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
-    assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr
-    assert "Traceback" not in out.stderr
+    code, _, err = in_process(capsys, *args, *(["--share", str(sweep / "share")] if args[0] == "export" else []))
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
 
 
 def test_the_worker_that_finishes_a_run_exports_it_to_OUTPUT_URI(cluster: Cluster, bucket, emulator: str) -> None:
