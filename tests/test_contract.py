@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (contract.ENV_WORKER_ID, "worker", "pod-7", "worker_id", "pod-7"),
     (contract.ENV_LEASE_TTL, "worker", "45", "lease_ttl", 45.0),
     (contract.ENV_CHECKPOINT_INTERVAL, "worker", "12", "checkpoint_interval", 12.0),
-    (contract.ENV_MAX_ATTEMPTS, "seed", "9", "max_attempts", 9),
+    (contract.ENV_MAX_ATTEMPTS, "worker", "9", "max_attempts", 9),
 ])
 def test_every_env_var_the_jobs_set_is_read_by_the_cli(monkeypatch, name, verb, value, attr, expected) -> None:
     monkeypatch.setenv(name, value)
