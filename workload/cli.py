@@ -261,6 +261,8 @@ def export_cmd(args: argparse.Namespace) -> int:
         where = export.export_run(args.share, args.run, args.to)
     except (export.ExportError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--share {args.share}: cannot read run {args.run!r} ({exc})") from None
     print(where)
     return 0
 
@@ -272,6 +274,8 @@ def score_cmd(args: argparse.Namespace) -> int:
         score.score_dataset(args.model, args.datasets, args.out, args.days)
     except (score.ScoreError, export.ModelFileError) as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:  # an unreadable data file: the message names it
+        raise UsageError(f"--datasets {args.datasets}: {exc}") from None
     return 0
 
 

@@ -202,27 +202,40 @@ def write_dir(export: RunExport, to: Path) -> str:
     return str(folder)
 
 
-def storage_client() -> Any:
-    """A Cloud Storage client from the environment: Workload Identity on GKE, application-default
-    credentials elsewhere, the emulator when STORAGE_EMULATOR_HOST is set."""
+def _google() -> tuple[Any, Any]:
+    """(google.cloud.storage, google.api_core.exceptions), imported only when a bucket is used."""
     import warnings
 
     with warnings.catch_warnings():  # google.api_core's notice about the Python version, at import
         warnings.simplefilter("ignore", FutureWarning)
+        from google.api_core import exceptions
         from google.cloud import storage
+    return storage, exceptions
+
+
+def storage_client() -> Any:
+    """A Cloud Storage client from the environment: Workload Identity on GKE, application-default
+    credentials elsewhere, the emulator when STORAGE_EMULATOR_HOST is set."""
+    storage, _ = _google()
     return storage.Client()
 
 
 def write_gs(export: RunExport, uri: str, client: Any | None = None) -> str:
-    """Upload to gs://bucket/prefix/<run>/; objects whose MD5 already matches are left alone."""
-    from google.api_core import exceptions as gexc
+    """Upload to gs://bucket/prefix/<run>/; objects whose MD5 already matches are left alone.
 
+    Writing needs create and delete (an object is replaced by delete + create) on the prefix:
+    roles/storage.objectUser. Listing is only an optimisation: without it, everything is uploaded."""
+    _, gexc = _google()
     bucket_name, prefix = parse_gs_uri(uri)
     folder = f"{prefix}/{export.run}/" if prefix else f"{export.run}/"
     try:
         client = client or storage_client()
         bucket = client.bucket(bucket_name)
-        present = {b.name: b.md5_hash for b in client.list_blobs(bucket, prefix=folder)}
+        try:
+            present = {b.name: b.md5_hash for b in client.list_blobs(bucket, prefix=folder)}
+        except gexc.Forbidden as exc:
+            log.info("gs://%s/%s: cannot list objects (%s); uploading every file", bucket_name, folder, exc.message)
+            present = {}
         uploaded = 0
         for name, data in export.files.items():
             key = folder + name
@@ -234,9 +247,9 @@ def write_gs(export: RunExport, uri: str, client: Any | None = None) -> str:
     except gexc.GoogleAPIError as exc:
         raise ExportError(f"{uri}: Cloud Storage refused the export of run {export.run} "
                           f"({type(exc).__name__}: {getattr(exc, 'message', exc)})") from exc
+    except ExportError:
+        raise
     except Exception as exc:  # noqa: BLE001 - credentials, network: still one line naming the destination
-        if isinstance(exc, ExportError):
-            raise
         raise ExportError(f"{uri}: cannot export run {export.run} ({type(exc).__name__}: {exc})") from exc
     log.info("gs://%s/%s: %d object(s) uploaded, %d already there", bucket_name, folder, uploaded,
              len(export.files) - uploaded)
@@ -245,6 +258,8 @@ def write_gs(export: RunExport, uri: str, client: Any | None = None) -> str:
 
 def export_run(share: Path, run: str, to: str) -> str:
     """Export `run` to a local folder or gs://bucket/prefix; returns where it went."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", to) and not to.startswith("gs://"):
+        raise ExportError(f"--to {to}: only gs://bucket/prefix or a local folder is supported")
     export = collect(share, run)
     where = write_gs(export, to) if to.startswith("gs://") else write_dir(export, Path(to))
     log.info("exported run %s (%d day(s) applied: %s) to %s", run, export.days_applied,

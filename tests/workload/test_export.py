@@ -159,6 +159,7 @@ def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"gs://{bucket.name}/results/lr3/"
     assert "5 object(s) uploaded, 0 already there" in out.stderr
+    assert "Warning" not in out.stderr, out.stderr
     objects = {b.name: b for b in bucket.client.list_blobs(bucket)}
     assert sorted(objects) == sorted(f"results/lr3/{name}" for name in FILES)
     code, _, err = in_process(capsys, "export", "--share", str(sweep / "share"), "--run", "lr3", "--to", str(tmp_path))
@@ -174,6 +175,7 @@ def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp
     (["export", "--run", "../main", "--to", "{tmp}/x"], "--run '../main' is not allowed"),
     (["export", "--run", "main"], "--to is required (or env OUTPUT_URI)"),
     (["export", "--run", "main", "--to", "gs://Bad_Bucket/x"], "'Bad_Bucket' is not a bucket name"),
+    (["export", "--run", "main", "--to", "s3://bucket/x"], "only gs://bucket/prefix or a local folder"),
     (["score", "--model", "{ckpt}", "--datasets", "{data}", "--out", "{tmp}/s.parquet"], "not a readable model file"),
     (["score", "--model", "{tmp}/none.safetensors", "--datasets", "{data}"], "cannot read it"),
 ])
