@@ -1,6 +1,7 @@
 """Command line (also the container entrypoint): seed, worker, status, export, score, local.
 
-Every flag has an environment variable, so a Kubernetes Job configures the same code by env.
+Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;
+`--help` on each command names them, with defaults and an example.
 The Redis password is read from REDIS_PASSWORD only: never a flag, never logged.
 """
 
