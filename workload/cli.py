@@ -283,8 +283,9 @@ def score_cmd(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------------------
 def _sub(sub: Any, name: str, summary: str, example: str, more: str = "") -> argparse.ArgumentParser:
     """A subcommand whose --help says what it does (`summary`, then `more`) and ends with one example."""
-    return sub.add_parser(name, help=summary, description=textwrap.fill(f"{summary}. {more}".strip(), 100),
-                          epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    description = textwrap.fill(f"{summary}. {more}".strip(), 100, break_on_hyphens=False)
+    return sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def parser() -> argparse.ArgumentParser:
