@@ -221,3 +221,22 @@ def test_a_failed_export_warns_and_costs_no_item_anything(cluster: Cluster, emul
     assert "run main is trained, but exporting it to gs://no-such-bucket/out (OUTPUT_URI) failed" in log, log
     assert "python -m workload export --run main --to gs://no-such-bucket/out" in log
     assert np.isfinite(cluster.final_state()["history"][-1]["average_precision"])
+
+
+def test_score_refuses_a_model_from_other_features_or_another_tool(sweep: Path, dataset_src: Path, tmp_path: Path,
+                                                                  capsys) -> None:
+    from safetensors.torch import save_file
+
+    from workload.export import model_bytes
+
+    state = CheckpointStore(sweep / "share" / "output" / "main").load().state
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(model_bytes({**state, "feature_names": ["amount", *state["feature_names"][1:]]}))
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": torch.zeros(2)}, str(foreign))
+    cases = ((other, "was trained on features ['amount', "), (foreign, "without the 'spot_trainer' header"))
+    for model, message in cases:
+        code, _, err = in_process(capsys, "score", "--model", str(model), "--datasets", str(dataset_src), "--out",
+                                  str(tmp_path / "s.parquet"))
+        assert code == 2 and message in err, err
+    assert not (tmp_path / "s.parquet").exists()
