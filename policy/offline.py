@@ -83,7 +83,7 @@ def render_and_check(stack: str, out_dir: Path | None = None) -> tuple[Rendered,
 def main(argv: list[str] | None = None) -> int:
     """``python -m policy.offline STACK [--out DIR]``: exit 1 on a mandatory violation, 2 on bad config."""
     parser = argparse.ArgumentParser(prog="python -m policy.offline", description=main.__doc__)
-    parser.add_argument("stack", choices=render.stack_names())
+    parser.add_argument("stack", type=render.stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("--out", type=Path, help="output folder (default build/render/STACK)")
     args = parser.parse_args(argv)
     try:

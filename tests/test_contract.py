@@ -44,3 +44,8 @@ def test_the_image_runs_as_the_uid_the_pods_require() -> None:
     assert f"SHARE_DIR={contract.SHARE_DIR}" in dockerfile
     assert (ROOT / contract.IMAGE_CONTEXT / "requirements.txt").is_file()
     assert 'ENTRYPOINT ["python", "-m", "workload"]' in dockerfile
+
+
+def test_the_presets_the_config_allows_are_the_simulators() -> None:
+    """``datasetPreset`` is validated at preview against contract.DATASET_PRESETS: it must be the image's list."""
+    assert tuple(simulator.PRESETS) == contract.DATASET_PRESETS
