@@ -132,6 +132,10 @@ class Registered:
     dependencies: list[str]
     custom_timeouts: dict[str, str]
     delete_before_replace: bool
+    protect: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
+    # Input property -> URNs its value depends on (what the engine records per property).
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     # ``inputs`` with secrets and credentials replaced by MASK: what may be written to disk.
     masked_inputs: dict[str, Any] = field(default_factory=dict)
 
@@ -235,6 +239,11 @@ class _RecordingMonitor(mocks.MockMonitor):
                         if getattr(timeouts, k)
                     },
                     delete_before_replace=request.deleteBeforeReplace,
+                    protect=request.protect,
+                    ignore_changes=list(request.ignoreChanges),
+                    property_dependencies={
+                        k: list(v.urns) for k, v in request.propertyDependencies.items()
+                    },
                 )
             )
         return response

@@ -56,7 +56,8 @@ def check(resources: Sequence[Registered], facts: rules.StackFacts) -> list[Viol
     for rule in rules.RULES:
         if rule.check_resource is not None:
             for r in resources:
-                for message in rule.check_resource(r.type, r.inputs, facts):
+                extra = {"protect": r.protect} if rule.reads_protect else {}
+                for message in rule.check_resource(r.type, r.inputs, facts, **extra):
                     found.append(Violation(rule.name, rule.level, by_urn[r.urn], message))
         if rule.check_stack is not None:
             for urn, message in rule.check_stack(views, facts):

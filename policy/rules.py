@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import contract, gke
-from infra.config import END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS
+from infra.config import DELETION_PROTECTION_TIERS, END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS
 
 MANDATORY, ADVISORY = "mandatory", "advisory"
 
@@ -109,6 +109,8 @@ class Rule:
     level: str
     check_resource: ResourceCheck | None = None
     check_stack: StackCheck | None = None
+    # The resource check also takes ``protect=`` (the resource's ``protect`` option, from the engine).
+    reads_protect: bool = False
 
 
 # --- reading properties -----------------------------------------------------------------------------
@@ -256,8 +258,25 @@ def cost_labels(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list
     return problems
 
 
-def prod_deletion_protection(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share."""
+def prod_deletion_protection(
+    type_: str, props: Mapping[str, Any], facts: StackFacts, protect: bool = False
+) -> list[str]:
+    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share.
+
+    Filestore's own deletion protection exists on ZONAL, REGIONAL and ENTERPRISE only: on a BASIC tier
+    the argument fails the create (in any stack), and Pulumi's ``protect`` option (``protect``: the
+    engine refuses the delete) is what guards a BASIC instance in prod.
+    """
+    if type_ == FILESTORE and _get(props, "tier") not in DELETION_PROTECTION_TIERS:
+        tier = _get(props, "tier")
+        if "deletionProtectionEnabled" in _keys(props) and props["deletionProtectionEnabled"] is not None:
+            return [
+                f"Filestore instance: tier {tier!r} has no deletion protection, and deletionProtectionEnabled "
+                "fails the create; leave it out and protect the resource with Pulumi's `protect` option"
+            ]
+        if facts.stack == PROTECTED_STACK and not protect:
+            return [f"Filestore instance: tier {tier!r} in stack {facts.stack!r} must have Pulumi's `protect` option"]
+        return []
     if facts.stack != PROTECTED_STACK:
         return []
     if type_ == CLUSTER:
@@ -590,9 +609,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "prod-deletion-protection",
-        "Stack prod keeps deletion protection on its cluster and Filestore",
+        "Stack prod keeps deletion protection on its cluster and Filestore (Pulumi's protect on BASIC tiers, "
+        "which take no deletionProtectionEnabled)",
         MANDATORY,
         check_resource=prod_deletion_protection,
+        reads_protect=True,
     ),
     Rule(
         "cost-labels",

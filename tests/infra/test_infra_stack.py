@@ -430,3 +430,24 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
         }
 
     assert not names(rendered("dev")) & names(rendered("prod"))
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "api", "protect"),
+    [
+        ("prod", {}, None, True),  # BASIC_SSD: no API protection, Pulumi's protect instead
+        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, False),
+        ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, False),
+        ("dev", {}, None, False),
+        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, False, False),
+        ("dev", {"deletionProtection": True}, None, True),
+    ],
+    ids=str,
+)
+def test_filestore_deletion_protection_only_where_the_tier_has_it(
+    stack: str, overrides: dict[str, Any], api: bool | None, protect: bool, rendered: Render
+) -> None:
+    """deletion_protection_enabled on a BASIC tier fails the create (terraform-provider-google#20311)."""
+    share = rendered(stack, **overrides).one(FILESTORE)
+    assert share.inputs.get("deletionProtectionEnabled") is api
+    assert share.protect is protect

@@ -16,7 +16,9 @@ import pytest
 import yaml
 from pulumi_policy import (
     EnforcementLevel,
+    PolicyCustomTimeouts,
     PolicyResource,
+    PolicyResourceOptions,
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
@@ -159,6 +161,25 @@ def test_a_wrapped_policy_knows_prod_from_the_urn() -> None:
     assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="dev") == []
     assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="prod") == [
         "Cluster: deletionProtection is False in stack 'prod'; it must be true"
+    ]
+
+
+def test_a_wrapped_policy_reads_the_protect_option_from_the_engine() -> None:
+    """prod's BASIC_SSD share is guarded by `protect`, which the analyzer passes in ``args.opts``."""
+    (policy,) = [p for p in pack.policies() if p.name == "prod-deletion-protection"]
+    share = {"tier": "BASIC_SSD", "labels": {}}
+
+    def run(protect: bool) -> list[str]:
+        reported: list[str] = []
+        opts = PolicyResourceOptions(protect, [], False, [], PolicyCustomTimeouts(0, 0, 0), [])
+        urn = f"urn:pulumi:prod::spot-trainer::{rules.FILESTORE}::share"
+        args = ResourceValidationArgs(rules.FILESTORE, unknown_checking_proxy(share), urn, "share", opts, None)  # type: ignore[arg-type]
+        policy.validate(args, lambda message, urn=None: reported.append(message))
+        return reported
+
+    assert run(protect=True) == []
+    assert run(protect=False) == [
+        "Filestore instance: tier 'BASIC_SSD' in stack 'prod' must have Pulumi's `protect` option"
     ]
 
 
