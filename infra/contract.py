@@ -12,6 +12,8 @@ APP = "spot-trainer"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
+# The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
+SHARE_PREP = "share-prep"
 
 # Mount path of the Filestore PVC inside loader and worker pods.
 SHARE_DIR = "/mnt/share"

@@ -151,6 +151,7 @@ class LoaderJob(pulumi.ComponentResource):
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
+        after: list[pulumi.Resource] | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
         self.name = f"{cfg.labels.app}-{contract.LOADER}"
@@ -176,7 +177,7 @@ class LoaderJob(pulumi.ComponentResource):
                 provider=provider,
                 # Fixed names: a new image digest must delete the old Job before creating the new one.
                 delete_before_replace=True,
-                depends_on=[redis.deployment, redis.network_policy, share.claim],
+                depends_on=[redis.deployment, redis.network_policy, share.claim, *(after or [])],
                 custom_timeouts=pulumi.CustomTimeouts(
                     create=f"{cfg.jobs.loader_timeout_minutes}m", update=f"{cfg.jobs.loader_timeout_minutes}m"
                 ),

@@ -21,6 +21,7 @@ from infra.jobs import LoaderJob, TrainingJob, one_off_pod
 from infra.network import Network
 from infra.redis import RedisQueue
 from infra.services import ProjectServices
+from infra.share_prep import SharePreparation
 
 
 def build(cfg: StackConfig) -> dict[str, Any]:
@@ -57,7 +58,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     capacity = GpuCapacity("gpu", cfg, cluster.provider)
     share = FilestoreShare("share", cfg, network, cluster.provider, ns, opts=on_gcp)
     redis = RedisQueue("redis", cfg, cluster.provider, ns)
-    loader = LoaderJob("loader", cfg, image.ref, redis, share, cluster.provider, ns)
+    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
+    prepared = SharePreparation("share-prep", cfg, image.ref, share, cluster.provider)
+    loader = LoaderJob("loader", cfg, image.ref, redis, share, cluster.provider, ns, after=[prepared.job])
     training = TrainingJob("training", cfg, image.ref, redis, share, capacity, loader, cluster.provider, ns)
 
     n = f"-n {cfg.namespace}"

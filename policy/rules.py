@@ -190,8 +190,18 @@ def image_pinned_by_digest(type_: str, props: Mapping[str, Any], facts: StackFac
     return problems
 
 
+def _is_share_preparation(template: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    """The one root container allowed: the share-preparation step (infra/share_prep.py), which drops every
+    capability but CHOWN. A new Filestore share is root-owned and fsGroup does nothing for NFS."""
+    if _get(template, "metadata", "labels", contract.COMPONENT_LABEL) != contract.SHARE_PREP:
+        return False
+    caps = _map(_get(container, "securityContext", "capabilities"))
+    return _list(caps.get("drop")) == ["ALL"] and _list(caps.get("add")) == ["CHOWN"]
+
+
 def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees."""
+    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees.
+    The share-preparation step may run as root with CHOWN alone; it is still never privileged."""
     template = pod_template(type_, props)
     if template is None:
         return []
@@ -205,12 +215,14 @@ def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: Stac
         def effective(key: str, context: Mapping[str, Any] = context) -> Any:
             return context[key] if key in _keys(context) else _get(pod_context, key)
 
-        if effective("runAsNonRoot") is not True:
+        if _is_share_preparation(template, c):
+            pass  # root by design, with CHOWN only: privilege checks below still apply
+        elif effective("runAsNonRoot") is not True:
             problems.append(f"{where} does not set runAsNonRoot: true (pod or container securityContext)")
         uid = effective("runAsUser")
         if uid is None:
             problems.append(f"{where} sets no runAsUser; give it a non-zero uid")
-        elif uid == 0:
+        elif uid == 0 and not _is_share_preparation(template, c):
             problems.append(f"{where} runs as uid 0 (root)")
         if context.get("privileged") is True:
             problems.append(f"{where} is privileged")
