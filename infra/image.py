@@ -50,7 +50,7 @@ class TrainingImage(pulumi.ComponentResource):
             opts=child,
         )
         # Nodes pull with their own least-privilege account: read access to this repository only.
-        gcp.artifactregistry.RepositoryIamMember(
+        self.reader_grant = gcp.artifactregistry.RepositoryIamMember(
             f"{name}-node-reader",
             project=cfg.project_id,
             location=cfg.region,
@@ -76,5 +76,9 @@ class TrainingImage(pulumi.ComponentResource):
             ],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
         )
-        self.ref = pulumi.Output.concat(self.repository_url, "@", self.image.digest)
+        # The reference carries the grant as a dependency: whatever runs the image (the Jobs) is created
+        # only once nodes may pull it, instead of racing the IAM binding into ImagePullBackOff.
+        self.ref = pulumi.Output.all(self.image.digest, self.reader_grant.id).apply(
+            lambda parts: f"{self.repository_url}@{parts[0]}"
+        )
         self.register_outputs({"ref": self.ref})
