@@ -266,6 +266,13 @@ def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) 
     assert image.inputs["dockerfile"]["location"].endswith("workload/Dockerfile")
     (registry,) = image.inputs["registries"]
     assert registry["password"] == render.ACCESS_TOKEN and registry["username"] == "oauth2accesstoken"
+    # Previews do not build the CUDA image; builds reuse layers from a registry cache beside the image.
+    assert image.inputs["buildOnPreview"] is False
+    repository = image.inputs["tags"][0].rsplit(":", 1)[0]
+    assert image.inputs["cacheFrom"] == [{"registry": {"ref": f"{repository}:buildcache"}}]
+    (cache_to,) = image.inputs["cacheTo"]  # the SDK fills the other fields with their defaults
+    assert cache_to["registry"] | {"ref": f"{repository}:buildcache", "mode": "max", "imageManifest": True,
+                                   "ociMediaTypes": True} == cache_to["registry"]  # fmt: skip
     for job in r.of_type(JOB):
         assert container(job)["image"] == r.outputs["imageRef"]
         assert image.urn in job.dependencies
