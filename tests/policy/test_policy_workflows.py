@@ -265,3 +265,27 @@ def test_the_workflows_policy_step_gives_an_interpreter_that_loads_the_pack(tmp_
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(len(__import__("policy.rules").rules.RULES))
+
+
+def test_pip_shows_progress_on_the_first_install_only(tmp_path: Path) -> None:
+    """`make local` in a fresh clone: pip without --quiet (a new user sees torch download), quiet after.
+    A stand-in python records what make asks of it, so nothing is installed."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    fake = venv / "bin" / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+
+    def make_local() -> list[str]:
+        calls.write_text("")
+        subprocess.run(["make", "-s", "local", f"VENV={venv}"], cwd=ROOT, check=True, capture_output=True,
+                       timeout=60)  # fmt: skip
+        return [line for line in calls.read_text().splitlines() if line.startswith("-m pip install")]
+
+    first = make_local()
+    assert first == ["-m pip install --upgrade pip", "-m pip install -r requirements-local.txt"]
+    (venv / ".installed-local").unlink()  # requirements changed: reinstall, quietly this time
+    (venv / ".installed-infra").touch()
+    again = make_local()
+    assert again == ["-m pip install --quiet --upgrade pip", "-m pip install --quiet -r requirements-local.txt"]
