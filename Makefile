@@ -14,16 +14,18 @@ POLICY_STAMP := $(POLICY_VENV)/.installed
 .PHONY: local test lint check render preview clean-local bench chaos
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
-# $(1): requirements file, $(2): venv.
+# $(1): requirements file, $(2): venv, $(3): more pip flags.
 define pip_install
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed, found " + sys.version.split()[0])'
 	@test -x $(2)/bin/python || $(PYTHON) -m venv $(2)
 	@quiet=$$(ls $(2)/.installed* >/dev/null 2>&1 && echo --quiet); \
-	  set -x; $(2)/bin/python -m pip install $$quiet --upgrade pip && $(2)/bin/python -m pip install $$quiet -r $(1)
+	  set -x; $(2)/bin/python -m pip install $$quiet --upgrade pip && $(2)/bin/python -m pip install $$quiet $(3) -r $(1)
 endef
 
+# --no-compile: no bytecode for every module of torch, sympy and pandas up front (~200 MB); Python
+# compiles what the worker imports on its first run.
 $(LOCAL_STAMP): requirements-local.txt workload/requirements.txt
-	$(call pip_install,requirements-local.txt,$(VENV))
+	$(call pip_install,requirements-local.txt,$(VENV),--no-compile)
 	@touch $@
 
 $(INFRA_STAMP): infra/requirements.txt policy/requirements.txt

@@ -284,8 +284,10 @@ def test_pip_shows_progress_on_the_first_install_only(tmp_path: Path) -> None:
         return [line for line in calls.read_text().splitlines() if line.startswith("-m pip install")]
 
     first = make_local()
-    assert first == ["-m pip install --upgrade pip", "-m pip install -r requirements-local.txt"]
+    assert first == ["-m pip install --upgrade pip", "-m pip install --no-compile -r requirements-local.txt"]
     (venv / ".installed-local").unlink()  # requirements changed: reinstall, quietly this time
     (venv / ".installed-infra").touch()
     again = make_local()
-    assert again == ["-m pip install --quiet --upgrade pip", "-m pip install --quiet -r requirements-local.txt"]
+    assert again == [
+        "-m pip install --quiet --upgrade pip", "-m pip install --quiet --no-compile -r requirements-local.txt"
+    ]
