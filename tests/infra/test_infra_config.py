@@ -267,14 +267,29 @@ def test_stack_file_mistakes_name_the_file(tmp_path, monkeypatch: pytest.MonkeyP
     assert "\n" not in str(err.value)
 
 
-def test_make_render_reports_each_mistake_in_one_line(tmp_path, monkeypatch, capsys) -> None:
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("config:\n  spot-trainer:datasetPreset: huge\n",
+         "error: config spot-trainer:datasetPreset='huge' is not allowed: one of small, cluster"),
+        ("config:\n  spot-trainer:paralelism: 3\n",
+         "error: stacks/Pulumi.qa.yaml: config key 'spot-trainer:paralelism' is not a setting of spot-trainer; "
+         "did you mean spot-trainer:parallelism?"),
+        ("config:\n  parallelism: 3\n",
+         "error: stacks/Pulumi.qa.yaml: config key 'parallelism' has no namespace: write 'spot-trainer:parallelism'"),
+        ("config:\n  spot-trainer:jobAwait: [wait\n",
+         "error: stacks/Pulumi.qa.yaml: not valid YAML at line 3, column 1:"),
+    ],
+    ids=["value", "unknown-key", "no-namespace", "yaml"],
+)
+def test_make_render_reports_each_mistake_in_one_line(tmp_path, monkeypatch, capsys, text, expected) -> None:
     """``make render STACK=qa`` is ``python -m policy.offline qa``: exit 2 and one line on stderr."""
     from policy import offline
 
-    stack = _write_stack(tmp_path, monkeypatch, "config:\n  spot-trainer:datasetPreset: huge\n")
+    stack = _write_stack(tmp_path, monkeypatch, text)
     assert offline.main([stack, "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "error: config spot-trainer:datasetPreset='huge' is not allowed: one of small, cluster"
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1, err
 
 
 def test_make_render_works_for_a_stack_without_a_file(tmp_path, capsys) -> None:
