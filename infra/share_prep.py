@@ -62,8 +62,6 @@ class SharePreparation(pulumi.ComponentResource):
                 "labels": {
                     contract.NAME_LABEL: contract.APP,
                     "pod-security.kubernetes.io/enforce": PREP_POD_SECURITY,
-                    # Anything beyond baseline is reported, so a reader sees this namespace is the exception.
-                    "pod-security.kubernetes.io/warn": "restricted",
                 },
             },
             opts=k8s_opts,
