@@ -123,7 +123,8 @@ class SharePreparation(pulumi.ComponentResource):
                 # Fixed name: a new image digest deletes the old Job before the new one runs again.
                 delete_before_replace=True,
                 depends_on=[claim],
-                custom_timeouts=pulumi.CustomTimeouts(create="10m", update="10m"),
+                # A new node and the training image pull come first: minutes, not seconds.
+                custom_timeouts=pulumi.CustomTimeouts(create="15m", update="15m"),
             ),
         )
         self.register_outputs({"namespace": ns})
