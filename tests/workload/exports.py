@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ import pandas as pd
 from workload import schema
 
 INT_COLUMNS = [c for c, kind in schema.COLUMNS.items() if kind == "int"]
+DAY3 = "training/2018-04-03.parquet"
 
 
 def copy_files(src: Path, dest: Path, keep: Callable[[str], bool] = lambda rel: True,
@@ -59,3 +61,52 @@ def real_export(src: Path, dest: Path) -> Path:
         else:
             frame.to_parquet(folder / path.name, index=False)
     return dest
+
+
+# -- files that can never be read as they are: each must be refused in one line naming it -------------
+def csv_bytes(frame: pd.DataFrame, **kwargs) -> bytes:
+    buf = io.StringIO()
+    frame.to_csv(buf, index=False, **kwargs)
+    return buf.getvalue().encode()
+
+
+def _text_amount(f: pd.DataFrame) -> bytes:
+    f[schema.TX_AMOUNT] = f[schema.TX_AMOUNT].astype(str)
+    f.loc[4, schema.TX_AMOUNT] = "12.50 EUR"
+    return csv_bytes(f)
+
+
+def _bad_date(f: pd.DataFrame) -> bytes:
+    f[schema.TX_DATETIME] = f[schema.TX_DATETIME].astype(str)
+    f.loc[2, schema.TX_DATETIME] = "31/13/2018 25:61"
+    return csv_bytes(f)
+
+
+BAD_FILES = {
+    "empty": (".csv", lambda f: b"", "empty file (0 bytes)"),
+    "header only": (".csv", lambda f: csv_bytes(f.iloc[:0]), "the file has a header but no rows"),
+    "corrupt parquet": (".parquet", lambda f: f.to_parquet(index=False)[:-300] + b"\0" * 300,
+                        "not a readable Parquet file"),
+    "zero rows": (".parquet", lambda f: f.iloc[:0].to_parquet(index=False), "the file has no rows"),
+    "wrong separator": (".csv", lambda f: csv_bytes(f, sep=";"),
+                        "read a single column 'TRANSACTION_ID;TX_DATETIME;CUSTOMER_ID;"),
+    "text in a number": (".csv", _text_amount, "column TX_AMOUNT must hold numbers: line 6 has '12.50 EUR'"),
+    "unparseable date": (".csv", _bad_date, "column TX_DATETIME has an unparseable timestamp '31/13/2018 25:61' "
+                                            "(line 4)"),
+}
+
+
+def plant(folder: Path, case: str, dataset_src: Path) -> Path:
+    """Replace day 3 of `folder` by the bad file of `case`; returns the user's path of that file."""
+    suffix, make, _ = BAD_FILES[case]
+    (folder / DAY3).unlink()
+    bad = (folder / DAY3).with_suffix(suffix)
+    bad.write_bytes(make(pd.read_parquet(dataset_src / DAY3)))
+    return bad
+
+
+def one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, stderr
+    return errors[0]

@@ -3,7 +3,6 @@ and one-line errors that name the user's own file."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import shutil
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from exports import copy_files, real_export, shuffled
+from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant, real_export, shuffled
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
 from workload import dataset as ds
@@ -22,7 +21,6 @@ from workload import features, publish, schema
 from workload.source import LocalSource
 
 pytestmark = pytest.mark.timeout(300)
-DAY3 = "training/2018-04-03.parquet"
 
 
 def publish_from(folder: Path, root: Path) -> publish.Outcome:
@@ -202,54 +200,6 @@ def test_a_zero_row_day_on_the_share_is_an_item_error(tmp_path: Path, dataset_sr
 def seed(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "workload", "seed", *args], env=cluster.env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
-
-
-def csv_bytes(frame: pd.DataFrame, **kwargs) -> bytes:
-    buf = io.StringIO()
-    frame.to_csv(buf, index=False, **kwargs)
-    return buf.getvalue().encode()
-
-
-def _text_amount(f: pd.DataFrame) -> bytes:
-    f[schema.TX_AMOUNT] = f[schema.TX_AMOUNT].astype(str)
-    f.loc[4, schema.TX_AMOUNT] = "12.50 EUR"
-    return csv_bytes(f)
-
-
-def _bad_date(f: pd.DataFrame) -> bytes:
-    f[schema.TX_DATETIME] = f[schema.TX_DATETIME].astype(str)
-    f.loc[2, schema.TX_DATETIME] = "31/13/2018 25:61"
-    return csv_bytes(f)
-
-
-BAD_FILES = {
-    "empty": (".csv", lambda f: b"", "empty file (0 bytes)"),
-    "header only": (".csv", lambda f: csv_bytes(f.iloc[:0]), "the file has a header but no rows"),
-    "corrupt parquet": (".parquet", lambda f: f.to_parquet(index=False)[:-300] + b"\0" * 300,
-                        "not a readable Parquet file"),
-    "zero rows": (".parquet", lambda f: f.iloc[:0].to_parquet(index=False), "the file has no rows"),
-    "wrong separator": (".csv", lambda f: csv_bytes(f, sep=";"),
-                        "read a single column 'TRANSACTION_ID;TX_DATETIME;CUSTOMER_ID;"),
-    "text in a number": (".csv", _text_amount, "column TX_AMOUNT must hold numbers: line 6 has '12.50 EUR'"),
-    "unparseable date": (".csv", _bad_date, "column TX_DATETIME has an unparseable timestamp '31/13/2018 25:61' "
-                                            "(line 4)"),
-}
-
-
-def plant(folder: Path, case: str, dataset_src: Path) -> Path:
-    """Replace day 3 of `folder` by the bad file of `case`; returns the user's path of that file."""
-    suffix, make, _ = BAD_FILES[case]
-    (folder / DAY3).unlink()
-    bad = (folder / DAY3).with_suffix(suffix)
-    bad.write_bytes(make(pd.read_parquet(dataset_src / DAY3)))
-    return bad
-
-
-def one_error_line(stderr: str) -> str:
-    assert "Traceback" not in stderr, stderr
-    errors = [line for line in stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1, stderr
-    return errors[0]
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
