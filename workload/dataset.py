@@ -403,6 +403,8 @@ class Dataset:
 
         Transaction IDs are unique across the dataset (checked when it was published), so files
         never share a row and none is dropped here."""
+        for t in targets:
+            self.resolve(t)  # refuses paths outside the manifest; reloads it for a day appended since
         first = min(pd.Timestamp(self._by_path[t]["first"]) for t in targets)
         last = max(pd.Timestamp(self._by_path[t]["last"]) for t in targets)
         start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)

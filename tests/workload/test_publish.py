@@ -88,10 +88,13 @@ def test_new_days_are_appended_and_nothing_is_copied_twice(tmp_path: Path, datas
     assert (again.copied, again.unchanged) == ([], 7)
     assert (root / ds.MANIFEST).read_bytes() == manifest, "an unchanged source rewrites nothing"
 
+    running = ds.Dataset(root)  # a worker's view, opened before the day arrives
     copy_files(dataset_src, folder, keep=lambda rel: rel == "training/2018-04-06.parquet")
     grown = publish_from(folder, root)
     assert (grown.copied, grown.unchanged) == (["training/2018-04-06.parquet"], 7)
     assert ds.Dataset(root).training_shards()[-1] == "training/2018-04-06.parquet"
+    same_examples(running.examples(["training/2018-04-06.parquet"]),
+                  ds.Dataset(dataset_src).examples(["training/2018-04-06.parquet"]))
     recorded = json.loads((root / ds.MANIFEST).read_text())
     assert recorded["source"] == str(folder.resolve())
     entry = next(e for e in recorded["files"] if e["path"] == "training/2018-04-06.parquet")
