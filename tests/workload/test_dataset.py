@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -100,3 +101,12 @@ def test_a_broken_history_day_is_left_out_not_fatal(tmp_path: Path, dataset_src:
     ex = data.examples(["training/2018-04-03.parquet"])
     assert len(ex.y) > 0
     assert "leaving training/2018-04-02.parquet out of feature history" in caplog.text
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_named_like_a_day_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: a worker would hang on it forever."""
+    fifo = tmp_path / "2018-04-01.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(DatasetError, match=f"{fifo}: not a regular file"):
+        read_transactions(fifo)
