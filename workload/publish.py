@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,11 @@ class _PublishedMeanwhile(Exception):
 
 def _publish(root: Path, src: Source) -> Outcome:
     manifest = ds.read_manifest(root) if (root / ds.MANIFEST).exists() else None
+    if manifest is None and root.exists():
+        if any(root.iterdir()):
+            raise ds.DatasetError(f"{root} is on the share without a {ds.MANIFEST} (not published by seed): "
+                                  "remove it, or publish under another dataset name (--dataset NAME)")
+        root.rmdir()
     if manifest is not None:
         check_source(root, manifest, src.uri)
     published = {e["path"]: e for e in (manifest or {"files": []})["files"]}
@@ -109,9 +116,9 @@ def _publish(root: Path, src: Source) -> Outcome:
 def _add(root: Path, src: Source, new: list[SourceFile], first: bool,
          published: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copy `new` into a staging folder, validate them with the published files, then publish."""
-    staging = root.parent / f".{root.name}.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    _remove_stale_staging(root)
+    staging = root.parent / f".{root.name}.staging-{uuid.uuid4().hex[:12]}"  # unique: loader pods are all pid 1
+    staging.mkdir(parents=True)  # with the umask's mode, as the published folder must have (mkdtemp would give 0700)
     try:
         added, ids = [], {}
         for f in new:
@@ -144,6 +151,16 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool,
         return entries
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_stale_staging(root: Path, older_than_s: float = 86400) -> None:
+    """Staging folders left by a seeder killed mid-copy (a day old: no live seeder is that slow)."""
+    for stale in root.parent.glob(f".{root.name}.staging-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > older_than_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except FileNotFoundError:
+            continue
 
 
 def _log_added(root: Path, uri: str, added: list[dict[str, Any]], first: bool) -> None:

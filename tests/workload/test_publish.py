@@ -226,3 +226,13 @@ def test_the_warning_and_the_sync_figures_of_seed(cluster: Cluster, tmp_path: Pa
         in first.stderr
     assert "8 file(s) copied" not in again.stderr and ": 0 file(s) copied, 8 unchanged" in again.stderr
     assert first.stderr.count("features look back") == 1
+
+
+def test_a_folder_laid_out_by_hand_is_not_overwritten(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "datasets" / "d"
+    (root / "training").mkdir(parents=True)
+    (root / "training" / "mine.parquet").write_bytes(b"someone's file")
+    with pytest.raises(ds.DatasetError, match=f"{root} is on the share without a manifest.json"):
+        publish_from(copy_files(dataset_src, tmp_path / "export"), root)
+    assert (root / "training" / "mine.parquet").read_bytes() == b"someone's file"
+    assert [p.name for p in root.parent.iterdir()] == ["d"], "no staging left"
