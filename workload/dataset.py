@@ -79,7 +79,8 @@ def _shown(value: Any) -> str:
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
-def _first_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's first line: messages stay one line, whatever a library says."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
@@ -101,7 +102,7 @@ def read_transactions(path: Path, where: str | None = None) -> pd.DataFrame:
         frame = pd.read_csv(io.BytesIO(data)) if csv else pq.read_table(io.BytesIO(data)).to_pandas()
     except Exception as exc:  # noqa: BLE001 - whatever the parser says, these bytes will never parse
         kind = "CSV" if csv else "Parquet"
-        raise DatasetError(f"{where}: not a readable {kind} file ({_first_line(exc)})") from None
+        raise DatasetError(f"{where}: not a readable {kind} file ({one_line(exc)})") from None
     if csv and len(frame.columns) == 1 and len(schema.COLUMNS) > 1:
         header = str(frame.columns[0])
         seen = next((name for sep, name in _SEPARATORS.items() if sep in header), None)

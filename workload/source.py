@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import google_crc32c
 
-from workload.dataset import ROLES
+from workload.dataset import ROLES, one_line
 
 log = logging.getLogger(__name__)
 
@@ -142,16 +142,16 @@ class BucketSource:
         try:
             return fn()
         except api.NotFound as exc:
-            raise SourceError(f"{self.uri}: not found ({_first_line(exc)})") from None
+            raise SourceError(f"{self.uri}: not found ({one_line(exc)})") from None
         except (api.Forbidden, api.Unauthorized) as exc:
-            raise SourceError(f"{self.uri}: access denied ({_first_line(exc)}); the loader's identity needs "
+            raise SourceError(f"{self.uri}: access denied ({one_line(exc)}); the loader's identity needs "
                               f"roles/storage.objectViewer on gs://{self.bucket}") from None
         except auth.DefaultCredentialsError as exc:
-            raise SourceError(f"{self.uri}: no Google credentials ({_first_line(exc)}); on GKE bind the pod's "
+            raise SourceError(f"{self.uri}: no Google credentials ({one_line(exc)}); on GKE bind the pod's "
                               "service account through Workload Identity, locally run "
                               "`gcloud auth application-default login`") from None
         except (api.GoogleAPIError, auth.GoogleAuthError, OSError) as exc:
-            raise SourceError(f"{self.uri}: cannot read Cloud Storage: {_first_line(exc)}") from None
+            raise SourceError(f"{self.uri}: cannot read Cloud Storage: {one_line(exc)}") from None
 
     def files(self) -> list[SourceFile]:
         client = self.client()
@@ -173,11 +173,6 @@ class BucketSource:
         blob = self.client().bucket(self.bucket).blob(name, generation=int(f.generation) if f.generation else None)
         self._call(lambda: blob.download_to_filename(str(dest), checksum="crc32c"))
         _verify(f, dest)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _verify(f: SourceFile, copy: Path) -> None:
