@@ -6,11 +6,14 @@
 * ``kill`` (default): SIGKILL itself: a node that vanished;
 * ``stop``: SIGSTOP itself: a frozen VM, a long GC pause. The test resumes it with SIGCONT after
   its lease expired, and it must then change nothing (fencing);
-* ``term``: SIGTERM itself and carry on: a spot preemption notice at exactly that instant.
+* ``term``: SIGTERM itself and carry on: a spot preemption notice at exactly that instant;
+* ``hang``: block the calling thread forever, the rest of the process (the heartbeat) running on:
+  a read from a hung NFS mount, which the watchdog must end.
 
 Points, in the order an item meets them:
 
 * ``claimed``: the lease was just granted, nothing read yet;
+* ``read``: the day's files are about to be read (where a hung share blocks);
 * ``mid-write``: half of a file written under its temporary name (checkpoints, manifests, reports);
 * ``checkpoint-written``: a checkpoint file is complete under its final name, not yet promoted;
 * ``promote``: ownership was last confirmed (Redis said the lease is ours), immediately before the
@@ -26,8 +29,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
-POINTS = ("claimed", "mid-write", "checkpoint-written", "promote", "after-promote", "report", "before-ack")
+POINTS = ("claimed", "read", "mid-write", "checkpoint-written", "promote", "after-promote", "report", "before-ack")
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 _hits: dict[str, int] = {}
@@ -43,6 +47,8 @@ def point(name: str) -> None:
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == int(nth or 1):
         action = os.environ.get("WORKLOAD_FAULT_ACTION", "kill")
+        if action == "hang":
+            threading.Event().wait()
         if action not in ACTIONS:
-            raise ValueError(f"WORKLOAD_FAULT_ACTION={action!r} is not allowed: use one of {sorted(ACTIONS)}")
+            raise ValueError(f"WORKLOAD_FAULT_ACTION={action!r} is not allowed: use one of {sorted(ACTIONS)} or hang")
         os.kill(os.getpid(), ACTIONS[action])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -100,23 +101,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_OWNER = re.compile(r"^(?P<host>.+)-(?P<pid>\d+)(-[A-Za-z0-9_]+)?$")
+
+
 def clean_stale_tmp(parent: Path, idle_s: float = STALE_TMP_IDLE_S) -> list[Path]:
-    """Remove the temporary folders of writers that are gone; returns what was removed.
+    """Remove the temporary folders (``tmp_dir_for``, with or without a random suffix) of writers that
+    are gone; returns what was removed.
 
     A folder from this host whose process is dead goes at once; one from another host (another pod:
-    its pid means nothing here) only after `idle_s` without a change. Legacy names without a host
-    count as another host's."""
-    removed = []
+    its pid means nothing here) only after `idle_s` without a change."""
+    removed: list[Path] = []
     if not Path(parent).is_dir():
         return removed
     host = socket.gethostname()
     for path in Path(parent).glob(".*.tmp-*"):
         if not path.is_dir():
             continue
-        owner = path.name.rsplit(".tmp-", 1)[1]
-        owner_host, _, pid = owner.rpartition("-")
+        m = _OWNER.match(path.name.rsplit(".tmp-", 1)[1])
         try:
-            mine_and_dead = owner_host == host and pid.isdigit() and not _pid_alive(int(pid))
+            mine_and_dead = bool(m) and m["host"] == host and not _pid_alive(int(m["pid"]))
             if mine_and_dead or _idle_s(path) > idle_s:
                 shutil.rmtree(path, ignore_errors=True)
                 log.warning("removed %s, left behind by a writer that is gone", path)

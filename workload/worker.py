@@ -33,7 +33,7 @@ import numpy as np
 import redis
 import torch
 
-from workload import faults, features, metrics, plan, report
+from workload import export, faults, features, metrics, plan, report
 from workload.checkpoint import CheckpointStore, Loaded
 from workload.dataset import Dataset, DatasetError
 from workload.errors import (
@@ -401,6 +401,7 @@ class Worker:
                             "lineage wins", item.run, trainer.hp, hp)
         else:
             trainer = Trainer(item.run, hp, features.FEATURE_NAMES)
+        faults.point("read")
         examples = dataset.examples([item.shard])
         self.touch()
         if self.stop.is_set():
@@ -498,6 +499,9 @@ class Worker:
         res = self.queue.ack(lease)
         if res.state == "acked":
             log.info("acked %s", lease.item.id)
+            # We acked the run's last day: results to $OUTPUT_URI (a failure there only warns).
+            if os.environ.get(export.OUTPUT_URI_ENV) and self.queue.pending_in_run(lease.item.run) == 0:
+                export.export_finished_run(self.cfg.share, lease.item.run)
         elif res.state == "already-done":
             log.warning("%s was already acked by %s: nothing to do", lease.item.id, res.by)
         else:
