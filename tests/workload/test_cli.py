@@ -116,7 +116,7 @@ def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Pat
     cmd = [sys.executable, "-m", "workload", "local", "--dir", str(base), "--runs-file", str(runs)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
-    while not list((base / "share" / "output").glob("*/checkpoints/manifest.json")):
+    while not list((base / "share" / "output").glob("*/checkpoints/manifest-t*.json")):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)

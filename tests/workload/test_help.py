@@ -81,7 +81,7 @@ def test_status_dir_reads_a_running_local_without_showing_its_password(tmp_path:
     try:
         connection = base / "redis" / "connection.json"
         deadline = time.monotonic() + 120
-        while not list((base / "share" / "output").glob("*/checkpoints/manifest.json")):
+        while not list((base / "share" / "output").glob("*/checkpoints/manifest-t*.json")):
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.2)
         assert connection.stat().st_mode & 0o777 == 0o600

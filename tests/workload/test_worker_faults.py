@@ -154,7 +154,7 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     assert dead["main/training/2018-04-03.parquet"]["attempts"] == 1
     assert "2018-04-03.parquet: not a readable Parquet file" in dead["main/training/2018-04-03.parquet"]["error"]
     assert "never read" in dead["main/training/evil.pkl"]["error"] and dead["main/training/evil.pkl"]["attempts"] == 1
-    assert "outside the datasets folder" in dead["main/../../../../etc/passwd"]["error"]
+    assert "must be a relative path inside the dataset folder" in dead["main/../../../../etc/passwd"]["error"]
     assert not marker.exists(), "the pickle was unpickled"
     state = cluster.final_state()
     assert state["applied"] == ["training/2018-04-01.parquet", "training/2018-04-02.parquet",
