@@ -435,7 +435,7 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=15.0,
                     help="seconds a lease lives without a heartbeat (no env; default 15)")
     lo.add_argument("--requeue", action="store_true",
-                    help="put dead-lettered shards back first, after a fix (no env; default off)")
+                    help="put dead-lettered shards back first, after a fix (no env; default False)")
     lo.set_defaults(fn=lambda a: __import__("workload.local", fromlist=["main"]).main(a))
     return p
 

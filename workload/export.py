@@ -156,14 +156,15 @@ def collect(share: Path, run: str) -> RunExport:
     if not run_dir.is_dir():
         known = sorted(p.name for p in output_dir.iterdir() if p.is_dir()) if output_dir.is_dir() else []
         raise ExportError(f"--run {run}: no such run under {output_dir} (runs with output: {known or 'none'})")
-    loaded = CheckpointStore(run_dir).load(accept=lambda s: s.get("progress") is None)
+    store = CheckpointStore(run_dir)
+    loaded = store.load(accept=lambda s: s.get("progress") is None)
     if loaded is None or not loaded.state.get("applied"):
         raise ExportError(f"--run {run}: no checkpoint with a finished day under {run_dir / 'checkpoints'}; "
                           "nothing trained to export yet")
     state = loaded.state
     history = state["history"]
     files = {
-        REPORT_TXT: report.render(state["run"], state["hparams"], history, run_dir).encode(),
+        REPORT_TXT: report.render(state["run"], state["hparams"], history, run_dir, store.retained()).encode(),
         METRICS_JSONL: report.metrics_jsonl(history).encode(),
         MODEL_FILE: model_bytes(state),
     }
