@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: local test lint check render clean-local bench chaos
+.PHONY: local test lint check render clean-local bench chaos mutation
 
 $(STAMP): requirements.txt workload/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed, found " + sys.version.split()[0])'
@@ -25,6 +25,11 @@ bench: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) -m bench.chaos $(ARGS)
+
+# Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md.
+mutation: $(STAMP)
+	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
