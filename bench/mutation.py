@@ -21,6 +21,7 @@ that cannot change behaviour is listed in ``EQUIVALENT`` with the reason, and le
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -106,17 +107,24 @@ GROUPS: tuple[Group, ...] = (
 
 @dataclass(frozen=True)
 class Equivalent:
-    """A survivor that cannot change behaviour: matched by module and the changed line before/after."""
+    """A survivor that cannot change behaviour: in ``module`` ("*": any), the changed line with ``before``
+    replaced by ``after`` (a whole line, or the part of it that mutmut changed)."""
 
     module: str
     before: str
     after: str
     why: str
 
+    def explains(self, module: str, before: str, after: str) -> bool:
+        if self.module not in ("*", module) or self.before not in before:
+            return False
+        return before.replace(self.before, self.after, 1) == after
 
-# One line each: why this mutant cannot change what the code does. Matched on the stripped source line,
-# so the entry survives unrelated edits (mutmut's mutant numbers do not).
+
+# One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
+# survives unrelated edits (mutmut's mutant numbers do not).
 EQUIVALENT: tuple[Equivalent, ...] = (
+    Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent(
         "workload/metrics.py",
         'order = np.argsort(-scores, kind="mergesort")',
@@ -221,21 +229,24 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], float, str]:
 
 def collect(where: Path, group: Group) -> list[ModuleResult]:
     """Read mutmut's verdicts (``mutants/<module>.meta``) and the diff of every survivor."""
+    import mutmut
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
 
     results = []
-    for module in group.modules:
-        result = ModuleResult(module)
-        meta = where / "mutants" / f"{module}.meta"
-        codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-        survived = []
-        for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
-            status = status_by_exit_code[code]
-            result.statuses[status] += 1
-            if status not in DETECTED and status != "skipped":
-                survived.append(name)
-        result.survivors = [_survivor(where, module, name) for name in survived]
-        results.append(result)
+    with contextlib.chdir(where):  # mutmut reads its config and files from the working folder
+        mutmut._reset_globals()
+        for module in group.modules:
+            result = ModuleResult(module)
+            meta = Path("mutants") / f"{module}.meta"
+            codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+            for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
+                status = status_by_exit_code[code]
+                result.statuses[status] += 1
+                if status not in DETECTED and status != "skipped":
+                    diff = get_diff_for_mutant(name, path=module).splitlines()[2:]  # past the file names
+                    result.survivors.append(_survivor(name, module, diff))
+            results.append(result)
     return results
 
 
@@ -243,12 +254,10 @@ def _natural(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def _survivor(where: Path, module: str, name: str) -> Survivor:
-    diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=where, capture_output=True,
-                          text=True).stdout.splitlines()
-    before = " / ".join(line[1:].strip() for line in diff if line.startswith("-") and not line.startswith("---"))
-    after = " / ".join(line[1:].strip() for line in diff if line.startswith("+") and not line.startswith("+++"))
-    why = next((e.why for e in EQUIVALENT if (e.module, e.before, e.after) == (module, before, after)), "")
+def _survivor(name: str, module: str, diff: list[str]) -> Survivor:
+    before = " / ".join(line[1:].strip() for line in diff if line.startswith("-"))
+    after = " / ".join(line[1:].strip() for line in diff if line.startswith("+"))
+    why = next((e.why for e in EQUIVALENT if e.explains(module, before, after)), "")
     return Survivor(name, module, before, after, why)
 
 
