@@ -262,14 +262,16 @@ def _survivor(name: str, module: str, diff: list[str]) -> Survivor:
 
 
 def table(rows: list[tuple[ModuleResult, str]]) -> list[str]:
-    out = ["| module | mutants | killed | survived | no tests | equivalent | score |", "|---|---|---|---|---|---|---|"]
+    out = ["| module | mutants | killed | of which timeouts | survived | no tests | equivalent | score |",
+           "|---|---|---|---|---|---|---|---|"]
     for r, pending in rows:
         if pending:
-            out.append(f"| {r.module} | not measured: {pending} | | | | | |")
+            out.append(f"| {r.module} | not measured: {pending} | | | | | | |")
             continue
         s = r.statuses
-        out.append(f"| {r.module} | {sum(s.values())} | {r.detected} | {s['survived'] + s['suspicious']} | "
-                   f"{s['no tests'] + s['not checked']} | {r.equivalent} | {r.score:.1f} % |")
+        out.append(f"| {r.module} | {sum(s.values())} | {r.detected} | {s['timeout']} | "
+                   f"{s['survived'] + s['suspicious']} | {s['no tests'] + s['not checked']} | {r.equivalent} | "
+                   f"{r.score:.1f} % |")
     return out
 
 
