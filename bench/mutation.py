@@ -199,15 +199,26 @@ def stage(group: Group) -> Path:
     """A fresh copy of the checkout's files (tracked and new, not ignored) for this group's run."""
     where = STAGE / group.name
     shutil.rmtree(where, ignore_errors=True)
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
+    for rel in _checkout_files():
         src = ROOT / rel
         if src.is_file():
             (where / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, where / rel)
     (where / "pyproject.toml").write_text(group_pyproject((ROOT / "pyproject.toml").read_text(), group))
     return where
+
+
+def _checkout_files() -> list[str]:
+    """The checkout's files as git sees them (tracked, and new but not ignored); every file but the venv,
+    build outputs and caches where this is not a git checkout."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, check=True).stdout.decode().split("\0")
+        return [rel for rel in listed if rel]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "build", "mutants", "local", "__pycache__", ".pytest_cache", ".ruff_cache"}
+        return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
 
 
 def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], float, str]:
