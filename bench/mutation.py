@@ -123,14 +123,15 @@ class Equivalent:
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
+TIES = "ties are merged afterwards (summed per distinct score, or given their mean rank): their order cannot matter"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
-    Equivalent(
-        "workload/metrics.py",
-        'order = np.argsort(-scores, kind="mergesort")',
-        "order = np.argsort(-scores, kind=None)",
-        "ties are summed per distinct score by last_of_tie, so their order inside a tie cannot change a figure",
-    ),
+    Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
+    Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),
+    Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, kind=None)", TIES),
+    Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
+    Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
+    Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
 )
 
 # mutmut's exit-code meaning, read from mutmut itself so a new code is not silently misfiled.
