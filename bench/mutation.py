@@ -116,9 +116,14 @@ class Equivalent:
     why: str
 
     def explains(self, module: str, before: str, after: str) -> bool:
-        if self.module not in ("*", module) or self.before not in before:
+        if self.module not in ("*", module):
             return False
-        return before.replace(self.before, self.after, 1) == after
+        at = before.find(self.before)
+        while at != -1:  # the mutated occurrence may be any of them
+            if before[:at] + self.after + before[at + len(self.before):] == after:
+                return True
+            at = before.find(self.before, at + 1)
+        return False
 
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
@@ -240,7 +245,10 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], float, str]:
 
 
 def collect(where: Path, group: Group) -> list[ModuleResult]:
-    """Read mutmut's verdicts (``mutants/<module>.meta``) and the diff of every survivor."""
+    """Read mutmut's verdicts (``mutants/<module>.meta``) and the diff of every survivor; a module with no
+    verdicts (no run yet, or mutmut failed before testing) comes back empty and scores nan."""
+    if not (where / "mutants").is_dir():
+        return [ModuleResult(m) for m in group.modules]
     import mutmut
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
@@ -304,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="mutants tested at once")
     parser.add_argument("--write", action="store_true", help="record the figures in docs/benchmarks.md")
     parser.add_argument("--floor", type=float, default=FLOOR, help="lowest acceptable score, percent")
+    parser.add_argument("--no-run", action="store_true",
+                        help="report the last run from build/mutation/ (after editing EQUIVALENT, or to --write)")
     args = parser.parse_args(argv)
     groups = [g for g in GROUPS if not args.only or g.name in args.only]
 
@@ -315,9 +325,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{group.name}: not measured: {group.pending}", flush=True)
             rows += [(ModuleResult(m), group.pending) for m in group.modules]
             continue
-        print(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}", flush=True)
-        results, wall, problem = run_group(group, args.jobs)
+        if args.no_run:
+            results, wall, problem = collect(STAGE / group.name, group), 0.0, ""
+        else:
+            print(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}", flush=True)
+            results, wall, problem = run_group(group, args.jobs)
         rows += [(r, "") for r in results]
+        print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
         if problem:
             problems.append(f"{group.name}: {problem}")
         print(f"{group.name}: {sum(sum(r.statuses.values()) for r in results)} mutants in {wall / 60:.1f} min"

@@ -51,5 +51,9 @@ def test_equivalent_mutants_are_recognised_by_their_text_only() -> None:
     assert nan.explains("workload/metrics.py", 'return float("nan")', 'return float("NAN")')
     assert not nan.explains("workload/metrics.py", 'return float("nan")', "return None")
     assert not nan.explains("workload/metrics.py", "return 0.0", "return 1.0")
+    cast = next(e for e in mutation.EQUIVALENT if e.before == ".astype(np.float64)")
+    line = "return tps.astype(np.float64), fps.astype(np.float64)"
+    assert cast.explains("workload/metrics.py", line, "return tps.astype(np.float64), fps.astype(None)")
+    assert not cast.explains("workload/metrics.py", line, "return tps.astype(None), fps.astype(None)")
     sort = next(e for e in mutation.EQUIVALENT if e.module == "workload/metrics.py")
     assert not sort.explains("workload/features.py", sort.before, sort.after)  # only where the reason holds
