@@ -92,3 +92,120 @@ def test_pods_of_any_other_app_are_refused(selector: dict[str, Any]) -> None:
     ((_, message),) = problems
     assert message.startswith("NetworkPolicy 'redis-clients' ingress rule 0 admits ")
     assert f"only {contract.NAME_LABEL}={contract.APP} pods" in message
+
+
+def component_not_in(values: list[str]) -> dict[str, Any]:
+    return {"key": contract.COMPONENT_LABEL, "operator": "NotIn", "values": values}
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchLabels": {contract.NAME_LABEL: contract.APP}, "matchExpressions": [component_not_in(CLIENTS)]},
+        {
+            "matchExpressions": [
+                {"key": contract.NAME_LABEL, "operator": "NotIn", "values": [OTHER_APP]},
+                component_in(CLIENTS),
+            ]
+        },
+        {
+            "matchExpressions": [
+                {"key": contract.NAME_LABEL, "operator": "NotIn", "values": [contract.APP]},
+                component_in(CLIENTS),
+            ]
+        },
+    ],
+    ids=["every-component-but-the-clients", "every-app-but-another", "every-app-but-this-one"],
+)
+def test_not_in_is_no_allowlist(selector: dict[str, Any]) -> None:
+    """NotIn admits everything it does not name: Redis itself, a debug pod, any other app."""
+    policy = policy_admitting(selector)
+    assert [urn for urn, _ in rules.redis_network_policy([redis_deployment(), policy], DEV)] == [policy.urn]
+
+
+# --- which policies guard Redis: Kubernetes label-selector semantics on the policy's podSelector ---------
+
+
+def guard(pod_selector: dict[str, Any], *peers: dict[str, Any]) -> Resource:
+    """A NetworkPolicy with ``pod_selector``, admitting ``peers`` (this app's loader and workers if none)."""
+    props = {
+        "metadata": {"name": "guard", "namespace": "ns"},
+        "spec": {
+            "podSelector": pod_selector,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": list(peers or [{"podSelector": ADMITTED["labels"]}])}],
+        },
+    }
+    return Resource(rules.NETWORK_POLICY, "guard", "urn:pulumi:dev::p::NetworkPolicy::guard", props)
+
+
+def expression(key: str, operator: str, *values: str) -> dict[str, Any]:
+    return {"matchExpressions": [{"key": key, "operator": operator, "values": list(values)}]}
+
+
+SELECTS_REDIS = {
+    "in": expression(contract.COMPONENT_LABEL, "In", contract.REDIS, "cache"),
+    "not-in": expression(contract.COMPONENT_LABEL, "NotIn", contract.LOADER, contract.WORKER),
+    "not-in-absent-key": expression("tier", "NotIn", "frontend"),
+    "exists": expression(contract.NAME_LABEL, "Exists"),
+    "does-not-exist": expression("tier", "DoesNotExist"),
+    "labels-and-expressions": {
+        "matchLabels": {contract.NAME_LABEL: contract.APP},
+        **expression(contract.COMPONENT_LABEL, "In", contract.REDIS),
+    },
+}
+MISSES_REDIS = {
+    "in-other-values": expression(contract.COMPONENT_LABEL, "In", contract.WORKER),
+    "in-absent-key": expression("tier", "In", "db"),
+    "not-in": expression(contract.COMPONENT_LABEL, "NotIn", contract.REDIS),
+    "exists-absent-key": expression("tier", "Exists"),
+    "does-not-exist": expression(contract.COMPONENT_LABEL, "DoesNotExist"),
+    "unknown-operator": expression(contract.COMPONENT_LABEL, "Gt", "1"),
+    "labels-match-expressions-do-not": {
+        "matchLabels": {contract.NAME_LABEL: contract.APP},
+        **expression(contract.COMPONENT_LABEL, "In", contract.WORKER),
+    },
+}
+NO_GUARD = (
+    "urn:pulumi:dev::p::Deployment::redis",
+    "Deployment 'redis': no NetworkPolicy with policyType Ingress selects the Redis pods",
+)
+
+
+@pytest.mark.parametrize("selector", SELECTS_REDIS.values(), ids=SELECTS_REDIS.keys())
+def test_a_policy_selecting_redis_by_expressions_guards_it(selector: dict[str, Any]) -> None:
+    assert rules.redis_network_policy([redis_deployment(), guard(selector)], DEV) == []
+
+
+@pytest.mark.parametrize("selector", SELECTS_REDIS.values(), ids=SELECTS_REDIS.keys())
+def test_a_policy_selecting_redis_by_expressions_is_judged_on_what_it_admits(selector: dict[str, Any]) -> None:
+    """Policies add up: one that selects Redis and admits every source opens it, whatever else guards it."""
+    open_to_all = guard(selector, {"ipBlock": {"cidr": "0.0.0.0/0"}})
+    proper = policy_admitting(ADMITTED["labels"])
+    assert [urn for urn, _ in rules.redis_network_policy([redis_deployment(), proper, open_to_all], DEV)] == [
+        open_to_all.urn
+    ]
+
+
+@pytest.mark.parametrize("selector", MISSES_REDIS.values(), ids=MISSES_REDIS.keys())
+def test_a_policy_whose_expressions_miss_redis_guards_nothing(selector: dict[str, Any]) -> None:
+    wide_open = guard(selector, {"ipBlock": {"cidr": "0.0.0.0/0"}})  # not about Redis: not judged here
+    assert rules.redis_network_policy([redis_deployment(), guard(selector), wide_open], DEV) == [NO_GUARD]
+
+
+def test_every_redis_is_checked_whatever_comes_before_it() -> None:
+    worker = Resource(
+        "kubernetes:apps/v1:Deployment",
+        "trainer",
+        "urn:pulumi:dev::p::Deployment::trainer",
+        {
+            "metadata": {"name": "trainer", "namespace": "ns"},
+            "spec": {
+                "template": {
+                    "metadata": {"labels": contract.labels(contract.WORKER)},
+                    "spec": {"containers": [{"name": "worker", "image": "trainer@sha256:" + "0f" * 32}]},
+                }
+            },
+        },
+    )
+    assert rules.redis_network_policy([worker, redis_deployment()], DEV) == [NO_GUARD]
