@@ -129,10 +129,15 @@ class Equivalent:
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
 TIES = "ties are merged afterwards (summed per distinct score, or given their mean rank): their order cannot matter"
+TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
     Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),
+    Equivalent("workload/fsutil.py", "half = len(data) // 2", "half = len(data) // 3",
+               "it only places the mid-write fault point; any split inside the data is mid-write"),
+    Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=None)", TEMP),
+    Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=False)", TEMP),
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),

@@ -77,10 +77,13 @@ def test_data_is_fsynced_before_the_rename_and_the_folder_after(
         events.append(("fsync", st.st_ino, stat.S_ISDIR(st.st_mode), st.st_size))
         real_fsync(fd)
 
+    temps: list[Path] = []
+
     def moved(real):
         def call(src, dst, *args, **kwargs):
             st = os.stat(src)
             events.append(("replace", st.st_ino, False, st.st_size))
+            temps.append(Path(src))
             return real(src, dst, *args, **kwargs)
         return call
 
@@ -99,6 +102,30 @@ def test_data_is_fsynced_before_the_rename_and_the_folder_after(
                    if (call, ino, is_dir) == ("fsync", file_ino, False) and size == len(NEW)]
     assert data_synced and data_synced[0] < renamed, f"the data is not fsynced before the rename: {events}"
     assert ("fsync", folder_ino, True) in calls[renamed + 1:], f"the folder is not fsynced after the rename: {events}"
+    # The temp file lives beside the target (a rename across file systems fails, and the folder fsync must
+    # cover it), hidden and named so that the checkpoint store's sweep of stale "*.tmp" files finds it.
+    (temp,) = temps
+    assert temp.parent == folder and temp.name.startswith(".state.pt.") and temp.name.endswith(".tmp")
+
+
+def test_the_crash_window_holds_half_the_data_in_the_temp_file_and_the_old_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a writer SIGKILLed at the "mid-write" fault point leaves, seen in-process at that point."""
+    target = tmp_path / "state.pt"
+    target.write_bytes(OLD)
+    seen: list[tuple[str, bytes, list[bytes]]] = []
+
+    def point(name: str) -> None:
+        temps = [p.read_bytes() for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+        seen.append((name, target.read_bytes(), temps))
+
+    monkeypatch.setattr(fsutil.faults, "point", point)
+    fsutil.atomic_write_bytes(target, NEW)
+    ((name, old, (partial,)),) = seen
+    assert name == "mid-write" and old == OLD
+    assert 0 < len(partial) < len(NEW) and NEW.startswith(partial)
+    assert target.read_bytes() == NEW
 
 
 def test_text_writes_take_the_same_path(tmp_path: Path) -> None:
