@@ -8,10 +8,13 @@ through is a bug they would let through too.
 Each group of core modules is mutated against its own tests only (the whole suite per mutant would
 take days on 2 cores): the group's files are staged in ``build/mutation/<group>/`` with the
 ``[tool.mutmut]`` settings of ``pyproject.toml`` plus the group's modules and tests, and mutmut runs
-there (``mutants/`` below it is mutmut's copy; tests that start ``python -m workload`` get it too,
-because the harness puts its own checkout on ``PYTHONPATH`` and the active mutant travels in the
-environment). Prints the score per module and every surviving mutant as a one-line diff; a survivor
-that cannot change behaviour is listed in ``EQUIVALENT`` with the reason, and leaves the score.
+there (``mutants/`` below it is mutmut's copy; a process a test starts with ``python -m workload``
+runs the mutant too, because the harness puts its own checkout on ``PYTHONPATH`` and the active mutant
+travels in the environment). mutmut picks a mutant's tests by what each test called in the pytest
+process, so a test that reaches a function only through a subprocess is never picked for it: give
+such a test an in-process twin (test_atomic_writes.py has one). Prints the score per module and every
+surviving mutant as a one-line diff; a survivor that cannot change behaviour is listed in
+``EQUIVALENT`` with the reason, and leaves the score.
 
     python -m bench.mutation                  # every group (what `make mutation` runs); exit 1 below the floor
     python -m bench.mutation --only metrics policy --jobs 1
