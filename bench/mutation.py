@@ -149,6 +149,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
 
 # mutmut's exit-code meaning, read from mutmut itself so a new code is not silently misfiled.
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+UNDETECTED = {"survived", "suspicious", "no tests"}  # the rest: skipped, or not tested at all (an interrupted run)
 
 
 @dataclass
@@ -271,7 +272,7 @@ def collect(where: Path, group: Group) -> list[ModuleResult]:
             for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
                 status = status_by_exit_code[code]
                 result.statuses[status] += 1
-                if status not in DETECTED and status != "skipped":
+                if status in UNDETECTED:
                     diff = get_diff_for_mutant(name, path=module).splitlines()[2:]  # past the file names
                     result.survivors.append(_survivor(name, module, diff))
             results.append(result)
@@ -298,7 +299,7 @@ def table(rows: list[tuple[ModuleResult, str]]) -> list[str]:
             continue
         s = r.statuses
         out.append(f"| {r.module} | {sum(s.values())} | {r.detected} | {s['timeout']} | "
-                   f"{s['survived'] + s['suspicious']} | {s['no tests'] + s['not checked']} | {r.equivalent} | "
+                   f"{s['survived'] + s['suspicious']} | {s['no tests']} | {r.equivalent} | "
                    f"{r.score:.1f} % |")
     return out
 
@@ -351,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in measured:
         total.statuses.update(r.statuses)
         total.survivors += r.survivors
+    unchecked = total.statuses["not checked"] + total.statuses["check was interrupted by user"]
+    if unchecked:
+        problems.append(f"{unchecked} mutant(s) were never tested (an interrupted run?): they count against the score")
     survivors = [s for s in total.survivors if not s.why]
     equivalent = [s for s in total.survivors if s.why]
     lines = table(rows) + table([(total, "")])[2:]
