@@ -343,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
         if problem:
             problems.append(f"{group.name}: {problem}")
-        print(f"{group.name}: {sum(sum(r.statuses.values()) for r in results)} mutants in {wall / 60:.1f} min"
-              + (f"; {problem}" if problem else ""), flush=True)
+        if not args.no_run:
+            print(f"{group.name}: {sum(sum(r.statuses.values()) for r in results)} mutants in {wall / 60:.1f} min"
+                  + (f"; {problem}" if problem else ""), flush=True)
     wall = time.monotonic() - started
 
     measured = [r for r, pending in rows if not pending]
