@@ -44,3 +44,26 @@ def test_the_image_runs_as_the_uid_the_pods_require() -> None:
     assert f"SHARE_DIR={contract.SHARE_DIR}" in dockerfile
     assert (ROOT / contract.IMAGE_CONTEXT / "requirements.txt").is_file()
     assert 'ENTRYPOINT ["python", "-m", "workload"]' in dockerfile
+
+
+def test_the_presets_the_config_allows_are_the_simulators() -> None:
+    """``datasetPreset`` is validated at preview against contract.DATASET_PRESETS: it must be the image's list."""
+    assert tuple(simulator.PRESETS) == contract.DATASET_PRESETS
+
+
+def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch) -> None:
+    """The smallest and oddest values preview lets through parse in the worker's own CLI (no exit 2)."""
+    from infra import config, render
+    from workload.paths import check_name
+
+    values = {"runs": '["main", "lr-small", "' + "r" * 63 + '"]', "leaseTtlSeconds": "5",
+              "checkpointIntervalSeconds": "1", "maxAttempts": "1", "datasetPreset": "small"}  # fmt: skip
+    cfg = config.load({**render.stack_config("dev"), **{f"spot-trainer:{k}": v for k, v in values.items()}}, "dev")
+    monkeypatch.setenv(contract.ENV_LEASE_TTL, str(cfg.jobs.lease_ttl_seconds))
+    monkeypatch.setenv(contract.ENV_CHECKPOINT_INTERVAL, str(cfg.jobs.checkpoint_interval_seconds))
+    monkeypatch.setenv(contract.ENV_MAX_ATTEMPTS, str(cfg.jobs.max_attempts))
+    worker = cli.parser().parse_args(contract.WORKER_ARGS)
+    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0
+    seed = cli.parser().parse_args(contract.loader_args(cfg.jobs.dataset_preset, cfg.jobs.runs))
+    assert seed.max_attempts == 1 and seed.preset in simulator.PRESETS
+    assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)
