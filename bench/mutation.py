@@ -96,9 +96,16 @@ GROUPS: tuple[Group, ...] = (
         "infra",
         tuple(
             f"infra/{m}.py"
-            for m in ("cluster", "filestore", "gpu", "image", "jobs", "network", "redis", "services", "program")
+            for m in (
+                "cluster", "filestore", "gpu", "image", "jobs", "network", "redis", "services", "share_prep", "program"
+            )
         ),
-        ("tests/infra/test_infra_stack.py", "tests/infra/test_durability_pairs.py"),
+        (
+            "tests/infra/test_infra_stack.py",
+            "tests/infra/test_infra_jobs.py",
+            "tests/infra/test_infra_share.py",
+            "tests/infra/test_durability_pairs.py",
+        ),
     ),
     Group(
         "policy",
