@@ -154,7 +154,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
 )
 
-# mutmut's exit-code meaning, read from mutmut itself so a new code is not silently misfiled.
+# Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
 UNDETECTED = {"survived", "suspicious", "no tests"}  # the rest: skipped, or not tested at all (an interrupted run)
 
