@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (contract.ENV_WORKER_ID, "worker", "pod-7", "worker_id", "pod-7"),
     (contract.ENV_LEASE_TTL, "worker", "45", "lease_ttl", 45.0),
     (contract.ENV_CHECKPOINT_INTERVAL, "worker", "12", "checkpoint_interval", 12.0),
-    (contract.ENV_MAX_ATTEMPTS, "seed", "9", "max_attempts", 9),
+    (contract.ENV_MAX_ATTEMPTS, "worker", "9", "max_attempts", 9),
 ])
 def test_every_env_var_the_jobs_set_is_read_by_the_cli(monkeypatch, name, verb, value, attr, expected) -> None:
     monkeypatch.setenv(name, value)
@@ -63,7 +63,7 @@ def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch) ->
     monkeypatch.setenv(contract.ENV_CHECKPOINT_INTERVAL, str(cfg.jobs.checkpoint_interval_seconds))
     monkeypatch.setenv(contract.ENV_MAX_ATTEMPTS, str(cfg.jobs.max_attempts))
     worker = cli.parser().parse_args(contract.WORKER_ARGS)
-    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0
+    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0 and worker.max_attempts == 1
     seed = cli.parser().parse_args(contract.loader_args(cfg.jobs.dataset_preset, cfg.jobs.runs))
-    assert seed.max_attempts == 1 and seed.preset in simulator.PRESETS
+    assert seed.preset in simulator.PRESETS  # attempts only count where items are claimed: the worker
     assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)
