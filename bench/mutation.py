@@ -148,6 +148,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "it only places the mid-write fault point; any split inside the data is mid-write"),
     Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=None)", TEMP),
     Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=False)", TEMP),
+    Equivalent("policy/rules.py", '.rsplit("/", 1)[-1]', '.rsplit("/", 2)[-1]',
+               "the last piece of a split from the right is the same whatever the split limit"),
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),

@@ -209,3 +209,46 @@ def test_every_redis_is_checked_whatever_comes_before_it() -> None:
         },
     )
     assert rules.redis_network_policy([worker, redis_deployment()], DEV) == [NO_GUARD]
+
+
+# --- which workloads the Redis rules judge: the component label, or a redis image anywhere in the pod -----
+
+
+def workload(labels: dict[str, str], *images: str | None) -> Resource:
+    containers = [{"name": f"c{i}", **({"image": image} if image else {})} for i, image in enumerate(images)]
+    props = {
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {"template": {"metadata": {"labels": labels}, "spec": {"containers": containers}}},
+    }
+    return Resource("kubernetes:apps/v1:StatefulSet", "w", "urn:pulumi:dev::p::StatefulSet::w", props)
+
+
+DIGEST = "@sha256:" + "0f" * 32
+OTHER = {contract.NAME_LABEL: OTHER_APP}
+REDIS_WORKLOADS = {
+    "by-label": workload(contract.labels(contract.REDIS), "europe-docker.pkg.dev/p/mirror/cache" + DIGEST),
+    "official-image": workload(OTHER, "redis:7.4" + DIGEST),
+    "docker-hub-path": workload(OTHER, "docker.io/library/redis:7.4" + DIGEST),
+    "registry-with-port": workload(OTHER, "registry.local:5000/team/redis:7.4"),
+    "digest-only": workload(OTHER, "europe-docker.pkg.dev/p/mirror/redis" + DIGEST),
+    "sidecar": workload(OTHER, "trainer" + DIGEST, "redis" + DIGEST),
+}
+OTHER_WORKLOADS = {
+    "exporter": workload(OTHER, "oliver006/redis_exporter:v1.62.0"),
+    "redis-in-the-path": workload(OTHER, "europe-docker.pkg.dev/p/redis/trainer:1"),
+    "prefix": workload(OTHER, "myredis:7"),
+    "no-image": workload(OTHER, None),
+    "worker": workload(contract.labels(contract.WORKER), "trainer" + DIGEST),
+}
+
+
+@pytest.mark.parametrize("redis", REDIS_WORKLOADS.values(), ids=REDIS_WORKLOADS.keys())
+def test_a_redis_found_by_label_or_image_must_be_guarded(redis: Resource) -> None:
+    assert rules.redis_network_policy([redis], DEV) == [
+        (redis.urn, "StatefulSet 'w': no NetworkPolicy with policyType Ingress selects the Redis pods")
+    ]
+
+
+@pytest.mark.parametrize("other", OTHER_WORKLOADS.values(), ids=OTHER_WORKLOADS.keys())
+def test_other_workloads_are_not_taken_for_redis(other: Resource) -> None:
+    assert rules.redis_network_policy([other], DEV) == []
