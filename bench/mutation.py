@@ -139,6 +139,8 @@ class Equivalent:
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
 TIES = "ties are merged afterwards (summed per distinct score, or given their mean rank): their order cannot matter"
+LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
+TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
@@ -148,8 +150,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "it only places the mid-write fault point; any split inside the data is mid-write"),
     Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=None)", TEMP),
     Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=False)", TEMP),
-    Equivalent("policy/rules.py", '.rsplit("/", 1)[-1]', '.rsplit("/", 2)[-1]',
-               "the last piece of a split from the right is the same whatever the split limit"),
+    Equivalent("policy/rules.py", '.rsplit("/", 1)[-1]', '.rsplit("/", 2)[-1]', LAST_PIECE),
+    Equivalent("policy/rules.py", '.rsplit("/", 1)[-1]', '.rsplit("/", )[-1]', LAST_PIECE),
+    Equivalent("policy/rules.py", "}.get(str(op), False)", "}.get(str(op), None)", TRUTH),
+    Equivalent("policy/rules.py", "}.get(str(op), False)", "}.get(str(op), )", TRUTH),
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
