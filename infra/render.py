@@ -149,8 +149,11 @@ class _FakeCloud(pulumi.runtime.Mocks):
         elif typ == "gcp:compute/network:Network":
             out["name"] = name
         elif typ == "gcp:serviceaccount/account:Account":
-            email = f"{out['accountId']}@{out.get('project', FAKE_PROJECT_ID)}.iam.gserviceaccount.com"
-            out.update(email=email, member=f"serviceAccount:{email}")
+            project = out.get("project", FAKE_PROJECT_ID)
+            email = f"{out['accountId']}@{project}.iam.gserviceaccount.com"
+            # ``name`` is the fully-qualified name that serviceaccount.IAMMember's serviceAccountId takes.
+            name_ = f"projects/{project}/serviceAccounts/{email}"
+            out.update(email=email, member=f"serviceAccount:{email}", name=name_)
         elif typ == "random:index/randomPassword:RandomPassword":
             out["result"] = "p" * int(out.get("length", 16))
         elif typ == "docker-build:index:Image":

@@ -62,6 +62,8 @@ UNLABELLED: frozenset[str] = frozenset(
         "gcp:compute/router:Router",
         "gcp:compute/routerNat:RouterNat",
         "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
+        "gcp:serviceaccount/iAMMember:IAMMember",
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
     }
 )
 

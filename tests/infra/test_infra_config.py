@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -92,9 +93,23 @@ BAD_VALUES = [
     ({"team": "ML Platform"}, "team", "'ML Platform'", "a GCP label value"),
     ({"env": "Prod!"}, "env", "'Prod!'", "a GCP label value"),
     ({"redisImage": "redis:7.4"}, "redisImage", "'redis:7.4'", "an image by digest"),
-    ({"runs": []}, "runs", "[]", "a non-empty list of strings"),
-    ({"runs": ["main", "Sweep_1"]}, "runs", "'Sweep_1'", "a name of lowercase letters"),
-    ({"runs": ["a", "a"]}, "runs", "['a', 'a']", "without duplicates"),
+    ({"runs": {}}, "runs", "{}", "a map of run name to hyperparameters"),
+    # The old list form is refused with its translation into the new one.
+    ({"runs": ["main", "wide"]}, "runs", "['main', 'wide']", "the old list form is now a map: {main: {}, wide: {}}"),
+    # The worker's own rules (workload.hparams.parse_runs), with the run and the key named.
+    ({"runs": {"main": {}, "../x": {}}}, "runs", "{'main': {}, '../x': {}}", "run name '../x' is not allowed"),
+    ({"runs": {"w": {"hidden": "64"}}}, "runs", "{'w': {'hidden': '64'}}", "run 'w': hidden='64' is not allowed"),
+    ({"runs": {"e": {"epochs": 2.7}}}, "runs", "{'e': {'epochs': 2.7}}", "run 'e': epochs=2.7 is not allowed"),
+    ({"runs": {"m": {"lrate": 0.1}}}, "runs", "{'m': {'lrate': 0.1}}", "run 'm': unknown key(s) ['lrate']"),
+    ({"runs": {"a": {"seed": 1}, "b": {"seed": 1}}}, "runs", "{'a': {'seed': 1}, 'b': {'seed': 1}}",
+     "runs 'a' and 'b' have the same hyperparameters"),
+    ({"datasetUri": "s3://acme/fraud"}, "datasetUri", "'s3://acme/fraud'", "a Cloud Storage location gs://"),
+    ({"datasetUri": "gs://Acme/fraud"}, "datasetUri", "'gs://Acme/fraud'", "a valid bucket name"),
+    ({"datasetUri": "gs://ab/fraud"}, "datasetUri", "'gs://ab/fraud'", "a valid bucket name"),
+    ({"datasetUri": "gs://google-data/x"}, "datasetUri", "'gs://google-data/x'", "no 'goog' prefix"),
+    ({"datasetUri": "gs://acme/a/../b"}, "datasetUri", "'gs://acme/a/../b'", "no empty, '.' or '..' parts"),
+    ({"outputUri": "gs://acme-results"}, "outputUri", "'gs://acme-results'", "with a prefix: the training pods"),
+    ({"outputUri": "gs://acme/out*"}, "outputUri", "'gs://acme/out*'", "spaces or wildcards"),
     ({"network": "shared-vpc"}, "subnetwork", "''", "set both network and subnetwork"),
     ({"workerMemory": "16 GB"}, "workerMemory", "'16 GB'", "a Kubernetes quantity"),
 ]
@@ -139,8 +154,8 @@ def test_pods_beyond_one_per_run_are_counted_and_warned_about(monkeypatch) -> No
     """A run trains on one worker at a time: extra pods are hot standbys that hold a GPU."""
     import pulumi
 
-    assert load("dev", parallelism=3, runs=["a", "b", "c"]).jobs.standby_workers == 0
-    assert load("dev", parallelism=4, runs=["a", "b"]).jobs.standby_workers == 2
+    assert load("dev", parallelism=3, runs={"a": {}, "b": {}, "c": {}}).jobs.standby_workers == 0
+    assert load("dev", parallelism=4, runs={"a": {}, "b": {}}).jobs.standby_workers == 2
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warnings.append(msg))
     render.render("dev", {"parallelism": 3})
@@ -148,3 +163,38 @@ def test_pods_beyond_one_per_run_are_counted_and_warned_about(monkeypatch) -> No
     warnings.clear()
     render.render("dev", {"parallelism": 1})
     assert not any("hot standbys" in w for w in warnings)
+
+
+def test_runs_are_a_map_checked_like_the_worker_checks_them() -> None:
+    cfg = load("dev", runs={"main": {}, "wide": {"hidden": [128, 64]}, "lr3": {"lr": 0.003}})
+    assert cfg.jobs.runs == ("lr3", "main", "wide")  # canonical: sorted, so key order changes nothing
+    # Exactly what the loader's runs file holds; the worker parses it with the same function.
+    from workload.hparams import parse_runs
+
+    parsed = parse_runs(json.loads(cfg.jobs.runs_json), where="runs file")
+    assert parsed["wide"].hidden == (128, 64) and parsed["lr3"].lr == 0.003
+    assert len({hp.seed for hp in parsed.values()}) == 3  # distinct seeds for runs that name none
+    assert load("dev").jobs.runs == ("main",)  # Pulumi.yaml's default
+
+
+@pytest.mark.parametrize(
+    ("value", "bucket", "prefix", "uri"),
+    [
+        ("gs://acme-fraud", "acme-fraud", "", "gs://acme-fraud"),
+        ("gs://acme-fraud/", "acme-fraud", "", "gs://acme-fraud"),
+        ("gs://acme_fraud/exports/2024/", "acme_fraud", "exports/2024", "gs://acme_fraud/exports/2024"),
+        ("gs://data.acme.example/x", "data.acme.example", "x", "gs://data.acme.example/x"),
+    ],
+)
+def test_dataset_uri_is_parsed_into_bucket_and_prefix(value: str, bucket: str, prefix: str, uri: str) -> None:
+    data = load("dev", datasetUri=value).data
+    assert data.dataset == config.GcsUri(bucket, prefix) and data.dataset.uri == uri
+    assert data.output is None
+
+
+def test_output_uri_names_the_objects_the_grant_is_limited_to() -> None:
+    output = load("dev", outputUri="gs://acme-results/spot/dev/").data.output
+    assert output is not None and output.uri == "gs://acme-results/spot/dev"
+    # The trailing slash: "spot/dev" must not also match "spot/dev-other/".
+    assert output.objects == "projects/_/buckets/acme-results/objects/spot/dev/"
+    assert load("dev").data == config.DataConfig(dataset=None, output=None)
