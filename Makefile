@@ -35,9 +35,10 @@ check: $(STAMP)
 
 # Offline render of one stack under the SDK mocks: manifests + inventory in build/render/$(STACK),
 # then the policy pack's result (exit 1 on a mandatory violation). No credentials needed.
+# Config overrides: make render STACK=dev ARGS='datasetUri=gs://my-bucket/fraud outputUri=gs://my-bucket/out'
 STACK ?= dev
 render: $(STAMP)
-	$(PY) -m policy.offline $(STACK)
+	$(PY) -m policy.offline $(STACK) $(ARGS)
 
 clean-local:
 	rm -rf local

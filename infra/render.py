@@ -318,6 +318,17 @@ def write(rendered: Rendered, out_dir: Path) -> list[Path]:
     return written
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["runs={main: {}}", "parallelism=3"]`` -> config overrides (values read as YAML)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m infra.render dev [key=value ...]``: the stack's Kubernetes manifests as YAML."""
     import argparse
@@ -327,12 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stack", choices=stack_names())
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"override {item!r} is not key=value")
-        overrides[key] = yaml.safe_load(value)
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as err:
+        parser.error(str(err))
     try:
         rendered = render(args.stack, overrides)
     except config.ConfigError as err:

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
     (contract.ENV_LEASE_TTL, "worker", "45", "lease_ttl", 45.0),
     (contract.ENV_CHECKPOINT_INTERVAL, "worker", "12", "checkpoint_interval", 12.0),
     (contract.ENV_MAX_ATTEMPTS, "seed", "9", "max_attempts", 9),
+    (contract.ENV_RUNS_FILE, "seed", "/etc/x/runs.json", "runs_file", "/etc/x/runs.json"),
+    (contract.ENV_DATASETS_SRC, "seed", "gs://acme/fraud", "datasets", "gs://acme/fraud"),
 ])
 def test_every_env_var_the_jobs_set_is_read_by_the_cli(monkeypatch, name, verb, value, attr, expected) -> None:
     monkeypatch.setenv(name, value)
@@ -32,8 +34,23 @@ def test_the_password_variable_is_the_one_the_queue_client_reads() -> None:
 
 def test_job_arguments_parse_and_name_a_real_preset() -> None:
     for preset in simulator.PRESETS:
-        args = cli.parser().parse_args(contract.loader_args(preset, ("main", "wide")))
-        assert args.command == "seed" and args.preset == preset and args.run == ["main", "wide"]
+        args = cli.parser().parse_args(contract.loader_args(preset, None))
+        assert args.command == "seed" and args.preset == preset and args.runs_file == contract.RUNS_FILE
+        assert not args.datasets and not args.run
+    args = cli.parser().parse_args(contract.loader_args("cluster", "gs://acme-fraud/exports"))
+    assert args.datasets == "gs://acme-fraud/exports" and args.runs_file == contract.RUNS_FILE
+
+
+def test_the_runs_file_the_stack_mounts_is_what_seed_reads(tmp_path: Path) -> None:
+    """The ConfigMap holds the stack's `runs` as infra.config wrote it; seed's loader parses it strictly."""
+    from infra import config, render
+
+    cfg = config.load(render.stack_config("dev", {"runs": {"main": {}, "wide": {"hidden": [128, 64]}}}), "dev")
+    runs_file = tmp_path / contract.RUNS_KEY
+    runs_file.write_text(cfg.jobs.runs_json)
+    args = cli.parser().parse_args(["seed", "--runs-file", str(runs_file)])
+    runs = cli.load_runs(args)
+    assert set(runs) == {"main", "wide"} and runs["wide"].hidden == (128, 64)
     assert cli.parser().parse_args(contract.WORKER_ARGS).command == "worker"
     assert cli.parser().parse_args(contract.STATUS_ARGS).command == "status"
 
