@@ -95,6 +95,11 @@ def test_dataset_uri_is_read_by_the_loader_through_workload_identity(rendered: R
     assert "serviceAccountName" not in pod(r.one(JOB, "training"))
     assert r.outputs["serviceAccounts"] == {"loader": email}
     assert r.outputs["datasetUri"] == "gs://acme-fraud/exports/v1"
+    apis = {s.inputs["service"] for s in r.of_type("gcp:projects/service:Service")}
+    assert {"storage.googleapis.com", "iamcredentials.googleapis.com"} <= apis
+    assert "iamcredentials.googleapis.com" not in {
+        s.inputs["service"] for s in rendered("dev").of_type("gcp:projects/service:Service")
+    }
 
 
 def test_output_uri_gives_the_workers_write_access_to_the_prefix_only(rendered: Render) -> None:
