@@ -107,6 +107,10 @@ def build(cfg: StackConfig) -> dict[str, Any]:
             "pods": f"kubectl {n} get pods -l {contract.NAME_LABEL}={contract.APP} -o wide",
             "logs": f"kubectl {n} logs -f -l {workers} --prefix --max-log-requests=50",
             "wait": f"kubectl {n} wait --for=condition=complete job/{training.name} --timeout=24h",
+            # New days in the bucket change no config: replace both Jobs to load and train them.
+            "reload": pulumi.Output.concat(
+                "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"
+            ),
             "queueStatus": one_off_pod(cfg, image.ref, redis, share, "status", contract.STATUS_ARGS),
             "report": one_off_pod(
                 cfg,

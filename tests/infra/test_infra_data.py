@@ -197,6 +197,13 @@ def test_a_new_image_replaces_both_jobs(monkeypatch: pytest.MonkeyPatch) -> None
         )
 
 
+def test_the_reload_command_replaces_both_jobs(rendered: Render) -> None:
+    """New days in the bucket change no config: the stack output says how to load and train them."""
+    r = rendered("dev", **DATA)
+    command = r.outputs["commands"]["reload"]
+    assert command == f"pulumi up --replace '{r.one(JOB, 'loader').urn}' --replace '{r.one(JOB, 'training').urn}'"
+
+
 def test_what_does_not_change_the_seeded_work_leaves_the_jobs_alone(rendered: Render) -> None:
     """Same runs written in another order, or a longer wait for training: no new Job, no new training."""
     base = rendered("dev", runs={"main": {}, "v2": {"lr": 0.003}})
