@@ -201,7 +201,10 @@ class LoaderJob(pulumi.ComponentResource):
                 "labels": contract.labels(contract.LOADER),
             },
             data={contract.RUNS_KEY: cfg.jobs.runs_json},
-            # A ConfigMap's data is replaced, not updated, by the provider; the name is fixed.
+            # Immutable: new runs mean a new ConfigMap (pulumi-kubernetes replaces an immutable ConfigMap
+            # whatever its enableConfigMapMutable setting, provider/pkg/provider/diff.go), never a file
+            # changing under a running loader. The name is fixed, so the old one goes first.
+            immutable=True,
             opts=pulumi.ResourceOptions(parent=self, provider=provider, delete_before_replace=True),
         )
         self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(cfg, ref))

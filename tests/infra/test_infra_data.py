@@ -148,6 +148,7 @@ def test_the_loader_reads_the_stack_runs_from_a_mounted_runs_file(rendered: Rend
     assert volumes[mount["name"]]["configMap"]["name"] == config_map.inputs["metadata"]["name"]
     assert contract.RUNS_FILE == f"{mount['mountPath']}/{contract.RUNS_KEY}"
     assert config_map.urn in loader.dependencies and config_map.delete_before_replace
+    assert config_map.inputs["immutable"] is True
     # Workers get the runs from the share (seed writes them there), not from this file.
     assert contract.RUNS_DIR not in {m["mountPath"] for m in container(r.one(JOB, "training"))["volumeMounts"]}
 
