@@ -17,6 +17,8 @@ import pulumi
 
 from infra import contract
 from workload.hparams import parse_runs  # the worker's own rules, importable without torch
+from workload.paths import NAME as _SHARE_NAME_RULE
+from workload.paths import NAME_RULE as _SHARE_NAME_WHAT
 
 PROJECT = "spot-trainer"  # the Pulumi project name: the namespace of its config keys
 
@@ -30,6 +32,10 @@ GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
 }
 # Accelerators that GKE no longer offers: a clear "why" beats a generic "not allowed".
 END_OF_LIFE_GPUS = {"nvidia-tesla-k80": "end-of-life on GKE since 2024-05-01"}
+
+# The dataset name `seed` uses by default (workload.cli.DEFAULT_DATASET): simulated data keeps it, so a
+# stack deployed before datasetUri existed finds its dataset where it was.
+SIMULATED_DATASET = "fraud"
 
 # Filestore tier -> (minimum GiB, maximum GiB).
 FILESTORE_TIERS: dict[str, tuple[int, int]] = {
@@ -155,10 +161,14 @@ class GcsUri:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the datasets come from and where results go (``None``: simulate / keep them on the share)."""
+    """Where the datasets come from and where results go (``None``: simulate / keep them on the share).
+
+    ``dataset_name`` names the dataset on the share (``seed --dataset``); a run is one lineage on one
+    dataset, so other data needs another name (and new runs)."""
 
     dataset: GcsUri | None
     output: GcsUri | None
+    dataset_name: str = SIMULATED_DATASET
 
 
 @dataclass(frozen=True)
@@ -327,7 +337,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         gpu=gpu,
         filestore=filestore,
         jobs=jobs,
-        data=DataConfig(dataset=_gcs_uri(r, "datasetUri", need_prefix=False), output=_gcs_uri(r, "outputUri")),
+        data=_data(r),
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
     )
 
@@ -471,3 +481,21 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
             key, value, f"{shape} with a prefix: the training pods get write access to that prefix only"
         )
     return GcsUri(bucket=bucket, prefix=prefix)
+
+
+def _data(r: _Reader) -> DataConfig:
+    dataset = _gcs_uri(r, "datasetUri", need_prefix=False)
+    name = r.raw("datasetName") or _dataset_name(dataset)
+    if not _SHARE_NAME_RULE.match(name):
+        raise ConfigError("datasetName", name, f"a dataset name: {_SHARE_NAME_WHAT}")
+    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name)
+
+
+def _dataset_name(dataset: GcsUri | None) -> str:
+    """The default dataset name: ``fraud`` for simulated data, else the last folder of ``datasetUri``
+    (the bucket when it has no prefix), made a valid folder name."""
+    if dataset is None:
+        return SIMULATED_DATASET
+    last = dataset.prefix.rsplit("/", 1)[-1] or dataset.bucket
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", last).lstrip("._-")[:63]
+    return name or SIMULATED_DATASET

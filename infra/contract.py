@@ -61,11 +61,12 @@ def labels(component: str) -> dict[str, str]:
     return {NAME_LABEL: APP, COMPONENT_LABEL: component}
 
 
-def loader_args(preset: str, dataset_uri: str | None) -> list[str]:
+def loader_args(dataset: str, preset: str, dataset_uri: str | None) -> list[str]:
     """``python -m workload seed ...``: idempotent, so a re-run of the loader Job is harmless. Runs come
-    from RUNS_FILE; the data from ``dataset_uri`` (synced to the share) or the simulator's ``preset``."""
+    from RUNS_FILE; dataset ``dataset`` from ``dataset_uri`` (synced to the share) or the simulator's
+    ``preset``."""
     source = ["--datasets", dataset_uri] if dataset_uri else ["--preset", preset]
-    return ["seed", "--runs-file", RUNS_FILE, *source]
+    return ["seed", "--runs-file", RUNS_FILE, "--dataset", dataset, *source]
 
 
 WORKER_ARGS = ["worker"]

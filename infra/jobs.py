@@ -51,7 +51,7 @@ def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
     replaces the loader, which seeds what is new, and the training Job, which trains it. The fixed
     ``dependsOn`` alone never re-ran a completed training Job."""
     data = cfg.data.dataset.uri if cfg.data.dataset else f"preset:{cfg.jobs.dataset_preset}"
-    facts = {"runs": json.loads(cfg.jobs.runs_json), "data": data, "image": image_ref}
+    facts = {"runs": json.loads(cfg.jobs.runs_json), "data": data, "dataset": cfg.data.dataset_name, "image": image_ref}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -215,7 +215,9 @@ class LoaderJob(pulumi.ComponentResource):
         template = _pod_template(
             contract.LOADER,
             image,
-            contract.loader_args(cfg.jobs.dataset_preset, cfg.data.dataset.uri if cfg.data.dataset else None),
+            contract.loader_args(
+                cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri if cfg.data.dataset else None
+            ),
             {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
             cfg,
             redis,

@@ -34,11 +34,19 @@ def test_the_password_variable_is_the_one_the_queue_client_reads() -> None:
 
 def test_job_arguments_parse_and_name_a_real_preset() -> None:
     for preset in simulator.PRESETS:
-        args = cli.parser().parse_args(contract.loader_args(preset, None))
+        args = cli.parser().parse_args(contract.loader_args("fraud", preset, None))
         assert args.command == "seed" and args.preset == preset and args.runs_file == contract.RUNS_FILE
-        assert not args.datasets and not args.run
-    args = cli.parser().parse_args(contract.loader_args("cluster", "gs://acme-fraud/exports"))
+        assert args.dataset == "fraud" and not args.datasets and not args.run
+    args = cli.parser().parse_args(contract.loader_args("exports", "cluster", "gs://acme-fraud/exports"))
     assert args.datasets == "gs://acme-fraud/exports" and args.runs_file == contract.RUNS_FILE
+    assert args.dataset == "exports"
+
+
+def test_simulated_data_keeps_the_dataset_name_seed_uses_by_default() -> None:
+    """A stack deployed before datasetName existed must find its dataset where seed put it."""
+    from infra import config
+
+    assert config.SIMULATED_DATASET == cli.DEFAULT_DATASET
 
 
 def test_the_runs_file_the_stack_mounts_is_what_seed_reads(tmp_path: Path) -> None:

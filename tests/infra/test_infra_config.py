@@ -110,6 +110,7 @@ BAD_VALUES = [
     ({"datasetUri": "gs://acme/a/../b"}, "datasetUri", "'gs://acme/a/../b'", "no empty, '.' or '..' parts"),
     ({"outputUri": "gs://acme-results"}, "outputUri", "'gs://acme-results'", "with a prefix: the training pods"),
     ({"outputUri": "gs://acme/out*"}, "outputUri", "'gs://acme/out*'", "spaces or wildcards"),
+    ({"datasetName": "../fraud"}, "datasetName", "'../fraud'", "a dataset name: 1-63 letters, digits"),
     ({"network": "shared-vpc"}, "subnetwork", "''", "set both network and subnetwork"),
     ({"workerMemory": "16 GB"}, "workerMemory", "'16 GB'", "a Kubernetes quantity"),
 ]
@@ -198,3 +199,35 @@ def test_output_uri_names_the_objects_the_grant_is_limited_to() -> None:
     # The trailing slash: "spot/dev" must not also match "spot/dev-other/".
     assert output.objects == "projects/_/buckets/acme-results/objects/spot/dev/"
     assert load("dev").data == config.DataConfig(dataset=None, output=None)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        ({}, "fraud"),  # simulated: seed's default name, where earlier deployments put it
+        ({"datasetUri": "gs://acme-fraud/exports/Q1+2024/"}, "Q1-2024"),
+        ({"datasetUri": "gs://acme-fraud"}, "acme-fraud"),
+        ({"datasetUri": "gs://acme-fraud/x", "datasetName": "fraud-v2"}, "fraud-v2"),
+    ],
+)
+def test_the_dataset_name_follows_the_data_unless_set(overrides: dict[str, str], name: str) -> None:
+    assert load("dev", **overrides).data.dataset_name == name
+
+
+# Pulumi's own check of a typed default (sdk/go/common/workspace/project.go, ValidateConfigValue): the CLI
+# refuses a Pulumi.yaml whose default does not have its declared type, before our program runs.
+_PULUMI_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
+
+
+def test_every_declared_default_has_its_declared_type() -> None:
+    project = yaml.safe_load((render.REPO_ROOT / "Pulumi.yaml").read_text())
+    for key, spec in project["config"].items():
+        assert spec["type"] in _PULUMI_TYPES, f"{key}: type {spec['type']!r} is not one Pulumi knows"
+        assert spec.get("description"), f"{key}: say what it means"
+        default = spec["default"]
+        assert isinstance(default, _PULUMI_TYPES[spec["type"]]), f"{key}: default {default!r} is not {spec['type']}"
+        if spec["type"] == "integer":
+            assert not isinstance(default, bool), key
+        if spec["type"] == "array":
+            item = _PULUMI_TYPES[spec["items"]["type"]]
+            assert all(isinstance(i, item) for i in default), key

@@ -50,7 +50,7 @@ def test_without_dataset_uri_the_loader_simulates_and_no_identity_is_declared(st
     r = rendered(stack)
     loader = r.one(JOB, "loader")
     assert container(loader)["args"] == [
-        "seed", "--runs-file", contract.RUNS_FILE, "--preset", r.config.jobs.dataset_preset,
+        "seed", "--runs-file", contract.RUNS_FILE, "--dataset", "fraud", "--preset", r.config.jobs.dataset_preset,
     ]  # fmt: skip
     assert not r.of_type(KSA) and not r.of_type(SA_BINDING) and not r.of_type(BUCKET_GRANT)
     assert not workload_accounts(r)
@@ -64,7 +64,7 @@ def test_dataset_uri_is_read_by_the_loader_through_workload_identity(rendered: R
     r = rendered("dev", **DATA)
     loader = r.one(JOB, "loader")
     assert container(loader)["args"] == [
-        "seed", "--runs-file", contract.RUNS_FILE, "--datasets", "gs://acme-fraud/exports/v1",
+        "seed", "--runs-file", contract.RUNS_FILE, "--dataset", "v1", "--datasets", "gs://acme-fraud/exports/v1",
     ]  # fmt: skip
     (account,) = workload_accounts(r).values()
     email = account.outputs["email"]
@@ -172,8 +172,9 @@ def _replaced(before: Registered, after: Registered) -> list[str]:
         {"runs": {"main": {"epochs": 2}}},
         DATA,
         {"datasetPreset": "small"},
+        {"datasetName": "fraud-2024"},
     ],
-    ids=["new-run", "changed-run", "dataset-uri", "preset"],
+    ids=["new-run", "changed-run", "dataset-uri", "preset", "dataset-name"],
 )
 def test_a_change_to_what_the_loader_seeds_replaces_the_training_job(
     change: dict[str, Any], rendered: Render

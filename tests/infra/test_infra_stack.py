@@ -324,7 +324,9 @@ def test_pods_follow_the_worker_image_contract(stack: str, rendered: Render) -> 
         assert env["CHECKPOINT_INTERVAL_SECONDS"]["value"] == str(jobs.checkpoint_interval_seconds)
         assert env["MAX_ATTEMPTS"]["value"] == str(jobs.max_attempts)
     loader = container(r.one(JOB, "loader"))
-    assert loader["args"] == ["seed", "--runs-file", contract.RUNS_FILE, "--preset", jobs.dataset_preset]
+    assert loader["args"] == [
+        "seed", "--runs-file", contract.RUNS_FILE, "--dataset", "fraud", "--preset", jobs.dataset_preset,
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("stack", STACKS)
