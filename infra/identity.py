@@ -96,9 +96,8 @@ class WorkloadIdentity(pulumi.ComponentResource):
                 "labels": contract.labels(component),
                 "annotations": {contract.GCP_SERVICE_ACCOUNT_ANNOTATION: self.account.email},
             },
-            # Pods do not need a Kubernetes API token; the GKE metadata server finds the pod's service
-            # account from the pod itself and exchanges tokens for it.
-            automount_service_account_token=False,
+            # The pods that use it mount its token (infra.jobs): Workload Identity exchanges it. The
+            # account is bound to no Kubernetes role, so the token opens nothing in the cluster.
             opts=pulumi.ResourceOptions(parent=self, provider=provider),
         )
         binding = gcp.serviceaccount.IAMMember(

@@ -121,6 +121,10 @@ def _pod_template(
     }
     if service_account:
         spec["serviceAccountName"] = service_account
+        # Workload Identity needs the pod's service account token: Google's own GKE workloads turn it
+        # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
+        # not reach Google APIs through Workload Identity). The account has no Kubernetes RBAC role.
+        spec["automountServiceAccountToken"] = True
     if node_selector:
         spec["nodeSelector"] = node_selector
     if tolerations:

@@ -75,7 +75,10 @@ def test_dataset_uri_is_read_by_the_loader_through_workload_identity(rendered: R
     assert pod(loader)["serviceAccountName"] == ksa.inputs["metadata"]["name"]
     assert ksa.inputs["metadata"]["namespace"] == r.config.namespace
     assert ksa.inputs["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
-    assert ksa.inputs["automountServiceAccountToken"] is False and pod(loader)["automountServiceAccountToken"] is False
+    # Workload Identity exchanges the pod's KSA token; pods without a Google identity keep it unmounted.
+    assert pod(loader)["automountServiceAccountToken"] is True
+    assert pod(r.one(JOB, "training"))["automountServiceAccountToken"] is False
+    assert not r.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")  # the KSA opens nothing
     (binding,) = r.of_type(SA_BINDING)
     assert binding.inputs["serviceAccountId"] == account.outputs["name"]
     assert binding.inputs["role"] == "roles/iam.workloadIdentityUser"
