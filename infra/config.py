@@ -145,6 +145,14 @@ class GcsUri:
     bucket: str
     prefix: str
 
+    @classmethod
+    def split(cls, uri: str) -> GcsUri | None:
+        """``gs://bucket/a/b/`` -> GcsUri("bucket", "a/b"), unchecked (None unless it starts ``gs://``)."""
+        if not uri.startswith("gs://"):
+            return None
+        bucket, _, prefix = uri[len("gs://") :].partition("/")
+        return cls(bucket=bucket, prefix=prefix.strip("/"))
+
     @property
     def uri(self) -> str:
         return f"gs://{self.bucket}/{self.prefix}" if self.prefix else f"gs://{self.bucket}"
@@ -455,10 +463,10 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
     if not value:
         return None
     shape = "gs://<bucket>/<prefix>" if need_prefix else "gs://<bucket>[/<prefix>]"
-    if not value.startswith("gs://"):
+    location = GcsUri.split(value)
+    if location is None:
         raise ConfigError(key, value, f"a Cloud Storage location {shape} (or empty)")
-    bucket, _, prefix = value[len("gs://") :].partition("/")
-    prefix = prefix.strip("/")
+    bucket, prefix = location.bucket, location.prefix
     if (
         not _BUCKET.match(bucket)
         or _IPV4.match(bucket)
@@ -480,7 +488,7 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
         raise ConfigError(
             key, value, f"{shape} with a prefix: the training pods get write access to that prefix only"
         )
-    return GcsUri(bucket=bucket, prefix=prefix)
+    return location
 
 
 def _data(r: _Reader) -> DataConfig:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import contract, gke
-from infra.config import END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS
+from infra.config import END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS, GcsUri
 
 MANDATORY, ADVISORY = "mandatory", "advisory"
 
@@ -561,13 +561,6 @@ BASIC_ROLES = frozenset({"roles/owner", "roles/editor", "roles/viewer"})
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
 
 
-def _bucket_and_prefix(uri: str) -> tuple[str, str] | None:
-    if not uri.startswith("gs://"):
-        return None
-    bucket, _, prefix = uri[len("gs://") :].partition("/")
-    return bucket, prefix.strip("/")
-
-
 def _workload_accounts(resources: Sequence[Resource]) -> set[str]:
     """Emails of the Google service accounts that pods act as: named by a Kubernetes service account's
     Workload Identity annotation, or trusting a workload identity pool member."""
@@ -596,7 +589,7 @@ def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> 
     workloads = _workload_accounts(resources)
     if not workloads:
         return []
-    dataset, output = _bucket_and_prefix(facts.dataset_uri), _bucket_and_prefix(facts.output_uri)
+    dataset, output = GcsUri.split(facts.dataset_uri), GcsUri.split(facts.output_uri)
     problems = []
     for grant in resources:
         if grant.type in PROJECT_IAM:
@@ -619,15 +612,13 @@ def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> 
         expression = str(_get(grant.props, "condition", "expression") or "")
         for email in _granted_to(grant, workloads):
             where = f"{grant.type.rsplit(':', 1)[-1]} {grant.name!r}: {role} on bucket {bucket!r} for {email}"
-            if role in READ_ROLES and dataset and bucket == dataset[0]:
+            if role in READ_ROLES and dataset and bucket == dataset.bucket:
                 continue
-            if role in WRITE_ROLES and output and bucket == output[0]:
-                objects = f"projects/_/buckets/{output[0]}/objects/{output[1]}/"
-                if expression.strip() == f'resource.name.startsWith("{objects}")':
+            if role in WRITE_ROLES and output and bucket == output.bucket:
+                if output.prefix and expression.strip() == f'resource.name.startsWith("{output.objects}")':
                     continue
-                problems.append(
-                    (grant.urn, f'{where}: write access must be limited to resource.name.startsWith("{objects}")')
-                )
+                limit = f'resource.name.startsWith("{output.objects}")'
+                problems.append((grant.urn, f"{where}: write access must be limited to {limit}"))
                 continue
             allowed = [f"objectViewer on {facts.dataset_uri}"] if dataset else []
             allowed += [f"objectCreator/objectUser under {facts.output_uri}"] if output else []
