@@ -7,20 +7,21 @@ Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does `
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import yaml
 
 from infra import contract
-from workload.hparams import parse_runs  # the worker's own rules, importable without torch
-from workload.paths import NAME as _SHARE_NAME_RULE
-from workload.paths import NAME_RULE as _SHARE_NAME_WHAT
 
 PROJECT = "spot-trainer"  # the Pulumi project name: the namespace of its config keys
+PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"  # declares every key and its default
 
 # GPU type -> machine type per GPU count (Standard node pools; Autopilot picks machines itself).
 GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
@@ -45,8 +46,18 @@ FILESTORE_TIERS: dict[str, tuple[int, int]] = {
     "REGIONAL": (1024, 102400),
     "ENTERPRISE": (1024, 10240),
 }
+# Capacity steps (Filestore service-tier docs): ZONAL and REGIONAL scale by 256 GiB below 10 TiB and by
+# 2.5 TiB from 10 TiB up; ENTERPRISE by 256 GiB. BASIC tiers take any GiB count in their range.
+FILESTORE_STEPS: dict[str, tuple[tuple[int, int], ...]] = {  # tier -> ((from GiB, step GiB), ...)
+    "ZONAL": ((1024, 256), (10240, 2560)),
+    "REGIONAL": ((1024, 256), (10240, 2560)),
+    "ENTERPRISE": ((1024, 256),),
+}
 # Tiers whose instance lives in one zone (the others are regional).
 ZONAL_FILESTORE_TIERS = ("BASIC_HDD", "BASIC_SSD", "ZONAL")
+# Tiers on which Filestore offers deletion protection; asking for it on a BASIC tier fails the create
+# (terraform-provider-google issue 20311), so BASIC instances are protected by Pulumi's `protect` instead.
+DELETION_PROTECTION_TIERS = ("ZONAL", "REGIONAL", "ENTERPRISE")
 
 CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
@@ -70,12 +81,43 @@ _IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
 
 
 class ConfigError(ValueError):
-    """A stack configuration value is missing or not allowed; the message says which and why."""
+    """A stack configuration value is missing or not allowed; the message says which and why, on one line.
 
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
+    ``where`` names the user's file when the mistake is in one (a stack file), ``message`` replaces the
+    usual "key=value is not allowed" sentence for mistakes about keys rather than values.
+    """
+
+    def __init__(self, key: str, value: Any, allowed: str, where: str = "", message: str = "") -> None:
         self.key, self.value, self.allowed = key, value, allowed
         full_key = key if ":" in key else f"{PROJECT}:{key}"
-        super().__init__(f"config {full_key}={value!r} is not allowed: {allowed}")
+        text = message or f"config {full_key}={value!r} is not allowed: {allowed}"
+        super().__init__(f"{where}: {text}" if where else text)
+
+
+def declared_keys() -> tuple[str, ...]:
+    """The project's setting names, as ``Pulumi.yaml`` declares them (the one list of keys)."""
+    return tuple((yaml.safe_load(PROJECT_FILE.read_text()).get("config") or {}).keys())
+
+
+def check_keys(keys: Iterable[str], where: str = "") -> None:
+    """Refuse a key of the project's namespace that ``Pulumi.yaml`` does not declare, and a project key
+    written without its namespace: the CLI passes either to the program, which would silently ignore it.
+    The message suggests the closest declared key."""
+    declared = declared_keys()
+    for key in keys:
+        namespace, sep, name = key.rpartition(":")
+        if sep and namespace != PROJECT:
+            continue  # another package's setting (gcp:project, kubernetes:...): not ours to judge
+        guess = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+        if not sep:
+            fix = f"{PROJECT}:{guess[0] if guess else name}"
+            text = f"config key {key!r} has no namespace: write {fix!r}"
+            if not guess:
+                text += " (no setting is named like it; see Pulumi.yaml)"
+            raise ConfigError(key, None, "", where, text)
+        if name not in declared:
+            hint = f"did you mean {PROJECT}:{guess[0]}?" if guess else "see Pulumi.yaml for the settings"
+            raise ConfigError(key, None, "", where, f"config key {key!r} is not a setting of {PROJECT}; {hint}")
 
 
 @dataclass(frozen=True)
@@ -132,10 +174,17 @@ class FilestoreConfig:
     tier: str
     capacity_gb: int
     share: str
+    # Loader and training pods are scheduled in the share's zone (no inter-zone NFS traffic).
+    pin_to_zone: bool = False
 
     @property
     def zonal(self) -> bool:
         return self.tier in ZONAL_FILESTORE_TIERS
+
+    @property
+    def api_deletion_protection(self) -> bool:
+        """Whether the tier takes Filestore's own ``deletion_protection_enabled`` (BASIC tiers do not)."""
+        return self.tier in DELETION_PROTECTION_TIERS
 
 
 @dataclass(frozen=True)
@@ -243,6 +292,14 @@ class _Reader:
     def __init__(self, values: Mapping[str, str] | None) -> None:
         self._values = values
 
+    def keys(self) -> list[str]:
+        """Every full key set for the stack (under the engine: what the language host was given)."""
+        if self._values is not None:
+            return list(self._values)
+        from pulumi.runtime import config as runtime_config
+
+        return sorted({*runtime_config.CONFIG.get(), *runtime_config.get_config_env()})
+
     def get(self, key: str, namespace: str = PROJECT) -> str | None:
         if self._values is not None:
             return self._values.get(f"{namespace}:{key}")
@@ -307,6 +364,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
     """
     stack = stack or pulumi.get_stack()
     r = _Reader(config)
+    check_keys(r.keys())
 
     project_id = r.get("project", namespace="gcp")
     if not project_id:
@@ -409,14 +467,29 @@ def _filestore(r: _Reader) -> FilestoreConfig:
     capacity = r.int("filestoreCapacityGb", 1)
     if not low <= capacity <= high:
         raise ConfigError("filestoreCapacityGb", capacity, f"between {low} and {high} GiB for tier {tier}")
+    steps = [(start, step) for start, step in FILESTORE_STEPS.get(tier, ()) if capacity >= start]
+    if steps and capacity % steps[-1][1]:
+        start, step = steps[-1]
+        below = capacity - capacity % step
+        near = f"{below} or {below + step}" if below >= start else str(below + step)
+        raise ConfigError(
+            "filestoreCapacityGb", capacity, f"a multiple of {step} GiB from {start} GiB for tier {tier} ({near})"
+        )
     share_what = "a share name: a lowercase letter, then letters, digits or '_', 16 at most"
     share = r.matching("filestoreShare", _SHARE_NAME, share_what)
-    return FilestoreConfig(tier=tier, capacity_gb=capacity, share=share)
+    pin = r.str("pinToShareZone", ("auto", "true", "false"))
+    zonal = tier in ZONAL_FILESTORE_TIERS
+    if pin == "true" and not zonal:
+        raise ConfigError(
+            "pinToShareZone", "true", f"auto or false for tier {tier}: a {tier} share spans the region's zones"
+        )
+    return FilestoreConfig(
+        tier=tier, capacity_gb=capacity, share=share, pin_to_zone=zonal if pin == "auto" else pin == "true"
+    )
 
 
 def _jobs(r: _Reader) -> JobConfig:
     quantity = "a Kubernetes quantity such as 4, 500m or 16Gi"
-    name = "a name of lowercase letters, digits and '-'"
     return JobConfig(
         parallelism=r.int("parallelism", 1, 1000),
         backoff_limit=r.int("backoffLimit", 0),
@@ -424,7 +497,7 @@ def _jobs(r: _Reader) -> JobConfig:
         await_mode=r.str("jobAwait", JOB_AWAIT_MODES),
         timeout_minutes=r.int("jobTimeoutMinutes", 1),
         loader_timeout_minutes=r.int("loaderTimeoutMinutes", 1),
-        dataset_preset=r.matching("datasetPreset", _DNS_LABEL, name),
+        dataset_preset=r.str("datasetPreset", contract.DATASET_PRESETS),
         runs_json=_runs(r),
         lease_ttl_seconds=r.int("leaseTtlSeconds", 5),
         checkpoint_interval_seconds=r.int("checkpointIntervalSeconds", 1),
@@ -448,6 +521,10 @@ def _runs(r: _Reader) -> str:
         raise ConfigError("runs", specs, f"{example}; the old list form is now a map: {{{names}}}")
     if not isinstance(specs, dict) or not specs:
         raise ConfigError("runs", specs, example)
+    # The worker's own rules (stdlib only, no torch). Imported here, not at the top: the policy pack
+    # imports this module for its constants from a virtualenv and a copy that hold no worker code.
+    from workload.hparams import parse_runs
+
     try:
         parse_runs(specs, where=f"{PROJECT}:runs")
     except ValueError as err:
@@ -493,9 +570,11 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
 
 def _data(r: _Reader) -> DataConfig:
     dataset = _gcs_uri(r, "datasetUri", need_prefix=False)
+    from workload.paths import NAME, NAME_RULE  # the share's folder-name rule (see _runs on the import)
+
     name = r.raw("datasetName") or _dataset_name(dataset)
-    if not _SHARE_NAME_RULE.match(name):
-        raise ConfigError("datasetName", name, f"a dataset name: {_SHARE_NAME_WHAT}")
+    if not NAME.match(name):
+        raise ConfigError("datasetName", name, f"a dataset name: {NAME_RULE}")
     return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name)
 
 

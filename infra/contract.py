@@ -12,6 +12,8 @@ APP = "spot-trainer"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
+# The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
+SHARE_PREP = "share-prep"
 
 # Mount path of the Filestore PVC inside loader and worker pods.
 SHARE_DIR = "/mnt/share"
@@ -47,6 +49,15 @@ WORKLOAD_UID = 10001
 
 # Exit code with which the worker reports bad configuration: retrying cannot help.
 EXIT_BAD_CONFIG = 2
+# Exit codes of a worker that will do better on a new pod: SIGTERM (128 + 15, preemption or eviction
+# without a DisruptionTarget condition) and Redis unreachable. The Jobs retry these without counting them.
+EXIT_TERMINATED = 143
+EXIT_REDIS_UNREACHABLE = 3
+RETRYABLE_EXIT_CODES = (EXIT_REDIS_UNREACHABLE, EXIT_TERMINATED)
+
+# Dataset presets the image's simulator knows (workload/simulator.py PRESETS; tests/test_contract.py
+# checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.
+DATASET_PRESETS = ("small", "cluster")
 
 REDIS_PORT = 6379
 REDIS_PASSWORD_KEY = "password"  # key of the password in the Redis Secret

@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 from infra import contract
 from infra.config import StackConfig
 from infra.filestore import FilestoreShare
-from infra.gke import GPU_RESOURCE
+from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
 from infra.identity import WorkloadIdentity
 from infra.redis import RedisQueue
@@ -30,15 +30,44 @@ TERMINATION_GRACE_SECONDS = 15
 SHARE_VOLUME = "share"
 RUNS_VOLUME = "runs"
 
+# The Job failure reasons pulumi-kubernetes' Job await stops on at once (provider/pkg/await/checker/job/
+# check.go, collectJobConditionErrors, unchanged since 2021): any other Failed reason, such as
+# "PodFailurePolicy" from a FailJob rule, is waited out until the await times out (30 or 120 minutes).
+AWAIT_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded")
+
 # Preemption or eviction: not the code's fault, retry without consuming backoffLimit.
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
 
 
-def _fail_on_bad_config(container: str) -> dict[str, Any]:
-    """Exit code 2 is bad configuration: every retry would fail the same way."""
+def failure_policy(container: str) -> dict[str, Any]:
+    """podFailurePolicy of the loader and training Jobs (first matching rule wins):
+
+    - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
+    - a worker that exits 143 (SIGTERM without the condition) or 3 (Redis unreachable) is retried and
+      not counted: a new pod does better;
+    - exit 2 (bad configuration) is counted, as is every other failure. Not FailJob: the Job would end
+      with reason PodFailurePolicy, which the provider's await does not recognise, and `pulumi up` would
+      wait out its whole timeout. Counted against ``backoffLimit`` it ends in BackoffLimitExceeded, which
+      the await reports at once with the pods' termination messages (the worker's one-line error). The
+      loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the loader's first pod, before
+      any GPU pod exists.
+    """
     return {
-        "action": "FailJob",
-        "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+        "rules": [
+            IGNORE_DISRUPTIONS,
+            {
+                "action": "Ignore",
+                "onExitCodes": {
+                    "containerName": container,
+                    "operator": "In",
+                    "values": list(contract.RETRYABLE_EXIT_CODES),
+                },
+            },
+            {
+                "action": "Count",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+            },
+        ]
     }
 
 
@@ -108,6 +137,9 @@ def _pod_template(
                 "env": _env(cfg, redis) + (env or []),
                 "resources": resources,
                 "securityContext": contract.restricted_security_context(),
+                # The last log lines become the pod's termination message on a failure: the provider's
+                # await prints it, so `pulumi up` shows the worker's own error.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "volumeMounts": [
                     {"name": SHARE_VOLUME, "mountPath": contract.SHARE_DIR},
                     *(mount for _, mount in extra),
@@ -125,6 +157,9 @@ def _pod_template(
         # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
         # not reach Google APIs through Workload Identity). The account has no Kubernetes RBAC role.
         spec["automountServiceAccountToken"] = True
+    if cfg.filestore.pin_to_zone:
+        # The share lives in one zone: reading it from another costs inter-zone traffic on every read.
+        node_selector = {**(node_selector or {}), ZONE_LABEL: cfg.zone}
     if node_selector:
         spec["nodeSelector"] = node_selector
     if tolerations:
@@ -193,6 +228,7 @@ class LoaderJob(pulumi.ComponentResource):
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
+        after: list[pulumi.Resource] | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
         self.name = f"{cfg.labels.app}-{contract.LOADER}"
@@ -234,8 +270,11 @@ class LoaderJob(pulumi.ComponentResource):
             name,
             metadata=_job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
             spec={
-                "backoffLimit": 3,
-                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.LOADER)]},
+                # The first counted failure (bad config, a crash) fails the Job and `pulumi up` at once;
+                # preemptions and transient exits are retried (failure_policy) until the deadline.
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": cfg.jobs.loader_timeout_minutes * 60,
+                "podFailurePolicy": failure_policy(contract.LOADER),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(
@@ -245,7 +284,7 @@ class LoaderJob(pulumi.ComponentResource):
                 delete_before_replace=True,
                 depends_on=[
                     redis.deployment, redis.network_policy, share.claim, self.runs,
-                    *(identity.resources if identity else []),
+                    *(identity.resources if identity else []), *(after or []),
                 ],  # fmt: skip
                 custom_timeouts=pulumi.CustomTimeouts(
                     create=f"{cfg.jobs.loader_timeout_minutes}m", update=f"{cfg.jobs.loader_timeout_minutes}m"
@@ -309,13 +348,17 @@ class TrainingJob(pulumi.ComponentResource):
                 "parallelism": jobs.parallelism,
                 "backoffLimit": jobs.backoff_limit,
                 "activeDeadlineSeconds": jobs.active_deadline_seconds,
-                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.WORKER)]},
+                "podFailurePolicy": failure_policy(contract.WORKER),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,
                 # Fixed names: a new image digest must delete the old Job before creating the new one.
+                # A `parallelism` change replaces the Job too (pulumi-kubernetes lists .spec.parallelism
+                # among a Job's replace-on-change fields, provider/pkg/provider/diff.go). Accepted, not
+                # ignored: workers checkpoint and release on SIGTERM and the new Job resumes from the
+                # share, while ignore_changes would keep the first value forever (docs/cloud.md).
                 delete_before_replace=True,
                 depends_on=[loader.job, *capacity.resources, *(identity.resources if identity else [])],
                 custom_timeouts=timeouts,

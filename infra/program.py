@@ -22,14 +22,17 @@ from infra.jobs import LoaderJob, TrainingJob, one_off_pod
 from infra.network import Network
 from infra.redis import RedisQueue
 from infra.services import ProjectServices
+from infra.share_prep import SharePreparation
 
 
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     if cfg.jobs.standby_workers:
+        where = "on spot GPUs, or on-demand ones while spot is out (onDemandFallback)" if (
+            cfg.gpu.on_demand_fallback) else "on spot GPUs"
         pulumi.log.warn(
             f"parallelism {cfg.jobs.parallelism} > {len(cfg.jobs.runs)} run(s): {cfg.jobs.standby_workers} "
-            "training pod(s) will wait on spot GPUs as hot standbys (a run trains on one worker at a time). "
+            f"training pod(s) will wait {where} as hot standbys (a run trains on one worker at a time). "
             "Add runs (a sweep) or lower parallelism if that is not what you want to pay for.")
     services = ProjectServices("services", cfg)
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
@@ -74,7 +77,11 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         )
         if data.output else None
     )  # fmt: skip
-    loader = LoaderJob("loader", cfg, image.ref, redis, share, loader_identity, cluster.provider, ns)
+    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
+    prepared = SharePreparation("share-prep", cfg, image.ref, share, cluster.provider)
+    loader = LoaderJob(
+        "loader", cfg, image.ref, redis, share, loader_identity, cluster.provider, ns, after=[prepared.job]
+    )
     training = TrainingJob(
         "training", cfg, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns
     )
@@ -107,6 +114,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
             "pods": f"kubectl {n} get pods -l {contract.NAME_LABEL}={contract.APP} -o wide",
             "logs": f"kubectl {n} logs -f -l {workers} --prefix --max-log-requests=50",
             "wait": f"kubectl {n} wait --for=condition=complete job/{training.name} --timeout=24h",
+            # `pulumi up` never re-runs a Job that exists, failed or not: replace it (docs/cloud.md).
+            "rerunLoader": pulumi.Output.concat("pulumi up --replace '", loader.job.urn, "'"),
+            "rerunTraining": pulumi.Output.concat("pulumi up --replace '", training.job.urn, "'"),
             # New days in the bucket change no config: replace both Jobs to load and train them.
             "reload": pulumi.Output.concat(
                 "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"

@@ -64,7 +64,8 @@ def check(resources: Sequence[Registered], facts: rules.StackFacts) -> list[Viol
     for rule in rules.RULES:
         if rule.check_resource is not None:
             for r in resources:
-                for message in rule.check_resource(r.type, r.inputs, facts):
+                extra = {"protect": r.protect} if rule.reads_protect else {}
+                for message in rule.check_resource(r.type, r.inputs, facts, **extra):
                     found.append(Violation(rule.name, rule.level, by_urn[r.urn], message))
         if rule.check_stack is not None:
             for urn, message in rule.check_stack(views, facts):
@@ -114,7 +115,7 @@ def _condition(inputs: Mapping[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m policy.offline STACK [--out DIR]``: exit 1 on a mandatory violation, 2 on bad config."""
     parser = argparse.ArgumentParser(prog="python -m policy.offline", description=main.__doc__)
-    parser.add_argument("stack", choices=render.stack_names())
+    parser.add_argument("stack", type=render.stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("--out", type=Path, help="output folder (default build/render/STACK)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
     args = parser.parse_intermixed_args(argv)

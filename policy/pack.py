@@ -58,7 +58,12 @@ def _resource_policy(rule: rules.Rule) -> ResourceValidationPolicy:
     assert check is not None
 
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
-        for message in check(args.resource_type, args.props, stack_facts(stack=stack_of(args.urn))):
+        facts = stack_facts(stack=stack_of(args.urn))
+        if rule.reads_protect:
+            messages = check(args.resource_type, args.props, facts, protect=bool(getattr(args.opts, "protect", False)))
+        else:
+            messages = check(args.resource_type, args.props, facts)
+        for message in messages:
             report(message, None)
 
     return ResourceValidationPolicy(rule.name, rule.description, validate, LEVELS[rule.level])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import contract, gke
-from infra.config import END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS, GcsUri
+from infra.config import DELETION_PROTECTION_TIERS, END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS, GcsUri
 
 MANDATORY, ADVISORY = "mandatory", "advisory"
 
@@ -118,6 +118,8 @@ class Rule:
     level: str
     check_resource: ResourceCheck | None = None
     check_stack: StackCheck | None = None
+    # The resource check also takes ``protect=`` (the resource's ``protect`` option, from the engine).
+    reads_protect: bool = False
 
 
 # --- reading properties -----------------------------------------------------------------------------
@@ -197,8 +199,18 @@ def image_pinned_by_digest(type_: str, props: Mapping[str, Any], facts: StackFac
     return problems
 
 
+def _is_share_preparation(template: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    """The one root container allowed: the share-preparation step (infra/share_prep.py), which drops every
+    capability but CHOWN. A new Filestore share is root-owned and fsGroup does nothing for NFS."""
+    if _get(template, "metadata", "labels", contract.COMPONENT_LABEL) != contract.SHARE_PREP:
+        return False
+    caps = _map(_get(container, "securityContext", "capabilities"))
+    return _list(caps.get("drop")) == ["ALL"] and _list(caps.get("add")) == ["CHOWN"]
+
+
 def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees."""
+    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees.
+    The share-preparation step may run as root with CHOWN alone; it is still never privileged."""
     template = pod_template(type_, props)
     if template is None:
         return []
@@ -212,12 +224,14 @@ def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: Stac
         def effective(key: str, context: Mapping[str, Any] = context) -> Any:
             return context[key] if key in _keys(context) else _get(pod_context, key)
 
-        if effective("runAsNonRoot") is not True:
+        if _is_share_preparation(template, c):
+            pass  # root by design, with CHOWN only: privilege checks below still apply
+        elif effective("runAsNonRoot") is not True:
             problems.append(f"{where} does not set runAsNonRoot: true (pod or container securityContext)")
         uid = effective("runAsUser")
         if uid is None:
             problems.append(f"{where} sets no runAsUser; give it a non-zero uid")
-        elif uid == 0:
+        elif uid == 0 and not _is_share_preparation(template, c):
             problems.append(f"{where} runs as uid 0 (root)")
         if context.get("privileged") is True:
             problems.append(f"{where} is privileged")
@@ -265,8 +279,25 @@ def cost_labels(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list
     return problems
 
 
-def prod_deletion_protection(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share."""
+def prod_deletion_protection(
+    type_: str, props: Mapping[str, Any], facts: StackFacts, protect: bool = False
+) -> list[str]:
+    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share.
+
+    Filestore's own deletion protection exists on ZONAL, REGIONAL and ENTERPRISE only: on a BASIC tier
+    the argument fails the create (in any stack), and Pulumi's ``protect`` option (``protect``: the
+    engine refuses the delete) is what guards a BASIC instance in prod.
+    """
+    if type_ == FILESTORE and _get(props, "tier") not in DELETION_PROTECTION_TIERS:
+        tier = _get(props, "tier")
+        if "deletionProtectionEnabled" in _keys(props) and props["deletionProtectionEnabled"] is not None:
+            return [
+                f"Filestore instance: tier {tier!r} has no deletion protection, and deletionProtectionEnabled "
+                "fails the create; leave it out and protect the resource with Pulumi's `protect` option"
+            ]
+        if facts.stack == PROTECTED_STACK and not protect:
+            return [f"Filestore instance: tier {tier!r} in stack {facts.stack!r} must have Pulumi's `protect` option"]
+        return []
     if facts.stack != PROTECTED_STACK:
         return []
     if type_ == CLUSTER:
@@ -682,9 +713,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "prod-deletion-protection",
-        "Stack prod keeps deletion protection on its cluster and Filestore",
+        "Stack prod keeps deletion protection on its cluster and Filestore (Pulumi's protect on BASIC tiers, "
+        "which take no deletionProtectionEnabled)",
         MANDATORY,
         check_resource=prod_deletion_protection,
+        reads_protect=True,
     ),
     Rule(
         "cost-labels",

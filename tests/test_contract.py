@@ -69,3 +69,35 @@ def test_the_image_runs_as_the_uid_the_pods_require() -> None:
     assert f"SHARE_DIR={contract.SHARE_DIR}" in dockerfile
     assert (ROOT / contract.IMAGE_CONTEXT / "requirements.txt").is_file()
     assert 'ENTRYPOINT ["python", "-m", "workload"]' in dockerfile
+
+
+def test_the_presets_the_config_allows_are_the_simulators() -> None:
+    """``datasetPreset`` is validated at preview against contract.DATASET_PRESETS: it must be the image's list."""
+    assert tuple(simulator.PRESETS) == contract.DATASET_PRESETS
+
+
+def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tmp_path: Path) -> None:
+    """The smallest and oddest values preview lets through parse in the worker's own CLI (no exit 2)."""
+    import json
+
+    from infra import config, render
+    from workload.paths import check_name
+
+    runs = {"main": {}, "lr-small": {"lr": 1e-06, "epochs": 1, "hidden": []}, "r" * 63: {"seed": 0}}
+    values = {"runs": json.dumps(runs), "leaseTtlSeconds": "5", "checkpointIntervalSeconds": "1",
+              "maxAttempts": "1", "datasetPreset": "small", "datasetUri": "gs://a-b/x.y_z/Q1+2024"}  # fmt: skip
+    cfg = config.load({**render.stack_config("dev"), **{f"spot-trainer:{k}": v for k, v in values.items()}}, "dev")
+    monkeypatch.setenv(contract.ENV_LEASE_TTL, str(cfg.jobs.lease_ttl_seconds))
+    monkeypatch.setenv(contract.ENV_CHECKPOINT_INTERVAL, str(cfg.jobs.checkpoint_interval_seconds))
+    monkeypatch.setenv(contract.ENV_MAX_ATTEMPTS, str(cfg.jobs.max_attempts))
+    worker = cli.parser().parse_args(contract.WORKER_ARGS)
+    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0
+    args = contract.loader_args(cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri)
+    runs_file = tmp_path / contract.RUNS_KEY
+    runs_file.write_text(cfg.jobs.runs_json)
+    args[args.index("--runs-file") + 1] = str(runs_file)
+    seed = cli.parser().parse_args(args)
+    assert seed.max_attempts == 1 and seed.datasets == "gs://a-b/x.y_z/Q1+2024"
+    assert check_name(seed.dataset, "dataset") == "Q1-2024"
+    assert set(cli.load_runs(seed)) == set(runs)
+    assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)

@@ -134,8 +134,10 @@ def test_loader_and_workers_get_separate_identities(rendered: Render) -> None:
         accounts["loader"].outputs["member"]: ("acme-fraud", "roles/storage.objectViewer"),
         accounts["worker"].outputs["member"]: ("acme-results", "roles/storage.objectUser"),
     }
-    names = {pod(j)["serviceAccountName"] for j in r.of_type(JOB)}
-    assert names == {"spot-trainer-loader", "spot-trainer-worker"}
+    names = {name: pod(r.one(JOB, name))["serviceAccountName"] for name in ("loader", "training")}
+    assert names == {"loader": "spot-trainer-loader", "training": "spot-trainer-worker"}
+    # The share-preparation step (root, its own namespace) gets no Google identity.
+    assert "serviceAccountName" not in pod(r.one(JOB, "share-prep"))
 
 
 def test_the_loader_reads_the_stack_runs_from_a_mounted_runs_file(rendered: Render) -> None:

@@ -182,17 +182,33 @@ PROD = StackFacts(stack="prod")
 def test_prod_with_protection_passes_and_dev_is_not_checked() -> None:
     assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": True}, PROD) == []
     assert rules.prod_deletion_protection(rules.CLUSTER, {}, PROD) == []  # the provider defaults to true
-    assert rules.prod_deletion_protection(rules.FILESTORE, {"deletionProtectionEnabled": True}, PROD) == []
+    zonal = {"tier": "ZONAL", "deletionProtectionEnabled": True}
+    assert rules.prod_deletion_protection(rules.FILESTORE, zonal, PROD) == []
     assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, DEV) == []
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "BASIC_HDD"}, DEV) == []
 
 
 def test_prod_without_protection_is_a_violation() -> None:
     assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, PROD) == [
         "Cluster: deletionProtection is False in stack 'prod'; it must be true"
     ]
-    assert rules.prod_deletion_protection(rules.FILESTORE, {}, PROD) == [
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "REGIONAL"}, PROD) == [
         "Filestore instance: deletionProtectionEnabled is None in stack 'prod'; it must be true"
     ]
+
+
+@pytest.mark.parametrize("tier", ["BASIC_HDD", "BASIC_SSD"])
+def test_a_basic_filestore_is_protected_by_pulumi_not_by_the_api(tier: str) -> None:
+    """The API has no deletion protection on BASIC tiers: asking for it fails the create, in any stack."""
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": tier}, PROD, protect=True) == []
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": tier}, PROD) == [
+        f"Filestore instance: tier {tier!r} in stack 'prod' must have Pulumi's `protect` option"
+    ]
+    for facts in (PROD, DEV):
+        (message,) = rules.prod_deletion_protection(
+            rules.FILESTORE, {"tier": tier, "deletionProtectionEnabled": True}, facts, protect=True
+        )
+        assert message.startswith(f"Filestore instance: tier {tier!r} has no deletion protection")
 
 
 # --- advisory cluster rules --------------------------------------------------------------------------
@@ -434,7 +450,7 @@ def test_rules_do_not_mutate_what_they_read() -> None:
     before = copy.deepcopy(props)
     for rule in rules.RULES:
         if rule.check_resource:
-            rule.check_resource(JOB, props, DEV)
+            rule.check_resource(JOB, props, DEV, **({"protect": False} if rule.reads_protect else {}))
         else:
             assert rule.check_stack
             rule.check_stack([res(JOB, props)], DEV)

@@ -16,7 +16,9 @@ import pytest
 import yaml
 from pulumi_policy import (
     EnforcementLevel,
+    PolicyCustomTimeouts,
     PolicyResource,
+    PolicyResourceOptions,
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
@@ -162,6 +164,25 @@ def test_a_wrapped_policy_knows_prod_from_the_urn() -> None:
     ]
 
 
+def test_a_wrapped_policy_reads_the_protect_option_from_the_engine() -> None:
+    """prod's BASIC_SSD share is guarded by `protect`, which the analyzer passes in ``args.opts``."""
+    (policy,) = [p for p in pack.policies() if p.name == "prod-deletion-protection"]
+    share = {"tier": "BASIC_SSD", "labels": {}}
+
+    def run(protect: bool) -> list[str]:
+        reported: list[str] = []
+        opts = PolicyResourceOptions(protect, [], False, [], PolicyCustomTimeouts(0, 0, 0), [])
+        urn = f"urn:pulumi:prod::spot-trainer::{rules.FILESTORE}::share"
+        args = ResourceValidationArgs(rules.FILESTORE, unknown_checking_proxy(share), urn, "share", opts, None)  # type: ignore[arg-type]
+        policy.validate(args, lambda message, urn=None: reported.append(message))
+        return reported
+
+    assert run(protect=True) == []
+    assert run(protect=False) == [
+        "Filestore instance: tier 'BASIC_SSD' in stack 'prod' must have Pulumi's `protect` option"
+    ]
+
+
 def test_wrapped_stack_policies_report_against_the_offending_urn(rendered: Callable[[str], Rendered]) -> None:
     r = rendered("dev")
     (policy,) = [p for p in pack.policies() if p.name == "redis-requires-password"]
@@ -218,13 +239,11 @@ def test_the_rules_import_without_provider_sdks() -> None:
 
 
 def test_the_pack_pins_what_the_project_pins() -> None:
-    def pins(path: Path) -> dict[str, str]:
-        lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
-        return dict(line.split("==") for line in lines if "==" in line)
+    from tests.policy.test_policy_workflows import requirement_lines
 
-    pack_pins = pins(render.REPO_ROOT / "policy" / "requirements.txt")
-    assert set(pack_pins) == {"pulumi", "pulumi-policy"}
-    assert pack_pins.items() <= pins(render.REPO_ROOT / "requirements.txt").items()
+    pack_pins = requirement_lines(render.REPO_ROOT / "policy" / "requirements.txt")
+    assert set(pack_pins) == {"pulumi", "pulumi-policy", "pyyaml"}  # no provider SDK: they are hundreds of MB
+    assert pack_pins.items() <= requirement_lines(render.REPO_ROOT / "requirements.txt").items()
 
 
 @pytest.mark.parametrize("stack", STACKS)
