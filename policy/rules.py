@@ -646,10 +646,9 @@ def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> 
             if role in READ_ROLES and dataset and bucket == dataset.bucket:
                 continue
             if role in WRITE_ROLES and output and bucket == output.bucket:
-                if output.prefix and expression.strip() == f'resource.name.startsWith("{output.objects}")':
-                    continue
                 limit = f'resource.name.startsWith("{output.objects}")'
-                problems.append((grant.urn, f"{where}: write access must be limited to {limit}"))
+                if not (output.prefix and expression.strip() == limit):
+                    problems.append((grant.urn, f"{where}: write access must be limited to {limit}"))
                 continue
             allowed = [f"objectViewer on {facts.dataset_uri}"] if dataset else []
             allowed += [f"objectCreator/objectUser under {facts.output_uri}"] if output else []
