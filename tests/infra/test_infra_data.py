@@ -229,3 +229,15 @@ def test_identities_go_through_the_stack_providers(rendered: Render) -> None:
         assert res.provider == f"{gcp.urn}::{gcp.id}", res.urn
     for res in [*r.of_type(KSA), *r.of_type(CONFIG_MAP)]:
         assert res.provider == f"{k8s.urn}::{k8s.id}", res.urn
+
+
+def test_standard_clusters_run_the_gke_metadata_server_where_the_pods_run(rendered: Render) -> None:
+    """Autopilot always has Workload Identity; a Standard cluster needs its pool and the GKE metadata
+    server on every node pool the loader and the workers can land on."""
+    r = rendered("dev", clusterMode="standard", gpuCapacity="nodeSelector", **DATA, **OUTPUT)
+    cluster = r.one("gcp:container/cluster:Cluster").inputs
+    assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{r.config.project_id}.svc.id.goog"}
+    pools = r.of_type("gcp:container/nodePool:NodePool")
+    assert pools and all(p.inputs["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"} for p in pools)
+    (binding, _) = sorted(r.of_type(SA_BINDING), key=lambda b: b.name)
+    assert binding.inputs["member"].startswith(f"serviceAccount:{cluster['workloadIdentityConfig']['workloadPool']}[")
