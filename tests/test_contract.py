@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (contract.ENV_WORKER_ID, "worker", "pod-7", "worker_id", "pod-7"),
     (contract.ENV_LEASE_TTL, "worker", "45", "lease_ttl", 45.0),
     (contract.ENV_CHECKPOINT_INTERVAL, "worker", "12", "checkpoint_interval", 12.0),
-    (contract.ENV_MAX_ATTEMPTS, "seed", "9", "max_attempts", 9),
+    (contract.ENV_MAX_ATTEMPTS, "worker", "9", "max_attempts", 9),
     (contract.ENV_RUNS_FILE, "seed", "/etc/x/runs.json", "runs_file", "/etc/x/runs.json"),
     (contract.ENV_DATASETS_SRC, "seed", "gs://acme/fraud", "datasets", "gs://acme/fraud"),
 ])
@@ -40,6 +40,8 @@ def test_job_arguments_parse_and_name_a_real_preset() -> None:
     args = cli.parser().parse_args(contract.loader_args("exports", "cluster", "gs://acme-fraud/exports"))
     assert args.datasets == "gs://acme-fraud/exports" and args.runs_file == contract.RUNS_FILE
     assert args.dataset == "exports"
+    assert cli.parser().parse_args(contract.WORKER_ARGS).command == "worker"
+    assert cli.parser().parse_args(contract.STATUS_ARGS).command == "status"
 
 
 def test_simulated_data_keeps_the_dataset_name_seed_uses_by_default() -> None:
@@ -59,8 +61,15 @@ def test_the_runs_file_the_stack_mounts_is_what_seed_reads(tmp_path: Path) -> No
     args = cli.parser().parse_args(["seed", "--runs-file", str(runs_file)])
     runs = cli.load_runs(args)
     assert set(runs) == {"main", "wide"} and runs["wide"].hidden == (128, 64)
-    assert cli.parser().parse_args(contract.WORKER_ARGS).command == "worker"
-    assert cli.parser().parse_args(contract.STATUS_ARGS).command == "status"
+
+
+def test_the_output_uri_the_training_pods_get_is_where_the_worker_exports(monkeypatch) -> None:
+    """The training Job sets OUTPUT_URI; the worker's hook and `export --to` read that same variable."""
+    from workload import export
+
+    assert export.OUTPUT_URI_ENV == contract.ENV_OUTPUT_URI
+    monkeypatch.setenv(contract.ENV_OUTPUT_URI, "gs://acme-results/spot")
+    assert cli.parser().parse_args(["export", "--run", "main"]).to == "gs://acme-results/spot"
 
 
 def test_the_image_runs_as_the_uid_the_pods_require() -> None:
@@ -91,13 +100,13 @@ def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tm
     monkeypatch.setenv(contract.ENV_CHECKPOINT_INTERVAL, str(cfg.jobs.checkpoint_interval_seconds))
     monkeypatch.setenv(contract.ENV_MAX_ATTEMPTS, str(cfg.jobs.max_attempts))
     worker = cli.parser().parse_args(contract.WORKER_ARGS)
-    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0
+    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0 and worker.max_attempts == 1
     args = contract.loader_args(cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri)
     runs_file = tmp_path / contract.RUNS_KEY
     runs_file.write_text(cfg.jobs.runs_json)
     args[args.index("--runs-file") + 1] = str(runs_file)
     seed = cli.parser().parse_args(args)
-    assert seed.max_attempts == 1 and seed.datasets == "gs://a-b/x.y_z/Q1+2024"
+    assert seed.datasets == "gs://a-b/x.y_z/Q1+2024"
     assert check_name(seed.dataset, "dataset") == "Q1-2024"
     assert set(cli.load_runs(seed)) == set(runs)
     assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)

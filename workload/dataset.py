@@ -104,6 +104,7 @@ class Examples:
     x: np.ndarray  # float32 [n, len(features.FEATURE_NAMES)]
     y: np.ndarray  # float32 [n]
     day: np.ndarray  # datetime64[D] [n]
+    ids: np.ndarray  # int64 [n]: each row's TRANSACTION_ID (what `score` writes next to the score)
 
 
 def describe(root: Path, rel: str) -> dict[str, Any]:
@@ -211,7 +212,9 @@ class Dataset:
     def examples(self, targets: list[str]) -> Examples:
         frame, target = self._window(targets)
         days = frame[schema.TX_DATETIME].to_numpy()[target].astype("datetime64[D]")
-        return Examples(x=features.compute_features(frame, target), y=features.labels(frame, target), day=days)
+        ids = frame[schema.TRANSACTION_ID].to_numpy(dtype=np.int64)[target]
+        return Examples(x=features.compute_features(frame, target), y=features.labels(frame, target), day=days,
+                        ids=ids)
 
     def test_examples(self) -> Examples:
         """All testing files, featurised with their history; computed once per process."""
