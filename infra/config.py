@@ -559,8 +559,12 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
             "ending with a letter or digit, no 'goog' prefix (cloud.google.com/storage/docs/buckets#naming)",
         )
     segments = prefix.split("/") if prefix else []
-    if any(s in ("", ".", "..") for s in segments) or any(c.isspace() or c in "*?[]#" for c in prefix):
-        raise ConfigError(key, value, f"{shape} whose prefix has no empty, '.' or '..' parts, spaces or wildcards")
+    # No wildcards (gcloud would expand them) and nothing a shell line would need quoted (the stack's
+    # commands print kubectl lines that carry the location).
+    if any(s in ("", ".", "..") for s in segments) or any(c.isspace() or c in "*?[]#'\"`$\\" for c in prefix):
+        raise ConfigError(
+            key, value, f"{shape} whose prefix has no empty, '.' or '..' parts, spaces, quotes or wildcards"
+        )
     if need_prefix and not prefix:
         raise ConfigError(
             key, value, f"{shape} with a prefix: the training pods get write access to that prefix only"

@@ -80,6 +80,11 @@ def loader_args(dataset: str, preset: str, dataset_uri: str | None) -> list[str]
     return ["seed", "--runs-file", RUNS_FILE, "--dataset", dataset, *source]
 
 
+def export_args(run: str, to: str) -> list[str]:
+    """``python -m workload export``: a run's report, metrics, plots and model to ``to``/<run>/."""
+    return ["export", "--run", run, "--to", to]
+
+
 WORKER_ARGS = ["worker"]
 # Queue and run summary (pending, leased, done, dead-lettered, latest metrics).
 STATUS_ARGS = ["status"]

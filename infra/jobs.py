@@ -187,12 +187,14 @@ def one_off_pod(
     name: str,
     args: list[str],
     command: list[str] | None = None,
+    service_account: str | None = None,
 ) -> pulumi.Output[str]:
     """A ``kubectl run`` line for a throw-away pod with the loader's environment and share (for
-    ``status`` and reading reports after the workers are gone); labelled loader so Redis admits it."""
+    ``status`` and reading reports after the workers are gone); labelled loader so Redis admits it.
+    ``service_account``: run as that Workload Identity account (an export to the output bucket)."""
 
     def render(ref: str) -> str:
-        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share)
+        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share, service_account=service_account)
         container = template["spec"]["containers"][0]
         container.pop("resources")
         container["name"] = name  # kubectl attaches to the container named like the pod

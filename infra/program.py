@@ -122,6 +122,14 @@ def build(cfg: StackConfig) -> dict[str, Any]:
                 "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"
             ),
             "queueStatus": one_off_pod(cfg, image.ref, redis, share, "status", contract.STATUS_ARGS),
+            # With outputUri: export a run by hand, as the workers' account (the only one that may write).
+            "export": {
+                run: one_off_pod(
+                    cfg, image.ref, redis, share, "export", contract.export_args(run, data.output.uri),
+                    service_account=worker_identity.ksa_name,
+                )
+                for run in cfg.jobs.runs
+            } if data.output and worker_identity else {},  # fmt: skip
             "report": one_off_pod(
                 cfg,
                 image.ref,

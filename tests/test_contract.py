@@ -70,6 +70,8 @@ def test_the_output_uri_the_training_pods_get_is_where_the_worker_exports(monkey
     assert export.OUTPUT_URI_ENV == contract.ENV_OUTPUT_URI
     monkeypatch.setenv(contract.ENV_OUTPUT_URI, "gs://acme-results/spot")
     assert cli.parser().parse_args(["export", "--run", "main"]).to == "gs://acme-results/spot"
+    args = cli.parser().parse_args(contract.export_args("wide", "gs://acme-results/other"))
+    assert (args.command, args.run, args.to) == ("export", "wide", "gs://acme-results/other")
 
 
 def test_the_image_runs_as_the_uid_the_pods_require() -> None:

@@ -211,6 +211,18 @@ def test_the_reload_command_replaces_both_jobs(rendered: Render) -> None:
     assert command == f"pulumi up --replace '{r.one(JOB, 'loader').urn}' --replace '{r.one(JOB, 'training').urn}'"
 
 
+def test_an_export_by_hand_runs_as_the_workers_account(rendered: Render) -> None:
+    """Only the workers' account may write under outputUri: the stack's export commands use it."""
+    r = rendered("dev", runs={"main": {}, "wide": {"hidden": [128, 64]}}, **OUTPUT)
+    commands = r.outputs["commands"]["export"]
+    assert set(commands) == {"main", "wide"}
+    overrides = json.loads(commands["wide"].split("--overrides='", 1)[1].rstrip("'"))
+    (c,) = overrides["spec"]["containers"]
+    assert c["args"] == ["export", "--run", "wide", "--to", "gs://acme-results/spot-trainer/dev"]
+    assert overrides["spec"]["serviceAccountName"] == "spot-trainer-worker"
+    assert rendered("dev", **DATA).outputs["commands"]["export"] == {}  # no outputUri: nobody may write
+
+
 def test_what_does_not_change_the_seeded_work_leaves_the_jobs_alone(rendered: Render) -> None:
     """Same runs written in another order, or a longer wait for training: no new Job, no new training."""
     base = rendered("dev", runs={"main": {}, "v2": {"lr": 0.003}})
