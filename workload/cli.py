@@ -11,18 +11,18 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
+import tempfile
 import textwrap
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from workload import dataset as ds
-from workload import plan, report, simulator
+from workload import plan, publish, report, simulator, source
 from workload.hparams import HParams, parse_runs
 from workload.paths import REPORT_TXT, check_name, share_paths
 from workload.queue import QueueUnavailable, WorkQueue, connect
@@ -116,43 +116,35 @@ def simulation_spec(args: argparse.Namespace) -> simulator.SimulationSpec:
     return replace(spec, **overrides)
 
 
+def simulated_source(spec: simulator.SimulationSpec) -> str:
+    """The source a simulated dataset records: the simulator and every parameter of the draw."""
+    return "simulator:" + ",".join(f"{k}={v}" for k, v in asdict(spec).items())
+
+
 def place_dataset(args: argparse.Namespace, root: Path) -> None:
-    """Lay the dataset out on the share once: copy `--datasets` or simulate, validate, then publish
-    it with one rename, so a seeder killed half-way leaves nothing a worker could read."""
-    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        if args.datasets:
-            src = Path(args.datasets)
-            for role in ds.ROLES:
-                if not (src / role).is_dir():
-                    raise UsageError(f"--datasets {src}: no {role}/ folder (expected training/ and testing/)")
-                (tmp / role).mkdir(parents=True)
-                for f in sorted((src / role).iterdir()):
-                    if f.is_file() and not f.name.startswith("."):
-                        ds.check_suffix(f)
-                        shutil.copyfile(f, tmp / role / f.name)
-            log.info("copied %s to the share", src)
-        else:
-            spec = simulation_spec(args)
-            log.info("simulating transactions: %s", spec)
-            started = time.monotonic()
-            simulator.generate(tmp, spec)
-            log.info("simulated %d days in %.1fs", spec.train_days + spec.test_days, time.monotonic() - started)
-        entries = ds.write_manifest(tmp)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if not (root / ds.MANIFEST).exists():
-                raise
-            log.info("another seeder published %s first; using it", root)
-        else:
-            rows = sum(e["rows"] for e in entries)
-            frauds = sum(e["frauds"] for e in entries)
-            log.info("dataset %s: %d files, %d transactions, %d fraudulent (%.2f%%)", root, len(entries), rows,
-                     frauds, 100 * frauds / max(rows, 1))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Publish the dataset from `--datasets` (a folder or gs://bucket/prefix) or simulate it (see
+    workload.publish for the rules: one source per dataset, immutable days, appended new days)."""
+    if args.datasets:
+        outcome = publish.publish(root, source.open_source(args.datasets))
+        log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
+                 outcome.unchanged)
+        return
+    spec = simulation_spec(args)
+    uri = simulated_source(spec)
+    if (root / ds.MANIFEST).exists():
+        recorded = publish.recorded_source(root)
+        if recorded is None:  # laid out by hand before sources were recorded
+            log.info("dataset %s is already on the share: not touching it", root)
+            return
+        publish.check_source(root, ds.read_manifest(root), uri)
+        log.info("dataset %s (%s) is already on the share", root, uri)
+        return
+    log.info("simulating transactions: %s", spec)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=root.parent, prefix=f".{root.name}.simulated-") as tmp:
+        simulator.generate(Path(tmp), spec)
+        log.info("simulated %d days in %.1fs", spec.train_days + spec.test_days, time.monotonic() - started)
+        publish.publish(root, source.LocalSource(Path(tmp), uri=uri))
 
 
 def seed(args: argparse.Namespace) -> int:
@@ -164,11 +156,7 @@ def seed(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
-    root = datasets_dir / name
-    if (root / ds.MANIFEST).exists():
-        log.info("dataset %s is already on the share: not touching it", root)
-    else:
-        place_dataset(args, root)
+    place_dataset(args, datasets_dir / name)
     queue = make_queue(args)
     for run, hp in runs.items():
         try:
@@ -305,8 +293,9 @@ def parser() -> argparse.ArgumentParser:
                    help='JSON {run name: {hyperparameters}}, e.g. {"main": {}, "wide": {"hidden": [128, 64]}} '
                         "(env RUNS_FILE; default none)")
     s.add_argument("--datasets", default=env("DATASETS_SRC"),
-                   help="copy this folder (training/*.parquet|csv, testing/*) instead of simulating "
-                        "(env DATASETS_SRC; default none: simulate --preset)")
+                   help="publish the dataset from this folder or gs://bucket/prefix (history/, training/, "
+                        "testing/ of *.parquet|*.csv; new days are added on the next seed) instead of "
+                        "simulating (env DATASETS_SRC; default none: simulate --preset)")
     s.add_argument("--dataset", default=env("DATASET", DEFAULT_DATASET),
                    help=f"dataset name on the share (env DATASET; default {DEFAULT_DATASET})")
     s.add_argument("--preset", default=env("DATASET_PRESET", "small"),
@@ -405,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ds.DatasetError as exc:
         log.error("dataset problem: %s", exc)
+        return 2
+    except source.SourceError as exc:
+        log.error("dataset source: %s", exc)
         return 2
     except QueueUnavailable as exc:
         log.error("%s", exc)
