@@ -67,10 +67,11 @@ check: $(ALL_STAMP)
 
 # Offline render of one stack under the SDK mocks: manifests + inventory in build/render/$(STACK),
 # then the policy pack's result (exit 1 on a mandatory violation). No credentials needed; a stack
-# without stacks/Pulumi.$(STACK).yaml renders with the Pulumi.yaml defaults.
+# without stacks/Pulumi.$(STACK).yaml renders with the Pulumi.yaml defaults. Config overrides:
+# make render STACK=dev ARGS='datasetUri=gs://my-bucket/fraud outputUri=gs://my-bucket/out'
 STACK ?= dev
 render: $(INFRA_STAMP)
-	$(PY) -m policy.offline $(STACK)
+	$(PY) -m policy.offline $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.
