@@ -97,13 +97,15 @@ GROUPS: tuple[Group, ...] = (
         tuple(
             f"infra/{m}.py"
             for m in (
-                "cluster", "filestore", "gpu", "image", "jobs", "network", "redis", "services", "share_prep", "program"
+                "cluster", "filestore", "gpu", "identity", "image", "jobs", "network", "redis", "services",
+                "share_prep", "program",
             )
         ),
         (
             "tests/infra/test_infra_stack.py",
             "tests/infra/test_infra_jobs.py",
             "tests/infra/test_infra_share.py",
+            "tests/infra/test_infra_data.py",
             "tests/infra/test_durability_pairs.py",
         ),
     ),
