@@ -11,7 +11,7 @@ ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render preview clean-local bench chaos
+.PHONY: local test lint check render preview clean-local bench chaos mutation
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -53,6 +53,11 @@ bench: $(ALL_STAMP)
 chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
 
+# Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md.
+mutation: $(ALL_STAMP)
+	nice -n 19 $(PY) -m bench.mutation $(ARGS)
+
 lint: $(ALL_STAMP)
 	$(PY) -m ruff check .
 
@@ -62,10 +67,11 @@ check: $(ALL_STAMP)
 
 # Offline render of one stack under the SDK mocks: manifests + inventory in build/render/$(STACK),
 # then the policy pack's result (exit 1 on a mandatory violation). No credentials needed; a stack
-# without stacks/Pulumi.$(STACK).yaml renders with the Pulumi.yaml defaults.
+# without stacks/Pulumi.$(STACK).yaml renders with the Pulumi.yaml defaults. Config overrides:
+# make render STACK=dev ARGS='datasetUri=gs://my-bucket/fraud outputUri=gs://my-bucket/out'
 STACK ?= dev
 render: $(INFRA_STAMP)
-	$(PY) -m policy.offline $(STACK)
+	$(PY) -m policy.offline $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.

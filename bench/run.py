@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench import data, inprocess, queue_clients, recovery
+from bench import data, inprocess, mutation, queue_clients, recovery
 from workload.dataset import Dataset
 from workload.redis_server import RedisServer
 from workload.trainer import FraudMLP, HParams, Normalizer
@@ -167,8 +167,8 @@ def overhead(server: RedisServer, work: Path, items: int = 12) -> tuple[list[Row
 
 # -- 3. queue ------------------------------------------------------------------------------------------
 def queue(work: Path, clients: tuple[int, ...] = (1, 2, 4, 8), seconds: float = 2.0) -> tuple[list[Row], dict]:
-    """Client processes claim and ack as fast as they can, against the Redis server as `make local` runs
-    it (AOF fsync on every write) and as the stack runs it (fsync every second)."""
+    """Client processes claim and ack as fast as they can, against the Redis server as `make local`, the tests
+    and the stack run it (AOF fsync on every write), and with an fsync every second for comparison."""
     from workload.queue import WorkQueue, connect
 
     rows, points = [], {}
@@ -180,7 +180,7 @@ def queue(work: Path, clients: tuple[int, ...] = (1, 2, 4, 8), seconds: float = 
             figures = [queue_clients.measure(server.url, server.password, "q", n, seconds) for n in clients]
             if WorkQueue(connect(server.url, server.password), "q").counts().pending == 0:
                 raise RuntimeError("the queue benchmark ran out of items: seed more")
-        where = "make local / tests" if fsync == "always" else "the stack's Redis"
+        where = "make local, tests and the stack" if fsync == "always" else "for comparison"
         rows.append(Row("queue", f"claim+ack pairs/s, appendfsync {fsync} ({where}), 1/2/4/8 client processes",
                         " / ".join(f"{f.per_s:,.0f}" for f in figures)))
         points[fsync] = [(f.clients, f.per_s) for f in figures]
@@ -285,6 +285,14 @@ def markdown(res: Results, command: str, wall_s: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def mutation_block(path: Path) -> str:
+    """The figures `make mutation --write` recorded in the file, carried over: this run does not remeasure them."""
+    text = path.read_text() if path.exists() else ""
+    if mutation.BEGIN not in text or mutation.END not in text:
+        return ""
+    return "\n" + mutation.BEGIN + text.partition(mutation.BEGIN)[2].partition(mutation.END)[0] + mutation.END + "\n"
+
+
 def explain(res: Results) -> list[str]:
     """The paragraphs under the table: method, and why a figure is what it is (shortfalls named)."""
     out = [f"- All CPU figures use {THREADS} torch thread (`TORCH_THREADS=1`) in the worker and the bare loop "
@@ -334,8 +342,9 @@ def explain(res: Results) -> list[str]:
         out.append(
             "- **Queue**: forked client processes (not threads: the client holds the GIL while encoding) each "
             "claim and ack as fast as they can for 2 s against one real redis-server with 16 runs pending (a "
-            "run is leased to one worker at a time). `appendfsync always` is how `make local` and the tests "
-            "run Redis (an fsync per write: more clients share fsyncs); `everysec` is how the stack runs it. "
+            "run is leased to one worker at a time). `appendfsync always` is how `make local`, the tests and "
+            "the stack run Redis (an fsync per write: more clients share fsyncs); `everysec` is shown for "
+            "comparison. "
             "On 2 cores the clients and the server compete for the CPU, so more clients do not scale further. "
             "A shard takes seconds to minutes to train, so even 1,000 pairs/s is three orders of magnitude "
             "more than any realistic fleet asks of the queue.")
@@ -468,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{wall / 60:.1f} min")
     if not args.only:
         DOCS.mkdir(exist_ok=True)
-        (DOCS / "benchmarks.md").write_text(markdown(res, command, wall))
+        (DOCS / "benchmarks.md").write_text(markdown(res, command, wall) + mutation_block(DOCS / "benchmarks.md"))
         picture(res, DOCS / "benchmarks.png")
         print(f"wrote {DOCS / 'benchmarks.md'} and {DOCS / 'benchmarks.png'}")
     return 0

@@ -34,6 +34,10 @@ GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
 # Accelerators that GKE no longer offers: a clear "why" beats a generic "not allowed".
 END_OF_LIFE_GPUS = {"nvidia-tesla-k80": "end-of-life on GKE since 2024-05-01"}
 
+# The dataset name `seed` uses by default (workload.cli.DEFAULT_DATASET): simulated data keeps it, so a
+# stack deployed before datasetUri existed finds its dataset where it was.
+SIMULATED_DATASET = "fraud"
+
 # Filestore tier -> (minimum GiB, maximum GiB).
 FILESTORE_TIERS: dict[str, tuple[int, int]] = {
     "BASIC_HDD": (1024, 65434),
@@ -68,6 +72,12 @@ _SHARE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti)?$")
+# Cloud Storage bucket names (cloud.google.com/storage/docs/buckets#naming): 3-63 characters of lowercase
+# letters, digits, '-', '_' and '.', starting and ending with a letter or digit; dotted names may reach
+# 222 characters with each dot-separated part at most 63. (Dotted names need domain verification; IP
+# addresses, a "goog" prefix and "google" inside are refused by Cloud Storage.)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
 
 
 class ConfigError(ValueError):
@@ -178,6 +188,47 @@ class FilestoreConfig:
 
 
 @dataclass(frozen=True)
+class GcsUri:
+    """``gs://<bucket>/<prefix>``, validated; ``prefix`` has no leading or trailing '/' ('' = the bucket)."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def split(cls, uri: str) -> GcsUri | None:
+        """``gs://bucket/a/b/`` -> GcsUri("bucket", "a/b"), unchecked (None unless it starts ``gs://``)."""
+        if not uri.startswith("gs://"):
+            return None
+        bucket, _, prefix = uri[len("gs://") :].partition("/")
+        return cls(bucket=bucket, prefix=prefix.strip("/"))
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}" if self.prefix else f"gs://{self.bucket}"
+
+    @property
+    def objects(self) -> str:
+        """The IAM Conditions resource name every object under the prefix starts with (Cloud Storage
+        objects are ``projects/_/buckets/<bucket>/objects/<name>``: cloud.google.com/iam/docs/
+        conditions-resource-attributes#resource-name). The trailing '/' keeps ``out`` from matching
+        ``out-other/``."""
+        base = f"projects/_/buckets/{self.bucket}/objects/"
+        return base + (f"{self.prefix}/" if self.prefix else "")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the datasets come from and where results go (``None``: simulate / keep them on the share).
+
+    ``dataset_name`` names the dataset on the share (``seed --dataset``); a run is one lineage on one
+    dataset, so other data needs another name (and new runs)."""
+
+    dataset: GcsUri | None
+    output: GcsUri | None
+    dataset_name: str = SIMULATED_DATASET
+
+
+@dataclass(frozen=True)
 class JobConfig:
     parallelism: int
     backoff_limit: int
@@ -186,10 +237,17 @@ class JobConfig:
     timeout_minutes: int
     loader_timeout_minutes: int
     dataset_preset: str
-    runs: tuple[str, ...]
+    # The stack's ``runs`` as canonical JSON ({run name: {hyperparameters}}, keys sorted): what the loader
+    # gets as its runs file, validated with the worker's own rules (workload.hparams.parse_runs).
+    runs_json: str
     lease_ttl_seconds: int
     checkpoint_interval_seconds: int
     max_attempts: int
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The run names, in the order the stack declares them."""
+        return tuple(json.loads(self.runs_json))
 
     @property
     def standby_workers(self) -> int:
@@ -219,6 +277,7 @@ class StackConfig:
     gpu: GpuConfig
     filestore: FilestoreConfig
     jobs: JobConfig
+    data: DataConfig
     redis_image: str
 
     @property
@@ -344,6 +403,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         gpu=gpu,
         filestore=filestore,
         jobs=jobs,
+        data=_data(r),
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
     )
 
@@ -430,7 +490,6 @@ def _filestore(r: _Reader) -> FilestoreConfig:
 
 def _jobs(r: _Reader) -> JobConfig:
     quantity = "a Kubernetes quantity such as 4, 500m or 16Gi"
-    name = "a name of lowercase letters, digits and '-'"
     return JobConfig(
         parallelism=r.int("parallelism", 1, 1000),
         backoff_limit=r.int("backoffLimit", 0),
@@ -439,10 +498,95 @@ def _jobs(r: _Reader) -> JobConfig:
         timeout_minutes=r.int("jobTimeoutMinutes", 1),
         loader_timeout_minutes=r.int("loaderTimeoutMinutes", 1),
         dataset_preset=r.str("datasetPreset", contract.DATASET_PRESETS),
-        runs=r.str_list("runs", lambda run: bool(_DNS_LABEL.match(run)), name),
+        runs_json=_runs(r),
         lease_ttl_seconds=r.int("leaseTtlSeconds", 5),
         checkpoint_interval_seconds=r.int("checkpointIntervalSeconds", 1),
         max_attempts=r.int("maxAttempts", 1),
         worker_cpu=r.matching("workerCpu", _QUANTITY, quantity),
         worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
     )
+
+
+def _runs(r: _Reader) -> str:
+    """``runs``: a map of run name to hyperparameters, checked by ``workload.hparams.parse_runs`` (the
+    rules ``seed`` applies), so a typo fails ``pulumi preview`` instead of the loader Job."""
+    value = r.raw("runs")
+    try:
+        specs = json.loads(value)
+    except json.JSONDecodeError:
+        specs = value
+    example = "a map of run name to hyperparameters, e.g. {main: {}, wide: {hidden: [128, 64]}, lr3: {lr: 0.003}}"
+    if isinstance(specs, list):
+        names = ", ".join(f"{n}: {{}}" for n in specs if isinstance(n, str)) or "main: {}"
+        raise ConfigError("runs", specs, f"{example}; the old list form is now a map: {{{names}}}")
+    if not isinstance(specs, dict) or not specs:
+        raise ConfigError("runs", specs, example)
+    # The worker's own rules (stdlib only, no torch). Imported here, not at the top: the policy pack
+    # imports this module for its constants from a virtualenv and a copy that hold no worker code.
+    from workload.hparams import parse_runs
+
+    try:
+        parse_runs(specs, where=f"{PROJECT}:runs")
+    except ValueError as err:
+        # parse_runs names the run, the key, the value and what is allowed: pass its words on.
+        raise ConfigError("runs", specs, str(err).removeprefix(f"{PROJECT}:runs: ")) from None
+    return json.dumps(specs, sort_keys=True, separators=(",", ":"))
+
+
+def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
+    """``gs://bucket[/prefix]`` or '' (None). ``need_prefix``: a write grant is scoped to the prefix, so
+    an output location must name one (an empty prefix would be the whole bucket)."""
+    value = r.raw(key).strip()
+    if not value:
+        return None
+    shape = "gs://<bucket>/<prefix>" if need_prefix else "gs://<bucket>[/<prefix>]"
+    location = GcsUri.split(value)
+    if location is None:
+        raise ConfigError(key, value, f"a Cloud Storage location {shape} (or empty)")
+    bucket, prefix = location.bucket, location.prefix
+    if (
+        not _BUCKET.match(bucket)
+        or _IPV4.match(bucket)
+        or any(len(part) > 63 or not part for part in bucket.split("."))
+        or (len(bucket) > 63 and "." not in bucket)
+        or bucket.startswith("goog")
+        or "google" in bucket
+    ):
+        raise ConfigError(
+            key,
+            value,
+            f"{shape} with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter or digit, no 'goog' prefix (cloud.google.com/storage/docs/buckets#naming)",
+        )
+    segments = prefix.split("/") if prefix else []
+    # No wildcards (gcloud would expand them) and nothing a shell line would need quoted (the stack's
+    # commands print kubectl lines that carry the location).
+    if any(s in ("", ".", "..") for s in segments) or any(c.isspace() or c in "*?[]#'\"`$\\" for c in prefix):
+        raise ConfigError(
+            key, value, f"{shape} whose prefix has no empty, '.' or '..' parts, spaces, quotes or wildcards"
+        )
+    if need_prefix and not prefix:
+        raise ConfigError(
+            key, value, f"{shape} with a prefix: the training pods get write access to that prefix only"
+        )
+    return location
+
+
+def _data(r: _Reader) -> DataConfig:
+    dataset = _gcs_uri(r, "datasetUri", need_prefix=False)
+    from workload.paths import NAME, NAME_RULE  # the share's folder-name rule (see _runs on the import)
+
+    name = r.raw("datasetName") or _dataset_name(dataset)
+    if not NAME.match(name):
+        raise ConfigError("datasetName", name, f"a dataset name: {NAME_RULE}")
+    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name)
+
+
+def _dataset_name(dataset: GcsUri | None) -> str:
+    """The default dataset name: ``fraud`` for simulated data, else the last folder of ``datasetUri``
+    (the bucket when it has no prefix), made a valid folder name."""
+    if dataset is None:
+        return SIMULATED_DATASET
+    last = dataset.prefix.rsplit("/", 1)[-1] or dataset.bucket
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", last).lstrip("._-")[:63]
+    return name or SIMULATED_DATASET

@@ -26,6 +26,23 @@ ENV_WORKER_ID = "WORKER_ID"
 ENV_LEASE_TTL = "LEASE_TTL_SECONDS"
 ENV_CHECKPOINT_INTERVAL = "CHECKPOINT_INTERVAL_SECONDS"
 ENV_MAX_ATTEMPTS = "MAX_ATTEMPTS"
+# `seed --runs-file` (JSON {run: {hyperparameters}}) and `seed --datasets` (a folder or gs://bucket/prefix).
+ENV_RUNS_FILE = "RUNS_FILE"
+ENV_DATASETS_SRC = "DATASETS_SRC"
+# Where the worker exports each finished run (gs://bucket/prefix); unset: results stay on the share.
+ENV_OUTPUT_URI = "OUTPUT_URI"
+
+# The stack's `runs`, mounted into the loader pod from a ConfigMap (key RUNS_KEY) at RUNS_DIR.
+RUNS_DIR = "/etc/spot-trainer"
+RUNS_KEY = "runs.json"
+RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
+
+# Pod-template annotation of both Jobs: a hash of what the loader seeds (runs, data source) and the image.
+# A change to any of them changes both pod templates, and Kubernetes Job templates are immutable, so the
+# Kubernetes provider replaces both Jobs and the next `pulumi up` trains what is new.
+SEED_INPUTS_ANNOTATION = f"{APP}/seed-inputs"
+# Workload Identity: the Kubernetes service account names the Google service account it acts as.
+GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 
 # The image runs as this uid/gid (see workload/Dockerfile).
 WORKLOAD_UID = 10001
@@ -55,12 +72,17 @@ def labels(component: str) -> dict[str, str]:
     return {NAME_LABEL: APP, COMPONENT_LABEL: component}
 
 
-def loader_args(preset: str, runs: tuple[str, ...]) -> list[str]:
-    """``python -m workload seed ...``: idempotent, so a re-run of the loader Job is harmless."""
-    args = ["seed", "--preset", preset]
-    for run in runs:
-        args += ["--run", run]
-    return args
+def loader_args(dataset: str, preset: str, dataset_uri: str | None) -> list[str]:
+    """``python -m workload seed ...``: idempotent, so a re-run of the loader Job is harmless. Runs come
+    from RUNS_FILE; dataset ``dataset`` from ``dataset_uri`` (synced to the share) or the simulator's
+    ``preset``."""
+    source = ["--datasets", dataset_uri] if dataset_uri else ["--preset", preset]
+    return ["seed", "--runs-file", RUNS_FILE, "--dataset", dataset, *source]
+
+
+def export_args(run: str, to: str) -> list[str]:
+    """``python -m workload export``: a run's report, metrics, plots and model to ``to``/<run>/."""
+    return ["export", "--run", run, "--to", to]
 
 
 WORKER_ARGS = ["worker"]

@@ -193,8 +193,11 @@ class _FakeCloud(pulumi.runtime.Mocks):
         elif typ == "gcp:compute/network:Network":
             out["name"] = name
         elif typ == "gcp:serviceaccount/account:Account":
-            email = f"{out['accountId']}@{out.get('project', FAKE_PROJECT_ID)}.iam.gserviceaccount.com"
-            out.update(email=email, member=f"serviceAccount:{email}")
+            project = out.get("project", FAKE_PROJECT_ID)
+            email = f"{out['accountId']}@{project}.iam.gserviceaccount.com"
+            # ``name`` is the fully-qualified name that serviceaccount.IAMMember's serviceAccountId takes.
+            name_ = f"projects/{project}/serviceAccounts/{email}"
+            out.update(email=email, member=f"serviceAccount:{email}", name=name_)
         elif typ == "random:index/randomPassword:RandomPassword":
             out["result"] = "p" * int(out.get("length", 16))
         elif typ == "docker-build:index:Image":
@@ -364,6 +367,17 @@ def write(rendered: Rendered, out_dir: Path) -> list[Path]:
     return written
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["runs={main: {}}", "parallelism=3"]`` -> config overrides (values read as YAML)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m infra.render dev [key=value ...]``: the stack's Kubernetes manifests as YAML."""
     import sys
@@ -372,12 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stack", type=stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"override {item!r} is not key=value")
-        overrides[key] = yaml.safe_load(value)
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as err:
+        parser.error(str(err))
     try:
         rendered = render(args.stack, overrides)
     except config.ConfigError as err:

@@ -43,11 +43,13 @@ def stack_facts(config: Mapping[str, Any] | None = None, stack: str | None = Non
     stack = stack if stack is not None else pulumi.get_stack()
     if config is None:
         cfg = pulumi.Config(PROJECT)
-        config = {k: cfg.get(k) for k in ("env", "team", "onDemandFallback")}
+        config = {k: cfg.get(k) for k in ("env", "team", "onDemandFallback", "datasetUri", "outputUri")}
     return rules.StackFacts(
         stack=stack,
         on_demand_fallback=str(config.get("onDemandFallback") or "false").lower() == "true",
         labels={"env": config.get("env") or stack, "app": contract.APP, "team": config.get("team") or None},
+        dataset_uri=str(config.get("datasetUri") or "").strip().rstrip("/"),
+        output_uri=str(config.get("outputUri") or "").strip().rstrip("/"),
     )
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import re
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,26 @@ _CHUNK = 1 << 20
 
 class SourceError(Exception):
     """The source cannot be read as given (bad URI, no such folder or bucket, no access, unreachable)."""
+
+
+class _AccessPending(Exception):
+    """A denial or missing credential that may be a grant or a pod identity not effective yet."""
+
+    def __init__(self, error: SourceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def access_retry_seconds() -> float:
+    """How long a denied or not-yet-authenticated bucket read is retried before it is an error.
+
+    In a pod (KUBERNETES_SERVICE_HOST is set) a new IAM grant can take minutes to take effect, and
+    the GKE metadata server answers only some seconds after the pod starts (google-auth-library-python
+    issue 1261): the loader runs with backoffLimit 0, so it waits here rather than fail the first
+    `pulumi up`. On a laptop a denial is the user's to fix: no wait. SOURCE_ACCESS_RETRY_SECONDS
+    overrides both."""
+    default = 300.0 if os.environ.get("KUBERNETES_SERVICE_HOST") else 0.0
+    return float(os.environ.get("SOURCE_ACCESS_RETRY_SECONDS", default))
 
 
 @dataclass(frozen=True)
@@ -135,21 +157,39 @@ class BucketSource:
         return self._client
 
     def _call(self, fn: Any) -> Any:
-        """Run a client call; whatever goes wrong becomes one line naming the URI and what to do."""
+        """Run a client call; whatever goes wrong becomes one line naming the URI and what to do.
+        Access and credential errors are retried for `access_retry_seconds()` first (see there)."""
+        deadline = time.monotonic() + access_retry_seconds()
+        delay = 2.0
+        while True:
+            try:
+                return self._once(fn)
+            except _AccessPending as pending:
+                if time.monotonic() + delay > deadline:
+                    raise pending.error from None
+                log.warning("%s; IAM grants and a new pod's identity can take minutes to take effect: retrying in "
+                            "%.0fs", pending.error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _once(self, fn: Any) -> Any:
         from google.api_core import exceptions as api
         from google.auth import exceptions as auth
 
         try:
             return fn()
+        except (auth.RefreshError, auth.TransportError) as exc:
+            raise _AccessPending(SourceError(f"{self.uri}: cannot get a token for the pod's identity "
+                                             f"({one_line(exc)})")) from None
         except api.NotFound as exc:
             raise SourceError(f"{self.uri}: not found ({one_line(exc)})") from None
         except (api.Forbidden, api.Unauthorized) as exc:
-            raise SourceError(f"{self.uri}: access denied ({one_line(exc)}); the loader's identity needs "
-                              f"roles/storage.objectViewer on gs://{self.bucket}") from None
+            raise _AccessPending(SourceError(f"{self.uri}: access denied ({one_line(exc)}); the loader's identity "
+                                             f"needs roles/storage.objectViewer on gs://{self.bucket}")) from None
         except auth.DefaultCredentialsError as exc:
-            raise SourceError(f"{self.uri}: no Google credentials ({one_line(exc)}); on GKE bind the pod's "
-                              "service account through Workload Identity, locally run "
-                              "`gcloud auth application-default login`") from None
+            raise _AccessPending(SourceError(f"{self.uri}: no Google credentials ({one_line(exc)}); on GKE bind the "
+                                             "pod's service account through Workload Identity, locally run "
+                                             "`gcloud auth application-default login`")) from None
         except (api.GoogleAPIError, auth.GoogleAuthError, OSError) as exc:
             raise SourceError(f"{self.uri}: cannot read Cloud Storage: {one_line(exc)}") from None
 

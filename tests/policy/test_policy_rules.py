@@ -455,3 +455,94 @@ def test_rules_do_not_mutate_what_they_read() -> None:
             assert rule.check_stack
             rule.check_stack([res(JOB, props)], DEV)
     assert props == before
+
+
+# --- stack rules: workload storage scope -------------------------------------------------------------
+
+LOADER_SA = "st-dev-loader@p.iam.gserviceaccount.com"
+WORKER_SA = "st-dev-worker@p.iam.gserviceaccount.com"
+NODES_SA = "st-dev-nodes@p.iam.gserviceaccount.com"
+DATA_FACTS = StackFacts(stack="dev", dataset_uri="gs://acme-fraud/exports", output_uri="gs://acme-results/out")
+OUT_PREFIX = 'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
+
+
+def ksa(email: str, name: str) -> Resource:
+    props = {"metadata": {"name": name, "annotations": {contract.GCP_SERVICE_ACCOUNT_ANNOTATION: email}}}
+    return res(rules.SERVICE_ACCOUNT, props, name)
+
+
+def bucket_grant(email: str, bucket: str, role: str, expression: str | None = None, name: str = "g") -> Resource:
+    props: dict[str, Any] = {"bucket": bucket, "role": role, "member": f"serviceAccount:{email}"}
+    if expression:
+        props["condition"] = {"title": "t", "expression": expression}
+    return res(rules.BUCKET_IAM[0], props, name)
+
+
+def project_grant(email: str, role: str) -> Resource:
+    return res(rules.PROJECT_IAM[0], {"project": "p", "role": role, "member": f"serviceAccount:{email}"}, "pg")
+
+
+IDENTITIES = [ksa(LOADER_SA, "spot-trainer-loader"), ksa(WORKER_SA, "spot-trainer-worker")]
+
+
+def test_workload_roles_on_the_configured_buckets_pass() -> None:
+    resources = [
+        *IDENTITIES,
+        bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer"),
+        # The provider reports a created grant's bucket as "b/<name>".
+        bucket_grant(WORKER_SA, "b/acme-results", "roles/storage.objectUser", OUT_PREFIX),
+        bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectCreator", OUT_PREFIX, name="g2"),
+        # The nodes are no workload: their project role is the node rule's business, not this one's.
+        project_grant(NODES_SA, "roles/container.defaultNodeServiceAccount"),
+    ]
+    assert rules.workload_storage_scope(resources, DATA_FACTS) == []
+    # A stack without workload identities has nothing to check.
+    assert rules.workload_storage_scope([project_grant(NODES_SA, "roles/storage.admin")], DEV) == []
+
+
+def test_an_identity_found_through_its_workload_identity_binding_counts_too() -> None:
+    binding = res(rules.SA_IAM_MEMBER, {
+        "serviceAccountId": f"projects/p/serviceAccounts/{LOADER_SA}", "role": "roles/iam.workloadIdentityUser",
+        "member": "serviceAccount:p.svc.id.goog[ns/spot-trainer-loader]"}, "wi")  # fmt: skip
+    grant = project_grant(LOADER_SA, "roles/storage.objectViewer")
+    ((urn, message),) = rules.workload_storage_scope([binding, grant], DATA_FACTS)
+    assert urn == grant.urn and "on the whole project" in message
+
+
+@pytest.mark.parametrize(
+    ("grant", "message"),
+    [
+        (project_grant(LOADER_SA, "roles/storage.objectViewer"),
+         f"IAMMember 'pg': grants roles/storage.objectViewer on the whole project to workload service account "
+         f"{LOADER_SA}; grant object roles on the datasetUri/outputUri bucket instead"),
+        (project_grant(WORKER_SA, "roles/editor"),
+         f"IAMMember 'pg': grants roles/editor on the whole project to workload service account {WORKER_SA}; "
+         "grant object roles on the datasetUri/outputUri bucket instead"),
+        (bucket_grant(LOADER_SA, "other-bucket", "roles/storage.objectViewer"),
+         f"BucketIAMMember 'g': roles/storage.objectViewer on bucket 'other-bucket' for {LOADER_SA}: workloads may "
+         "only hold objectViewer on gs://acme-fraud/exports or objectCreator/objectUser under gs://acme-results/out"),
+        (bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.admin"),
+         f"BucketIAMMember 'g': roles/storage.admin on bucket 'acme-fraud' for {LOADER_SA}: workloads may only hold "
+         "objectViewer on gs://acme-fraud/exports or objectCreator/objectUser under gs://acme-results/out"),
+        (bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectUser"),
+         f"BucketIAMMember 'g': roles/storage.objectUser on bucket 'acme-results' for {WORKER_SA}: write access must "
+         'be limited to resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'),
+        (bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectUser",
+                      'resource.name.startsWith("projects/_/buckets/acme-results/objects/")'),
+         f"BucketIAMMember 'g': roles/storage.objectUser on bucket 'acme-results' for {WORKER_SA}: write access must "
+         'be limited to resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'),
+        (bucket_grant(WORKER_SA, "acme-fraud", "roles/storage.objectUser", OUT_PREFIX),
+         f"BucketIAMMember 'g': roles/storage.objectUser on bucket 'acme-fraud' for {WORKER_SA}: workloads may only "
+         "hold objectViewer on gs://acme-fraud/exports or objectCreator/objectUser under gs://acme-results/out"),
+    ],
+    ids=["project-storage-role", "project-basic-role", "other-bucket", "admin-on-data-bucket",
+         "write-without-condition", "write-on-whole-bucket", "write-on-data-bucket"],
+)  # fmt: skip
+def test_workload_roles_beyond_the_configured_buckets_are_violations(grant: Resource, message: str) -> None:
+    assert rules.workload_storage_scope([*IDENTITIES, grant], DATA_FACTS) == [(grant.urn, message)]
+
+
+def test_without_data_settings_a_workload_may_hold_no_bucket_role() -> None:
+    grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer")
+    ((_, message),) = rules.workload_storage_scope([*IDENTITIES, grant], DEV)
+    assert message.endswith("workloads hold no bucket roles unless datasetUri or outputUri is set")

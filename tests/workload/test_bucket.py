@@ -162,3 +162,26 @@ def test_a_source_that_cannot_be_read_is_one_line(cluster: Cluster, bucket: Buck
     out = seed(cluster, bucket, tmp_path, {"main": {}}, "--datasets", uri)
     assert out.returncode == 2
     assert message in one_error_line(out.stderr)
+
+
+@pytest.mark.parametrize("in_a_pod", [False, True])
+def test_missing_credentials_fail_at_once_on_a_laptop_and_are_waited_out_in_a_pod(
+        cluster: Cluster, tmp_path: Path, in_a_pod: bool) -> None:
+    # A real DefaultCredentialsError without any network: the credentials file google-auth is told
+    # to use is not a credentials file. In a pod the same error may only mean "the GKE metadata
+    # server is not up yet" or "the grant has not propagated", so the loader retries for a bound.
+    creds = tmp_path / "creds.json"
+    creds.write_text("not json")
+    env = {k: v for k, v in cluster.env().items() if k not in ("STORAGE_EMULATOR_HOST", "KUBERNETES_SERVICE_HOST")}
+    env.update(GOOGLE_APPLICATION_CREDENTIALS=str(creds), SOURCE_ACCESS_RETRY_SECONDS="" if not in_a_pod else "5")
+    if in_a_pod:
+        env["KUBERNETES_SERVICE_HOST"] = "127.0.0.1"
+    else:
+        del env["SOURCE_ACCESS_RETRY_SECONDS"]
+    out = subprocess.run([sys.executable, "-m", "workload", "seed", "--datasets", "gs://data/real"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "gs://data/real: no Google credentials" in one_error_line(out.stderr)
+    retries = out.stderr.count("can take minutes to take effect: retrying")
+    assert (retries >= 1) if in_a_pod else (retries == 0), out.stderr
+    assert not (cluster.share / "datasets").exists() or not list((cluster.share / "datasets").iterdir())
