@@ -112,3 +112,16 @@ def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tm
     assert check_name(seed.dataset, "dataset") == "Q1-2024"
     assert set(cli.load_runs(seed)) == set(runs)
     assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)
+
+
+def test_the_exit_codes_the_jobs_act_on_are_the_workers() -> None:
+    """The podFailurePolicy retries, counts or fails on these codes: they must mean what the worker means."""
+    from workload import errors
+
+    assert contract.EXIT_BAD_CONFIG == errors.EXIT_BAD_CONFIG
+    assert contract.EXIT_DEAD_LETTERS == errors.EXIT_DEAD_LETTERS
+    assert (contract.EXIT_INFRA, contract.EXIT_STALLED, contract.EXIT_TERMINATED) == (
+        errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED)
+    # Every code that means "a new pod will do better" is retried free; success and item faults are not.
+    assert set(contract.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
+    assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(contract.RETRYABLE_EXIT_CODES)

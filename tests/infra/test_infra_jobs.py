@@ -55,8 +55,19 @@ def test_bad_config_fails_training_within_its_backoff_limit_as_the_await_expects
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_dead_letters_fail_training_within_its_backoff_limit(stack: str, rendered: Render) -> None:
+    """Drained with dead letters is not success: every pod exits 4 at once, and the Job ends Failed in a way
+    the await stops on, with the dead items in the pods' last log lines."""
+    r = rendered(stack)
+    job, name = _controller(r, "training")
+    dead = FailedPod({name: contract.EXIT_DEAD_LETTERS})
+    reasons = [job.pod_failed(dead) for _ in range(r.config.jobs.backoff_limit + 1)]
+    assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS and job.counted == r.config.jobs.backoff_limit + 1
+
+
+@pytest.mark.parametrize("stack", STACKS)
 @pytest.mark.parametrize("name", ["loader", "training"])
-@pytest.mark.parametrize("exit_code", [143, 137, 2, 1, 3])
+@pytest.mark.parametrize("exit_code", [143, 137, 2, 1, 3, 4, 5])
 def test_preemptions_never_fail_a_job(stack: str, name: str, exit_code: int, rendered: Render) -> None:
     """Whatever a preempted pod exits with, DisruptionTarget makes it free: 100 preemptions in a row."""
     job, container = _controller(rendered(stack), name)
