@@ -157,6 +157,17 @@ def place_dataset(args: argparse.Namespace, root: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def store_features(root: Path) -> None:
+    """Every training and testing day's features, computed here once (on the loader's CPU) and
+    stored next to the day, so that no GPU worker of any run computes them."""
+    from workload import features, featurestore
+
+    started = time.monotonic()
+    computed, kept = featurestore.ensure(ds.Dataset(root))
+    log.info("features (version %s): %d day(s) computed in %.1fs, %d already stored", features.FEATURE_VERSION,
+             computed, time.monotonic() - started, kept)
+
+
 def seed(args: argparse.Namespace) -> int:
     runs = load_runs(args)
     name = args.dataset
@@ -171,6 +182,7 @@ def seed(args: argparse.Namespace) -> int:
         log.info("dataset %s is already on the share: not touching it", root)
     else:
         place_dataset(args, root)
+    store_features(root)
     queue = make_queue(args)
     for run, hp in runs.items():
         try:

@@ -209,14 +209,17 @@ class Worker:
 
         if loaded:
             trainer = Trainer.from_state(loaded.state)
-            if trainer.feature_names != features.FEATURE_NAMES:
-                raise PermanentError(f"checkpoint {loaded.path} was trained on features {trainer.feature_names}, "
-                                 f"this code computes {features.FEATURE_NAMES}: start a new run")
+            if (trainer.feature_names, trainer.feature_version) != (features.FEATURE_NAMES,
+                                                                    features.FEATURE_VERSION):
+                raise PermanentError(f"checkpoint {loaded.path} was trained on features {trainer.feature_names} "
+                                     f"version {trainer.feature_version!r}, this code computes "
+                                     f"{features.FEATURE_NAMES} version {features.FEATURE_VERSION!r}: "
+                                     "start a new run")
             if trainer.hp != hp:
                 log.warning("run %s: checkpoint hyperparameters %s differ from the queue's %s; the checkpoint's "
                             "lineage wins", item.run, trainer.hp, hp)
         else:
-            trainer = Trainer(item.run, hp, features.FEATURE_NAMES)
+            trainer = Trainer(item.run, hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
         examples = dataset.examples([item.shard])
         if self.stop.is_set():
             self._release_preempted(lease)
@@ -267,8 +270,8 @@ class Worker:
         entry: dict[str, Any] = {
             "shard": item.shard, "time": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "checkpoint": path.name, "train_rows": int(len(examples.y)), "train_frauds": int(examples.y.sum()),
-            "train_accuracy": float(np.mean((trainer.score(examples.x) >= 0.5) == (examples.y >= 0.5))),
-            "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day),
+            "train_accuracy": trainer.train_accuracy(len(examples.y)),
+            "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
         }
         trainer.finish_shard(entry)
         if store.save(trainer.state_dict(), path=path, may_promote=promote) is None:
