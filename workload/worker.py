@@ -270,6 +270,8 @@ class Worker:
         entry: dict[str, Any] = {
             "shard": item.shard, "time": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "checkpoint": path.name, "train_rows": int(len(examples.y)), "train_frauds": int(examples.y.sum()),
+            "first_day": str(examples.day.min()) if len(examples.day) else "",
+            "last_day": str(examples.day.max()) if len(examples.day) else "",
             "train_accuracy": trainer.train_accuracy(len(examples.y)),
             "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
         }
