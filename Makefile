@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: local test lint check render clean-local bench chaos
 
-$(STAMP): requirements.txt workload/requirements.txt
+$(STAMP): requirements.txt workload/requirements.txt bench/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed, found " + sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
