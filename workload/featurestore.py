@@ -5,10 +5,12 @@ times on GPU nodes. ``seed`` (the loader Job, CPU only) computes every training 
 features right after the dataset is published, and again for days appended later; a worker that
 finds a day without them (or with stale or damaged ones) computes and stores them itself.
 
-Layout: ``datasets/<name>/features/<FEATURE_VERSION>/<role>/<day file stem>.parquet``, and next to
-it ``<stem>.json``, its manifest entry: the feature version and names, the dataset files the day's
-window read (path, rows, frauds, first and last day, from the dataset manifest), and the parquet
-file's size and sha256. Both are written atomically, the data first, so an entry never names a
+Layout: ``datasets/<name>/features/<FEATURE_VERSION>/<role>/<day file stem>.npy``: five .npy arrays
+back to back (the float32 features ``[n, len(FEATURE_NAMES)]``, then labels, days, cards and the
+known-compromised flag), read with one copy and viewed in place; never unpickled (only those plain
+dtypes are accepted). Next to it ``<stem>.json``, its manifest entry: the feature version and names,
+the dataset files the day's window read (path, rows, frauds, first and last day, from the dataset
+manifest), and the array file's size and sha256. Both are written atomically, the data first, so an entry never names a
 file that is not whole. A stored day is used only if its entry matches this code's version and
 names and the dataset's current files, and the bytes match the checksum; otherwise it is
 recomputed (and a warning says why), never trusted.
@@ -20,13 +22,12 @@ import hashlib
 import io
 import json
 import logging
+import os
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from workload import features
 from workload.fsutil import atomic_write_bytes, atomic_write_text
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 FOLDER = "features"
 STORED_ROLES = ("training", "testing")  # history days only feed windows: never trained or evaluated
-_COLUMNS = ("y", "day", "card", "known")
+_ARRAYS = (("x", "<f4"), ("y", "<f4"), ("day", "<M8[D]"), ("card", "<i8"), ("known", "|b1"))
 
 
 class StaleFeatures(Exception):
@@ -46,10 +47,10 @@ class StaleFeatures(Exception):
 
 
 def paths(root: Path, rel: str) -> tuple[Path, Path]:
-    """(parquet, entry) of dataset file `rel` (``training/2018-04-01.parquet``) under `root`."""
+    """(arrays, entry) of dataset file `rel` (``training/2018-04-01.parquet``) under `root`."""
     rel_path = PurePosixPath(rel)
     base = Path(root) / FOLDER / features.FEATURE_VERSION / rel_path.parent / rel_path.stem
-    return base.with_suffix(".parquet"), base.with_suffix(".json")
+    return base.with_suffix(".npy"), base.with_suffix(".json")
 
 
 def inputs(dataset: Dataset, rel: str) -> list[dict[str, Any]]:
@@ -64,22 +65,45 @@ def inputs(dataset: Dataset, rel: str) -> list[dict[str, Any]]:
 
 
 def _to_bytes(out: dict[str, np.ndarray]) -> bytes:
-    columns = {name: pa.array(out["x"][:, i]) for i, name in enumerate(features.FEATURE_NAMES)}
-    columns |= {"y": pa.array(out["y"]), "day": pa.array(out["day"]), "card": pa.array(out["card"]),
-                "known": pa.array(out["known"])}
+    """The day's arrays as .npy records back to back: x (float32 [n, features]), then y, day, card, known."""
     buf = io.BytesIO()
-    pq.write_table(pa.table(columns), buf, compression="zstd")
+    for name, dtype in _ARRAYS:
+        np.lib.format.write_array(buf, np.ascontiguousarray(out[name], dtype=dtype), allow_pickle=False)
     return buf.getvalue()
 
 
-def _from_bytes(data: bytes) -> dict[str, np.ndarray]:
-    table = pq.read_table(pa.BufferReader(data))
-    x = np.empty((table.num_rows, len(features.FEATURE_NAMES)), dtype=np.float32)
-    for i, name in enumerate(features.FEATURE_NAMES):
-        x[:, i] = table.column(name).to_numpy()
-    out = {"x": x, **{c: table.column(c).to_numpy() for c in _COLUMNS}}
-    out["day"] = out["day"].astype("datetime64[D]")
+def _from_bytes(data: bytearray) -> dict[str, np.ndarray]:
+    """Arrays viewed in place on `data` (no copy: the 1M-row day is ~90 MB); only the expected plain
+    dtypes are accepted, so nothing here can unpickle."""
+    out, pos = {}, 0
+    for name, dtype in _ARRAYS:
+        head = io.BytesIO(bytes(data[pos:pos + 4096]))
+        version = np.lib.format.read_magic(head)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, seen = read_header(head)
+        if np.dtype(seen) != np.dtype(dtype) or fortran:
+            raise ValueError(f"array {name}: dtype {seen}{' (Fortran order)' if fortran else ''}, expected {dtype}")
+        count = int(np.prod(shape))
+        start = pos + head.tell()
+        if start + count * np.dtype(dtype).itemsize > len(data):
+            raise ValueError(f"array {name}: truncated")
+        out[name] = np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape)
+        pos = start + count * np.dtype(dtype).itemsize
+    if pos != len(data) or out["x"].ndim != 2 or out["x"].shape[1] != len(features.FEATURE_NAMES):
+        raise ValueError(f"unexpected layout: x {out['x'].shape}, {len(data) - pos} trailing bytes")
+    if any(len(out[name]) != len(out["x"]) for name, _ in _ARRAYS):
+        raise ValueError("arrays of different lengths")
     return out
+
+
+def _read(path: Path) -> bytearray:
+    """The file's bytes in a writable buffer (so that arrays viewed on it are writable), read once."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = bytearray(size)
+        if f.readinto(data) != size:
+            raise OSError(f"{path}: changed while read")
+    return data
 
 
 def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
@@ -87,7 +111,7 @@ def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
     data_path, entry_path = paths(dataset.root, rel)
     try:
         entry = json.loads(entry_path.read_text())
-        data = data_path.read_bytes()
+        data = _read(data_path)
     except FileNotFoundError as exc:
         raise StaleFeatures(f"{exc.filename} is missing") from exc
     except (OSError, ValueError) as exc:
@@ -103,7 +127,7 @@ def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
         raise StaleFeatures(f"{data_path}: checksum mismatch with {entry_path.name} (damaged or replaced)")
     try:
         out = _from_bytes(data)
-    except (pa.ArrowException, KeyError, ValueError) as exc:
+    except ValueError as exc:
         raise StaleFeatures(f"{data_path}: unreadable ({exc})") from exc
     if len(out["y"]) != entry.get("rows"):
         raise StaleFeatures(f"{data_path}: {len(out['y'])} rows, its entry says {entry.get('rows')}")

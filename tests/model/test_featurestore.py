@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -49,9 +50,9 @@ def test_seeded_features_are_stored_once_and_loaded_as_computed(root: Path, monk
     days = data.training_shards()
     direct = {rel: data.compute_features(rel) for rel in days}
     for rel in days:
-        parquet, entry = featurestore.paths(root, rel)
-        assert parquet.is_file() and entry.is_file()
-        assert parquet.parent == root / "features" / features.FEATURE_VERSION / "training"
+        arrays, entry = featurestore.paths(root, rel)
+        assert arrays.is_file() and entry.is_file()
+        assert arrays.parent == root / "features" / features.FEATURE_VERSION / "training"
     assert featurestore.ensure(_fresh(root)) == (0, SPEC.train_days + SPEC.test_days)
 
     _forbid_computing(monkeypatch)  # from here on, every worker only loads
@@ -80,13 +81,13 @@ def test_a_damaged_stored_day_is_recomputed_never_trusted(root: Path, damage: st
     data = _fresh(root)
     rel = data.training_shards()[6]
     good = data.examples([rel]).x
-    parquet, entry = featurestore.paths(root, rel)
-    raw = bytearray(parquet.read_bytes())
+    arrays, entry = featurestore.paths(root, rel)
+    raw = bytearray(arrays.read_bytes())
     if damage == "flip a byte":
         raw[len(raw) // 2] ^= 0xFF
-        parquet.write_bytes(bytes(raw))
+        arrays.write_bytes(bytes(raw))
     elif damage == "truncate":
-        parquet.write_bytes(bytes(raw[: len(raw) // 3]))
+        arrays.write_bytes(bytes(raw[: len(raw) // 3]))
     elif damage == "wrong checksum":
         meta = json.loads(entry.read_text())
         entry.write_text(json.dumps({**meta, "sha256": "0" * 64}))
@@ -109,11 +110,11 @@ def test_a_new_feature_version_never_reads_the_old_files(root: Path, monkeypatch
     with pytest.raises(featurestore.StaleFeatures, match="missing"):
         featurestore.load(_fresh(root), rel)
     # An entry claiming another version is refused even where the new version's files should be.
-    (old_parquet,) = (root / "features").glob(f"*/training/{Path(rel).stem}.parquet")
-    new_parquet, new_entry = featurestore.paths(root, rel)
-    new_parquet.parent.mkdir(parents=True)
-    shutil.copyfile(old_parquet, new_parquet)
-    shutil.copyfile(old_parquet.with_suffix(".json"), new_entry)
+    (old_arrays,) = (root / "features").glob(f"*/training/{Path(rel).stem}.npy")
+    new_arrays, new_entry = featurestore.paths(root, rel)
+    new_arrays.parent.mkdir(parents=True)
+    shutil.copyfile(old_arrays, new_arrays)
+    shutil.copyfile(old_arrays.with_suffix(".json"), new_entry)
     with pytest.raises(featurestore.StaleFeatures, match="version"):
         featurestore.load(_fresh(root), rel)
 
@@ -141,3 +142,19 @@ def test_days_appended_later_get_features_when_seeded(source: Path, tmp_path: Pa
     computed, kept = featurestore.ensure(_fresh(root))
     # The appended day, and the test days whose windows now read it.
     assert computed == 1 + SPEC.test_days and kept == SPEC.train_days - 1
+
+
+def test_a_stored_file_holding_pickled_objects_is_refused_unread(root: Path) -> None:
+    """Even with a checksum that matches (someone with write access to the share replaced both), an
+    object array is refused by its header: nothing stored is ever unpickled."""
+    data = _fresh(root)
+    rel = data.training_shards()[2]
+    data.examples([rel])
+    arrays, entry = featurestore.paths(root, rel)
+    with open(arrays, "wb") as f:
+        np.save(f, np.array([{"boom": 1}], dtype=object), allow_pickle=True)
+    raw = arrays.read_bytes()
+    meta = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**meta, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}))
+    with pytest.raises(featurestore.StaleFeatures, match="dtype object, expected <f4"):
+        featurestore.load(_fresh(root), rel)
