@@ -21,7 +21,7 @@ import redis
 
 from workload import dataset as ds
 from workload import plan, report, simulator
-from workload.hparams import HParams
+from workload.hparams import HParams, parse_runs
 from workload.paths import REPORT_TXT, check_name, share_paths
 from workload.queue import QueueUnavailable, WorkQueue, connect
 
@@ -46,13 +46,6 @@ def setup_logging(worker_id: str | None = None) -> None:
     who = f" [{worker_id}]" if worker_id else ""
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr, force=True,
                         format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s")
-
-
-def check_run_name(name: str) -> str:
-    try:
-        return check_name(name, "run name")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def positive(kind: type, what: str) -> Any:
@@ -85,26 +78,21 @@ def make_queue(args: argparse.Namespace) -> WorkQueue:
 
 # -- seed -------------------------------------------------------------------------------------------
 def load_runs(args: argparse.Namespace) -> dict[str, HParams]:
-    specs: dict[str, dict[str, Any]] = {}
+    """The runs to seed: --runs-file's sweep plus --run names (default hyperparameters), or 'main'."""
+    specs: dict[str, Any] = {}
+    where = "--run"
     if args.runs_file:
+        where = f"--runs-file {args.runs_file}"
         try:
-            data = json.loads(Path(args.runs_file).read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--runs-file {args.runs_file}: cannot read it as JSON: {exc}") from exc
-        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-            raise UsageError(f"--runs-file {args.runs_file}: expected an object {{run name: {{hyperparameters}}}}")
-        specs.update(data)
+            specs.update(json.loads(Path(args.runs_file).read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"{where}: cannot read it as JSON {{run name: {{hyperparameters}}}}: {exc}") from exc
     for name in args.run or []:
         specs.setdefault(name, {})
-    if not specs:
-        specs[DEFAULT_RUN] = {}
-    runs = {}
-    for name, spec in specs.items():
-        try:
-            runs[check_run_name(name)] = HParams.from_dict(spec, where=f"run {name!r}")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-    return runs
+    try:
+        return parse_runs(specs or {DEFAULT_RUN: {}}, where)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def simulation_spec(args: argparse.Namespace) -> simulator.SimulationSpec:

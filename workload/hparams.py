@@ -1,10 +1,39 @@
-"""Per-run hyperparameters: plain values, validated at the boundary, importable without torch."""
+"""Per-run hyperparameters: plain values, validated at the boundary, importable without torch.
+
+The same rules apply wherever a run is declared (the stack's `runs` map at `pulumi preview`, a
+`--runs-file`, the queue, a checkpoint): types are strict, so `"hidden": "64"` or `"epochs": 2.7`
+is refused with the key, the value and what is allowed instead of being coerced into another model.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from workload.paths import check_name
+
+# key -> (kind, what is allowed). "int": a whole number (not a bool, not 2.0); "number": int or float.
+_RULES: dict[str, tuple[str, str]] = {
+    "hidden": ("layers", "a list of layer sizes, each a whole number >= 1 ([] is logistic regression)"),
+    "lr": ("number", "0 < lr < 1 (a number)"),
+    "weight_decay": ("number", "a number >= 0"),
+    "epochs": ("int", "a whole number >= 1"),
+    "batch_size": ("int", "a whole number >= 1"),
+    "pos_weight_cap": ("number", "a number >= 1"),
+    "seed": ("int", "a whole number >= 0"),
+    "ema_decay": ("number", "0 <= ema_decay < 1 (0: score with the raw weights)"),
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)) and v == v and abs(v) != float("inf")
 
 
 @dataclass(frozen=True)
@@ -24,28 +53,61 @@ class HParams:
     ema_decay: float = 0.999
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "hyperparameters") -> HParams:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(fields))
+    def from_dict(cls, data: Any, where: str = "hyperparameters") -> HParams:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: expected an object of hyperparameters, got {type(data).__name__} {data!r}")
+        unknown = sorted(set(data) - set(_RULES))
         if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
-        values = {**dataclasses.asdict(cls()), **data}
-        try:
-            hp = cls(hidden=tuple(int(h) for h in values["hidden"]), lr=float(values["lr"]),
-                     weight_decay=float(values["weight_decay"]), epochs=int(values["epochs"]),
-                     batch_size=int(values["batch_size"]), pos_weight_cap=float(values["pos_weight_cap"]),
-                     seed=int(values["seed"]), ema_decay=float(values["ema_decay"]))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from exc
-        checks = [("hidden", all(h >= 1 for h in hp.hidden), "a list of layer sizes >= 1 ([] is logistic regression)"),
-                  ("lr", 0 < hp.lr < 1, "0 < lr < 1"), ("weight_decay", hp.weight_decay >= 0, ">= 0"),
-                  ("epochs", hp.epochs >= 1, ">= 1"), ("batch_size", hp.batch_size >= 1, ">= 1"),
-                  ("pos_weight_cap", hp.pos_weight_cap >= 1, ">= 1"),
-                  ("ema_decay", 0 <= hp.ema_decay < 1, "0 <= ema_decay < 1 (0: no averaging)")]
-        for key, ok, allowed in checks:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_RULES)}")
+        for key, value in data.items():
+            kind, allowed = _RULES[key]
+            ok = (_is_int(value) if kind == "int" else _is_number(value) if kind == "number" else
+                  isinstance(value, list | tuple) and all(_is_int(h) for h in value))
             if not ok:
-                raise ValueError(f"{where}: {key}={getattr(hp, key)!r} is not allowed; must be {allowed}")
+                raise ValueError(f"{where}: {key}={value!r} is not allowed; must be {allowed}")
+        values = {**dataclasses.asdict(cls()), **data}
+        hp = cls(hidden=tuple(values["hidden"]), lr=float(values["lr"]), weight_decay=float(values["weight_decay"]),
+                 epochs=values["epochs"], batch_size=values["batch_size"],
+                 pos_weight_cap=float(values["pos_weight_cap"]), seed=values["seed"],
+                 ema_decay=float(values["ema_decay"]))
+        checks = [("hidden", all(h >= 1 for h in hp.hidden)), ("lr", 0 < hp.lr < 1),
+                  ("weight_decay", hp.weight_decay >= 0), ("epochs", hp.epochs >= 1),
+                  ("batch_size", hp.batch_size >= 1), ("pos_weight_cap", hp.pos_weight_cap >= 1),
+                  ("seed", 0 <= hp.seed < 2**63), ("ema_decay", 0 <= hp.ema_decay < 1)]
+        for key, ok in checks:
+            if not ok:
+                raise ValueError(f"{where}: {key}={getattr(hp, key)!r} is not allowed; must be {_RULES[key][1]}")
         return hp
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "hidden": list(self.hidden)}
+
+
+def default_seed(run: str) -> int:
+    """A run's seed when its spec names none: stable for the name, different between names, so the
+    runs of a sweep do not share initial weights and batch order by accident."""
+    return int.from_bytes(hashlib.sha256(run.encode()).digest()[:4], "little") & 0x7FFF_FFFF
+
+
+def parse_runs(specs: Any, where: str) -> dict[str, HParams]:
+    """A sweep: {run name: {hyperparameters}} -> {run name: HParams}, strictly.
+
+    Run names follow the share's folder-name rule; a run without `seed` gets `default_seed(name)`;
+    two runs with the same hyperparameters (seed included) would train the same model twice and
+    are refused. `where` names the source in errors (a config key or a file)."""
+    if not isinstance(specs, Mapping) or not specs:
+        raise ValueError(f"{where}: expected a non-empty object {{run name: {{hyperparameters}}}}, got {specs!r}")
+    runs: dict[str, HParams] = {}
+    for name, spec in specs.items():
+        check_name(name, f"{where}: run name")
+        spec = {} if spec is None else spec
+        if isinstance(spec, Mapping) and "seed" not in spec:
+            spec = {**spec, "seed": default_seed(name)}
+        runs[name] = HParams.from_dict(spec, where=f"{where}: run {name!r}")
+    seen: dict[HParams, str] = {}
+    for name, hp in runs.items():
+        if hp in seen:
+            raise ValueError(f"{where}: runs {seen[hp]!r} and {name!r} have the same hyperparameters {hp.to_dict()}; "
+                             "they would train the same model twice: change one, or give it another seed")
+        seen[hp] = name
+    return runs

@@ -131,3 +131,21 @@ def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Pat
     assert again.returncode == 0, again.stderr
     assert "21/21 shards applied" in again.stdout
     assert os.path.exists(base / "share" / "output" / "main" / "report.txt")
+
+
+@pytest.mark.parametrize(("runs", "message"), [
+    ({"main": {"hidden": "64"}}, "run 'main': hidden='64' is not allowed; must be a list of layer sizes"),
+    ({"main": {"epochs": 2.7}}, "run 'main': epochs=2.7 is not allowed; must be a whole number"),
+    ({"a": {"seed": 1}, "b": {"seed": 1}}, "runs 'a' and 'b' have the same hyperparameters"),
+])
+def test_a_bad_runs_file_is_refused_naming_the_file_and_nothing_is_recorded(cluster: Cluster, runs: dict,
+                                                                           message: str) -> None:
+    shutil.copytree(cluster.dataset_src, cluster.share / "datasets" / "fraud")
+    runs_file = cluster.share.parent / "sweep.json"
+    runs_file.write_text(json.dumps(runs))
+    out = cli(cluster, "seed", "--runs-file", str(runs_file))
+    assert out.returncode == 2, out.stderr
+    error = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert len(error) == 1 and f"--runs-file {runs_file}: " in error[0] and message in error[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (cluster.share / "runs").exists() and cluster.counts().total == 0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from workload.hparams import default_seed, parse_runs
 from workload.trainer import HParams, Normalizer, Trainer
 
 
@@ -107,3 +108,41 @@ def test_the_averaged_weights_score_and_differ_from_the_raw_ones() -> None:
 def test_ema_decay_is_validated() -> None:
     with pytest.raises(ValueError, match=r"ema_decay=1.0 is not allowed; must be 0 <= ema_decay < 1"):
         HParams.from_dict({"ema_decay": 1}, where="run 'x'")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"hidden": "64"}, "hidden='64' is not allowed; must be a list of layer sizes"),
+    ({"hidden": 64}, "hidden=64 is not allowed"),
+    ({"hidden": [64.0]}, "hidden=[64.0] is not allowed"),
+    ({"epochs": 2.7}, "epochs=2.7 is not allowed; must be a whole number >= 1"),
+    ({"epochs": 2.0}, "epochs=2.0 is not allowed"),
+    ({"epochs": True}, "epochs=True is not allowed"),
+    ({"lr": "0.01"}, "lr='0.01' is not allowed"),
+    ({"lr": float("nan")}, "lr=nan is not allowed"),
+    ({"seed": -1}, "seed=-1 is not allowed"),
+])
+def test_types_are_strict_never_coerced(spec: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        HParams.from_dict(spec, where="run 'x'")
+    assert message in str(err.value) and "run 'x'" in str(err.value)
+
+
+def test_a_sweep_gets_distinct_stable_seeds_unless_given() -> None:
+    runs = parse_runs({"main": {}, "wide": {"hidden": [128, 64]}, "fixed": {"seed": 3}}, "runs")
+    assert runs["fixed"].seed == 3
+    assert runs["main"].seed == default_seed("main") != runs["wide"].seed == default_seed("wide")
+    assert parse_runs({"main": None}, "runs")["main"] == runs["main"]  # YAML `main:` is an empty spec
+
+
+@pytest.mark.parametrize(("specs", "message"), [
+    ({"a": {"seed": 1}, "b": {"seed": 1}}, "runs 'a' and 'b' have the same hyperparameters"),
+    ({"../x": {}}, "run name '../x' is not allowed"),
+    ({"main": {"lr": 2}}, "run 'main': lr=2.0 is not allowed"),
+    ({"main": [1]}, "run 'main': expected an object of hyperparameters"),
+    ({}, "expected a non-empty object"),
+    ([], "expected a non-empty object"),
+])
+def test_bad_sweeps_name_the_source_and_the_run(specs, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_runs(specs, "config runs")
+    assert message in str(err.value) and str(err.value).startswith("config runs")
