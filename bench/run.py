@@ -32,7 +32,7 @@ from torch import nn
 from bench import data, inprocess, queue_clients, recovery
 from workload.dataset import Dataset
 from workload.redis_server import RedisServer
-from workload.trainer import FraudMLP, HParams, Normalizer, average
+from workload.trainer import FraudMLP, HParams, Normalizer, average, decay_at
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -86,6 +86,7 @@ def bare_loop(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device) -
     pos_weight = min(max((n - positives) / positives, 1.0), hp.pos_weight_cap) if positives else 1.0
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight, device=device))
     gen = torch.Generator().manual_seed(hp.seed)
+    step = 0
     if device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -96,7 +97,8 @@ def bare_loop(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device) -
             optimizer.zero_grad(set_to_none=True)
             loss_fn(model(xs[idx]), ys[idx]).backward()
             optimizer.step()
-            average(averages, params, hp.ema_decay)  # part of the training algorithm: the bare loop pays it too
+            average(averages, params, decay_at(hp.ema_decay, step))  # part of the training algorithm: paid here too
+            step += 1
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - started

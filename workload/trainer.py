@@ -123,6 +123,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.progress: dict[str, Any] | None = None  # {"shard", "epoch", "batch"} while mid-shard
         self._correct: torch.Tensor | None = None  # last-epoch rows classified right, while in it
+        self.steps = 0  # optimizer steps over the run's life: the weight average's warm-up reads it
 
     # -- checkpoint contents -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -133,7 +134,7 @@ class Trainer:
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "averaged": {k: v.detach().cpu() for k, v in self.averaged.state_dict().items()},
             "optimizer": self.optimizer.state_dict(), "norm": self.norm.state(),
-            "rng": {"torch": torch.get_rng_state()},
+            "rng": {"torch": torch.get_rng_state()}, "steps": self.steps,
             "applied": list(self.applied), "progress": self._progress_state(),
             "history": [dict(h) for h in self.history],
         }
@@ -150,6 +151,7 @@ class Trainer:
         trainer.norm.load(state["norm"])
         torch.set_rng_state(state["rng"]["torch"])
         trainer.applied = list(state["applied"])
+        trainer.steps = int(state["steps"])
         progress = dict(state["progress"]) if state["progress"] else None
         if progress and "correct" in progress:
             trainer._correct = torch.tensor(int(progress.pop("correct")), device=trainer.device)
@@ -202,7 +204,8 @@ class Trainer:
                 target = ys[idx]
                 loss_fn(logits, target).backward()
                 self.optimizer.step()
-                average(averaged, params, hp.ema_decay)
+                average(averaged, params, decay_at(hp.ema_decay, self.steps))
+                self.steps += 1
                 if self._correct is not None:  # training accuracy from logits already computed: no extra pass
                     self._correct += ((logits.detach() >= 0) == (target >= 0.5)).sum()
                 self.progress = {"shard": shard, "epoch": epoch, "batch": b + 1}
@@ -229,6 +232,13 @@ class Trainer:
         xs = self.norm.apply(x, self.device)
         out = [torch.sigmoid(self.averaged(xs[i:i + batch])) for i in range(0, len(xs), batch)]
         return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.float32)
+
+
+def decay_at(decay: float, step: int) -> float:
+    """The averaging decay at optimizer step `step` of a run: warmed up as (1 + step) / (10 + step), so
+    that the average forgets the random initial weights within a few hundred steps instead of
+    ~1/(1 - decay); on a one-week run a plain 0.999 average still carried them at the end."""
+    return min(decay, (1 + step) / (10 + step))
 
 
 def average(averaged: list[torch.Tensor], params: list[torch.Tensor], decay: float) -> None:
