@@ -316,11 +316,17 @@ def program(repeats: int = 3) -> list[Row]:
 
 
 # -- 6. GPU --------------------------------------------------------------------------------------------
-def gpu(server: RedisServer, work: Path) -> tuple[list[Row], list[dict]]:
+def gpu(server: RedisServer, work: Path, cpu_points: list[dict] | None = None) -> tuple[list[Row], list[dict]]:
+    """The efficiency benchmark with the worker and the bare loop on the GPU; and the GPU worker's
+    speed-up over the CPU worker on the same shards (when the CPU benchmark ran too)."""
     if not torch.cuda.is_available():
         return [Row("GPU", "CUDA", "no CUDA device found: GPU benchmark skipped")], []
     name = torch.cuda.get_device_name(0)
     rows, points = efficiency(server, work, torch.device("cuda"), label="GPU efficiency")
+    for cpu, cuda in zip(cpu_points or [], points, strict=False):
+        rows.append(Row("GPU", f"{cuda['size']:,}-row shard: CPU worker / GPU worker seconds",
+                        f"{cpu['worker_s']:.2f}s / {cuda['worker_s']:.2f}s: "
+                        f"speed-up {cpu['worker_s'] / cuda['worker_s']:.1f}x"))
     return [Row("GPU", "device", name), *rows], points
 
 
@@ -542,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                 res.rows += rows
             if "gpu" in chosen:
                 print("6. GPU", flush=True)
-                rows, res.plots["gpu"] = gpu(server, work)
+                rows, res.plots["gpu"] = gpu(server, work, res.plots.get("efficiency"))  # type: ignore[arg-type]
                 gpu_rows = rows
         if "queue" in chosen:
             print("3. queue", flush=True)
