@@ -467,9 +467,9 @@ def picture(res: Results, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 8.5))
+    fig = Figure(figsize=(13, 12.5))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2)
+    axes = fig.subplots(3, 2)
     eff = res.plots.get("efficiency") or []
     if eff:
         ax = axes[0][0]
@@ -508,6 +508,30 @@ def picture(res: Results, path: Path) -> None:
         ax.set_xticks(xs, names)
         ax.set(title="Recovery after SIGKILL / SIGTERM mid-shard", ylabel="seconds")
         ax.legend(fontsize=8)
+    sw = res.plots.get("sweep")
+    if sw:
+        ax = axes[2][0]
+        spent = sw["spent"]
+        ns = sorted(spent)
+        ax.bar([f"{n} run(s)" for n in ns], [spent[n]["seconds"] for n in ns], color="tab:green")
+        ax.set(title=f"Feature time of a sweep, seed included ({sw['ratio']:.2f}x for {ns[-1]} runs)",
+               ylabel="seconds in features.compute")
+    qu = res.plots.get("quality")
+    if qu:
+        from bench import quality as q
+
+        ax = axes[2][1]
+        period = list(q.PERIODS)[-1]
+        scores = [s for s in qu["scores"] if s.period == period]
+        xs = np.arange(len(scores))
+        ax.bar(xs - 0.2, [s.ap for s in scores], 0.4, label="average precision")
+        ax.bar(xs + 0.2, [s.cp100 for s in scores], 0.4, label="card precision@100")
+        ax.set_xticks(xs, [s.model.replace(" (", "\n(") for s in scores], fontsize=7)
+        ax.set(title=f"Handbook protocol, trained on {period}", ylim=(0, 1))
+        ax.legend(fontsize=8)
+    for ax in axes.flat:
+        if not ax.has_data():
+            ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
