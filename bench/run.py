@@ -476,7 +476,8 @@ def picture(res: Results, path: Path) -> None:
         labels = [f"{p['size']:,}" for p in eff]
         spread = [[p["ratio"] - min(p["ratios"]) for p in eff], [max(p["ratios"]) - p["ratio"] for p in eff]]
         ax.bar(labels, [p["ratio"] for p in eff], yerr=spread, capsize=5, color="tab:blue")
-        ax.axhline(0.9, color="tab:red", linestyle="--", label="target 0.9 (1M rows)")
+        bound = EFFICIENCY_TARGET["cpu"]
+        ax.axhline(bound, color="tab:red", linestyle="--", label=f"target {bound:g} (1M rows)")
         ax.set(title="Training efficiency: worker / bare-loop samples/s (CPU)", xlabel="rows per shard",
                ylabel="ratio", ylim=(0, 1.05))
         ax.legend()
