@@ -594,9 +594,14 @@ def main(argv: list[str] | None = None) -> int:
             rows, res.plots["quality"] = quality_bench()
             res.rows += rows
     wall = time.monotonic() - started
+    load_end = os.getloadavg()[0]
+    loaded = max(load_start, load_end) > (os.cpu_count() or 1)
     res.notes = explain(res) + res.notes + [
-        f"- Load average (1 min) at the start and the end: {load_start:.2f}, {os.getloadavg()[0]:.2f} on "
-        f"{os.cpu_count()} cores. The machine may be shared: rerun when figures look off."]
+        f"- Load average (1 min) at the start and the end: {load_start:.2f}, {load_end:.2f} on "
+        f"{os.cpu_count()} cores. " + (
+            "**These figures were taken on a loaded machine** (more runnable processes than cores): times are "
+            "inflated, and ratios between two measurements taken back to back are the figures to read."
+            if loaded else "The machine may be shared: rerun when figures look off.")]
     print()
     print(table(res.rows))
     print(f"\n{wall / 60:.1f} min")
