@@ -1,43 +1,77 @@
 # The two commands: `make local` and `make test`. Both create .venv when it is missing.
-# `make bench` (figures -> docs/benchmarks.md) and `make chaos` (long fault run) are not part of `make test`.
+# `make local` installs only what the worker needs (requirements-local.txt); `make test` everything
+# (requirements.txt). `make bench` (figures -> docs/benchmarks.md) and `make chaos` (long fault run) are
+# not part of `make test`. `make preview STACK=dev` is `pulumi preview` with the policy pack.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+LOCAL_STAMP := $(VENV)/.installed-local
+INFRA_STAMP := $(VENV)/.installed-infra
+ALL_STAMP := $(VENV)/.installed-all
+POLICY_VENV := policy/venv
+POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render clean-local bench chaos
+.PHONY: local test lint check render preview clean-local bench chaos
 
-$(STAMP): requirements.txt workload/requirements.txt bench/requirements.txt
+# The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
+# $(1): requirements file, $(2): venv, $(3): more pip flags.
+define pip_install
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed, found " + sys.version.split()[0])'
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
-	@touch $(STAMP)
+	@test -x $(2)/bin/python || $(PYTHON) -m venv $(2)
+	@quiet=$$(ls $(2)/.installed* >/dev/null 2>&1 && echo --quiet); \
+	  set -x; $(2)/bin/python -m pip install $$quiet --upgrade pip && $(2)/bin/python -m pip install $$quiet $(3) -r $(1)
+endef
 
-local: $(STAMP)
+# --no-compile: no bytecode for every module of torch, sympy and pandas up front (~200 MB); Python
+# compiles what the worker imports on its first run.
+$(LOCAL_STAMP): requirements-local.txt workload/requirements.txt
+	$(call pip_install,requirements-local.txt,$(VENV),--no-compile)
+	@touch $@
+
+$(INFRA_STAMP): infra/requirements.txt policy/requirements.txt
+	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(VENV))
+	@touch $@
+
+$(ALL_STAMP): requirements.txt requirements-local.txt requirements-test.txt workload/requirements.txt \
+		infra/requirements.txt policy/requirements.txt bench/requirements.txt
+	$(call pip_install,requirements.txt,$(VENV))
+	@touch $@ $(LOCAL_STAMP) $(INFRA_STAMP)
+
+$(POLICY_STAMP): policy/requirements.txt
+	$(call pip_install,policy/requirements.txt,$(POLICY_VENV))
+	@touch $@
+
+local: $(LOCAL_STAMP)
 	$(PY) -m workload local $(ARGS)
 
-test: $(STAMP)
+test: $(ALL_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(ALL_STAMP)
 	$(PY) -m bench.run $(ARGS)
 
-chaos: $(STAMP)
+chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
 
-lint: $(STAMP)
+lint: $(ALL_STAMP)
 	$(PY) -m ruff check .
 
 # Static checks alone (make test runs them too): ruff, yamllint, hadolint, manifests, policy pack.
-check: $(STAMP)
+check: $(ALL_STAMP)
 	$(PY) -m pytest -q tests/policy tests/infra/test_infra_manifests.py
 
 # Offline render of one stack under the SDK mocks: manifests + inventory in build/render/$(STACK),
-# then the policy pack's result (exit 1 on a mandatory violation). No credentials needed.
+# then the policy pack's result (exit 1 on a mandatory violation). No credentials needed; a stack
+# without stacks/Pulumi.$(STACK).yaml renders with the Pulumi.yaml defaults. Config overrides:
+# make render STACK=dev ARGS='datasetUri=gs://my-bucket/fraud outputUri=gs://my-bucket/out'
 STACK ?= dev
-render: $(STAMP)
-	$(PY) -m policy.offline $(STACK)
+render: $(INFRA_STAMP)
+	$(PY) -m policy.offline $(STACK) $(ARGS)
+
+# The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
+# virtualenv is created here, as in the workflows, because the engine does not install a local pack.
+preview: $(INFRA_STAMP) $(POLICY_STAMP)
+	pulumi preview --stack $(STACK) --policy-pack policy $(ARGS)
 
 clean-local:
 	rm -rf local

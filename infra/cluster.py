@@ -95,6 +95,11 @@ class Cluster(pulumi.ComponentResource):
                 # Node pools are separate resources: the default pool is replaced by ours.
                 remove_default_node_pool=True,
                 initial_node_count=1,
+                # The default pool exists for a moment before it is removed: without this it would run as
+                # the Compute Engine default account, which org policies often disable or strip.
+                node_config=gcp.container.ClusterNodeConfigArgs(
+                    service_account=self.node_service_account.email, oauth_scopes=[CLOUD_PLATFORM_SCOPE]
+                ),
                 # Dataplane V2 enforces NetworkPolicy (the Redis policy relies on it).
                 datapath_provider="ADVANCED_DATAPATH",
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_roles),

@@ -7,17 +7,21 @@ Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does `
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import yaml
 
 from infra import contract
 
 PROJECT = "spot-trainer"  # the Pulumi project name: the namespace of its config keys
+PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"  # declares every key and its default
 
 # GPU type -> machine type per GPU count (Standard node pools; Autopilot picks machines itself).
 GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
@@ -30,6 +34,10 @@ GPU_MACHINE_TYPES: dict[str, dict[int, str]] = {
 # Accelerators that GKE no longer offers: a clear "why" beats a generic "not allowed".
 END_OF_LIFE_GPUS = {"nvidia-tesla-k80": "end-of-life on GKE since 2024-05-01"}
 
+# The dataset name `seed` uses by default (workload.cli.DEFAULT_DATASET): simulated data keeps it, so a
+# stack deployed before datasetUri existed finds its dataset where it was.
+SIMULATED_DATASET = "fraud"
+
 # Filestore tier -> (minimum GiB, maximum GiB).
 FILESTORE_TIERS: dict[str, tuple[int, int]] = {
     "BASIC_HDD": (1024, 65434),
@@ -38,8 +46,18 @@ FILESTORE_TIERS: dict[str, tuple[int, int]] = {
     "REGIONAL": (1024, 102400),
     "ENTERPRISE": (1024, 10240),
 }
+# Capacity steps (Filestore service-tier docs): ZONAL and REGIONAL scale by 256 GiB below 10 TiB and by
+# 2.5 TiB from 10 TiB up; ENTERPRISE by 256 GiB. BASIC tiers take any GiB count in their range.
+FILESTORE_STEPS: dict[str, tuple[tuple[int, int], ...]] = {  # tier -> ((from GiB, step GiB), ...)
+    "ZONAL": ((1024, 256), (10240, 2560)),
+    "REGIONAL": ((1024, 256), (10240, 2560)),
+    "ENTERPRISE": ((1024, 256),),
+}
 # Tiers whose instance lives in one zone (the others are regional).
 ZONAL_FILESTORE_TIERS = ("BASIC_HDD", "BASIC_SSD", "ZONAL")
+# Tiers on which Filestore offers deletion protection; asking for it on a BASIC tier fails the create
+# (terraform-provider-google issue 20311), so BASIC instances are protected by Pulumi's `protect` instead.
+DELETION_PROTECTION_TIERS = ("ZONAL", "REGIONAL", "ENTERPRISE")
 
 CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
@@ -54,15 +72,52 @@ _SHARE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE_BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti)?$")
+# Cloud Storage bucket names (cloud.google.com/storage/docs/buckets#naming): 3-63 characters of lowercase
+# letters, digits, '-', '_' and '.', starting and ending with a letter or digit; dotted names may reach
+# 222 characters with each dot-separated part at most 63. (Dotted names need domain verification; IP
+# addresses, a "goog" prefix and "google" inside are refused by Cloud Storage.)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
 
 
 class ConfigError(ValueError):
-    """A stack configuration value is missing or not allowed; the message says which and why."""
+    """A stack configuration value is missing or not allowed; the message says which and why, on one line.
 
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
+    ``where`` names the user's file when the mistake is in one (a stack file), ``message`` replaces the
+    usual "key=value is not allowed" sentence for mistakes about keys rather than values.
+    """
+
+    def __init__(self, key: str, value: Any, allowed: str, where: str = "", message: str = "") -> None:
         self.key, self.value, self.allowed = key, value, allowed
         full_key = key if ":" in key else f"{PROJECT}:{key}"
-        super().__init__(f"config {full_key}={value!r} is not allowed: {allowed}")
+        text = message or f"config {full_key}={value!r} is not allowed: {allowed}"
+        super().__init__(f"{where}: {text}" if where else text)
+
+
+def declared_keys() -> tuple[str, ...]:
+    """The project's setting names, as ``Pulumi.yaml`` declares them (the one list of keys)."""
+    return tuple((yaml.safe_load(PROJECT_FILE.read_text()).get("config") or {}).keys())
+
+
+def check_keys(keys: Iterable[str], where: str = "") -> None:
+    """Refuse a key of the project's namespace that ``Pulumi.yaml`` does not declare, and a project key
+    written without its namespace: the CLI passes either to the program, which would silently ignore it.
+    The message suggests the closest declared key."""
+    declared = declared_keys()
+    for key in keys:
+        namespace, sep, name = key.rpartition(":")
+        if sep and namespace != PROJECT:
+            continue  # another package's setting (gcp:project, kubernetes:...): not ours to judge
+        guess = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+        if not sep:
+            fix = f"{PROJECT}:{guess[0] if guess else name}"
+            text = f"config key {key!r} has no namespace: write {fix!r}"
+            if not guess:
+                text += " (no setting is named like it; see Pulumi.yaml)"
+            raise ConfigError(key, None, "", where, text)
+        if name not in declared:
+            hint = f"did you mean {PROJECT}:{guess[0]}?" if guess else "see Pulumi.yaml for the settings"
+            raise ConfigError(key, None, "", where, f"config key {key!r} is not a setting of {PROJECT}; {hint}")
 
 
 @dataclass(frozen=True)
@@ -119,10 +174,58 @@ class FilestoreConfig:
     tier: str
     capacity_gb: int
     share: str
+    # Loader and training pods are scheduled in the share's zone (no inter-zone NFS traffic).
+    pin_to_zone: bool = False
 
     @property
     def zonal(self) -> bool:
         return self.tier in ZONAL_FILESTORE_TIERS
+
+    @property
+    def api_deletion_protection(self) -> bool:
+        """Whether the tier takes Filestore's own ``deletion_protection_enabled`` (BASIC tiers do not)."""
+        return self.tier in DELETION_PROTECTION_TIERS
+
+
+@dataclass(frozen=True)
+class GcsUri:
+    """``gs://<bucket>/<prefix>``, validated; ``prefix`` has no leading or trailing '/' ('' = the bucket)."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def split(cls, uri: str) -> GcsUri | None:
+        """``gs://bucket/a/b/`` -> GcsUri("bucket", "a/b"), unchecked (None unless it starts ``gs://``)."""
+        if not uri.startswith("gs://"):
+            return None
+        bucket, _, prefix = uri[len("gs://") :].partition("/")
+        return cls(bucket=bucket, prefix=prefix.strip("/"))
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}" if self.prefix else f"gs://{self.bucket}"
+
+    @property
+    def objects(self) -> str:
+        """The IAM Conditions resource name every object under the prefix starts with (Cloud Storage
+        objects are ``projects/_/buckets/<bucket>/objects/<name>``: cloud.google.com/iam/docs/
+        conditions-resource-attributes#resource-name). The trailing '/' keeps ``out`` from matching
+        ``out-other/``."""
+        base = f"projects/_/buckets/{self.bucket}/objects/"
+        return base + (f"{self.prefix}/" if self.prefix else "")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the datasets come from and where results go (``None``: simulate / keep them on the share).
+
+    ``dataset_name`` names the dataset on the share (``seed --dataset``); a run is one lineage on one
+    dataset, so other data needs another name (and new runs)."""
+
+    dataset: GcsUri | None
+    output: GcsUri | None
+    dataset_name: str = SIMULATED_DATASET
 
 
 @dataclass(frozen=True)
@@ -134,10 +237,17 @@ class JobConfig:
     timeout_minutes: int
     loader_timeout_minutes: int
     dataset_preset: str
-    runs: tuple[str, ...]
+    # The stack's ``runs`` as canonical JSON ({run name: {hyperparameters}}, keys sorted): what the loader
+    # gets as its runs file, validated with the worker's own rules (workload.hparams.parse_runs).
+    runs_json: str
     lease_ttl_seconds: int
     checkpoint_interval_seconds: int
     max_attempts: int
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The run names, in the order the stack declares them."""
+        return tuple(json.loads(self.runs_json))
 
     @property
     def standby_workers(self) -> int:
@@ -167,6 +277,7 @@ class StackConfig:
     gpu: GpuConfig
     filestore: FilestoreConfig
     jobs: JobConfig
+    data: DataConfig
     redis_image: str
 
     @property
@@ -180,6 +291,14 @@ class _Reader:
 
     def __init__(self, values: Mapping[str, str] | None) -> None:
         self._values = values
+
+    def keys(self) -> list[str]:
+        """Every full key set for the stack (under the engine: what the language host was given)."""
+        if self._values is not None:
+            return list(self._values)
+        from pulumi.runtime import config as runtime_config
+
+        return sorted({*runtime_config.CONFIG.get(), *runtime_config.get_config_env()})
 
     def get(self, key: str, namespace: str = PROJECT) -> str | None:
         if self._values is not None:
@@ -245,6 +364,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
     """
     stack = stack or pulumi.get_stack()
     r = _Reader(config)
+    check_keys(r.keys())
 
     project_id = r.get("project", namespace="gcp")
     if not project_id:
@@ -283,6 +403,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         gpu=gpu,
         filestore=filestore,
         jobs=jobs,
+        data=_data(r),
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
     )
 
@@ -346,14 +467,29 @@ def _filestore(r: _Reader) -> FilestoreConfig:
     capacity = r.int("filestoreCapacityGb", 1)
     if not low <= capacity <= high:
         raise ConfigError("filestoreCapacityGb", capacity, f"between {low} and {high} GiB for tier {tier}")
+    steps = [(start, step) for start, step in FILESTORE_STEPS.get(tier, ()) if capacity >= start]
+    if steps and capacity % steps[-1][1]:
+        start, step = steps[-1]
+        below = capacity - capacity % step
+        near = f"{below} or {below + step}" if below >= start else str(below + step)
+        raise ConfigError(
+            "filestoreCapacityGb", capacity, f"a multiple of {step} GiB from {start} GiB for tier {tier} ({near})"
+        )
     share_what = "a share name: a lowercase letter, then letters, digits or '_', 16 at most"
     share = r.matching("filestoreShare", _SHARE_NAME, share_what)
-    return FilestoreConfig(tier=tier, capacity_gb=capacity, share=share)
+    pin = r.str("pinToShareZone", ("auto", "true", "false"))
+    zonal = tier in ZONAL_FILESTORE_TIERS
+    if pin == "true" and not zonal:
+        raise ConfigError(
+            "pinToShareZone", "true", f"auto or false for tier {tier}: a {tier} share spans the region's zones"
+        )
+    return FilestoreConfig(
+        tier=tier, capacity_gb=capacity, share=share, pin_to_zone=zonal if pin == "auto" else pin == "true"
+    )
 
 
 def _jobs(r: _Reader) -> JobConfig:
     quantity = "a Kubernetes quantity such as 4, 500m or 16Gi"
-    name = "a name of lowercase letters, digits and '-'"
     return JobConfig(
         parallelism=r.int("parallelism", 1, 1000),
         backoff_limit=r.int("backoffLimit", 0),
@@ -361,11 +497,96 @@ def _jobs(r: _Reader) -> JobConfig:
         await_mode=r.str("jobAwait", JOB_AWAIT_MODES),
         timeout_minutes=r.int("jobTimeoutMinutes", 1),
         loader_timeout_minutes=r.int("loaderTimeoutMinutes", 1),
-        dataset_preset=r.matching("datasetPreset", _DNS_LABEL, name),
-        runs=r.str_list("runs", lambda run: bool(_DNS_LABEL.match(run)), name),
+        dataset_preset=r.str("datasetPreset", contract.DATASET_PRESETS),
+        runs_json=_runs(r),
         lease_ttl_seconds=r.int("leaseTtlSeconds", 5),
         checkpoint_interval_seconds=r.int("checkpointIntervalSeconds", 1),
         max_attempts=r.int("maxAttempts", 1),
         worker_cpu=r.matching("workerCpu", _QUANTITY, quantity),
         worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
     )
+
+
+def _runs(r: _Reader) -> str:
+    """``runs``: a map of run name to hyperparameters, checked by ``workload.hparams.parse_runs`` (the
+    rules ``seed`` applies), so a typo fails ``pulumi preview`` instead of the loader Job."""
+    value = r.raw("runs")
+    try:
+        specs = json.loads(value)
+    except json.JSONDecodeError:
+        specs = value
+    example = "a map of run name to hyperparameters, e.g. {main: {}, wide: {hidden: [128, 64]}, lr3: {lr: 0.003}}"
+    if isinstance(specs, list):
+        names = ", ".join(f"{n}: {{}}" for n in specs if isinstance(n, str)) or "main: {}"
+        raise ConfigError("runs", specs, f"{example}; the old list form is now a map: {{{names}}}")
+    if not isinstance(specs, dict) or not specs:
+        raise ConfigError("runs", specs, example)
+    # The worker's own rules (stdlib only, no torch). Imported here, not at the top: the policy pack
+    # imports this module for its constants from a virtualenv and a copy that hold no worker code.
+    from workload.hparams import parse_runs
+
+    try:
+        parse_runs(specs, where=f"{PROJECT}:runs")
+    except ValueError as err:
+        # parse_runs names the run, the key, the value and what is allowed: pass its words on.
+        raise ConfigError("runs", specs, str(err).removeprefix(f"{PROJECT}:runs: ")) from None
+    return json.dumps(specs, sort_keys=True, separators=(",", ":"))
+
+
+def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
+    """``gs://bucket[/prefix]`` or '' (None). ``need_prefix``: a write grant is scoped to the prefix, so
+    an output location must name one (an empty prefix would be the whole bucket)."""
+    value = r.raw(key).strip()
+    if not value:
+        return None
+    shape = "gs://<bucket>/<prefix>" if need_prefix else "gs://<bucket>[/<prefix>]"
+    location = GcsUri.split(value)
+    if location is None:
+        raise ConfigError(key, value, f"a Cloud Storage location {shape} (or empty)")
+    bucket, prefix = location.bucket, location.prefix
+    if (
+        not _BUCKET.match(bucket)
+        or _IPV4.match(bucket)
+        or any(len(part) > 63 or not part for part in bucket.split("."))
+        or (len(bucket) > 63 and "." not in bucket)
+        or bucket.startswith("goog")
+        or "google" in bucket
+    ):
+        raise ConfigError(
+            key,
+            value,
+            f"{shape} with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter or digit, no 'goog' prefix (cloud.google.com/storage/docs/buckets#naming)",
+        )
+    segments = prefix.split("/") if prefix else []
+    # No wildcards (gcloud would expand them) and nothing a shell line would need quoted (the stack's
+    # commands print kubectl lines that carry the location).
+    if any(s in ("", ".", "..") for s in segments) or any(c.isspace() or c in "*?[]#'\"`$\\" for c in prefix):
+        raise ConfigError(
+            key, value, f"{shape} whose prefix has no empty, '.' or '..' parts, spaces, quotes or wildcards"
+        )
+    if need_prefix and not prefix:
+        raise ConfigError(
+            key, value, f"{shape} with a prefix: the training pods get write access to that prefix only"
+        )
+    return location
+
+
+def _data(r: _Reader) -> DataConfig:
+    dataset = _gcs_uri(r, "datasetUri", need_prefix=False)
+    from workload.paths import NAME, NAME_RULE  # the share's folder-name rule (see _runs on the import)
+
+    name = r.raw("datasetName") or _dataset_name(dataset)
+    if not NAME.match(name):
+        raise ConfigError("datasetName", name, f"a dataset name: {NAME_RULE}")
+    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name)
+
+
+def _dataset_name(dataset: GcsUri | None) -> str:
+    """The default dataset name: ``fraud`` for simulated data, else the last folder of ``datasetUri``
+    (the bucket when it has no prefix), made a valid folder name."""
+    if dataset is None:
+        return SIMULATED_DATASET
+    last = dataset.prefix.rsplit("/", 1)[-1] or dataset.bucket
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", last).lstrip("._-")[:63]
+    return name or SIMULATED_DATASET

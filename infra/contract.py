@@ -12,6 +12,8 @@ APP = "spot-trainer"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
+# The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
+SHARE_PREP = "share-prep"
 
 # Mount path of the Filestore PVC inside loader and worker pods.
 SHARE_DIR = "/mnt/share"
@@ -24,12 +26,38 @@ ENV_WORKER_ID = "WORKER_ID"
 ENV_LEASE_TTL = "LEASE_TTL_SECONDS"
 ENV_CHECKPOINT_INTERVAL = "CHECKPOINT_INTERVAL_SECONDS"
 ENV_MAX_ATTEMPTS = "MAX_ATTEMPTS"
+# `seed --runs-file` (JSON {run: {hyperparameters}}) and `seed --datasets` (a folder or gs://bucket/prefix).
+ENV_RUNS_FILE = "RUNS_FILE"
+ENV_DATASETS_SRC = "DATASETS_SRC"
+# Where the worker exports each finished run (gs://bucket/prefix); unset: results stay on the share.
+ENV_OUTPUT_URI = "OUTPUT_URI"
+
+# The stack's `runs`, mounted into the loader pod from a ConfigMap (key RUNS_KEY) at RUNS_DIR.
+RUNS_DIR = "/etc/spot-trainer"
+RUNS_KEY = "runs.json"
+RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
+
+# Pod-template annotation of both Jobs: a hash of what the loader seeds (runs, data source) and the image.
+# A change to any of them changes both pod templates, and Kubernetes Job templates are immutable, so the
+# Kubernetes provider replaces both Jobs and the next `pulumi up` trains what is new.
+SEED_INPUTS_ANNOTATION = f"{APP}/seed-inputs"
+# Workload Identity: the Kubernetes service account names the Google service account it acts as.
+GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 
 # The image runs as this uid/gid (see workload/Dockerfile).
 WORKLOAD_UID = 10001
 
 # Exit code with which the worker reports bad configuration: retrying cannot help.
 EXIT_BAD_CONFIG = 2
+# Exit codes of a worker that will do better on a new pod: SIGTERM (128 + 15, preemption or eviction
+# without a DisruptionTarget condition) and Redis unreachable. The Jobs retry these without counting them.
+EXIT_TERMINATED = 143
+EXIT_REDIS_UNREACHABLE = 3
+RETRYABLE_EXIT_CODES = (EXIT_REDIS_UNREACHABLE, EXIT_TERMINATED)
+
+# Dataset presets the image's simulator knows (workload/simulator.py PRESETS; tests/test_contract.py
+# checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.
+DATASET_PRESETS = ("small", "cluster")
 
 REDIS_PORT = 6379
 REDIS_PASSWORD_KEY = "password"  # key of the password in the Redis Secret
@@ -44,12 +72,17 @@ def labels(component: str) -> dict[str, str]:
     return {NAME_LABEL: APP, COMPONENT_LABEL: component}
 
 
-def loader_args(preset: str, runs: tuple[str, ...]) -> list[str]:
-    """``python -m workload seed ...``: idempotent, so a re-run of the loader Job is harmless."""
-    args = ["seed", "--preset", preset]
-    for run in runs:
-        args += ["--run", run]
-    return args
+def loader_args(dataset: str, preset: str, dataset_uri: str | None) -> list[str]:
+    """``python -m workload seed ...``: idempotent, so a re-run of the loader Job is harmless. Runs come
+    from RUNS_FILE; dataset ``dataset`` from ``dataset_uri`` (synced to the share) or the simulator's
+    ``preset``."""
+    source = ["--datasets", dataset_uri] if dataset_uri else ["--preset", preset]
+    return ["seed", "--runs-file", RUNS_FILE, "--dataset", dataset, *source]
+
+
+def export_args(run: str, to: str) -> list[str]:
+    """``python -m workload export``: a run's report, metrics, plots and model to ``to``/<run>/."""
+    return ["export", "--run", run, "--to", to]
 
 
 WORKER_ARGS = ["worker"]

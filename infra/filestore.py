@@ -28,6 +28,7 @@ class FilestoreShare(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-trainer:storage:FilestoreShare", name, None, opts)
         fs = cfg.filestore
+        protected = cfg.cluster.deletion_protection
         self.instance = gcp.filestore.Instance(
             name,
             project=cfg.project_id,
@@ -39,21 +40,34 @@ class FilestoreShare(pulumi.ComponentResource):
                     network=network.network_name, modes=["MODE_IPV4"], connect_mode="DIRECT_PEERING"
                 )
             ],
-            # Checkpoints and datasets live here: protect them as the cluster is (prod).
-            deletion_protection_enabled=cfg.cluster.deletion_protection,
+            # Checkpoints and datasets live here: protect them as the cluster is (prod). Filestore's own
+            # protection exists on ZONAL, REGIONAL and ENTERPRISE only; on a BASIC tier the argument fails
+            # the create (terraform-provider-google issue 20311), so it is left out and `protect` (the
+            # engine refuses to delete the resource) guards the instance instead.
+            deletion_protection_enabled=protected if fs.api_deletion_protection else None,
             labels=cfg.labels.as_dict(),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, protect=protected and not fs.api_deletion_protection),
         )
         self.ip = self.instance.networks.apply(lambda nets: nets[0].ip_addresses[0])
         self.share = fs.share
         self.path = f"/{fs.share}"
         self.claim_name = "share"
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider)
-        size = f"{fs.capacity_gb}Gi"
-        self.volume = k8s.core.v1.PersistentVolume(
+        self._cfg, self._provider = cfg, provider
+        self.volume, self.claim = self.bind(name, namespace, self.claim_name, "share")
+        self.register_outputs({"ip": self.ip, "share": self.share, "claim": self.claim_name})
+
+    def bind(
+        self, name: str, namespace: pulumi.Input[str], claim_name: str, volume_suffix: str
+    ) -> tuple[k8s.core.v1.PersistentVolume, k8s.core.v1.PersistentVolumeClaim]:
+        """A PV for the share and a claim bound to it in ``namespace`` (a PV binds one claim, so each
+        namespace that mounts the share gets its own pair, with the same NFS mount options)."""
+        cfg = self._cfg
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=self._provider)
+        size = f"{cfg.filestore.capacity_gb}Gi"
+        volume = k8s.core.v1.PersistentVolume(
             name,
             metadata={
-                "name": f"{cfg.labels.app}-{cfg.slug}-share",
+                "name": f"{cfg.labels.app}-{cfg.slug}-{volume_suffix}",
                 "labels": {contract.NAME_LABEL: contract.APP},
             },
             spec={
@@ -67,16 +81,16 @@ class FilestoreShare(pulumi.ComponentResource):
             },
             opts=k8s_opts,
         )
-        self.claim = k8s.core.v1.PersistentVolumeClaim(
+        claim = k8s.core.v1.PersistentVolumeClaim(
             name,
-            metadata={"name": self.claim_name, "namespace": namespace},
+            metadata={"name": claim_name, "namespace": namespace},
             spec={
                 "accessModes": ["ReadWriteMany"],
                 # "" disables dynamic provisioning; volumeName binds to exactly our PV.
                 "storageClassName": "",
-                "volumeName": self.volume.metadata.name,
+                "volumeName": volume.metadata.name,
                 "resources": {"requests": {"storage": size}},
             },
             opts=k8s_opts,
         )
-        self.register_outputs({"ip": self.ip, "share": self.share, "claim": self.claim_name})
+        return volume, claim

@@ -11,3 +11,7 @@ SPOT_LABEL = "cloud.google.com/gke-spot"
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"
 GPU_RESOURCE = "nvidia.com/gpu"
+# Autopilot installs the GPU driver this label asks for ("default" or "latest"); the CUDA build of torch
+# needs a recent driver, so the nodeSelector path asks for "latest" (compute classes set driverVersion).
+GPU_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
+ZONE_LABEL = "topology.kubernetes.io/zone"

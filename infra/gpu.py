@@ -3,7 +3,7 @@
 - Autopilot + computeClass: a ComputeClass (spot first, on-demand only if ``onDemandFallback``);
   pods select it with ``cloud.google.com/compute-class`` and nothing else (a hard gke-spot selector
   next to a compute class would defeat the fallback).
-- Autopilot + nodeSelector: pods select ``gke-spot`` and the accelerator directly.
+- Autopilot + nodeSelector: pods select ``gke-spot``, the accelerator and the ``latest`` GPU driver directly.
 - Standard: the same selectors land pods on the spot GPU node pool; they tolerate its taint.
 """
 
@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 
 from infra import contract
 from infra.config import StackConfig
-from infra.gke import ACCELERATOR_LABEL, COMPUTE_CLASS_LABEL, GPU_RESOURCE, SPOT_LABEL
+from infra.gke import ACCELERATOR_LABEL, COMPUTE_CLASS_LABEL, GPU_DRIVER_LABEL, GPU_RESOURCE, SPOT_LABEL
 
 
 class GpuCapacity(pulumi.ComponentResource):
@@ -65,4 +65,7 @@ class GpuCapacity(pulumi.ComponentResource):
             self.node_selector = {COMPUTE_CLASS_LABEL: class_name}
         else:
             self.node_selector = {SPOT_LABEL: "true", ACCELERATOR_LABEL: gpu.type}
+            if cfg.cluster.autopilot:
+                # Standard pools install LATEST themselves (gpu_driver_installation_config).
+                self.node_selector[GPU_DRIVER_LABEL] = "latest"
         self.register_outputs({"node_selector": self.node_selector})

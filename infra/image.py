@@ -14,6 +14,7 @@ from infra.config import StackConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE_NAME = "trainer"
+CACHE_TAG = "buildcache"  # the registry build cache, next to the image in the same repository
 
 
 def _from_cwd(path: str) -> str:
@@ -50,7 +51,7 @@ class TrainingImage(pulumi.ComponentResource):
             opts=child,
         )
         # Nodes pull with their own least-privilege account: read access to this repository only.
-        gcp.artifactregistry.RepositoryIamMember(
+        self.reader_grant = gcp.artifactregistry.RepositoryIamMember(
             f"{name}-node-reader",
             project=cfg.project_id,
             location=cfg.region,
@@ -60,6 +61,7 @@ class TrainingImage(pulumi.ComponentResource):
             opts=child,
         )
         self.repository_url = f"{registry}/{cfg.project_id}/{repo_id}/{IMAGE_NAME}"
+        self.cache_ref = f"{self.repository_url}:{CACHE_TAG}"
         # The deployer's short-lived OAuth token: no key file, no `gcloud auth configure-docker` needed.
         token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
         self.image = docker_build.Image(
@@ -69,6 +71,24 @@ class TrainingImage(pulumi.ComponentResource):
             platforms=[docker_build.Platform.LINUX_AMD64],
             tags=[f"{self.repository_url}:{cfg.slug}"],
             push=True,
+            # `pulumi preview` (every pull request) does not build the CUDA image; `pulumi up` does.
+            build_on_preview=False,
+            # Layers come from the registry when unchanged (torch alone is gigabytes): CI runners and
+            # laptops start with an empty local cache. `max` keeps every stage's layers; image-manifest
+            # OCI cache is the form Artifact Registry stores.
+            cache_from=[
+                docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=self.cache_ref))
+            ],
+            cache_to=[
+                docker_build.CacheToArgs(
+                    registry=docker_build.CacheToRegistryArgs(
+                        ref=self.cache_ref,
+                        mode=docker_build.CacheMode.MAX,
+                        image_manifest=True,
+                        oci_media_types=True,
+                    )
+                )
+            ],
             registries=[
                 docker_build.RegistryArgs(
                     address=registry, username="oauth2accesstoken", password=token.access_token
@@ -76,5 +96,9 @@ class TrainingImage(pulumi.ComponentResource):
             ],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
         )
-        self.ref = pulumi.Output.concat(self.repository_url, "@", self.image.digest)
+        # The reference carries the grant as a dependency: whatever runs the image (the Jobs) is created
+        # only once nodes may pull it, instead of racing the IAM binding into ImagePullBackOff.
+        self.ref = pulumi.Output.all(self.image.digest, self.reader_grant.id).apply(
+            lambda parts: f"{self.repository_url}@{parts[0]}"
+        )
         self.register_outputs({"ref": self.ref})

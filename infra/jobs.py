@@ -9,6 +9,7 @@ against ``backoffLimit``. No ``ttlSecondsAfterFinished``: Kubernetes would delet
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -18,25 +19,69 @@ import pulumi_kubernetes as k8s
 from infra import contract
 from infra.config import StackConfig
 from infra.filestore import FilestoreShare
-from infra.gke import GPU_RESOURCE
+from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
+from infra.identity import WorkloadIdentity
 from infra.redis import RedisQueue
 
 SKIP_AWAIT = "pulumi.com/skipAwait"
 # Spot nodes get ~15 s of notice; the worker releases its lease and exits well inside that.
 TERMINATION_GRACE_SECONDS = 15
 SHARE_VOLUME = "share"
+RUNS_VOLUME = "runs"
+
+# The Job failure reasons pulumi-kubernetes' Job await stops on at once (provider/pkg/await/checker/job/
+# check.go, collectJobConditionErrors, unchanged since 2021): any other Failed reason, such as
+# "PodFailurePolicy" from a FailJob rule, is waited out until the await times out (30 or 120 minutes).
+AWAIT_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded")
 
 # Preemption or eviction: not the code's fault, retry without consuming backoffLimit.
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
 
 
-def _fail_on_bad_config(container: str) -> dict[str, Any]:
-    """Exit code 2 is bad configuration: every retry would fail the same way."""
+def failure_policy(container: str) -> dict[str, Any]:
+    """podFailurePolicy of the loader and training Jobs (first matching rule wins):
+
+    - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
+    - a worker that exits 143 (SIGTERM without the condition) or 3 (Redis unreachable) is retried and
+      not counted: a new pod does better;
+    - exit 2 (bad configuration) is counted, as is every other failure. Not FailJob: the Job would end
+      with reason PodFailurePolicy, which the provider's await does not recognise, and `pulumi up` would
+      wait out its whole timeout. Counted against ``backoffLimit`` it ends in BackoffLimitExceeded, which
+      the await reports at once with the pods' termination messages (the worker's one-line error). The
+      loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the loader's first pod, before
+      any GPU pod exists.
+    """
     return {
-        "action": "FailJob",
-        "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+        "rules": [
+            IGNORE_DISRUPTIONS,
+            {
+                "action": "Ignore",
+                "onExitCodes": {
+                    "containerName": container,
+                    "operator": "In",
+                    "values": list(contract.RETRYABLE_EXIT_CODES),
+                },
+            },
+            {
+                "action": "Count",
+                "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+            },
+        ]
     }
+
+
+def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
+    """A short hash of everything the loader seeds from (runs, data source) and the image that runs.
+
+    Both Jobs carry it as a pod-template annotation. A Job's template is immutable, so the Kubernetes
+    provider replaces a Job whose template changed (pulumi-kubernetes provider/pkg/provider/diff.go lists
+    ``.spec.template`` among a Job's force-new fields): a new run, a new dataset location or a new image
+    replaces the loader, which seeds what is new, and the training Job, which trains it. The fixed
+    ``dependsOn`` alone never re-ran a completed training Job."""
+    data = cfg.data.dataset.uri if cfg.data.dataset else f"preset:{cfg.jobs.dataset_preset}"
+    facts = {"runs": json.loads(cfg.jobs.runs_json), "data": data, "dataset": cfg.data.dataset_name, "image": image_ref}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
@@ -65,7 +110,14 @@ def _pod_template(
     share: FilestoreShare,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict[str, Any]] | None = None,
+    service_account: str | None = None,
+    env: list[dict[str, Any]] | None = None,
+    volumes: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
+    annotations: dict[str, pulumi.Input[str]] | None = None,
 ) -> dict[str, Any]:
+    """``volumes``: extra (volume, mount) pairs; ``service_account``: a Workload Identity KSA (else the
+    namespace's default account, which has no Google roles)."""
+    extra = volumes or []
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
@@ -82,19 +134,40 @@ def _pod_template(
                 "name": component,
                 "image": image,
                 "args": args,
-                "env": _env(cfg, redis),
+                "env": _env(cfg, redis) + (env or []),
                 "resources": resources,
                 "securityContext": contract.restricted_security_context(),
-                "volumeMounts": [{"name": SHARE_VOLUME, "mountPath": contract.SHARE_DIR}],
+                # The last log lines become the pod's termination message on a failure: the provider's
+                # await prints it, so `pulumi up` shows the worker's own error.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "volumeMounts": [
+                    {"name": SHARE_VOLUME, "mountPath": contract.SHARE_DIR},
+                    *(mount for _, mount in extra),
+                ],
             }
         ],
-        "volumes": [{"name": SHARE_VOLUME, "persistentVolumeClaim": {"claimName": share.claim_name}}],
+        "volumes": [
+            {"name": SHARE_VOLUME, "persistentVolumeClaim": {"claimName": share.claim_name}},
+            *(volume for volume, _ in extra),
+        ],
     }
+    if service_account:
+        spec["serviceAccountName"] = service_account
+        # Workload Identity needs the pod's service account token: Google's own GKE workloads turn it
+        # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
+        # not reach Google APIs through Workload Identity). The account has no Kubernetes RBAC role.
+        spec["automountServiceAccountToken"] = True
+    if cfg.filestore.pin_to_zone:
+        # The share lives in one zone: reading it from another costs inter-zone traffic on every read.
+        node_selector = {**(node_selector or {}), ZONE_LABEL: cfg.zone}
     if node_selector:
         spec["nodeSelector"] = node_selector
     if tolerations:
         spec["tolerations"] = tolerations
-    return {"metadata": {"labels": contract.labels(component)}, "spec": spec}
+    metadata: dict[str, Any] = {"labels": contract.labels(component)}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": spec}
 
 
 def _job_metadata(
@@ -114,12 +187,14 @@ def one_off_pod(
     name: str,
     args: list[str],
     command: list[str] | None = None,
+    service_account: str | None = None,
 ) -> pulumi.Output[str]:
     """A ``kubectl run`` line for a throw-away pod with the loader's environment and share (for
-    ``status`` and reading reports after the workers are gone); labelled loader so Redis admits it."""
+    ``status`` and reading reports after the workers are gone); labelled loader so Redis admits it.
+    ``service_account``: run as that Workload Identity account (an export to the output bucket)."""
 
     def render(ref: str) -> str:
-        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share)
+        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share, service_account=service_account)
         container = template["spec"]["containers"][0]
         container.pop("resources")
         container["name"] = name  # kubectl attaches to the container named like the pod
@@ -135,11 +210,14 @@ def one_off_pod(
 
 
 class LoaderJob(pulumi.ComponentResource):
-    """Generates the datasets on the share and enqueues (run, shard) items; always awaited, because
-    workers that start on an empty queue would see it drained and exit 0."""
+    """Puts the datasets on the share (synced from ``datasetUri``, or simulated) and enqueues (run, day)
+    items for the stack's ``runs``; always awaited, because workers that start on an empty queue would
+    see it drained and exit 0."""
 
     job: k8s.batch.v1.Job
+    runs: k8s.core.v1.ConfigMap
     name: str
+    seed_inputs: pulumi.Output[str]
 
     def __init__(
         self,
@@ -148,27 +226,57 @@ class LoaderJob(pulumi.ComponentResource):
         image: pulumi.Input[str],
         redis: RedisQueue,
         share: FilestoreShare,
+        identity: WorkloadIdentity | None,
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
+        after: list[pulumi.Resource] | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
         self.name = f"{cfg.labels.app}-{contract.LOADER}"
+        # The runs file `seed --runs-file` reads: the stack's `runs`, already checked by infra.config.
+        self.runs = k8s.core.v1.ConfigMap(
+            f"{name}-runs",
+            metadata={
+                "name": f"{cfg.labels.app}-runs",
+                "namespace": namespace,
+                "labels": contract.labels(contract.LOADER),
+            },
+            data={contract.RUNS_KEY: cfg.jobs.runs_json},
+            # Immutable: new runs mean a new ConfigMap (pulumi-kubernetes replaces an immutable ConfigMap
+            # whatever its enableConfigMapMutable setting, provider/pkg/provider/diff.go), never a file
+            # changing under a running loader. The name is fixed, so the old one goes first.
+            immutable=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, delete_before_replace=True),
+        )
+        self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(cfg, ref))
+        runs_volume = (
+            {"name": RUNS_VOLUME, "configMap": {"name": self.runs.metadata.name}},
+            {"name": RUNS_VOLUME, "mountPath": contract.RUNS_DIR, "readOnly": True},
+        )
         template = _pod_template(
             contract.LOADER,
             image,
-            contract.loader_args(cfg.jobs.dataset_preset, cfg.jobs.runs),
+            contract.loader_args(
+                cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri if cfg.data.dataset else None
+            ),
             {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
             cfg,
             redis,
             share,
+            service_account=identity.ksa_name if identity else None,
+            volumes=[runs_volume],
+            annotations={contract.SEED_INPUTS_ANNOTATION: self.seed_inputs},
         )
         self.job = k8s.batch.v1.Job(
             name,
             metadata=_job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
             spec={
-                "backoffLimit": 3,
-                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.LOADER)]},
+                # The first counted failure (bad config, a crash) fails the Job and `pulumi up` at once;
+                # preemptions and transient exits are retried (failure_policy) until the deadline.
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": cfg.jobs.loader_timeout_minutes * 60,
+                "podFailurePolicy": failure_policy(contract.LOADER),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(
@@ -176,7 +284,10 @@ class LoaderJob(pulumi.ComponentResource):
                 provider=provider,
                 # Fixed names: a new image digest must delete the old Job before creating the new one.
                 delete_before_replace=True,
-                depends_on=[redis.deployment, redis.network_policy, share.claim],
+                depends_on=[
+                    redis.deployment, redis.network_policy, share.claim, self.runs,
+                    *(identity.resources if identity else []), *(after or []),
+                ],  # fmt: skip
                 custom_timeouts=pulumi.CustomTimeouts(
                     create=f"{cfg.jobs.loader_timeout_minutes}m", update=f"{cfg.jobs.loader_timeout_minutes}m"
                 ),
@@ -200,6 +311,7 @@ class TrainingJob(pulumi.ComponentResource):
         share: FilestoreShare,
         capacity: GpuCapacity,
         loader: LoaderJob,
+        identity: WorkloadIdentity | None,
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
@@ -221,6 +333,10 @@ class TrainingJob(pulumi.ComponentResource):
             share,
             node_selector=capacity.node_selector,
             tolerations=capacity.tolerations,
+            service_account=identity.ksa_name if identity else None,
+            env=[{"name": contract.ENV_OUTPUT_URI, "value": cfg.data.output.uri}] if cfg.data.output else None,
+            # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
+            annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
         )
         timeouts = None
         if not jobs.skip_await:
@@ -234,15 +350,19 @@ class TrainingJob(pulumi.ComponentResource):
                 "parallelism": jobs.parallelism,
                 "backoffLimit": jobs.backoff_limit,
                 "activeDeadlineSeconds": jobs.active_deadline_seconds,
-                "podFailurePolicy": {"rules": [IGNORE_DISRUPTIONS, _fail_on_bad_config(contract.WORKER)]},
+                "podFailurePolicy": failure_policy(contract.WORKER),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,
                 # Fixed names: a new image digest must delete the old Job before creating the new one.
+                # A `parallelism` change replaces the Job too (pulumi-kubernetes lists .spec.parallelism
+                # among a Job's replace-on-change fields, provider/pkg/provider/diff.go). Accepted, not
+                # ignored: workers checkpoint and release on SIGTERM and the new Job resumes from the
+                # share, while ignore_changes would keep the first value forever (docs/cloud.md).
                 delete_before_replace=True,
-                depends_on=[loader.job, *capacity.resources],
+                depends_on=[loader.job, *capacity.resources, *(identity.resources if identity else [])],
                 custom_timeouts=timeouts,
             ),
         )

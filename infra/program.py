@@ -16,19 +16,23 @@ from infra.cluster import Cluster
 from infra.config import StackConfig
 from infra.filestore import FilestoreShare
 from infra.gpu import GpuCapacity
+from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, WorkloadIdentity
 from infra.image import TrainingImage
 from infra.jobs import LoaderJob, TrainingJob, one_off_pod
 from infra.network import Network
 from infra.redis import RedisQueue
 from infra.services import ProjectServices
+from infra.share_prep import SharePreparation
 
 
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     if cfg.jobs.standby_workers:
+        where = "on spot GPUs, or on-demand ones while spot is out (onDemandFallback)" if (
+            cfg.gpu.on_demand_fallback) else "on spot GPUs"
         pulumi.log.warn(
             f"parallelism {cfg.jobs.parallelism} > {len(cfg.jobs.runs)} run(s): {cfg.jobs.standby_workers} "
-            "training pod(s) will wait on spot GPUs as hot standbys (a run trains on one worker at a time). "
+            f"training pod(s) will wait {where} as hot standbys (a run trains on one worker at a time). "
             "Add runs (a sweep) or lower parallelism if that is not what you want to pay for.")
     services = ProjectServices("services", cfg)
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
@@ -57,8 +61,30 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     capacity = GpuCapacity("gpu", cfg, cluster.provider)
     share = FilestoreShare("share", cfg, network, cluster.provider, ns, opts=on_gcp)
     redis = RedisQueue("redis", cfg, cluster.provider, ns)
-    loader = LoaderJob("loader", cfg, image.ref, redis, share, cluster.provider, ns)
-    training = TrainingJob("training", cfg, image.ref, redis, share, capacity, loader, cluster.provider, ns)
+    # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
+    data = cfg.data
+    loader_identity = (
+        WorkloadIdentity(
+            "loader-identity", cfg, contract.LOADER,
+            [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)], cluster.provider, ns, opts=on_gcp,
+        )
+        if data.dataset else None
+    )  # fmt: skip
+    worker_identity = (
+        WorkloadIdentity(
+            "worker-identity", cfg, contract.WORKER,
+            [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)], cluster.provider, ns, opts=on_gcp,
+        )
+        if data.output else None
+    )  # fmt: skip
+    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
+    prepared = SharePreparation("share-prep", cfg, image.ref, share, cluster.provider)
+    loader = LoaderJob(
+        "loader", cfg, image.ref, redis, share, loader_identity, cluster.provider, ns, after=[prepared.job]
+    )
+    training = TrainingJob(
+        "training", cfg, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns
+    )
 
     n = f"-n {cfg.namespace}"
     workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
@@ -71,6 +97,13 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "redisService": f"{redis.service_name}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}",
         "loaderJob": loader.name,
         "trainingJob": training.name,
+        "datasetUri": data.dataset.uri if data.dataset else "",
+        "outputUri": data.output.uri if data.output else "",
+        "serviceAccounts": {
+            component: identity.account.email
+            for component, identity in ((contract.LOADER, loader_identity), (contract.WORKER, worker_identity))
+            if identity
+        },
         "commands": {
             "credentials": pulumi.Output.concat(
                 "gcloud container clusters get-credentials ",
@@ -81,7 +114,22 @@ def build(cfg: StackConfig) -> dict[str, Any]:
             "pods": f"kubectl {n} get pods -l {contract.NAME_LABEL}={contract.APP} -o wide",
             "logs": f"kubectl {n} logs -f -l {workers} --prefix --max-log-requests=50",
             "wait": f"kubectl {n} wait --for=condition=complete job/{training.name} --timeout=24h",
+            # `pulumi up` never re-runs a Job that exists, failed or not: replace it (docs/cloud.md).
+            "rerunLoader": pulumi.Output.concat("pulumi up --replace '", loader.job.urn, "'"),
+            "rerunTraining": pulumi.Output.concat("pulumi up --replace '", training.job.urn, "'"),
+            # New days in the bucket change no config: replace both Jobs to load and train them.
+            "reload": pulumi.Output.concat(
+                "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"
+            ),
             "queueStatus": one_off_pod(cfg, image.ref, redis, share, "status", contract.STATUS_ARGS),
+            # With outputUri: export a run by hand, as the workers' account (the only one that may write).
+            "export": {
+                run: one_off_pod(
+                    cfg, image.ref, redis, share, "export", contract.export_args(run, data.output.uri),
+                    service_account=worker_identity.ksa_name,
+                )
+                for run in cfg.jobs.runs
+            } if data.output and worker_identity else {},  # fmt: skip
             "report": one_off_pod(
                 cfg,
                 image.ref,

@@ -11,6 +11,7 @@ inventory of every resource on disk with secret values masked.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -49,6 +50,18 @@ def stack_names() -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
 
 
+STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def stack_name(text: str) -> str:
+    """A stack name as ``pulumi stack init`` takes it (argparse type: a bad one is a one-line error)."""
+    if not STACK_NAME.match(text):
+        raise argparse.ArgumentTypeError(
+            f"stack name {text!r} is not allowed: letters, digits, '_', '.', '-', starting with a letter or digit"
+        )
+    return text
+
+
 def _as_config_string(value: Any) -> str:
     """The engine hands the program strings: JSON for lists/objects, lowercase booleans."""
     if isinstance(value, bool):
@@ -58,8 +71,33 @@ def _as_config_string(value: Any) -> str:
     return str(value)
 
 
+def stack_file(stack: str) -> Path:
+    return STACKS_DIR / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The ``config:`` map of a stack file; a YAML mistake is a one-line ConfigError naming file and line."""
+    where = str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        place = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise config.ConfigError("", None, "", where, f"not valid YAML at {place}: {problem}") from None
+    if data is None:
+        return {}
+    config_map = data.get("config") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(config_map, dict | None):
+        raise config.ConfigError("", None, "", where, "expected a mapping with a `config:` mapping of key: value")
+    return dict(config_map or {})
+
+
 def stack_config(stack: str, overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Full-key config for ``stack`` as the CLI would pass it (plus a fake ``gcp:project`` if unset)."""
+    """Full-key config for ``stack`` as the CLI would pass it (plus a fake ``gcp:project`` if unset).
+
+    A stack without a file gets the ``Pulumi.yaml`` defaults alone, as ``pulumi stack init`` would.
+    Keys in the stack file are checked here, so a mistake names the file."""
     project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
     name = project["name"]
     values: dict[str, Any] = {"gcp:project": FAKE_PROJECT_ID}
@@ -69,9 +107,11 @@ def stack_config(stack: str, overrides: Mapping[str, Any] | None = None) -> dict
             values[full] = spec["default"]
         elif isinstance(spec, dict) and "value" in spec:
             values[full] = spec["value"]
-    stack_file = STACKS_DIR / f"Pulumi.{stack}.yaml"
-    if stack_file.exists():
-        values.update((yaml.safe_load(stack_file.read_text()) or {}).get("config") or {})
+    path = stack_file(stack)
+    if path.exists():
+        own = read_stack_file(path)
+        config.check_keys(own, where=str(path.relative_to(REPO_ROOT)))
+        values.update(own)
     for key, value in (overrides or {}).items():
         values[key if ":" in key else f"{name}:{key}"] = value
     return {k: _as_config_string(v) for k, v in values.items() if v is not None}
@@ -92,6 +132,10 @@ class Registered:
     dependencies: list[str]
     custom_timeouts: dict[str, str]
     delete_before_replace: bool
+    protect: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
+    # Input property -> URNs its value depends on (what the engine records per property).
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     # ``inputs`` with secrets and credentials replaced by MASK: what may be written to disk.
     masked_inputs: dict[str, Any] = field(default_factory=dict)
 
@@ -149,8 +193,11 @@ class _FakeCloud(pulumi.runtime.Mocks):
         elif typ == "gcp:compute/network:Network":
             out["name"] = name
         elif typ == "gcp:serviceaccount/account:Account":
-            email = f"{out['accountId']}@{out.get('project', FAKE_PROJECT_ID)}.iam.gserviceaccount.com"
-            out.update(email=email, member=f"serviceAccount:{email}")
+            project = out.get("project", FAKE_PROJECT_ID)
+            email = f"{out['accountId']}@{project}.iam.gserviceaccount.com"
+            # ``name`` is the fully-qualified name that serviceaccount.IAMMember's serviceAccountId takes.
+            name_ = f"projects/{project}/serviceAccounts/{email}"
+            out.update(email=email, member=f"serviceAccount:{email}", name=name_)
         elif typ == "random:index/randomPassword:RandomPassword":
             out["result"] = "p" * int(out.get("length", 16))
         elif typ == "docker-build:index:Image":
@@ -195,6 +242,11 @@ class _RecordingMonitor(mocks.MockMonitor):
                         if getattr(timeouts, k)
                     },
                     delete_before_replace=request.deleteBeforeReplace,
+                    protect=request.protect,
+                    ignore_changes=list(request.ignoreChanges),
+                    property_dependencies={
+                        k: list(v.urns) for k, v in request.propertyDependencies.items()
+                    },
                 )
             )
         return response
@@ -315,21 +367,29 @@ def write(rendered: Rendered, out_dir: Path) -> list[Path]:
     return written
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["runs={main: {}}", "parallelism=3"]`` -> config overrides (values read as YAML)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m infra.render dev [key=value ...]``: the stack's Kubernetes manifests as YAML."""
-    import argparse
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m infra.render", description=main.__doc__)
-    parser.add_argument("stack", choices=stack_names())
+    parser.add_argument("stack", type=stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"override {item!r} is not key=value")
-        overrides[key] = yaml.safe_load(value)
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as err:
+        parser.error(str(err))
     try:
         rendered = render(args.stack, overrides)
     except config.ConfigError as err:

@@ -13,6 +13,13 @@ APIS = (
     "file.googleapis.com",
     "artifactregistry.googleapis.com",
 )
+# With datasetUri or outputUri: pods call Cloud Storage as their own service account (calls are accounted
+# to that account's project), and the GKE metadata server mints its tokens through IAM Credentials.
+DATA_APIS = ("storage.googleapis.com", "iamcredentials.googleapis.com")
+
+
+def apis(cfg: StackConfig) -> tuple[str, ...]:
+    return APIS + (DATA_APIS if cfg.data.dataset or cfg.data.output else ())
 
 
 class ProjectServices(pulumi.ComponentResource):
@@ -29,6 +36,6 @@ class ProjectServices(pulumi.ComponentResource):
                 disable_on_destroy=False,
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for api in APIS
+            for api in apis(cfg)
         ]
         self.register_outputs({"services": [s.service for s in self.services]})

@@ -3,16 +3,18 @@
 It feeds the rules what the engine would: resource rules get each resource's inputs (camelCase, as the
 SDK sends them, secrets unwrapped), stack rules get each resource's outputs (the mocks echo inputs and
 fabricate computed values; the resource's ``id`` is added, as bridged providers report it among outputs).
-``python -m policy.offline STACK`` (``make render STACK=...``) also writes the manifests and an inventory.
+``python -m policy.offline STACK [key=value ...]`` (``make render STACK=... ARGS=...``) also writes the
+manifests and an inventory, and lists the Google roles of every service account.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra import render
 from infra.render import Registered, Rendered
@@ -36,7 +38,13 @@ class Violation:
 def facts_of(rendered: Rendered) -> rules.StackFacts:
     """The facts the pack reads from ``PULUMI_STACK``/``PULUMI_CONFIG``, from the validated config."""
     cfg = rendered.config
-    config = {"env": cfg.labels.env, "team": cfg.labels.team, "onDemandFallback": str(cfg.gpu.on_demand_fallback)}
+    config = {
+        "env": cfg.labels.env,
+        "team": cfg.labels.team,
+        "onDemandFallback": str(cfg.gpu.on_demand_fallback),
+        "datasetUri": cfg.data.dataset.uri if cfg.data.dataset else "",
+        "outputUri": cfg.data.output.uri if cfg.data.output else "",
+    }
     return stack_facts(config, stack=rendered.stack)
 
 
@@ -56,7 +64,8 @@ def check(resources: Sequence[Registered], facts: rules.StackFacts) -> list[Viol
     for rule in rules.RULES:
         if rule.check_resource is not None:
             for r in resources:
-                for message in rule.check_resource(r.type, r.inputs, facts):
+                extra = {"protect": r.protect} if rule.reads_protect else {}
+                for message in rule.check_resource(r.type, r.inputs, facts, **extra):
                     found.append(Violation(rule.name, rule.level, by_urn[r.urn], message))
         if rule.check_stack is not None:
             for urn, message in rule.check_stack(views, facts):
@@ -72,27 +81,55 @@ def mandatory(violations: Sequence[Violation]) -> list[Violation]:
     return [v for v in violations if v.level == rules.MANDATORY]
 
 
-def render_and_check(stack: str, out_dir: Path | None = None) -> tuple[Rendered, list[Path], list[Violation]]:
-    """What ``make render`` does: render ``stack`` under mocks, write it to ``out_dir`` (default
-    ``build/render/<stack>``) and run the pack over it."""
-    rendered = render.render(stack)
+def render_and_check(
+    stack: str, out_dir: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> tuple[Rendered, list[Path], list[Violation]]:
+    """What ``make render`` does: render ``stack`` (with config ``overrides``) under mocks, write it to
+    ``out_dir`` (default ``build/render/<stack>``) and run the pack over it."""
+    rendered = render.render(stack, overrides)
     written = render.write(rendered, out_dir or BUILD_DIR / stack)
     return rendered, written, check_rendered(rendered)
+
+
+def identities(rendered: Rendered) -> list[str]:
+    """One line per Google role a workload's or the nodes' service account holds, and per Workload
+    Identity binding: who can do what, on which resource."""
+    lines = []
+    for r in rendered.resources:
+        inputs = r.inputs
+        if r.type in rules.PROJECT_IAM:
+            lines.append(f"{inputs.get('member')}: {inputs.get('role')} on project {inputs.get('project')}")
+        elif r.type in rules.BUCKET_IAM:
+            condition = _condition(inputs)
+            lines.append(f"{inputs.get('member')}: {inputs.get('role')} on bucket {inputs.get('bucket')}{condition}")
+        elif r.type == rules.SA_IAM_MEMBER:
+            lines.append(f"{inputs.get('member')}: {inputs.get('role')} on {inputs.get('serviceAccountId')}")
+    return sorted(lines)
+
+
+def _condition(inputs: Mapping[str, Any]) -> str:
+    condition = inputs.get("condition")
+    return f" if {condition.get('expression')}" if isinstance(condition, Mapping) else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m policy.offline STACK [--out DIR]``: exit 1 on a mandatory violation, 2 on bad config."""
     parser = argparse.ArgumentParser(prog="python -m policy.offline", description=main.__doc__)
-    parser.add_argument("stack", choices=render.stack_names())
+    parser.add_argument("stack", type=render.stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("--out", type=Path, help="output folder (default build/render/STACK)")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
+    args = parser.parse_intermixed_args(argv)
     try:
-        rendered, written, violations = render_and_check(args.stack, args.out)
-    except render.config.ConfigError as err:
+        overrides = render.parse_overrides(args.overrides)
+        rendered, written, violations = render_and_check(args.stack, args.out, overrides)
+    except (render.config.ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = written[-1].parent
     print(f"{args.stack}: {len(rendered.resources)} resources, {len(written) - 1} Kubernetes manifests -> {out}")
+    print("Google identities (who holds which role, on what):")
+    for line in identities(rendered):
+        print(f"  {line}")
     for v in violations:
         print(v)
     blocking = mandatory(violations)

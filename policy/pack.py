@@ -43,11 +43,13 @@ def stack_facts(config: Mapping[str, Any] | None = None, stack: str | None = Non
     stack = stack if stack is not None else pulumi.get_stack()
     if config is None:
         cfg = pulumi.Config(PROJECT)
-        config = {k: cfg.get(k) for k in ("env", "team", "onDemandFallback")}
+        config = {k: cfg.get(k) for k in ("env", "team", "onDemandFallback", "datasetUri", "outputUri")}
     return rules.StackFacts(
         stack=stack,
         on_demand_fallback=str(config.get("onDemandFallback") or "false").lower() == "true",
         labels={"env": config.get("env") or stack, "app": contract.APP, "team": config.get("team") or None},
+        dataset_uri=str(config.get("datasetUri") or "").strip().rstrip("/"),
+        output_uri=str(config.get("outputUri") or "").strip().rstrip("/"),
     )
 
 
@@ -56,7 +58,12 @@ def _resource_policy(rule: rules.Rule) -> ResourceValidationPolicy:
     assert check is not None
 
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
-        for message in check(args.resource_type, args.props, stack_facts(stack=stack_of(args.urn))):
+        facts = stack_facts(stack=stack_of(args.urn))
+        if rule.reads_protect:
+            messages = check(args.resource_type, args.props, facts, protect=bool(getattr(args.opts, "protect", False)))
+        else:
+            messages = check(args.resource_type, args.props, facts)
+        for message in messages:
             report(message, None)
 
     return ResourceValidationPolicy(rule.name, rule.description, validate, LEVELS[rule.level])

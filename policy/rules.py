@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import contract, gke
-from infra.config import END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS
+from infra.config import DELETION_PROTECTION_TIERS, END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS, GcsUri
 
 MANDATORY, ADVISORY = "mandatory", "advisory"
 
@@ -32,6 +32,10 @@ NETWORK = "gcp:compute/network:Network"
 COMPUTE_CLASS = "kubernetes:cloud.google.com/v1:ComputeClass"
 SECRET = "kubernetes:core/v1:Secret"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
+SA_IAM_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
+PROJECT_IAM = ("gcp:projects/iAMMember:IAMMember", "gcp:projects/iAMBinding:IAMBinding")
+BUCKET_IAM = ("gcp:storage/bucketIAMMember:BucketIAMMember", "gcp:storage/bucketIAMBinding:BucketIAMBinding")
 
 # Where each workload kind keeps its pod template (the pod spec is its "spec").
 POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -62,6 +66,8 @@ UNLABELLED: frozenset[str] = frozenset(
         "gcp:compute/router:Router",
         "gcp:compute/routerNat:RouterNat",
         "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember",
+        "gcp:serviceaccount/iAMMember:IAMMember",
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
     }
 )
 
@@ -85,6 +91,9 @@ class StackFacts:
     stack: str
     on_demand_fallback: bool = False
     labels: Mapping[str, str | None] = field(default_factory=lambda: {"env": None, "app": contract.APP, "team": None})
+    # The stack's datasetUri and outputUri ('' when unset): the only buckets its workloads may be granted.
+    dataset_uri: str = ""
+    output_uri: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ class Rule:
     level: str
     check_resource: ResourceCheck | None = None
     check_stack: StackCheck | None = None
+    # The resource check also takes ``protect=`` (the resource's ``protect`` option, from the engine).
+    reads_protect: bool = False
 
 
 # --- reading properties -----------------------------------------------------------------------------
@@ -188,8 +199,18 @@ def image_pinned_by_digest(type_: str, props: Mapping[str, Any], facts: StackFac
     return problems
 
 
+def _is_share_preparation(template: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    """The one root container allowed: the share-preparation step (infra/share_prep.py), which drops every
+    capability but CHOWN. A new Filestore share is root-owned and fsGroup does nothing for NFS."""
+    if _get(template, "metadata", "labels", contract.COMPONENT_LABEL) != contract.SHARE_PREP:
+        return False
+    caps = _map(_get(container, "securityContext", "capabilities"))
+    return _list(caps.get("drop")) == ["ALL"] and _list(caps.get("add")) == ["CHOWN"]
+
+
 def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees."""
+    """A root process escaping a container owns the node; the restricted Pod Security Standard agrees.
+    The share-preparation step may run as root with CHOWN alone; it is still never privileged."""
     template = pod_template(type_, props)
     if template is None:
         return []
@@ -203,12 +224,14 @@ def containers_run_as_non_root(type_: str, props: Mapping[str, Any], facts: Stac
         def effective(key: str, context: Mapping[str, Any] = context) -> Any:
             return context[key] if key in _keys(context) else _get(pod_context, key)
 
-        if effective("runAsNonRoot") is not True:
+        if _is_share_preparation(template, c):
+            pass  # root by design, with CHOWN only: privilege checks below still apply
+        elif effective("runAsNonRoot") is not True:
             problems.append(f"{where} does not set runAsNonRoot: true (pod or container securityContext)")
         uid = effective("runAsUser")
         if uid is None:
             problems.append(f"{where} sets no runAsUser; give it a non-zero uid")
-        elif uid == 0:
+        elif uid == 0 and not _is_share_preparation(template, c):
             problems.append(f"{where} runs as uid 0 (root)")
         if context.get("privileged") is True:
             problems.append(f"{where} is privileged")
@@ -256,8 +279,25 @@ def cost_labels(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list
     return problems
 
 
-def prod_deletion_protection(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
-    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share."""
+def prod_deletion_protection(
+    type_: str, props: Mapping[str, Any], facts: StackFacts, protect: bool = False
+) -> list[str]:
+    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share.
+
+    Filestore's own deletion protection exists on ZONAL, REGIONAL and ENTERPRISE only: on a BASIC tier
+    the argument fails the create (in any stack), and Pulumi's ``protect`` option (``protect``: the
+    engine refuses the delete) is what guards a BASIC instance in prod.
+    """
+    if type_ == FILESTORE and _get(props, "tier") not in DELETION_PROTECTION_TIERS:
+        tier = _get(props, "tier")
+        if "deletionProtectionEnabled" in _keys(props) and props["deletionProtectionEnabled"] is not None:
+            return [
+                f"Filestore instance: tier {tier!r} has no deletion protection, and deletionProtectionEnabled "
+                "fails the create; leave it out and protect the resource with Pulumi's `protect` option"
+            ]
+        if facts.stack == PROTECTED_STACK and not protect:
+            return [f"Filestore instance: tier {tier!r} in stack {facts.stack!r} must have Pulumi's `protect` option"]
+        return []
     if facts.stack != PROTECTED_STACK:
         return []
     if type_ == CLUSTER:
@@ -544,6 +584,81 @@ def filestore_on_cluster_network(resources: Sequence[Resource], facts: StackFact
     return problems
 
 
+# Object roles a workload may hold on a bucket: read the dataset; write (and overwrite) results.
+READ_ROLES = frozenset({"roles/storage.objectViewer"})
+WRITE_ROLES = frozenset({"roles/storage.objectCreator", "roles/storage.objectUser"})
+# Basic roles carry every storage permission of the project.
+BASIC_ROLES = frozenset({"roles/owner", "roles/editor", "roles/viewer"})
+WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
+
+
+def _workload_accounts(resources: Sequence[Resource]) -> set[str]:
+    """Emails of the Google service accounts that pods act as: named by a Kubernetes service account's
+    Workload Identity annotation, or trusting a workload identity pool member."""
+    emails = set()
+    for ksa in _of_type(resources, SERVICE_ACCOUNT):
+        email = _get(ksa.props, "metadata", "annotations", contract.GCP_SERVICE_ACCOUNT_ANNOTATION)
+        if isinstance(email, str) and email:
+            emails.add(email)
+    for binding in _of_type(resources, SA_IAM_MEMBER):
+        member = str(_get(binding.props, "member") or "")
+        if _get(binding.props, "role") == WORKLOAD_IDENTITY_USER and ".svc.id.goog[" in member:
+            # serviceAccountId: projects/<project>/serviceAccounts/<email>
+            emails.add(str(_get(binding.props, "serviceAccountId") or "").rsplit("/", 1)[-1])
+    return emails
+
+
+def _granted_to(grant: Resource, emails: set[str]) -> list[str]:
+    members = [_get(grant.props, "member")] if "member" in _keys(grant.props) else []
+    members += _list(_get(grant.props, "members"))
+    return [str(m)[len("serviceAccount:") :] for m in members if str(m).removeprefix("serviceAccount:") in emails]
+
+
+def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """A pod's identity reaches the user's data, so it gets the narrowest role on the narrowest resource:
+    object read on the datasetUri bucket, object write under the outputUri prefix, nothing project-wide."""
+    workloads = _workload_accounts(resources)
+    if not workloads:
+        return []
+    dataset, output = GcsUri.split(facts.dataset_uri), GcsUri.split(facts.output_uri)
+    problems = []
+    for grant in resources:
+        if grant.type in PROJECT_IAM:
+            role = _get(grant.props, "role")
+            if str(role).startswith("roles/storage.") or role in BASIC_ROLES:
+                for email in _granted_to(grant, workloads):
+                    problems.append(
+                        (
+                            grant.urn,
+                            f"{grant.type.rsplit(':', 1)[-1]} {grant.name!r}: grants {role} on the whole project to "
+                            f"workload service account {email}; grant object roles on the datasetUri/outputUri "
+                            "bucket instead",
+                        )
+                    )
+        if grant.type not in BUCKET_IAM:
+            continue
+        role = _get(grant.props, "role")
+        # The provider reports the bucket as "b/<name>" once created; inputs name it plainly.
+        bucket = str(_get(grant.props, "bucket") or "").removeprefix("b/")
+        expression = str(_get(grant.props, "condition", "expression") or "")
+        for email in _granted_to(grant, workloads):
+            where = f"{grant.type.rsplit(':', 1)[-1]} {grant.name!r}: {role} on bucket {bucket!r} for {email}"
+            if role in READ_ROLES and dataset and bucket == dataset.bucket:
+                continue
+            if role in WRITE_ROLES and output and bucket == output.bucket:
+                limit = f'resource.name.startsWith("{output.objects}")'
+                if not (output.prefix and expression.strip() == limit):
+                    problems.append((grant.urn, f"{where}: write access must be limited to {limit}"))
+                continue
+            allowed = [f"objectViewer on {facts.dataset_uri}"] if dataset else []
+            allowed += [f"objectCreator/objectUser under {facts.output_uri}"] if output else []
+            what = f"workloads may only hold {' or '.join(allowed)}" if allowed else (
+                "workloads hold no bucket roles unless datasetUri or outputUri is set"
+            )
+            problems.append((grant.urn, f"{where}: {what}"))
+    return problems
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "training-on-spot",
@@ -589,10 +704,19 @@ RULES: tuple[Rule, ...] = (
         check_stack=filestore_on_cluster_network,
     ),
     Rule(
+        "workload-storage-scope",
+        "Workload service accounts hold object roles on the datasetUri bucket (read) and under the outputUri "
+        "prefix (write) only, never project-wide storage roles or roles on other buckets",
+        MANDATORY,
+        check_stack=workload_storage_scope,
+    ),
+    Rule(
         "prod-deletion-protection",
-        "Stack prod keeps deletion protection on its cluster and Filestore",
+        "Stack prod keeps deletion protection on its cluster and Filestore (Pulumi's protect on BASIC tiers, "
+        "which take no deletionProtectionEnabled)",
         MANDATORY,
         check_resource=prod_deletion_protection,
+        reads_protect=True,
     ),
     Rule(
         "cost-labels",

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (contract.ENV_WORKER_ID, "worker", "pod-7", "worker_id", "pod-7"),
     (contract.ENV_LEASE_TTL, "worker", "45", "lease_ttl", 45.0),
     (contract.ENV_CHECKPOINT_INTERVAL, "worker", "12", "checkpoint_interval", 12.0),
-    (contract.ENV_MAX_ATTEMPTS, "seed", "9", "max_attempts", 9),
+    (contract.ENV_MAX_ATTEMPTS, "worker", "9", "max_attempts", 9),
+    (contract.ENV_RUNS_FILE, "seed", "/etc/x/runs.json", "runs_file", "/etc/x/runs.json"),
+    (contract.ENV_DATASETS_SRC, "seed", "gs://acme/fraud", "datasets", "gs://acme/fraud"),
 ])
 def test_every_env_var_the_jobs_set_is_read_by_the_cli(monkeypatch, name, verb, value, attr, expected) -> None:
     monkeypatch.setenv(name, value)
@@ -32,10 +34,44 @@ def test_the_password_variable_is_the_one_the_queue_client_reads() -> None:
 
 def test_job_arguments_parse_and_name_a_real_preset() -> None:
     for preset in simulator.PRESETS:
-        args = cli.parser().parse_args(contract.loader_args(preset, ("main", "wide")))
-        assert args.command == "seed" and args.preset == preset and args.run == ["main", "wide"]
+        args = cli.parser().parse_args(contract.loader_args("fraud", preset, None))
+        assert args.command == "seed" and args.preset == preset and args.runs_file == contract.RUNS_FILE
+        assert args.dataset == "fraud" and not args.datasets and not args.run
+    args = cli.parser().parse_args(contract.loader_args("exports", "cluster", "gs://acme-fraud/exports"))
+    assert args.datasets == "gs://acme-fraud/exports" and args.runs_file == contract.RUNS_FILE
+    assert args.dataset == "exports"
     assert cli.parser().parse_args(contract.WORKER_ARGS).command == "worker"
     assert cli.parser().parse_args(contract.STATUS_ARGS).command == "status"
+
+
+def test_simulated_data_keeps_the_dataset_name_seed_uses_by_default() -> None:
+    """A stack deployed before datasetName existed must find its dataset where seed put it."""
+    from infra import config
+
+    assert config.SIMULATED_DATASET == cli.DEFAULT_DATASET
+
+
+def test_the_runs_file_the_stack_mounts_is_what_seed_reads(tmp_path: Path) -> None:
+    """The ConfigMap holds the stack's `runs` as infra.config wrote it; seed's loader parses it strictly."""
+    from infra import config, render
+
+    cfg = config.load(render.stack_config("dev", {"runs": {"main": {}, "wide": {"hidden": [128, 64]}}}), "dev")
+    runs_file = tmp_path / contract.RUNS_KEY
+    runs_file.write_text(cfg.jobs.runs_json)
+    args = cli.parser().parse_args(["seed", "--runs-file", str(runs_file)])
+    runs = cli.load_runs(args)
+    assert set(runs) == {"main", "wide"} and runs["wide"].hidden == (128, 64)
+
+
+def test_the_output_uri_the_training_pods_get_is_where_the_worker_exports(monkeypatch) -> None:
+    """The training Job sets OUTPUT_URI; the worker's hook and `export --to` read that same variable."""
+    from workload import export
+
+    assert export.OUTPUT_URI_ENV == contract.ENV_OUTPUT_URI
+    monkeypatch.setenv(contract.ENV_OUTPUT_URI, "gs://acme-results/spot")
+    assert cli.parser().parse_args(["export", "--run", "main"]).to == "gs://acme-results/spot"
+    args = cli.parser().parse_args(contract.export_args("wide", "gs://acme-results/other"))
+    assert (args.command, args.run, args.to) == ("export", "wide", "gs://acme-results/other")
 
 
 def test_the_image_runs_as_the_uid_the_pods_require() -> None:
@@ -44,3 +80,35 @@ def test_the_image_runs_as_the_uid_the_pods_require() -> None:
     assert f"SHARE_DIR={contract.SHARE_DIR}" in dockerfile
     assert (ROOT / contract.IMAGE_CONTEXT / "requirements.txt").is_file()
     assert 'ENTRYPOINT ["python", "-m", "workload"]' in dockerfile
+
+
+def test_the_presets_the_config_allows_are_the_simulators() -> None:
+    """``datasetPreset`` is validated at preview against contract.DATASET_PRESETS: it must be the image's list."""
+    assert tuple(simulator.PRESETS) == contract.DATASET_PRESETS
+
+
+def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tmp_path: Path) -> None:
+    """The smallest and oddest values preview lets through parse in the worker's own CLI (no exit 2)."""
+    import json
+
+    from infra import config, render
+    from workload.paths import check_name
+
+    runs = {"main": {}, "lr-small": {"lr": 1e-06, "epochs": 1, "hidden": []}, "r" * 63: {"seed": 0}}
+    values = {"runs": json.dumps(runs), "leaseTtlSeconds": "5", "checkpointIntervalSeconds": "1",
+              "maxAttempts": "1", "datasetPreset": "small", "datasetUri": "gs://a-b/x.y_z/Q1+2024"}  # fmt: skip
+    cfg = config.load({**render.stack_config("dev"), **{f"spot-trainer:{k}": v for k, v in values.items()}}, "dev")
+    monkeypatch.setenv(contract.ENV_LEASE_TTL, str(cfg.jobs.lease_ttl_seconds))
+    monkeypatch.setenv(contract.ENV_CHECKPOINT_INTERVAL, str(cfg.jobs.checkpoint_interval_seconds))
+    monkeypatch.setenv(contract.ENV_MAX_ATTEMPTS, str(cfg.jobs.max_attempts))
+    worker = cli.parser().parse_args(contract.WORKER_ARGS)
+    assert worker.lease_ttl == 5.0 and worker.checkpoint_interval == 1.0 and worker.max_attempts == 1
+    args = contract.loader_args(cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri)
+    runs_file = tmp_path / contract.RUNS_KEY
+    runs_file.write_text(cfg.jobs.runs_json)
+    args[args.index("--runs-file") + 1] = str(runs_file)
+    seed = cli.parser().parse_args(args)
+    assert seed.datasets == "gs://a-b/x.y_z/Q1+2024"
+    assert check_name(seed.dataset, "dataset") == "Q1-2024"
+    assert set(cli.load_runs(seed)) == set(runs)
+    assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)

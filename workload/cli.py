@@ -1,6 +1,7 @@
-"""Command line (also the container entrypoint): seed, worker, status, local.
+"""Command line (also the container entrypoint): seed, worker, status, export, score, local.
 
-Every flag has an environment variable, so a Kubernetes Job configures the same code by env.
+Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;
+`--help` on each command names them, with defaults and an example.
 The Redis password is read from REDIS_PASSWORD only: never a flag, never logged.
 """
 
@@ -10,17 +11,18 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
+import tempfile
+import textwrap
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from workload import dataset as ds
-from workload import plan, report, simulator
+from workload import plan, publish, report, simulator, source
 from workload.hparams import HParams, parse_runs
 from workload.paths import REPORT_TXT, check_name, share_paths
 from workload.queue import QueueUnavailable, WorkQueue, connect
@@ -60,20 +62,28 @@ def positive(kind: type, what: str) -> Any:
     return parse
 
 
-def add_common(p: argparse.ArgumentParser, share: bool = True) -> None:
-    if share:
-        p.add_argument("--share", type=Path, default=Path(env("SHARE_DIR", "/mnt/share")),
-                       help="the shared volume (env SHARE_DIR; default /mnt/share)")
+def add_share(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--share", type=Path, default=Path(env("SHARE_DIR", "/mnt/share")),
+                   help="the shared volume: datasets/, runs/, output/ (env SHARE_DIR; default /mnt/share)")
+
+
+def add_redis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=env("REDIS_URL", "redis://localhost:6379/0"),
-                   help="Redis URL without password (env REDIS_URL); the password comes from env REDIS_PASSWORD")
-    p.add_argument("--queue-prefix", default=env("QUEUE_PREFIX", "spottrain"), help="Redis key prefix")
+                   help="Redis URL without the password, which comes from env REDIS_PASSWORD only "
+                        "(env REDIS_URL; default redis://localhost:6379/0)")
+    p.add_argument("--queue-prefix", default=env("QUEUE_PREFIX", "spottrain"),
+                   help="prefix of the queue's Redis keys (env QUEUE_PREFIX; default spottrain)")
+
+
+def add_attempts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-attempts", type=positive(int, "--max-attempts"), default=int(env("MAX_ATTEMPTS", 5)),
                    help="failed attempts before an item is dead-lettered (env MAX_ATTEMPTS; default 5)")
 
 
-def make_queue(args: argparse.Namespace) -> WorkQueue:
-    return WorkQueue(connect(args.redis_url, env("REDIS_PASSWORD")), args.queue_prefix,
-                     max_attempts=args.max_attempts, retry_for_s=float(env("REDIS_RETRY_SECONDS", 300)))
+def make_queue(args: argparse.Namespace, password: str | None = None) -> WorkQueue:
+    return WorkQueue(connect(args.redis_url, password or env("REDIS_PASSWORD")), args.queue_prefix,
+                     max_attempts=getattr(args, "max_attempts", 5),
+                     retry_for_s=float(env("REDIS_RETRY_SECONDS", 300)))
 
 
 # -- seed -------------------------------------------------------------------------------------------
@@ -106,43 +116,35 @@ def simulation_spec(args: argparse.Namespace) -> simulator.SimulationSpec:
     return replace(spec, **overrides)
 
 
+def simulated_source(spec: simulator.SimulationSpec) -> str:
+    """The source a simulated dataset records: the simulator and every parameter of the draw."""
+    return "simulator:" + ",".join(f"{k}={v}" for k, v in asdict(spec).items())
+
+
 def place_dataset(args: argparse.Namespace, root: Path) -> None:
-    """Lay the dataset out on the share once: copy `--datasets` or simulate, validate, then publish
-    it with one rename, so a seeder killed half-way leaves nothing a worker could read."""
-    tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        if args.datasets:
-            src = Path(args.datasets)
-            for role in ds.ROLES:
-                if not (src / role).is_dir():
-                    raise UsageError(f"--datasets {src}: no {role}/ folder (expected training/ and testing/)")
-                (tmp / role).mkdir(parents=True)
-                for f in sorted((src / role).iterdir()):
-                    if f.is_file() and not f.name.startswith("."):
-                        ds.check_suffix(f)
-                        shutil.copyfile(f, tmp / role / f.name)
-            log.info("copied %s to the share", src)
-        else:
-            spec = simulation_spec(args)
-            log.info("simulating transactions: %s", spec)
-            started = time.monotonic()
-            simulator.generate(tmp, spec)
-            log.info("simulated %d days in %.1fs", spec.train_days + spec.test_days, time.monotonic() - started)
-        entries = ds.write_manifest(tmp)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if not (root / ds.MANIFEST).exists():
-                raise
-            log.info("another seeder published %s first; using it", root)
-        else:
-            rows = sum(e["rows"] for e in entries)
-            frauds = sum(e["frauds"] for e in entries)
-            log.info("dataset %s: %d files, %d transactions, %d fraudulent (%.2f%%)", root, len(entries), rows,
-                     frauds, 100 * frauds / max(rows, 1))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Publish the dataset from `--datasets` (a folder or gs://bucket/prefix) or simulate it (see
+    workload.publish for the rules: one source per dataset, immutable days, appended new days)."""
+    if args.datasets:
+        outcome = publish.publish(root, source.open_source(args.datasets))
+        log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
+                 outcome.unchanged)
+        return
+    spec = simulation_spec(args)
+    uri = simulated_source(spec)
+    if (root / ds.MANIFEST).exists():
+        recorded = publish.recorded_source(root)
+        if recorded is None:  # laid out by hand before sources were recorded
+            log.info("dataset %s is already on the share: not touching it", root)
+            return
+        publish.check_source(root, ds.read_manifest(root), uri)
+        log.info("dataset %s (%s) is already on the share", root, uri)
+        return
+    log.info("simulating transactions: %s", spec)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=root.parent, prefix=f".{root.name}.simulated-") as tmp:
+        simulator.generate(Path(tmp), spec)
+        log.info("simulated %d days in %.1fs", spec.train_days + spec.test_days, time.monotonic() - started)
+        publish.publish(root, source.LocalSource(Path(tmp), uri=uri))
 
 
 def store_features(root: Path) -> None:
@@ -165,12 +167,8 @@ def seed(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
-    root = datasets_dir / name
-    if (root / ds.MANIFEST).exists():
-        log.info("dataset %s is already on the share: not touching it", root)
-    else:
-        place_dataset(args, root)
-    store_features(root)
+    place_dataset(args, datasets_dir / name)
+    store_features(datasets_dir / name)
     queue = make_queue(args)
     for run, hp in runs.items():
         try:
@@ -218,7 +216,16 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- status -----------------------------------------------------------------------------------------
 def status(args: argparse.Namespace) -> int:
-    queue = make_queue(args)
+    password = None
+    if args.dir:  # a running `make local`: its Redis and share, from the local folder
+        from workload.local import LocalNotRunning, read_connection
+
+        try:
+            conn = read_connection(args.dir)
+        except LocalNotRunning as exc:
+            raise UsageError(str(exc)) from None
+        args.redis_url, args.share, password = conn.url, conn.share, conn.password
+    queue = make_queue(args, password)
     snap = queue.snapshot()
     c = queue.counts()
     out = [f"queue {args.queue_prefix}: {c.total} items: {c.pending} pending, {c.leased} leased, {c.done} done, "
@@ -245,52 +252,146 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- parser -----------------------------------------------------------------------------------------
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workload", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
+# -- export, score ---------------------------------------------------------------------------------
+def export_cmd(args: argparse.Namespace) -> int:
+    from workload import export  # torch: only those who export pay for it
 
-    s = sub.add_parser("seed", help="put the dataset on the share and enqueue (run, shard) items; idempotent")
-    add_common(s)
-    s.add_argument("--run", action="append", help="run name (repeatable; default 'main')")
+    if not args.to:
+        raise UsageError("--to is required (or env OUTPUT_URI): a folder, or gs://bucket/prefix")
+    try:
+        where = export.export_run(args.share, args.run, args.to)
+    except (export.ExportError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--share {args.share}: cannot read run {args.run!r} ({exc})") from None
+    print(where)
+    return 0
+
+
+def score_cmd(args: argparse.Namespace) -> int:
+    from workload import export, score  # torch: only those who score pay for it
+
+    try:
+        score.score_dataset(args.model, args.datasets, args.out, args.days)
+    except (score.ScoreError, export.ModelFileError) as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # an unreadable data file: the message names it
+        raise UsageError(f"--datasets {args.datasets}: {exc}") from None
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------------
+def _sub(sub: Any, name: str, summary: str, example: str, more: str = "") -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does (`summary`, then `more`) and ends with one example."""
+    description = textwrap.fill(f"{summary}. {more}".strip(), 100, break_on_hyphens=False)
+    return sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workload", description=__doc__.split("\n")[0],
+                                epilog="`python -m workload COMMAND --help` explains each command, with an example. "
+                                       "LOG_LEVEL (default INFO) sets the log level of every command.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = _sub(sub, "seed", "put the dataset on the share and enqueue one item per (run, training day); idempotent",
+             "python -m workload seed --runs-file sweep.json --datasets ./data --dataset fraud")
+    add_share(s)
+    add_redis(s)
+    s.add_argument("--run", action="append",
+                   help="run name, repeatable; with default hyperparameters (no env; default: 'main' when "
+                        "neither --run nor --runs-file is given)")
     s.add_argument("--runs-file", default=env("RUNS_FILE"),
-                   help="JSON {run name: {hyperparameters}}, e.g. a sweep (env RUNS_FILE)")
+                   help='JSON {run name: {hyperparameters}}, e.g. {"main": {}, "wide": {"hidden": [128, 64]}} '
+                        "(env RUNS_FILE; default none)")
     s.add_argument("--datasets", default=env("DATASETS_SRC"),
-                   help="copy this folder (training/*.parquet|csv, testing/*) instead of simulating")
-    s.add_argument("--dataset", default=env("DATASET", DEFAULT_DATASET), help="dataset name on the share")
+                   help="publish the dataset from this folder or gs://bucket/prefix (history/, training/, "
+                        "testing/ of *.parquet|*.csv; new days are added on the next seed) instead of "
+                        "simulating (env DATASETS_SRC; default none: simulate --preset)")
+    s.add_argument("--dataset", default=env("DATASET", DEFAULT_DATASET),
+                   help=f"dataset name on the share (env DATASET; default {DEFAULT_DATASET})")
     s.add_argument("--preset", default=env("DATASET_PRESET", "small"),
-                   help=f"simulator preset: {', '.join(simulator.PRESETS)} (env DATASET_PRESET; default small)")
+                   help=f"simulator preset when --datasets is not given: {', '.join(simulator.PRESETS)} "
+                        "(env DATASET_PRESET; default small)")
     for flag, kind in (("customers", int), ("terminals", int), ("train-days", int), ("test-days", int)):
-        s.add_argument(f"--{flag}", type=positive(kind, f"--{flag}"), help="override the preset")
-    s.add_argument("--start-date", help="first simulated day, YYYY-MM-DD (overrides the preset)")
-    s.add_argument("--sim-seed", type=int, help="simulator seed (overrides the preset)")
+        s.add_argument(f"--{flag}", type=positive(kind, f"--{flag}"),
+                       help="override the preset's number of " + flag.replace("-", " ") + " (no env; default: the "
+                            "preset's)")
+    s.add_argument("--start-date", help="first simulated day, YYYY-MM-DD (no env; default: the preset's)")
+    s.add_argument("--sim-seed", type=int, help="simulator seed (no env; default: the preset's)")
     s.set_defaults(fn=seed)
 
-    w = sub.add_parser("worker", help="drain the queue; exit 0 only when everything is done or dead-lettered")
-    add_common(w)
-    w.add_argument("--worker-id", default=env("WORKER_ID"), help="name in leases and logs (env WORKER_ID)")
+    w = _sub(sub, "worker", "drain the queue: claim, train, checkpoint, report, ack; exit 0 only when every item is "
+             "done or dead-lettered",
+             "REDIS_PASSWORD=... python -m workload worker --share /mnt/share --redis-url redis://redis:6379/0",
+             more="With env OUTPUT_URI set (a folder or gs://bucket/prefix), the worker that acks a run's last "
+                  "day exports the run there, as `export` does; a failed export is only a warning.")
+    add_share(w)
+    add_redis(w)
+    add_attempts(w)
+    w.add_argument("--worker-id", default=env("WORKER_ID"),
+                   help="name in leases and logs (env WORKER_ID; default HOSTNAME-PID)")
     w.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=float(env("LEASE_TTL_SECONDS", 30)),
-                   help="seconds a lease lives without heartbeat (env LEASE_TTL_SECONDS; default 30)")
+                   help="seconds a lease lives without a heartbeat (env LEASE_TTL_SECONDS; default 30)")
     w.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"),
                    default=float(env("CHECKPOINT_INTERVAL_SECONDS", 10)),
-                   help="seconds of training between mid-shard checkpoints (env CHECKPOINT_INTERVAL_SECONDS)")
-    w.add_argument("--threads", type=positive(int, "--threads"),
-                   default=int(env("TORCH_THREADS", 0)) or None, help="torch CPU threads (env TORCH_THREADS)")
+                   help="seconds of training between mid-shard checkpoints (env CHECKPOINT_INTERVAL_SECONDS; "
+                        "default 10)")
+    w.add_argument("--threads", type=positive(int, "--threads"), default=int(env("TORCH_THREADS", 0)) or None,
+                   help="torch CPU threads (env TORCH_THREADS; default: torch's choice)")
     w.set_defaults(fn=worker)
 
-    st = sub.add_parser("status", help="pending, leased (by whom, until when), done, dead-lettered, per run")
-    add_common(st)
+    st = _sub(sub, "status", "the queue per run: pending, leased (by whom, until when), done, dead-lettered, "
+              "latest test figures", "python -m workload status --dir local    # the Redis of a running `make local`")
+    add_share(st)
+    add_redis(st)
+    st.add_argument("--dir", type=Path,
+                    help="the folder of a running `python -m workload local` (`make local`: local): use its Redis "
+                         "and share instead of --redis-url/--share (no env; default none)")
     st.set_defaults(fn=status)
 
-    lo = sub.add_parser("local", help="everything on this machine: embedded Redis, local share, N workers")
-    lo.add_argument("--workers", type=positive(int, "--workers"), default=2)
-    lo.add_argument("--dir", type=Path, default=Path("local"), help="where the share and Redis data live")
-    lo.add_argument("--datasets", help="copy this dataset folder instead of simulating")
-    lo.add_argument("--preset", default="small", help=f"simulator preset: {', '.join(simulator.PRESETS)}")
-    lo.add_argument("--run", action="append", help="run name (repeatable; default 'main')")
-    lo.add_argument("--runs-file", help="JSON {run name: {hyperparameters}}")
-    lo.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"), default=5.0)
-    lo.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=15.0)
+    ex = _sub(sub, "export", "copy a run's report, metrics.jsonl, pictures and model (safetensors: weights, "
+              "normalisation, feature names; no pickle) to FOLDER/RUN/ or gs://BUCKET/PREFIX/RUN/; idempotent",
+              "python -m workload export --share local/share --run main --to gs://my-bucket/results")
+    add_share(ex)
+    ex.add_argument("--run", default=DEFAULT_RUN, help=f"the run to export (no env; default {DEFAULT_RUN})")
+    ex.add_argument("--to", default=env("OUTPUT_URI"),
+                    help="a local folder or gs://bucket/prefix; the run lands in <to>/<run>/ "
+                         "(env OUTPUT_URI; no default)")
+    ex.set_defaults(fn=export_cmd)
+
+    sc = _sub(sub, "score", "score transactions with an exported model (the worker's features and history "
+              "windows) and write a Parquet of TRANSACTION_ID, score",
+              "python -m workload score --model results/main/model.safetensors --datasets local/share/datasets/fraud "
+              "--out scores.parquet")
+    sc.add_argument("--model", type=Path, required=True,
+                    help="a model.safetensors written by `export` (no env; required)")
+    sc.add_argument("--datasets", type=Path, required=True,
+                    help="a dataset folder laid out as for seed (training/, testing/), or one on the share "
+                         "(SHARE/datasets/NAME); earlier days only feed the feature windows (no env; required)")
+    sc.add_argument("--out", type=Path, default=Path("scores.parquet"),
+                    help="the Parquet file to write (no env; default scores.parquet)")
+    sc.add_argument("--days", choices=("testing", "all"), default="testing",
+                    help="which days to score: testing (the testing/ days) or all (training and testing) "
+                         "(no env; default testing)")
+    sc.set_defaults(fn=score_cmd)
+
+    lo = _sub(sub, "local", "everything on this machine: an embedded Redis, a local folder as the share, N worker "
+              "processes; run it again to resume",
+              "python -m workload local --runs-file sweep.json --workers 3    # `make local ARGS=...`")
+    lo.add_argument("--workers", type=positive(int, "--workers"), default=2,
+                    help="worker processes (no env; default 2)")
+    lo.add_argument("--dir", type=Path, default=Path("local"),
+                    help="where the share, the Redis data and the logs live (no env; default local)")
+    lo.add_argument("--datasets", help="copy this dataset folder instead of simulating (no env; default none)")
+    lo.add_argument("--preset", default="small",
+                    help=f"simulator preset: {', '.join(simulator.PRESETS)} (no env; default small)")
+    lo.add_argument("--run", action="append", help="run name, repeatable (no env; default 'main')")
+    lo.add_argument("--runs-file", help="JSON {run name: {hyperparameters}}, e.g. a sweep (no env; default none)")
+    lo.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"), default=5.0,
+                    help="seconds of training between mid-shard checkpoints (no env; default 5)")
+    lo.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=15.0,
+                    help="seconds a lease lives without a heartbeat (no env; default 15)")
     lo.set_defaults(fn=lambda a: __import__("workload.local", fromlist=["main"]).main(a))
     return p
 
@@ -305,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ds.DatasetError as exc:
         log.error("dataset problem: %s", exc)
+        return 2
+    except source.SourceError as exc:
+        log.error("dataset source: %s", exc)
         return 2
     except QueueUnavailable as exc:
         log.error("%s", exc)

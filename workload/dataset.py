@@ -1,16 +1,32 @@
-"""Datasets on the share: ``datasets/<name>/{training,testing}/*.{parquet,csv}`` plus a manifest.
+"""Datasets on the share: ``datasets/<name>/{history,training,testing}/*.{parquet,csv}`` plus a manifest.
 
-The manifest (written by ``seed``) records each file's first and last day, taken from
-``TX_DATETIME`` (never from file names), so feature windows can pull earlier days from the share.
+One file of transactions is read and checked here, whoever reads it (``seed`` before publishing,
+workers before training), and so are the rules that span a whole dataset: transaction IDs unique
+across all files, training and test days apart, how much history the features get.
+
+The manifest (written when a dataset is published, see ``workload.publish``) records each file's
+role, its first and last day and time, taken from ``TX_DATETIME`` (never from file names), and where
+it came from; workers pull feature history from earlier files through it. ``history/`` files only
+feed feature windows: never trained on, never evaluated.
+
+Files come as real exports do, and are accepted as they are: rows in any order (a file is ordered
+by ``TX_DATETIME``, ties by ``TRANSACTION_ID``), time-zone-aware timestamps (normalised to UTC),
+integer columns typed as floats or text (converted when no value changes). What cannot be read so
+is refused with one line that names the user's file, the row and the value.
+
 Paths from queue items are validated here: they must stay inside the dataset folder, and pickle
 is never read (a pickle on a shared read-write volume is remote code execution).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
+import stat
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,76 +41,307 @@ from workload.fsutil import atomic_write_text
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-ROLES = ("training", "testing")
+HISTORY, TRAINING, TESTING = "history", "training", "testing"
+ROLES = (HISTORY, TRAINING, TESTING)  # the folders of a dataset; history/ is optional
+REQUIRED_ROLES = (TRAINING, TESTING)
 _PICKLE_SUFFIXES = {".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz"}
+_SEPARATORS = {";": "';'", "\t": "a tab", "|": "'|'"}
+_TIMESTAMP_EXAMPLES = "2018-04-01 00:00:31, 2018-04-01T00:00:31Z, 2018-04-01 00:00:31+02:00, 2018-04-01 00:00:31 UTC"
 
 
 class DatasetError(ValueError):
     """A dataset file or path that can never be trained on as it is (the item is dead-lettered)."""
 
 
-def check_suffix(path: Path) -> None:
-    suffix = path.suffix.lower()
+def check_suffix(path: Path | str, where: str | None = None) -> None:
+    """Refuse pickle and any file type but Parquet and CSV, by name, before a byte is read."""
+    suffix = Path(path).suffix.lower()
+    where = where or str(path)
     if suffix in _PICKLE_SUFFIXES:
         raise DatasetError(
-            f"{path}: {suffix} files are never read (unpickling a file from a shared volume runs "
+            f"{where}: {suffix} files are never read (unpickling a file from a shared volume runs "
             f"arbitrary code); convert it to Parquet or CSV")
     if suffix not in schema.ALLOWED_SUFFIXES:
-        raise DatasetError(f"{path}: unsupported file type {suffix!r}; allowed: {', '.join(schema.ALLOWED_SUFFIXES)}")
+        raise DatasetError(f"{where}: unsupported file type {suffix!r}; allowed: {', '.join(schema.ALLOWED_SUFFIXES)}")
 
 
-def read_transactions(path: Path) -> pd.DataFrame:
-    """Read and validate one file of the tutorial schema; errors name the file and the column."""
+def _read_bytes(path: Path, where: str) -> bytes:
+    """The file's bytes. OSError here is the storage's fault (retried); what the bytes hold is judged later.
+
+    A FIFO or device named ``*.parquet`` would block a worker forever: only regular files are read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise DatasetError(f"{where}: not a regular file; a dataset holds Parquet or CSV files")
+    return path.read_bytes()
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it: text quoted, numbers plain (never numpy's repr)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's first line: messages stay one line, whatever a library says."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def read_transactions(path: Path, where: str | None = None) -> pd.DataFrame:
+    """Read, validate and order one file of the tutorial schema.
+
+    `where` is the user's own name for the file (a gs:// URI, their local path): errors name it,
+    not the copy on the share. Unreadable storage raises OSError; anything wrong with the bytes
+    themselves raises DatasetError in one line."""
     path = Path(path)
-    check_suffix(path)
+    where = where or str(path)
+    check_suffix(path, where)
+    data = _read_bytes(path, where)
+    if not data:
+        raise DatasetError(f"{where}: empty file (0 bytes); a day file holds a header and at least one transaction")
+    csv = path.suffix.lower() == ".csv"
     try:
-        if path.suffix.lower() == ".parquet":
-            frame = pq.read_table(path).to_pandas()
-        else:
-            frame = pd.read_csv(path)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - unreadable bytes: retried, then dead-lettered
-        raise OSError(f"{path}: unreadable {path.suffix} file: {exc}") from exc
-    return validate(frame, str(path))
+        frame = pd.read_csv(io.BytesIO(data)) if csv else pq.read_table(io.BytesIO(data)).to_pandas()
+    except Exception as exc:  # noqa: BLE001 - whatever the parser says, these bytes will never parse
+        kind = "CSV" if csv else "Parquet"
+        raise DatasetError(f"{where}: not a readable {kind} file ({one_line(exc)})") from None
+    if csv and len(frame.columns) == 1 and len(schema.COLUMNS) > 1:
+        header = str(frame.columns[0])
+        seen = next((name for sep, name in _SEPARATORS.items() if sep in header), None)
+        hint = f"it looks separated by {seen}" if seen else "no ',' in the header"
+        raise DatasetError(f"{where}: read a single column {header[:80]!r} ({hint}); "
+                           f"CSV files must be comma-separated with the columns {','.join(schema.COLUMNS)}")
+    if frame.empty:
+        what = "a header but no rows" if csv else "no rows"
+        raise DatasetError(f"{where}: the file has {what}; a day file holds at least one transaction")
+    return validate(frame, where, first_line=2 if csv else None)
 
 
-def validate(frame: pd.DataFrame, where: str) -> pd.DataFrame:
+def _position(first_line: int | None) -> Callable[[int], str]:
+    """How a user finds row i of their file: the line in a CSV (header on line 1), else the row."""
+    if first_line is None:
+        return lambda i: f"row {i + 1}"
+    return lambda i: f"line {i + first_line}"
+
+
+def _numbers(values: pd.Series, column: str, where: str, at: Callable[[int], str]) -> pd.Series:
+    """`values` as numbers; text columns are converted, and the first text that is no number is shown."""
+    if pd.api.types.is_bool_dtype(values):
+        return values.astype(np.int64)
+    if pd.api.types.is_numeric_dtype(values):
+        return values
+    if pd.api.types.is_datetime64_any_dtype(values) or pd.api.types.is_timedelta64_dtype(values):
+        raise DatasetError(f"{where}: column {column} must hold numbers, saw dtype {values.dtype}")
+    converted = pd.to_numeric(values, errors="coerce")
+    bad = np.flatnonzero(converted.isna().to_numpy())
+    if len(bad):
+        i = int(bad[0])
+        raise DatasetError(f"{where}: column {column} must hold numbers: {at(i)} has {_shown(values.iloc[i])}")
+    return converted
+
+
+def _timestamps(values: pd.Series, where: str, at: Callable[[int], str]) -> pd.Series:
+    """Timestamps in UTC without a zone; naive ones are taken as UTC, aware ones (Z, +02:00, UTC) converted."""
+    column = schema.TX_DATETIME
+    if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise DatasetError(f"{where}: column {column} holds numbers ({at(0)}: {_shown(values.iloc[0])}); "
+                           f"it must hold timestamps such as {_TIMESTAMP_EXAMPLES}")
+    try:
+        try:
+            parsed = pd.to_datetime(values, utc=True)
+        except (ValueError, TypeError):
+            parsed = pd.to_datetime(values, utc=True, format="mixed")  # rows written in different styles
+        return parsed.dt.tz_convert(None).astype("datetime64[ns]")
+    except (ValueError, TypeError, OverflowError):
+        pass
+    parsed = pd.to_datetime(values, utc=True, format="mixed", errors="coerce")
+    bad = np.flatnonzero(parsed.isna().to_numpy())
+    i = int(bad[0]) if len(bad) else 0
+    raise DatasetError(f"{where}: column {column} has an unparseable timestamp {_shown(values.iloc[i])} ({at(i)}); "
+                       f"write timestamps such as {_TIMESTAMP_EXAMPLES}") from None
+
+
+def validate(frame: pd.DataFrame, where: str, first_line: int | None = None) -> pd.DataFrame:
+    """The schema's columns with their kinds, ordered by time then transaction ID; DatasetError otherwise.
+
+    `first_line` is the file line of the first row in a CSV (so messages say "line N"), None for Parquet."""
+    at = _position(first_line)
     missing = [c for c in schema.COLUMNS if c not in frame.columns]
     if missing:
         raise DatasetError(f"{where}: missing column(s) {missing}; the schema is {list(schema.COLUMNS)}")
+    if frame.empty:
+        raise DatasetError(f"{where}: the file has no rows; a day file holds at least one transaction")
     out = pd.DataFrame(index=range(len(frame)))
     for column, kind in schema.COLUMNS.items():
         values = frame[column].reset_index(drop=True)
         if values.isna().any():
             row = int(np.flatnonzero(values.isna().to_numpy())[0])
-            raise DatasetError(f"{where}: column {column} has a missing value (row {row}); none are allowed")
+            raise DatasetError(f"{where}: column {column} has a missing value ({at(row)}); none are allowed")
         if kind == "datetime":
-            try:
-                values = pd.to_datetime(values)
-            except (ValueError, TypeError) as exc:
-                raise DatasetError(f"{where}: column {column} is not a timestamp: {exc}") from exc
-            out[column] = values.astype("datetime64[ns]")
-        elif kind == "int":
-            if not pd.api.types.is_numeric_dtype(values) or not np.all(np.mod(values.to_numpy(), 1) == 0):
-                raise DatasetError(f"{where}: column {column} must hold integers, saw dtype {values.dtype}")
-            out[column] = values.astype(np.int64)
+            out[column] = _timestamps(values, where, at)
+            continue
+        numbers = _numbers(values, column, where, at)
+        if kind == "int":
+            if pd.api.types.is_integer_dtype(numbers):
+                out[column] = numbers.to_numpy(dtype=np.int64)
+                continue
+            real = numbers.to_numpy(dtype=np.float64)
+            lossy = ~np.isfinite(real) | (np.floor(real) != real) | (np.abs(real) >= 2.0**63)
+            if lossy.any():
+                i = int(np.flatnonzero(lossy)[0])
+                raise DatasetError(f"{where}: column {column} must hold integers: {at(i)} has {_shown(values.iloc[i])}")
+            out[column] = real.astype(np.int64)
         else:
-            if not pd.api.types.is_numeric_dtype(values):
-                raise DatasetError(f"{where}: column {column} must hold numbers, saw dtype {values.dtype}")
-            if not np.isfinite(values.to_numpy(dtype=np.float64)).all():
-                raise DatasetError(f"{where}: column {column} has a non-finite value; amounts must be finite")
-            out[column] = values.astype(np.float64)
-    if (out[schema.TX_AMOUNT] < 0).any():
-        raise DatasetError(f"{where}: column {schema.TX_AMOUNT} has negative amounts; amounts must be >= 0")
-    if not out[schema.TX_FRAUD].isin([0, 1]).all():
-        raise DatasetError(f"{where}: column {schema.TX_FRAUD} must be 0 or 1")
-    ids = out[schema.TRANSACTION_ID].to_numpy()
-    if len(ids) and not (np.diff(ids) > 0).all():
-        kind = "duplicate" if len(np.unique(ids)) < len(ids) else "unsorted"
-        raise DatasetError(f"{where}: column {schema.TRANSACTION_ID} has {kind} values; "
-                           "it must be unique and increasing")
+            real = numbers.to_numpy(dtype=np.float64)
+            if not np.isfinite(real).all():
+                i = int(np.flatnonzero(~np.isfinite(real))[0])
+                raise DatasetError(f"{where}: column {column} has a non-finite value "
+                                   f"({at(i)}: {_shown(values.iloc[i])}); amounts must be finite")
+            out[column] = real
+    negative = np.flatnonzero(out[schema.TX_AMOUNT].to_numpy() < 0)
+    if len(negative):
+        i = int(negative[0])
+        raise DatasetError(f"{where}: column {schema.TX_AMOUNT} has negative amounts ({at(i)}: "
+                           f"{out[schema.TX_AMOUNT].iloc[i]}); amounts must be >= 0")
+    not_label = np.flatnonzero(~out[schema.TX_FRAUD].isin([0, 1]).to_numpy())
+    if len(not_label):
+        i = int(not_label[0])
+        raise DatasetError(f"{where}: column {schema.TX_FRAUD} must be 0 or 1: {at(i)} has "
+                           f"{_shown(frame[schema.TX_FRAUD].iloc[i])}")
+    ids = np.sort(out[schema.TRANSACTION_ID].to_numpy())
+    twice = np.flatnonzero(np.diff(ids) == 0)
+    if len(twice):
+        raise DatasetError(f"{where}: {schema.TRANSACTION_ID} {ids[twice[0]]} appears more than once; "
+                           "transaction IDs must be unique across the dataset")
+    # Real exports come in any order within a day; the features need time order, and ties in time
+    # need one order whoever reads the file: by transaction ID.
+    out = out.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable", ignore_index=True)
     return out
+
+
+# -- the files of a dataset ----------------------------------------------------------------------
+def describe(frame: pd.DataFrame, rel: str) -> dict[str, Any]:
+    """The manifest entry of a validated file: role, first and last day and instant, counts."""
+    when = frame[schema.TX_DATETIME]
+    return {"path": rel, "role": rel.split("/")[0], "first": str(when.min().date()), "last": str(when.max().date()),
+            "start": when.min().isoformat(), "end": when.max().isoformat(), "rows": len(frame),
+            "frauds": int(frame[schema.TX_FRAUD].sum())}
+
+
+def source_name(entry: dict[str, Any]) -> str:
+    """The user's name for a manifest file: where it was copied from, else its path in the dataset."""
+    return (entry.get("source") or {}).get("uri") or entry["path"]
+
+
+def read_ids(path: Path, where: str) -> np.ndarray:
+    """Only the TRANSACTION_ID column of a published file (whole-dataset checks need no more)."""
+    if path.suffix.lower() == ".parquet":
+        try:
+            return pq.read_table(io.BytesIO(_read_bytes(path, where)),
+                                 columns=[schema.TRANSACTION_ID]).column(0).to_numpy().astype(np.int64)
+        except (ValueError, KeyError, TypeError):
+            pass  # typed differently than we write it: the full read converts it
+    return read_transactions(path, where)[schema.TRANSACTION_ID].to_numpy()
+
+
+def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str]) -> None:
+    """Transaction IDs unique across the whole dataset: a duplicate would be trained on twice, or
+    tested on after training, and dropping one silently loses a row. Names the two files."""
+    if not ids:
+        return
+    rels = list(ids)
+    values = np.concatenate([ids[r] for r in rels])
+    owner = np.repeat(np.arange(len(rels)), [len(ids[r]) for r in rels])
+    order = np.argsort(values, kind="stable")
+    same = np.flatnonzero(np.diff(values[order]) == 0)
+    if len(same):
+        a, b = order[same[0]], order[same[0] + 1]
+        raise DatasetError(f"{schema.TRANSACTION_ID} {values[a]} is in both {names[rels[owner[a]]]} and "
+                           f"{names[rels[owner[b]]]}; transaction IDs must be unique across the dataset")
+
+
+def check_roles_apart(entries: list[dict[str, Any]]) -> None:
+    """No instant belongs to two roles: a day both trained on (or used as history) and evaluated
+    would score the model on what it saw. Files of different roles must not overlap in time."""
+    spans = sorted(((pd.Timestamp(e["start"]), pd.Timestamp(e["end"]), e) for e in entries if "start" in e),
+                   key=lambda s: (s[0], s[1]))
+    for i, (_, end, a) in enumerate(spans):
+        for other_start, _, b in spans[i + 1:]:
+            if other_start > end:
+                break
+            if a["role"] != b["role"]:
+                raise DatasetError(
+                    f"{source_name(b)} ({b['role']}, {b['first']}..{b['last']}) overlaps {source_name(a)} "
+                    f"({a['role']}, {a['first']}..{a['last']}) in time; a day is history, training or "
+                    "testing, never two of them")
+
+
+def check_layout(entries: list[dict[str, Any]], where: str) -> None:
+    for role in REQUIRED_ROLES:
+        if not any(e["role"] == role for e in entries):
+            raise DatasetError(f"{where}: no {role}/ files; a dataset has {TRAINING}/ and {TESTING}/ folders of "
+                               f"Parquet or CSV files (and optionally {HISTORY}/ for feature history)")
+
+
+def history_shortfall(entries: list[dict[str, Any]]) -> str | None:
+    """A warning when the first training or test days' feature windows reach before the first day
+    the dataset has; None when every one gets its full LOOKBACK_DAYS."""
+    if not entries:
+        return None
+    first_available = min(pd.Timestamp(e["first"]) for e in entries)
+    targets = sorted(pd.Timestamp(e["first"]) for e in entries if e["role"] in (TRAINING, TESTING))
+    want = features.LOOKBACK_DAYS
+    short = [t for t in targets if (t - first_available).days < want]
+    if not short:
+        return None
+    have = (targets[0] - first_available).days
+    return (f"features look back {want} days (features.LOOKBACK_DAYS), but the first training/test day "
+            f"{targets[0].date()} has {have} day(s) of history before it: {len(short)} training/test file(s) "
+            f"get shortened feature windows; put earlier days in {HISTORY}/ to give them full history")
+
+
+def check_dataset(entries: list[dict[str, Any]], ids: dict[str, np.ndarray], where: str) -> None:
+    """Every rule that spans the files of one dataset."""
+    check_layout(entries, where)
+    check_roles_apart(entries)
+    check_unique_ids(ids, {e["path"]: source_name(e) for e in entries})
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data.get("files"), list):
+            raise KeyError("files")
+    except FileNotFoundError as exc:
+        raise DatasetError(f"{path}: missing; run `python -m workload seed` to lay the dataset out") from exc
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise DatasetError(f"{path}: unreadable manifest ({exc}); run seed again") from exc
+    return data
+
+
+def save_manifest(root: Path, entries: Iterable[dict[str, Any]], source: str | None) -> None:
+    """The manifest is the publishing point: a file not in it does not exist for workers."""
+    order = {role: i for i, role in enumerate(ROLES)}
+    files = sorted(entries, key=lambda e: (order[e["role"]], e["first"], e["path"]))
+    atomic_write_text(root / MANIFEST, json.dumps({"source": source, "files": files}, indent=1) + "\n")
+
+
+def write_manifest(root: Path) -> list[dict[str, Any]]:
+    """Validate a dataset folder laid out by hand or by the simulator, in place, and record it.
+
+    (``seed`` publishes through ``workload.publish``, which also records where files came from.)"""
+    entries, ids = [], {}
+    for role in ROLES:
+        folder = root / role
+        if not folder.is_dir():
+            continue
+        for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+            rel = f"{role}/{path.name}"
+            frame = read_transactions(path)
+            entries.append(describe(frame, rel))
+            ids[rel] = frame[schema.TRANSACTION_ID].to_numpy()
+    check_dataset(entries, ids, str(root))
+    save_manifest(root, entries, source=None)
+    return entries
 
 
 @dataclass(frozen=True)
@@ -107,38 +354,13 @@ class Examples:
     day: np.ndarray  # datetime64[D] [n]
     card: np.ndarray  # int64 [n]: CUSTOMER_ID
     known: np.ndarray  # bool [n]
+    ids: np.ndarray  # int64 [n]: each row's TRANSACTION_ID (what `score` writes next to the score)
 
     @classmethod
     def concat(cls, parts: list[dict[str, np.ndarray]]) -> Examples:
         if len(parts) == 1:
             return cls(**parts[0])
-        return cls(**{k: np.concatenate([p[k] for p in parts]) for k in ("x", "y", "day", "card", "known")})
-
-
-def describe(root: Path, rel: str) -> dict[str, Any]:
-    frame = read_transactions(root / rel)
-    if frame.empty:
-        raise DatasetError(f"{root / rel}: the file has no transactions")
-    days = frame[schema.TX_DATETIME]
-    return {"path": rel, "role": rel.split("/")[0], "first": str(days.min().date()),
-            "last": str(days.max().date()), "rows": len(frame), "frauds": int(frame[schema.TX_FRAUD].sum())}
-
-
-def write_manifest(root: Path) -> list[dict[str, Any]]:
-    """Validate every file of the dataset and record its day range; returns the entries."""
-    entries = []
-    for role in ROLES:
-        folder = root / role
-        if not folder.is_dir():
-            raise DatasetError(f"{root}: no {role}/ folder; a dataset has training/ and testing/ folders")
-        files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-        if not files:
-            raise DatasetError(f"{folder}: no data files")
-        for path in files:
-            check_suffix(path)
-            entries.append(describe(root, f"{role}/{path.name}"))
-    atomic_write_text(root / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
-    return entries
+        return cls(**{k: np.concatenate([p[k] for p in parts]) for k in ("x", "y", "day", "card", "known", "ids")})
 
 
 class Dataset:
@@ -147,22 +369,19 @@ class Dataset:
 
     def __init__(self, root: Path, cache_rows: int = 10_000_000) -> None:
         self.root = Path(root)
-        path = self.root / MANIFEST
-        try:
-            self.files: list[dict[str, Any]] = json.loads(path.read_text())["files"]
-        except FileNotFoundError as exc:
-            raise DatasetError(f"{path}: missing; run `python -m workload seed` to lay the dataset out") from exc
-        except (ValueError, KeyError) as exc:
-            raise DatasetError(f"{path}: unreadable manifest ({exc}); run seed again") from exc
-        self._by_path = {f["path"]: f for f in self.files}
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
         self._cache_rows = cache_rows
+        self._load()
+
+    def _load(self) -> None:
+        self.files: list[dict[str, Any]] = read_manifest(self.root)["files"]
+        self._by_path = {f["path"]: f for f in self.files}
         self._test: Examples | None = None
         self._skipped: set[str] = set()
 
     def training_shards(self) -> list[str]:
         """Training files in chronological order of their first transaction."""
-        train = [f for f in self.files if f["role"] == "training"]
+        train = [f for f in self.files if f["role"] == TRAINING]
         return [f["path"] for f in sorted(train, key=lambda f: (f["first"], f["last"], f["path"]))]
 
     def resolve(self, rel: str) -> Path:
@@ -173,6 +392,8 @@ class Dataset:
             raise DatasetError(f"item path {rel!r} is outside the datasets folder {root}; refused")
         check_suffix(candidate)
         if rel not in self._by_path:
+            self._load()  # days are appended while workers run: a new day's item may outrun our manifest
+        if rel not in self._by_path:
             raise DatasetError(f"item path {rel!r} is not a file of the dataset manifest {root / MANIFEST}")
         return candidate
 
@@ -180,14 +401,21 @@ class Dataset:
         if rel in self._cache:
             self._cache.move_to_end(rel)
             return self._cache[rel]
-        frame = read_transactions(self.resolve(rel))
+        path = self.resolve(rel)
+        source = source_name(self._by_path[rel])
+        frame = read_transactions(path, where=f"{path} (from {source})" if source != rel else str(path))
         self._cache[rel] = frame
         while len(self._cache) > 1 and sum(len(f) for f in self._cache.values()) > self._cache_rows:
             self._cache.popitem(last=False)
         return frame
 
     def _window(self, targets: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
-        """Target files' rows plus LOOKBACK_DAYS of earlier days, sorted; and the mask of target rows."""
+        """Target files' rows plus LOOKBACK_DAYS of earlier days, sorted; and the mask of target rows.
+
+        Transaction IDs are unique across the dataset (checked when it was published), so files
+        never share a row and none is dropped here."""
+        for t in targets:
+            self.resolve(t)  # refuses paths outside the manifest; reloads it for a day appended since
         first = min(pd.Timestamp(self._by_path[t]["first"]) for t in targets)
         last = max(pd.Timestamp(self._by_path[t]["last"]) for t in targets)
         start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
@@ -211,7 +439,6 @@ class Dataset:
         end = last + pd.Timedelta(days=1)
         days = frame[schema.TX_DATETIME]
         frame = frame[frame["_target"] | ((days >= start) & (days < end))]
-        frame = frame.drop_duplicates(schema.TRANSACTION_ID, keep="first")  # a day in two files
         frame = frame.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable")
         frame = frame.reset_index(drop=True)
         target = frame.pop("_target").to_numpy(dtype=bool)
@@ -241,6 +468,6 @@ class Dataset:
     def test_examples(self) -> Examples:
         """All testing files, featurised with their history; loaded once per process."""
         if self._test is None:
-            tests = sorted((f for f in self.files if f["role"] == "testing"), key=lambda f: (f["first"], f["path"]))
+            tests = sorted((f for f in self.files if f["role"] == TESTING), key=lambda f: (f["first"], f["path"]))
             self._test = self.examples([f["path"] for f in tests])
         return self._test

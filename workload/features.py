@@ -126,7 +126,8 @@ def compute(frame: pd.DataFrame, target: np.ndarray) -> dict[str, np.ndarray]:
     ``x``: the features (float32, ``[n, len(FEATURE_NAMES)]``); ``y``: ``TX_FRAUD`` (float32);
     ``day``: each row's day (datetime64[D]); ``card``: ``CUSTOMER_ID`` (card precision groups by
     it); ``known``: whether the card had a fraud confirmed by t - delay (within the last
-    ``KNOWN_COMPROMISED_DAYS``): the handbook's evaluation removes those rows from its test set.
+    ``KNOWN_COMPROMISED_DAYS``): the handbook's evaluation removes those rows from its test set;
+    ``ids``: ``TRANSACTION_ID`` (what ``score`` writes next to each score).
 
     ``frame`` holds validated transactions sorted by ``TX_DATETIME`` then ``TRANSACTION_ID``, covering
     the target rows and up to ``LOOKBACK_DAYS`` days before them; windows simply see less history
@@ -141,6 +142,7 @@ def compute(frame: pd.DataFrame, target: np.ndarray) -> dict[str, np.ndarray]:
         "y": frame[schema.TX_FRAUD].to_numpy()[rows].astype(np.float32),
         "day": when[rows].to_numpy().astype("datetime64[D]"),
         "card": frame[schema.CUSTOMER_ID].to_numpy()[rows].astype(np.int64),
+        "ids": frame[schema.TRANSACTION_ID].to_numpy()[rows].astype(np.int64),
     }
     if len(rows) == 0:
         return {"x": np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32), **out, "known": np.zeros(0, dtype=bool)}

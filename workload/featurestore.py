@@ -5,9 +5,9 @@ times on GPU nodes. ``seed`` (the loader Job, CPU only) computes every training 
 features right after the dataset is published, and again for days appended later; a worker that
 finds a day without them (or with stale or damaged ones) computes and stores them itself.
 
-Layout: ``datasets/<name>/features/<FEATURE_VERSION>/<role>/<day file stem>.npy``: five .npy arrays
-back to back (the float32 features ``[n, len(FEATURE_NAMES)]``, then labels, days, cards and the
-known-compromised flag), read with one copy and viewed in place; never unpickled (only those plain
+Layout: ``datasets/<name>/features/<FEATURE_VERSION>/<role>/<day file stem>.npy``: six .npy arrays
+back to back (the float32 features ``[n, len(FEATURE_NAMES)]``, then labels, days, cards, the
+known-compromised flag and transaction IDs), read with one copy and viewed in place; never unpickled (only those plain
 dtypes are accepted). Next to it ``<stem>.json``, its manifest entry: the feature version and names,
 the dataset files the day's window read (path, rows, frauds, first and last day, from the dataset
 manifest), and the array file's size and sha256. Both are written atomically, the data first, so an entry never names a
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 FOLDER = "features"
 STORED_ROLES = ("training", "testing")  # history days only feed windows: never trained or evaluated
-_ARRAYS = (("x", "<f4"), ("y", "<f4"), ("day", "<M8[D]"), ("card", "<i8"), ("known", "|b1"))
+_ARRAYS = (("x", "<f4"), ("y", "<f4"), ("day", "<M8[D]"), ("card", "<i8"), ("known", "|b1"), ("ids", "<i8"))
+LAYOUT = 2  # what the file holds (the arrays above): another layout is recomputed, whatever its version
 
 
 class StaleFeatures(Exception):
@@ -59,13 +60,13 @@ def inputs(dataset: Dataset, rel: str) -> list[dict[str, Any]]:
     entry = dataset.entry(rel)
     first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])
     start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
-    keys = ("path", "rows", "frauds", "first", "last")
+    keys = ("path", "rows", "frauds", "first", "last", "start", "end")
     return [{k: f.get(k) for k in keys} for f in dataset.files
             if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last)]
 
 
 def _to_bytes(out: dict[str, np.ndarray]) -> bytes:
-    """The day's arrays as .npy records back to back: x (float32 [n, features]), then y, day, card, known."""
+    """The day's arrays as .npy records back to back: x (float32 [n, features]), then y, day, card, known, ids."""
     buf = io.BytesIO()
     for name, dtype in _ARRAYS:
         np.lib.format.write_array(buf, np.ascontiguousarray(out[name], dtype=dtype), allow_pickle=False)
@@ -118,7 +119,8 @@ def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
         raise StaleFeatures(f"{entry_path}: unreadable ({exc})") from exc
     if not isinstance(entry, dict):
         raise StaleFeatures(f"{entry_path}: not a feature manifest entry")
-    if entry.get("version") != features.FEATURE_VERSION or entry.get("names") != list(features.FEATURE_NAMES):
+    if (entry.get("version"), entry.get("layout")) != (features.FEATURE_VERSION, LAYOUT) or entry.get(
+            "names") != list(features.FEATURE_NAMES):
         raise StaleFeatures(f"{entry_path}: features of version {entry.get('version')!r}, this code computes "
                             f"{features.FEATURE_VERSION!r}")
     if entry.get("inputs") != inputs(dataset, rel):
@@ -139,7 +141,8 @@ def store(dataset: Dataset, rel: str, out: dict[str, np.ndarray]) -> None:
     data_path, entry_path = paths(dataset.root, rel)
     data = _to_bytes(out)
     atomic_write_bytes(data_path, data)
-    entry = {"version": features.FEATURE_VERSION, "names": list(features.FEATURE_NAMES), "day_file": rel,
+    entry = {"version": features.FEATURE_VERSION, "layout": LAYOUT, "names": list(features.FEATURE_NAMES),
+             "day_file": rel,
              "rows": int(len(out["y"])), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
              "inputs": inputs(dataset, rel)}
     atomic_write_text(entry_path, json.dumps(entry, indent=1) + "\n")

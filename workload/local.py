@@ -1,18 +1,24 @@
 """`make local`: the cluster in miniature. A real Redis server (AOF under the local folder), a
 local folder as the share, N worker processes as the Job's pods, a progress bar, a summary.
 
-Running it again resumes what was left, or trains nothing when everything is done.
+Running it again resumes what was left, or trains nothing when everything is done. While it runs,
+`python -m workload status --dir <dir>` reads the queue: the Redis address and password are in
+`<dir>/redis/connection.json` (owner-only, removed when Redis stops), so they never appear in a
+command line or a log.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from workload import report
@@ -21,6 +27,51 @@ from workload.queue import WorkQueue, connect
 from workload.redis_server import RedisServer
 
 log = logging.getLogger("workload.local")
+
+CONNECTION = Path("redis") / "connection.json"  # under --dir
+
+
+class LocalNotRunning(Exception):
+    """No `local` is running in that folder (never started, finished, or killed)."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    url: str
+    password: str
+    share: Path
+
+
+def write_connection(base: Path, server: RedisServer, share: Path) -> Path:
+    """Record how to reach this Redis, readable by the owner only (it holds the password)."""
+    path = base / CONNECTION
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": server.url, "password": server.password, "share": str(share), "pid": os.getpid()}, f)
+    return path
+
+
+def read_connection(base: Path) -> Connection:
+    """The Redis and share of the `local` running in `base`; LocalNotRunning when there is none."""
+    path = Path(base) / CONNECTION
+    try:
+        data = json.loads(path.read_text())
+        pid = int(data["pid"])
+    except FileNotFoundError:
+        raise LocalNotRunning(f"--dir {base}: no `python -m workload local` is running there (no {path}); "
+                              "start it with `make local`") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LocalNotRunning(f"--dir {base}: {path} is unreadable ({exc}); restart `make local`") from None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise LocalNotRunning(f"--dir {base}: the `local` that wrote {path} (pid {pid}) is gone; "
+                              "run `make local` again to resume") from None
+    except PermissionError:
+        pass  # alive, someone else's
+    return Connection(url=data["url"], password=data["password"], share=Path(data["share"]))
 
 
 def progress_line(done: int, dead: int, leased: int, total: int, elapsed: float, width: int = 30) -> str:
@@ -40,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     interrupted = False
     try:
         server.start()
+        write_connection(base, server, share)
         log.info("Redis %s (AOF in %s); share %s", server.url, server.data_dir, share)
         env = {**os.environ, "REDIS_URL": server.url, "REDIS_PASSWORD": server.password, "SHARE_DIR": str(share),
                "TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.workers)),
@@ -68,6 +120,8 @@ def main(args: argparse.Namespace) -> int:
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         if workers:
             log.info("%d workers started; logs in %s", len(workers), logs)
+            log.info("queue status from another terminal: %s -m workload status --dir %s",
+                     shlex.quote(sys.executable), shlex.quote(str(args.dir)))
         tty = sys.stderr.isatty()
         last_print = 0.0
         while any(w.poll() is None for w in workers):
@@ -106,6 +160,7 @@ def main(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 w.kill()
         server.stop()
+        (base / CONNECTION).unlink(missing_ok=True)
         if interrupted:
             log.info("stopped cleanly after %.0fs", time.monotonic() - started)
 

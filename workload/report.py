@@ -65,6 +65,11 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
     return "\n".join(lines) + "\n"
 
 
+def metrics_jsonl(history: list[dict[str, Any]]) -> str:
+    """metrics.jsonl: one JSON line per applied shard."""
+    return "".join(json.dumps(h, sort_keys=True) + "\n" for h in history)
+
+
 def plots_stale(run_dir: Path, interval_s: float) -> bool:
     """Whether the pictures are missing or older than `interval_s` (any worker may have drawn them)."""
     try:
@@ -81,7 +86,7 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
     history = state["history"]
     report = run_dir / REPORT_TXT
     atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir))
-    atomic_write_text(run_dir / METRICS_JSONL, "".join(json.dumps(h, sort_keys=True) + "\n" for h in history))
+    atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history))
     if history and draw:
         from workload import plots  # matplotlib: only writers pay for it
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from workload import faults, features, metrics, report
+from workload import export, faults, features, metrics, report
 from workload.checkpoint import CheckpointStore
 from workload.dataset import Dataset, DatasetError
 from workload.paths import share_paths
@@ -300,6 +300,9 @@ class Worker:
     def _ack(self, lease: Lease) -> None:
         if self.queue.ack(lease):
             log.info("acked %s", lease.item.id)
+            # We acked the run's last day: results to $OUTPUT_URI (a failure there only warns).
+            if os.environ.get(export.OUTPUT_URI_ENV) and self.queue.pending_in_run(lease.item.run) == 0:
+                export.export_finished_run(self.cfg.share, lease.item.run)
         else:
             log.warning("ack of %s refused: a newer owner holds it (its checkpoint records our work if it "
                         "was promoted)", lease.item.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -92,11 +93,55 @@ BAD_VALUES = [
     ({"team": "ML Platform"}, "team", "'ML Platform'", "a GCP label value"),
     ({"env": "Prod!"}, "env", "'Prod!'", "a GCP label value"),
     ({"redisImage": "redis:7.4"}, "redisImage", "'redis:7.4'", "an image by digest"),
-    ({"runs": []}, "runs", "[]", "a non-empty list of strings"),
-    ({"runs": ["main", "Sweep_1"]}, "runs", "'Sweep_1'", "a name of lowercase letters"),
-    ({"runs": ["a", "a"]}, "runs", "['a', 'a']", "without duplicates"),
+    ({"runs": {}}, "runs", "{}", "a map of run name to hyperparameters"),
+    # The old list form is refused with its translation into the new one.
+    ({"runs": ["main", "wide"]}, "runs", "['main', 'wide']", "the old list form is now a map: {main: {}, wide: {}}"),
+    # The worker's own rules (workload.hparams.parse_runs), with the run and the key named.
+    ({"runs": {"main": {}, "../x": {}}}, "runs", "{'main': {}, '../x': {}}", "run name '../x' is not allowed"),
+    ({"runs": {"w": {"hidden": "64"}}}, "runs", "{'w': {'hidden': '64'}}", "run 'w': hidden='64' is not allowed"),
+    ({"runs": {"e": {"epochs": 2.7}}}, "runs", "{'e': {'epochs': 2.7}}", "run 'e': epochs=2.7 is not allowed"),
+    ({"runs": {"m": {"lrate": 0.1}}}, "runs", "{'m': {'lrate': 0.1}}", "run 'm': unknown key(s) ['lrate']"),
+    ({"runs": {"a": {"seed": 1}, "b": {"seed": 1}}}, "runs", "{'a': {'seed': 1}, 'b': {'seed': 1}}",
+     "runs 'a' and 'b' have the same hyperparameters"),
+    ({"datasetUri": "s3://acme/fraud"}, "datasetUri", "'s3://acme/fraud'", "a Cloud Storage location gs://"),
+    ({"datasetUri": "gs://Acme/fraud"}, "datasetUri", "'gs://Acme/fraud'", "a valid bucket name"),
+    ({"datasetUri": "gs://ab/fraud"}, "datasetUri", "'gs://ab/fraud'", "a valid bucket name"),
+    ({"datasetUri": "gs://google-data/x"}, "datasetUri", "'gs://google-data/x'", "no 'goog' prefix"),
+    ({"datasetUri": "gs://acme/a/../b"}, "datasetUri", "'gs://acme/a/../b'", "no empty, '.' or '..' parts"),
+    ({"outputUri": "gs://acme-results"}, "outputUri", "'gs://acme-results'", "with a prefix: the training pods"),
+    ({"outputUri": "gs://acme/out*"}, "outputUri", "'gs://acme/out*'", "spaces, quotes or wildcards"),
+    ({"outputUri": "gs://acme/o'ut"}, "outputUri", '"gs://acme/o\'ut"', "spaces, quotes or wildcards"),
+    ({"datasetName": "../fraud"}, "datasetName", "'../fraud'", "a dataset name: 1-63 letters, digits"),
     ({"network": "shared-vpc"}, "subnetwork", "''", "set both network and subnetwork"),
     ({"workerMemory": "16 GB"}, "workerMemory", "'16 GB'", "a Kubernetes quantity"),
+    # Values the image reads are checked against what it accepts (infra/contract.py, tests/test_contract.py).
+    ({"datasetPreset": "huge"}, "datasetPreset", "'huge'", "one of small, cluster"),
+    # Capacities off the tier's steps: Filestore refuses them only after the cluster is built.
+    (
+        {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1100},
+        "filestoreCapacityGb",
+        "1100",
+        "a multiple of 256 GiB from 1024 GiB for tier ZONAL (1024 or 1280)",
+    ),
+    (
+        {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 11000},
+        "filestoreCapacityGb",
+        "11000",
+        "a multiple of 2560 GiB from 10240 GiB for tier REGIONAL (10240 or 12800)",
+    ),
+    (
+        {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 2000},
+        "filestoreCapacityGb",
+        "2000",
+        "a multiple of 256 GiB",
+    ),
+    ({"pinToShareZone": "always"}, "pinToShareZone", "'always'", "one of auto, true, false"),
+    (
+        {"filestoreTier": "REGIONAL", "pinToShareZone": True},
+        "pinToShareZone",
+        "'true'",
+        "a REGIONAL share spans the region's zones",
+    ),
 ]
 
 
@@ -139,8 +184,8 @@ def test_pods_beyond_one_per_run_are_counted_and_warned_about(monkeypatch) -> No
     """A run trains on one worker at a time: extra pods are hot standbys that hold a GPU."""
     import pulumi
 
-    assert load("dev", parallelism=3, runs=["a", "b", "c"]).jobs.standby_workers == 0
-    assert load("dev", parallelism=4, runs=["a", "b"]).jobs.standby_workers == 2
+    assert load("dev", parallelism=3, runs={"a": {}, "b": {}, "c": {}}).jobs.standby_workers == 0
+    assert load("dev", parallelism=4, runs={"a": {}, "b": {}}).jobs.standby_workers == 2
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: warnings.append(msg))
     render.render("dev", {"parallelism": 3})
@@ -148,3 +193,220 @@ def test_pods_beyond_one_per_run_are_counted_and_warned_about(monkeypatch) -> No
     warnings.clear()
     render.render("dev", {"parallelism": 1})
     assert not any("hot standbys" in w for w in warnings)
+
+
+def test_runs_are_a_map_checked_like_the_worker_checks_them() -> None:
+    cfg = load("dev", runs={"main": {}, "wide": {"hidden": [128, 64]}, "lr3": {"lr": 0.003}})
+    assert cfg.jobs.runs == ("lr3", "main", "wide")  # canonical: sorted, so key order changes nothing
+    # Exactly what the loader's runs file holds; the worker parses it with the same function.
+    from workload.hparams import parse_runs
+
+    parsed = parse_runs(json.loads(cfg.jobs.runs_json), where="runs file")
+    assert parsed["wide"].hidden == (128, 64) and parsed["lr3"].lr == 0.003
+    assert len({hp.seed for hp in parsed.values()}) == 3  # distinct seeds for runs that name none
+    assert load("dev").jobs.runs == ("main",)  # Pulumi.yaml's default
+
+
+@pytest.mark.parametrize(
+    ("value", "bucket", "prefix", "uri"),
+    [
+        ("gs://acme-fraud", "acme-fraud", "", "gs://acme-fraud"),
+        ("gs://acme-fraud/", "acme-fraud", "", "gs://acme-fraud"),
+        ("gs://acme_fraud/exports/2024/", "acme_fraud", "exports/2024", "gs://acme_fraud/exports/2024"),
+        ("gs://data.acme.example/x", "data.acme.example", "x", "gs://data.acme.example/x"),
+    ],
+)
+def test_dataset_uri_is_parsed_into_bucket_and_prefix(value: str, bucket: str, prefix: str, uri: str) -> None:
+    data = load("dev", datasetUri=value).data
+    assert data.dataset == config.GcsUri(bucket, prefix) and data.dataset.uri == uri
+    assert data.output is None
+
+
+def test_output_uri_names_the_objects_the_grant_is_limited_to() -> None:
+    output = load("dev", outputUri="gs://acme-results/spot/dev/").data.output
+    assert output is not None and output.uri == "gs://acme-results/spot/dev"
+    # The trailing slash: "spot/dev" must not also match "spot/dev-other/".
+    assert output.objects == "projects/_/buckets/acme-results/objects/spot/dev/"
+    assert load("dev").data == config.DataConfig(dataset=None, output=None)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        ({}, "fraud"),  # simulated: seed's default name, where earlier deployments put it
+        ({"datasetUri": "gs://acme-fraud/exports/Q1+2024/"}, "Q1-2024"),
+        ({"datasetUri": "gs://acme-fraud"}, "acme-fraud"),
+        ({"datasetUri": "gs://acme-fraud/x", "datasetName": "fraud-v2"}, "fraud-v2"),
+    ],
+)
+def test_the_dataset_name_follows_the_data_unless_set(overrides: dict[str, str], name: str) -> None:
+    assert load("dev", **overrides).data.dataset_name == name
+
+
+# Pulumi's own check of a typed default (sdk/go/common/workspace/project.go, ValidateConfigValue): the CLI
+# refuses a Pulumi.yaml whose default does not have its declared type, before our program runs.
+_PULUMI_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
+
+
+def test_every_declared_default_has_its_declared_type() -> None:
+    project = yaml.safe_load((render.REPO_ROOT / "Pulumi.yaml").read_text())
+    for key, spec in project["config"].items():
+        assert spec["type"] in _PULUMI_TYPES, f"{key}: type {spec['type']!r} is not one Pulumi knows"
+        assert spec.get("description"), f"{key}: say what it means"
+        default = spec["default"]
+        assert isinstance(default, _PULUMI_TYPES[spec["type"]]), f"{key}: default {default!r} is not {spec['type']}"
+        if spec["type"] == "integer":
+            assert not isinstance(default, bool), key
+        if spec["type"] == "array":
+            item = _PULUMI_TYPES[spec["items"]["type"]]
+            assert all(isinstance(i, item) for i in default), key
+
+
+@pytest.mark.parametrize(
+    ("tier", "capacity"),
+    [("BASIC_HDD", 1000 + 24), ("BASIC_HDD", 1100), ("ZONAL", 1280), ("ZONAL", 12800), ("ENTERPRISE", 10240)],
+)
+def test_capacities_on_the_tier_steps_load(tier: str, capacity: int) -> None:
+    assert load("dev", filestoreTier=tier, filestoreCapacityGb=capacity).filestore.capacity_gb == capacity
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("spot-trainer:paralelism", "config key 'spot-trainer:paralelism' is not a setting of spot-trainer; "
+         "did you mean spot-trainer:parallelism?"),
+        ("spot-trainer:gpu_type", "did you mean spot-trainer:gpuType?"),
+        ("spot-trainer:colour", "config key 'spot-trainer:colour' is not a setting of spot-trainer; see Pulumi.yaml"),
+    ],
+)
+def test_an_unknown_project_key_is_named_with_the_closest_setting(key: str, message: str) -> None:
+    """Under the engine too: ``load`` reads every key the language host was given."""
+    values = {**render.stack_config("dev"), key: "3"}
+    with pytest.raises(ConfigError) as err:
+        config.load(values, stack="dev")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_keys_of_other_packages_are_left_to_them() -> None:
+    values = {**render.stack_config("dev"), "gcp:zone": "us-central1-b", "kubernetes:context": "x"}
+    assert config.load(values, stack="dev").project_id == render.FAKE_PROJECT_ID
+
+
+def test_unknown_keys_are_found_in_the_engines_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``config=``, the keys come from the runtime (set_all_config / PULUMI_CONFIG)."""
+    import json
+
+    from pulumi.runtime import config as runtime_config
+
+    values = {**render.stack_config("dev"), "spot-trainer:paralelism": "3"}
+    token = runtime_config.CONFIG.set({})
+    try:
+        monkeypatch.setenv("PULUMI_CONFIG", json.dumps(values))
+        monkeypatch.setattr(config.pulumi, "get_stack", lambda: "dev")
+        with pytest.raises(ConfigError, match="did you mean spot-trainer:parallelism"):
+            config.load()
+    finally:
+        runtime_config.CONFIG.reset(token)
+
+
+def _write_stack(tmp_path, monkeypatch: pytest.MonkeyPatch, text: str) -> str:
+    stacks = tmp_path / "stacks"
+    stacks.mkdir(exist_ok=True)
+    (stacks / "Pulumi.qa.yaml").write_text(text)
+    monkeypatch.setattr(render, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(render, "STACKS_DIR", stacks)
+    (tmp_path / "Pulumi.yaml").write_text((config.PROJECT_FILE).read_text())
+    return "qa"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "config:\n  spot-trainer:paralelism: 3\n",
+            "stacks/Pulumi.qa.yaml: config key 'spot-trainer:paralelism' is not a setting of spot-trainer; "
+            "did you mean spot-trainer:parallelism?",
+        ),
+        (
+            "config:\n  parallelism: 3\n",
+            "stacks/Pulumi.qa.yaml: config key 'parallelism' has no namespace: write 'spot-trainer:parallelism'",
+        ),
+        (
+            "config:\n  paralelism: 3\n",
+            "stacks/Pulumi.qa.yaml: config key 'paralelism' has no namespace: write 'spot-trainer:parallelism'",
+        ),
+        (
+            "config:\n  spot-trainer:parallelism: 3\n   spot-trainer:jobAwait: skip\n",
+            "stacks/Pulumi.qa.yaml: not valid YAML at line 3, column",
+        ),
+        ("config: [a, b]\n", "stacks/Pulumi.qa.yaml: expected a mapping with a `config:` mapping"),
+    ],
+    ids=["typo", "no-namespace", "both", "yaml", "shape"],
+)
+def test_stack_file_mistakes_name_the_file(tmp_path, monkeypatch: pytest.MonkeyPatch, text: str, message: str) -> None:
+    stack = _write_stack(tmp_path, monkeypatch, text)
+    with pytest.raises(ConfigError) as err:
+        render.stack_config(stack)
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("config:\n  spot-trainer:datasetPreset: huge\n",
+         "error: config spot-trainer:datasetPreset='huge' is not allowed: one of small, cluster"),
+        ("config:\n  spot-trainer:paralelism: 3\n",
+         "error: stacks/Pulumi.qa.yaml: config key 'spot-trainer:paralelism' is not a setting of spot-trainer; "
+         "did you mean spot-trainer:parallelism?"),
+        ("config:\n  parallelism: 3\n",
+         "error: stacks/Pulumi.qa.yaml: config key 'parallelism' has no namespace: write 'spot-trainer:parallelism'"),
+        ("config:\n  spot-trainer:jobAwait: [wait\n",
+         "error: stacks/Pulumi.qa.yaml: not valid YAML at line 3, column 1:"),
+    ],
+    ids=["value", "unknown-key", "no-namespace", "yaml"],
+)
+def test_make_render_reports_each_mistake_in_one_line(tmp_path, monkeypatch, capsys, text, expected) -> None:
+    """``make render STACK=qa`` is ``python -m policy.offline qa``: exit 2 and one line on stderr."""
+    from policy import offline
+
+    stack = _write_stack(tmp_path, monkeypatch, text)
+    assert offline.main([stack, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1, err
+
+
+def test_make_render_works_for_a_stack_without_a_file(tmp_path, capsys) -> None:
+    from policy import offline
+
+    assert not render.stack_file("staging").exists()
+    assert offline.main(["staging", "--out", str(tmp_path)]) == 0
+    assert "staging:" in capsys.readouterr().out
+    assert (tmp_path / "inventory.json").is_file()
+
+
+def test_make_render_refuses_a_stack_name_unfit_for_pulumi(capsys) -> None:
+    from policy import offline
+
+    with pytest.raises(SystemExit) as exit_:
+        offline.main(["../etc"])
+    assert exit_.value.code == 2
+    assert "stack name '../etc' is not allowed" in capsys.readouterr().err
+
+
+def test_preview_checks_runs_without_the_workers_heavy_dependencies() -> None:
+    """`pulumi preview` installs infra/requirements.txt only: the worker rules config.py borrows
+    (workload.hparams, workload.paths) must load without torch, numpy or pandas."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules.update({m: None for m in ('torch', 'numpy', 'pandas', 'pyarrow', 'redis')}); "
+        "from infra import config, render; "
+        "runs = {'main': {}, 'w': {'hidden': [8]}}; "
+        "values = render.stack_config('dev', {'runs': runs, 'datasetUri': 'gs://a-b/c'}); "
+        "print(config.load(values, stack='dev').jobs.runs)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=render.REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "('main', 'w')"

@@ -24,6 +24,9 @@ CUSTOM_RESOURCE_GROUPS = {"cloud.google.com"}
 VARIANTS = [(stack, {}) for stack in render.stack_names()] + [
     ("dev", {"clusterMode": "standard", "gpuCapacity": "nodeSelector"}),
     ("dev", {"gpuCapacity": "nodeSelector", "jobAwait": "skip"}),
+    # Bring-your-data: Workload Identity service accounts, the runs ConfigMap, OUTPUT_URI.
+    ("dev", {"datasetUri": "gs://acme-fraud/exports", "outputUri": "gs://acme-results/runs",
+             "runs": {"main": {}, "wide": {"hidden": [128, 64]}}}),
 ]
 
 

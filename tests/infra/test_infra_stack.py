@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from infra import contract, render
+from infra import contract, render, share_prep
 from infra.render import Registered, Rendered
 from policy.rules import LABELLED, UNLABELLED  # one list of which GCP types take labels
+from tests.infra.pod_security import pod_security_violations
 
 STACKS = render.stack_names()
 Render = Callable[..., Rendered]
@@ -32,6 +33,11 @@ def container(job: Registered) -> dict[str, Any]:
     return only
 
 
+def workload_jobs(r: Rendered) -> list[Registered]:
+    """Loader and training: the Jobs in the workloads' namespace (the share preparation is elsewhere)."""
+    return [j for j in r.of_type(JOB) if j.inputs["metadata"]["namespace"] == r.config.namespace]
+
+
 def test_every_stack_file_is_found() -> None:
     assert {"dev", "prod"} <= set(STACKS)
 
@@ -46,7 +52,7 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
     assert out["filestoreShare"] == r.config.filestore.share
     assert DIGEST_REF.match(out["imageRef"]) and out["imageRef"].endswith(render.IMAGE_DIGEST)
     assert out["redisService"] == f"redis.{r.config.namespace}.svc.cluster.local:6379"
-    assert {out["loaderJob"], out["trainingJob"]} == {j.inputs["metadata"]["name"] for j in r.of_type(JOB)}
+    assert {out["loaderJob"], out["trainingJob"]} == {j.inputs["metadata"]["name"] for j in workload_jobs(r)}
     assert "gke-gcloud-auth-plugin" in out["kubeconfig"] and render.CLUSTER_ENDPOINT in out["kubeconfig"]
     assert {"logs", "status", "report", "queueStatus"} <= set(out["commands"])
     assert out["trainingJob"] in out["commands"]["status"]
@@ -111,7 +117,10 @@ def test_training_pods_select_spot_gpus_through_the_compute_class(rendered: Rend
     assert compute_class["spec"]["whenUnsatisfiable"] == "DoNotScaleUp"
     training = r.one(JOB, "training")
     selector = pod_spec(training)["nodeSelector"]
-    assert selector == {"cloud.google.com/compute-class": compute_class["metadata"]["name"]}
+    assert selector == {
+        "cloud.google.com/compute-class": compute_class["metadata"]["name"],
+        "topology.kubernetes.io/zone": r.config.zone,  # BASIC_HDD share: pinned to its zone
+    }
     assert container(training)["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert r.one(COMPUTE_CLASS).urn in training.dependencies
 
@@ -125,12 +134,14 @@ def test_on_demand_fallback_comes_after_spot(rendered: Render) -> None:
 
 
 def test_node_selector_mode_requests_spot_and_the_accelerator(rendered: Render) -> None:
-    r = rendered("dev", gpuCapacity="nodeSelector", gpuType="nvidia-h100-80gb", gpuCount=8)
+    r = rendered("dev", gpuCapacity="nodeSelector", gpuType="nvidia-h100-80gb", gpuCount=8, pinToShareZone=False)
     assert not r.of_type(COMPUTE_CLASS)
     spec = pod_spec(r.one(JOB, "training"))
     assert spec["nodeSelector"] == {
         "cloud.google.com/gke-spot": "true",
         "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+        # Autopilot installs the driver the pod asks for; the CUDA build of torch needs a recent one.
+        "cloud.google.com/gke-gpu-driver-version": "latest",
     }
     assert container(r.one(JOB, "training"))["resources"]["limits"]["nvidia.com/gpu"] == "8"
 
@@ -139,7 +150,7 @@ def test_node_selector_mode_requests_spot_and_the_accelerator(rendered: Render) 
 def test_pv_points_at_the_filestore_ip_output_and_the_claim_binds_to_it(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     instance = r.one(FILESTORE)
-    pv = r.one("kubernetes:core/v1:PersistentVolume")
+    pv = r.one("kubernetes:core/v1:PersistentVolume", "share")
     share = r.config.filestore.share
     assert pv.inputs["spec"]["nfs"] == {"server": render.FILESTORE_IP, "path": f"/{share}"}
     assert instance.urn in pv.dependencies  # the IP flows from the instance's output, not a literal
@@ -150,10 +161,9 @@ def test_pv_points_at_the_filestore_ip_output_and_the_claim_binds_to_it(stack: s
     pvc = r.one("kubernetes:core/v1:PersistentVolumeClaim", "share").inputs
     assert pvc["spec"]["volumeName"] == pv.inputs["metadata"]["name"]
     assert pvc["spec"]["storageClassName"] == "" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    for job in r.of_type(JOB):
+    for job in workload_jobs(r):
         volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
-        (mount,) = container(job)["volumeMounts"]
-        assert mount["mountPath"] == contract.SHARE_DIR
+        (mount,) = [m for m in container(job)["volumeMounts"] if m["mountPath"] == contract.SHARE_DIR]
         assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
@@ -212,7 +222,7 @@ def test_redis_requires_the_password_from_the_secret(stack: str, rendered: Rende
     service = r.one("kubernetes:core/v1:Service").inputs["spec"]
     assert service["type"] == "ClusterIP" and service["ports"][0]["port"] == contract.REDIS_PORT
     # Loader and workers get the same password from the same Secret, and no password in the URL.
-    for job in r.of_type(JOB):
+    for job in workload_jobs(r):
         env = {e["name"]: e for e in container(job)["env"]}
         ref = env[contract.ENV_REDIS_PASSWORD]["valueFrom"]["secretKeyRef"]
         assert ref == {"name": secret["metadata"]["name"], "key": contract.REDIS_PASSWORD_KEY}
@@ -238,8 +248,9 @@ def test_network_policy_admits_only_loader_and_worker_pods_on_6379(stack: str, r
     assert policy["spec"]["podSelector"] == {"matchLabels": redis_pod}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert [rule["ports"] for rule in policy["spec"]["ingress"]] == [[{"protocol": "TCP", "port": 6379}]]
-    for job in r.of_type(JOB):
+    for job in workload_jobs(r):
         assert _admits(policy, job.inputs["spec"]["template"]["metadata"]["labels"])
+    assert not _admits(policy, r.one(JOB, "share-prep").inputs["spec"]["template"]["metadata"]["labels"])
     assert not _admits(policy, redis_pod)
     assert not _admits(policy, {contract.NAME_LABEL: contract.APP, contract.COMPONENT_LABEL: "debug"})
     assert not _admits(policy, {contract.NAME_LABEL: "other-app", contract.COMPONENT_LABEL: contract.WORKER})
@@ -254,6 +265,13 @@ def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) 
     assert image.inputs["dockerfile"]["location"].endswith("workload/Dockerfile")
     (registry,) = image.inputs["registries"]
     assert registry["password"] == render.ACCESS_TOKEN and registry["username"] == "oauth2accesstoken"
+    # Previews do not build the CUDA image; builds reuse layers from a registry cache beside the image.
+    assert image.inputs["buildOnPreview"] is False
+    repository = image.inputs["tags"][0].rsplit(":", 1)[0]
+    assert image.inputs["cacheFrom"] == [{"registry": {"ref": f"{repository}:buildcache"}}]
+    (cache_to,) = image.inputs["cacheTo"]  # the SDK fills the other fields with their defaults
+    assert cache_to["registry"] | {"ref": f"{repository}:buildcache", "mode": "max", "imageManifest": True,
+                                   "ociMediaTypes": True} == cache_to["registry"]  # fmt: skip
     for job in r.of_type(JOB):
         assert container(job)["image"] == r.outputs["imageRef"]
         assert image.urn in job.dependencies
@@ -268,11 +286,16 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
     assert "completions" not in spec and "ttlSecondsAfterFinished" not in spec
     assert spec["backoffLimit"] == jobs.backoff_limit
     assert spec["activeDeadlineSeconds"] == jobs.active_deadline_seconds
-    # First match wins: a preempted pod is ignored whatever its exit code; exit 2 (bad config) fails fast.
+    # First match wins: a preempted pod is ignored whatever its exit code; exit 2 (bad config) counts
+    # (tests/infra/test_infra_jobs.py plays the rules through the Job controller's semantics).
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {
-            "action": "FailJob",
+            "action": "Ignore",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3, 143]},
+        },
+        {
+            "action": "Count",
             "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
         },
     ]
@@ -291,20 +314,28 @@ def test_workload_namespace_enforces_the_restricted_pod_security_standard(
     stack: str, rendered: Render
 ) -> None:
     r = rendered(stack)
-    namespace = r.one("kubernetes:core/v1:Namespace").inputs["metadata"]
+    namespace = r.one("kubernetes:core/v1:Namespace", "namespace").inputs["metadata"]
     assert namespace["name"] == r.config.namespace
     assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     namespaced = [
         m for m in r.manifests() if m["kind"] not in ("Namespace", "PersistentVolume", "ComputeClass")
     ]
-    assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace}
+    prep = share_prep.prep_namespace(r.config)
+    assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace, prep}
+    # Only the share preparation (its Job and claim) lives in the other namespace.
+    assert {(m["kind"], m["metadata"]["name"]) for m in namespaced if m["metadata"]["namespace"] == prep} == {
+        ("Job", "spot-trainer-share-prep"), ("PersistentVolumeClaim", "share"),
+    }  # fmt: skip
+    for m in namespaced:
+        if m["metadata"]["namespace"] == r.config.namespace and m["kind"] in ("Job", "Deployment"):
+            assert pod_security_violations(m["spec"]["template"]["spec"], "restricted") == [], m["metadata"]
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_pods_follow_the_worker_image_contract(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     jobs = r.config.jobs
-    for job in r.of_type(JOB):
+    for job in workload_jobs(r):
         component = job.inputs["metadata"]["labels"][contract.COMPONENT_LABEL]
         assert job.inputs["spec"]["template"]["metadata"]["labels"] == contract.labels(component)
         pod = pod_spec(job)
@@ -325,14 +356,8 @@ def test_pods_follow_the_worker_image_contract(stack: str, rendered: Render) -> 
         assert env["CHECKPOINT_INTERVAL_SECONDS"]["value"] == str(jobs.checkpoint_interval_seconds)
         assert env["MAX_ATTEMPTS"]["value"] == str(jobs.max_attempts)
     loader = container(r.one(JOB, "loader"))
-    assert loader["args"][:3] == ["seed", "--preset", jobs.dataset_preset]
-    assert loader["args"][3:] == [a for run in jobs.runs for a in ("--run", run)]
-
-
-def test_loader_seeds_every_configured_run(rendered: Render) -> None:
-    r = rendered("dev", runs=["lr-small", "lr-large"], datasetPreset="small")
-    assert container(r.one(JOB, "loader"))["args"] == [
-        "seed", "--preset", "small", "--run", "lr-small", "--run", "lr-large",
+    assert loader["args"] == [
+        "seed", "--runs-file", contract.RUNS_FILE, "--dataset", "fraud", "--preset", jobs.dataset_preset,
     ]  # fmt: skip
 
 
@@ -430,3 +455,24 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
         }
 
     assert not names(rendered("dev")) & names(rendered("prod"))
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "api", "protect"),
+    [
+        ("prod", {}, None, True),  # BASIC_SSD: no API protection, Pulumi's protect instead
+        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, False),
+        ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, False),
+        ("dev", {}, None, False),
+        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, False, False),
+        ("dev", {"deletionProtection": True}, None, True),
+    ],
+    ids=str,
+)
+def test_filestore_deletion_protection_only_where_the_tier_has_it(
+    stack: str, overrides: dict[str, Any], api: bool | None, protect: bool, rendered: Render
+) -> None:
+    """deletion_protection_enabled on a BASIC tier fails the create (terraform-provider-google#20311)."""
+    share = rendered(stack, **overrides).one(FILESTORE)
+    assert share.inputs.get("deletionProtectionEnabled") is api
+    assert share.protect is protect

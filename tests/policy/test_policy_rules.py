@@ -182,17 +182,33 @@ PROD = StackFacts(stack="prod")
 def test_prod_with_protection_passes_and_dev_is_not_checked() -> None:
     assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": True}, PROD) == []
     assert rules.prod_deletion_protection(rules.CLUSTER, {}, PROD) == []  # the provider defaults to true
-    assert rules.prod_deletion_protection(rules.FILESTORE, {"deletionProtectionEnabled": True}, PROD) == []
+    zonal = {"tier": "ZONAL", "deletionProtectionEnabled": True}
+    assert rules.prod_deletion_protection(rules.FILESTORE, zonal, PROD) == []
     assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, DEV) == []
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "BASIC_HDD"}, DEV) == []
 
 
 def test_prod_without_protection_is_a_violation() -> None:
     assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, PROD) == [
         "Cluster: deletionProtection is False in stack 'prod'; it must be true"
     ]
-    assert rules.prod_deletion_protection(rules.FILESTORE, {}, PROD) == [
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "REGIONAL"}, PROD) == [
         "Filestore instance: deletionProtectionEnabled is None in stack 'prod'; it must be true"
     ]
+
+
+@pytest.mark.parametrize("tier", ["BASIC_HDD", "BASIC_SSD"])
+def test_a_basic_filestore_is_protected_by_pulumi_not_by_the_api(tier: str) -> None:
+    """The API has no deletion protection on BASIC tiers: asking for it fails the create, in any stack."""
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": tier}, PROD, protect=True) == []
+    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": tier}, PROD) == [
+        f"Filestore instance: tier {tier!r} in stack 'prod' must have Pulumi's `protect` option"
+    ]
+    for facts in (PROD, DEV):
+        (message,) = rules.prod_deletion_protection(
+            rules.FILESTORE, {"tier": tier, "deletionProtectionEnabled": True}, facts, protect=True
+        )
+        assert message.startswith(f"Filestore instance: tier {tier!r} has no deletion protection")
 
 
 # --- advisory cluster rules --------------------------------------------------------------------------
@@ -434,8 +450,99 @@ def test_rules_do_not_mutate_what_they_read() -> None:
     before = copy.deepcopy(props)
     for rule in rules.RULES:
         if rule.check_resource:
-            rule.check_resource(JOB, props, DEV)
+            rule.check_resource(JOB, props, DEV, **({"protect": False} if rule.reads_protect else {}))
         else:
             assert rule.check_stack
             rule.check_stack([res(JOB, props)], DEV)
     assert props == before
+
+
+# --- stack rules: workload storage scope -------------------------------------------------------------
+
+LOADER_SA = "st-dev-loader@p.iam.gserviceaccount.com"
+WORKER_SA = "st-dev-worker@p.iam.gserviceaccount.com"
+NODES_SA = "st-dev-nodes@p.iam.gserviceaccount.com"
+DATA_FACTS = StackFacts(stack="dev", dataset_uri="gs://acme-fraud/exports", output_uri="gs://acme-results/out")
+OUT_PREFIX = 'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
+
+
+def ksa(email: str, name: str) -> Resource:
+    props = {"metadata": {"name": name, "annotations": {contract.GCP_SERVICE_ACCOUNT_ANNOTATION: email}}}
+    return res(rules.SERVICE_ACCOUNT, props, name)
+
+
+def bucket_grant(email: str, bucket: str, role: str, expression: str | None = None, name: str = "g") -> Resource:
+    props: dict[str, Any] = {"bucket": bucket, "role": role, "member": f"serviceAccount:{email}"}
+    if expression:
+        props["condition"] = {"title": "t", "expression": expression}
+    return res(rules.BUCKET_IAM[0], props, name)
+
+
+def project_grant(email: str, role: str) -> Resource:
+    return res(rules.PROJECT_IAM[0], {"project": "p", "role": role, "member": f"serviceAccount:{email}"}, "pg")
+
+
+IDENTITIES = [ksa(LOADER_SA, "spot-trainer-loader"), ksa(WORKER_SA, "spot-trainer-worker")]
+
+
+def test_workload_roles_on_the_configured_buckets_pass() -> None:
+    resources = [
+        *IDENTITIES,
+        bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer"),
+        # The provider reports a created grant's bucket as "b/<name>".
+        bucket_grant(WORKER_SA, "b/acme-results", "roles/storage.objectUser", OUT_PREFIX),
+        bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectCreator", OUT_PREFIX, name="g2"),
+        # The nodes are no workload: their project role is the node rule's business, not this one's.
+        project_grant(NODES_SA, "roles/container.defaultNodeServiceAccount"),
+    ]
+    assert rules.workload_storage_scope(resources, DATA_FACTS) == []
+    # A stack without workload identities has nothing to check.
+    assert rules.workload_storage_scope([project_grant(NODES_SA, "roles/storage.admin")], DEV) == []
+
+
+def test_an_identity_found_through_its_workload_identity_binding_counts_too() -> None:
+    binding = res(rules.SA_IAM_MEMBER, {
+        "serviceAccountId": f"projects/p/serviceAccounts/{LOADER_SA}", "role": "roles/iam.workloadIdentityUser",
+        "member": "serviceAccount:p.svc.id.goog[ns/spot-trainer-loader]"}, "wi")  # fmt: skip
+    grant = project_grant(LOADER_SA, "roles/storage.objectViewer")
+    ((urn, message),) = rules.workload_storage_scope([binding, grant], DATA_FACTS)
+    assert urn == grant.urn and "on the whole project" in message
+
+
+@pytest.mark.parametrize(
+    ("grant", "message"),
+    [
+        (project_grant(LOADER_SA, "roles/storage.objectViewer"),
+         f"IAMMember 'pg': grants roles/storage.objectViewer on the whole project to workload service account "
+         f"{LOADER_SA}; grant object roles on the datasetUri/outputUri bucket instead"),
+        (project_grant(WORKER_SA, "roles/editor"),
+         f"IAMMember 'pg': grants roles/editor on the whole project to workload service account {WORKER_SA}; "
+         "grant object roles on the datasetUri/outputUri bucket instead"),
+        (bucket_grant(LOADER_SA, "other-bucket", "roles/storage.objectViewer"),
+         f"BucketIAMMember 'g': roles/storage.objectViewer on bucket 'other-bucket' for {LOADER_SA}: workloads may "
+         "only hold objectViewer on gs://acme-fraud/exports or objectCreator/objectUser under gs://acme-results/out"),
+        (bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.admin"),
+         f"BucketIAMMember 'g': roles/storage.admin on bucket 'acme-fraud' for {LOADER_SA}: workloads may only hold "
+         "objectViewer on gs://acme-fraud/exports or objectCreator/objectUser under gs://acme-results/out"),
+        (bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectUser"),
+         f"BucketIAMMember 'g': roles/storage.objectUser on bucket 'acme-results' for {WORKER_SA}: write access must "
+         'be limited to resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'),
+        (bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectUser",
+                      'resource.name.startsWith("projects/_/buckets/acme-results/objects/")'),
+         f"BucketIAMMember 'g': roles/storage.objectUser on bucket 'acme-results' for {WORKER_SA}: write access must "
+         'be limited to resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'),
+        (bucket_grant(WORKER_SA, "acme-fraud", "roles/storage.objectUser", OUT_PREFIX),
+         f"BucketIAMMember 'g': roles/storage.objectUser on bucket 'acme-fraud' for {WORKER_SA}: workloads may only "
+         "hold objectViewer on gs://acme-fraud/exports or objectCreator/objectUser under gs://acme-results/out"),
+    ],
+    ids=["project-storage-role", "project-basic-role", "other-bucket", "admin-on-data-bucket",
+         "write-without-condition", "write-on-whole-bucket", "write-on-data-bucket"],
+)  # fmt: skip
+def test_workload_roles_beyond_the_configured_buckets_are_violations(grant: Resource, message: str) -> None:
+    assert rules.workload_storage_scope([*IDENTITIES, grant], DATA_FACTS) == [(grant.urn, message)]
+
+
+def test_without_data_settings_a_workload_may_hold_no_bucket_role() -> None:
+    grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer")
+    ((_, message),) = rules.workload_storage_scope([*IDENTITIES, grant], DEV)
+    assert message.endswith("workloads hold no bucket roles unless datasetUri or outputUri is set")

@@ -16,7 +16,9 @@ import pytest
 import yaml
 from pulumi_policy import (
     EnforcementLevel,
+    PolicyCustomTimeouts,
     PolicyResource,
+    PolicyResourceOptions,
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
@@ -162,6 +164,25 @@ def test_a_wrapped_policy_knows_prod_from_the_urn() -> None:
     ]
 
 
+def test_a_wrapped_policy_reads_the_protect_option_from_the_engine() -> None:
+    """prod's BASIC_SSD share is guarded by `protect`, which the analyzer passes in ``args.opts``."""
+    (policy,) = [p for p in pack.policies() if p.name == "prod-deletion-protection"]
+    share = {"tier": "BASIC_SSD", "labels": {}}
+
+    def run(protect: bool) -> list[str]:
+        reported: list[str] = []
+        opts = PolicyResourceOptions(protect, [], False, [], PolicyCustomTimeouts(0, 0, 0), [])
+        urn = f"urn:pulumi:prod::spot-trainer::{rules.FILESTORE}::share"
+        args = ResourceValidationArgs(rules.FILESTORE, unknown_checking_proxy(share), urn, "share", opts, None)  # type: ignore[arg-type]
+        policy.validate(args, lambda message, urn=None: reported.append(message))
+        return reported
+
+    assert run(protect=True) == []
+    assert run(protect=False) == [
+        "Filestore instance: tier 'BASIC_SSD' in stack 'prod' must have Pulumi's `protect` option"
+    ]
+
+
 def test_wrapped_stack_policies_report_against_the_offending_urn(rendered: Callable[[str], Rendered]) -> None:
     r = rendered("dev")
     (policy,) = [p for p in pack.policies() if p.name == "redis-requires-password"]
@@ -218,13 +239,11 @@ def test_the_rules_import_without_provider_sdks() -> None:
 
 
 def test_the_pack_pins_what_the_project_pins() -> None:
-    def pins(path: Path) -> dict[str, str]:
-        lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
-        return dict(line.split("==") for line in lines if "==" in line)
+    from tests.policy.test_policy_workflows import requirement_lines
 
-    pack_pins = pins(render.REPO_ROOT / "policy" / "requirements.txt")
-    assert set(pack_pins) == {"pulumi", "pulumi-policy"}
-    assert pack_pins.items() <= pins(render.REPO_ROOT / "requirements.txt").items()
+    pack_pins = requirement_lines(render.REPO_ROOT / "policy" / "requirements.txt")
+    assert set(pack_pins) == {"pulumi", "pulumi-policy", "pyyaml"}  # no provider SDK: they are hundreds of MB
+    assert pack_pins.items() <= requirement_lines(render.REPO_ROOT / "requirements.txt").items()
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -254,3 +273,59 @@ def test_make_render_fails_on_a_mandatory_violation(
     monkeypatch.setattr(rules, "RULES", (rules.Rule("always", "d", rules.MANDATORY, lambda t, p, f: ["no"]),))
     assert offline.main(["dev", "--out", str(tmp_path)]) == 1
     assert "[mandatory] always:" in capsys.readouterr().out
+
+
+DATA = {"datasetUri": "gs://acme-fraud/exports", "outputUri": "gs://acme-results/out"}
+
+
+def test_a_stack_with_its_own_data_passes_and_a_wider_grant_does_not() -> None:
+    r = render.render("dev", DATA)
+    assert offline.check_rendered(r) == []
+    grant = "gcp:storage/bucketIAMMember:BucketIAMMember"
+
+    def elsewhere(props: dict[str, Any]) -> None:
+        props["bucket"] = "someone-elses-bucket"
+
+    def whole_bucket(props: dict[str, Any]) -> None:
+        props.pop("condition")
+
+    resources = mutated(r, grant, "loader-identity-objectviewer", elsewhere)
+    resources = mutated(Rendered(r.stack, r.config, resources), grant, "worker-identity-objectuser", whole_bucket)
+    found = offline.check(resources, offline.facts_of(r))
+    assert {(v.policy, v.level, v.resource) for v in found} == {
+        ("workload-storage-scope", rules.MANDATORY, f"{grant} loader-identity-objectviewer"),
+        ("workload-storage-scope", rules.MANDATORY, f"{grant} worker-identity-objectuser"),
+    }
+
+
+def test_the_pack_sees_the_data_settings_the_engine_passes() -> None:
+    facts = pack.stack_facts({"datasetUri": "gs://acme-fraud/exports/", "outputUri": "gs://acme-results/out"}, "dev")
+    assert (facts.dataset_uri, facts.output_uri) == ("gs://acme-fraud/exports", "gs://acme-results/out")
+    offline_facts = offline.facts_of(render.render("dev", DATA))
+    assert (offline_facts.dataset_uri, offline_facts.output_uri) == (facts.dataset_uri, facts.output_uri)
+
+
+def test_make_render_shows_the_service_accounts_and_their_roles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make render STACK=dev ARGS='datasetUri=... outputUri=...'``: identities on screen and on disk."""
+    args = ["dev", "--out", str(tmp_path), *(f"{k}={v}" for k, v in DATA.items())]
+    assert offline.main(args) == 0
+    out = capsys.readouterr().out
+    loader = "spot-trainer-dev-loader@spot-trainer-test.iam.gserviceaccount.com"
+    assert f"serviceAccount:{loader}: roles/storage.objectViewer on bucket acme-fraud\n" in out
+    assert (
+        "roles/storage.objectUser on bucket acme-results if "
+        'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
+    ) in out
+    assert "svc.id.goog[spot-trainer/spot-trainer-loader]: roles/iam.workloadIdentityUser on " in out
+    ksa = yaml.safe_load((tmp_path / "manifests" / "serviceaccount-spot-trainer-spot-trainer-loader.yaml").read_text())
+    assert ksa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": loader}
+    inventory = json.loads((tmp_path / "inventory.json").read_text())["resources"]
+    types = {r["type"] for r in inventory}
+    assert {"gcp:serviceaccount/iAMMember:IAMMember", "gcp:storage/bucketIAMMember:BucketIAMMember"} <= types
+
+
+def test_make_render_reports_a_bad_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert offline.main(["dev", "--out", str(tmp_path), "runs=[main, v2]"]) == 2
+    assert "the old list form is now a map: {main: {}, v2: {}}" in capsys.readouterr().err

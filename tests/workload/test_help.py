@@ -1,0 +1,103 @@
+"""A command line people can learn from `--help`; `status --dir` reads a running `local`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import ROOT
+
+from workload import cli
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def flags(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if a.option_strings and "-h" not in a.option_strings]
+
+
+def shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def test_every_command_has_an_example_and_every_flag_its_default_and_env(monkeypatch) -> None:
+    for var in ("SHARE_DIR", "REDIS_URL", "QUEUE_PREFIX", "MAX_ATTEMPTS", "RUNS_FILE", "DATASETS_SRC", "DATASET",
+                "DATASET_PRESET", "WORKER_ID", "LEASE_TTL_SECONDS", "CHECKPOINT_INTERVAL_SECONDS", "TORCH_THREADS",
+                "OUTPUT_URI"):
+        monkeypatch.delenv(var, raising=False)
+    assert set(commands()) >= {"seed", "worker", "status", "export", "score", "local"}
+    for name, p in commands().items():
+        assert re.search(rf"^example:\n  .*python -m workload {name}\b", p.epilog or ""), f"{name}: no example"
+        for action in flags(p):
+            where = f"{name} {action.option_strings[0]}"
+            assert action.help and ("env " in action.help or "no env" in action.help), f"{where}: says no env"
+            assert "default" in action.help or "required" in action.help, f"{where}: says no default"
+            if action.default is not None and not action.required:
+                assert f"default {shown(action.default)}" in action.help, f"{where}: help disagrees with the default"
+
+
+def test_each_env_variable_named_in_a_help_text_sets_its_flag(monkeypatch) -> None:
+    checked = 0
+    for name, p in commands().items():
+        for action in flags(p):
+            var = re.search(r"\benv ([A-Z_]+)[;)]", action.help)
+            if not var:
+                continue
+            monkeypatch.setenv(var[1], "7")
+            required = ["--model", "m", "--datasets", "d"] if name == "score" else []
+            value = getattr(cli.parser().parse_args([name, *required]), action.dest)
+            monkeypatch.delenv(var[1])
+            assert str(value) in ("7", "7.0"), f"{name} {action.option_strings[0]}: env {var[1]} is not read"
+            checked += 1
+    assert checked >= 15
+
+
+def test_flags_that_mean_nothing_for_a_command_are_not_offered() -> None:
+    offered = {name: {s for a in flags(p) for s in a.option_strings} for name, p in commands().items()}
+    for name in ("seed", "status"):
+        assert "--max-attempts" not in offered[name], name  # only claims and releases count attempts
+    for name in ("export", "score", "local"):
+        assert not {"--redis-url", "--queue-prefix", "--max-attempts"} & offered[name], name
+    assert "--share" not in offered["score"] and "--share" not in offered["local"]
+
+
+def test_status_dir_reads_a_running_local_without_showing_its_password(tmp_path: Path, dataset_src: Path) -> None:
+    base = tmp_path / "local"
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": {"epochs": 400}}))
+    proc = subprocess.Popen([sys.executable, "-m", "workload", "local", "--dir", str(base), "--datasets",
+                             str(dataset_src), "--runs-file", str(runs), "--workers", "1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        connection = base / "redis" / "connection.json"
+        deadline = time.monotonic() + 120
+        while not list((base / "share" / "output").glob("*/checkpoints/manifest.json")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        assert connection.stat().st_mode & 0o777 == 0o600
+        password = json.loads(connection.read_text())["password"]
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "REDIS_PASSWORD", "SHARE_DIR")}
+        out = subprocess.run([sys.executable, "-m", "workload", "status", "--dir", str(base)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "run main: " in out.stdout and "leased: main/training/" in out.stdout, out.stdout
+        assert password not in out.stdout + out.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        log, _ = proc.communicate(timeout=60)
+    assert f"queue status from another terminal: {sys.executable} -m workload status --dir {base}" in log, log
+    assert password not in log
+    assert not connection.exists(), "a stopped local leaves no connection file behind"
+    out = subprocess.run([sys.executable, "-m", "workload", "status", "--dir", str(base)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no `python -m workload local` is running there" in out.stderr, out.stderr

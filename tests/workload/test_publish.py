@@ -1,0 +1,238 @@
+"""Publishing datasets from a folder: real exports as they are, the rules a dataset keeps over time,
+and one-line errors that name the user's own file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant, real_export, shuffled
+from harness import HPARAMS, ROOT, Cluster, same_weights
+
+from workload import dataset as ds
+from workload import features, publish, schema
+from workload.source import LocalSource
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def publish_from(folder: Path, root: Path) -> publish.Outcome:
+    return publish.publish(root, LocalSource(folder))
+
+
+def same_examples(a: ds.Examples, b: ds.Examples) -> None:
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.y, b.y)
+    np.testing.assert_array_equal(a.day, b.day)
+
+
+# -- real exports -----------------------------------------------------------------------------------
+def test_real_exports_read_exactly_as_the_canonical_files(tmp_path: Path, dataset_src: Path) -> None:
+    """Shuffled rows, Z / +02:00 / UTC / zone-typed timestamps, floats and text for integers: each
+    day reads to the same frame, value for value, as the simulator's own file."""
+    export = real_export(dataset_src, tmp_path / "export")
+    assert {p.suffix for p in export.glob("*/*")} == {".csv", ".parquet"}
+    for original in sorted(dataset_src.glob("*/*.parquet")):
+        shaped = next((export / original.parent.name).glob(f"{original.stem}.*"))
+        pd.testing.assert_frame_equal(ds.read_transactions(shaped), ds.read_transactions(original), check_exact=True)
+
+
+def test_ties_in_time_are_ordered_by_transaction_id_whatever_the_file_order(tmp_path: Path, dataset_src: Path) -> None:
+    """Real days are sorted by the second at best; within a second IDs come in any order. Features
+    must not depend on that order."""
+    ordered, scrambled = tmp_path / "ordered", tmp_path / "scrambled"
+    for i, path in enumerate(sorted(dataset_src.glob("*/*.parquet"))):
+        frame = pd.read_parquet(path)
+        frame[schema.TX_DATETIME] = frame[schema.TX_DATETIME].dt.floor("h")  # hundreds of ties a day
+        for root, rows in ((ordered, frame), (scrambled, shuffled(frame, seed=i))):
+            (root / path.parent.name).mkdir(parents=True, exist_ok=True)
+            rows.to_parquet(root / path.parent.name / path.name, index=False)
+    assert pd.read_parquet(scrambled / DAY3)[schema.TX_DATETIME].duplicated().sum() > 100
+    a, b = publish_from(ordered, tmp_path / "share" / "a"), publish_from(scrambled, tmp_path / "share" / "b")
+    data_a, data_b = ds.Dataset(a.root), ds.Dataset(b.root)
+    frame = data_b._read(DAY3)
+    keys = list(zip(frame[schema.TX_DATETIME], frame[schema.TRANSACTION_ID], strict=True))
+    assert keys == sorted(keys), "rows are ordered by time, ties by transaction ID"
+    for shard in data_a.training_shards():
+        same_examples(data_a.examples([shard]), data_b.examples([shard]))
+    same_examples(data_a.test_examples(), data_b.test_examples())
+
+
+def test_a_real_export_trains_to_the_reference_weights(cluster: Cluster, tmp_path: Path,
+                                                        reference_state: dict) -> None:
+    export = real_export(cluster.dataset_src, tmp_path / "export")
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": HPARAMS}))
+    out = seed(cluster, "--datasets", str(export), "--runs-file", str(runs))
+    assert out.returncode == 0, out.stderr
+    cluster.start_worker("w")
+    assert cluster.wait_all() == [0], cluster.log("w")
+    assert same_weights(cluster.final_state(), reference_state), "a real export trains as the canonical files"
+
+
+# -- the rules of a dataset over time -------------------------------------------------------------
+def test_new_days_are_appended_and_nothing_is_copied_twice(tmp_path: Path, dataset_src: Path) -> None:
+    folder = copy_files(dataset_src, tmp_path / "export", keep=lambda rel: rel != "training/2018-04-06.parquet")
+    root = tmp_path / "datasets" / "d"
+    first = publish_from(folder, root)
+    assert (len(first.copied), first.unchanged) == (7, 0)
+    manifest = (root / ds.MANIFEST).read_bytes()
+    again = publish_from(folder, root)
+    assert (again.copied, again.unchanged) == ([], 7)
+    assert (root / ds.MANIFEST).read_bytes() == manifest, "an unchanged source rewrites nothing"
+
+    running = ds.Dataset(root)  # a worker's view, opened before the day arrives
+    copy_files(dataset_src, folder, keep=lambda rel: rel == "training/2018-04-06.parquet")
+    grown = publish_from(folder, root)
+    assert (grown.copied, grown.unchanged) == (["training/2018-04-06.parquet"], 7)
+    assert ds.Dataset(root).training_shards()[-1] == "training/2018-04-06.parquet"
+    same_examples(running.examples(["training/2018-04-06.parquet"]),
+                  ds.Dataset(dataset_src).examples(["training/2018-04-06.parquet"]))
+    recorded = json.loads((root / ds.MANIFEST).read_text())
+    assert recorded["source"] == str(folder.resolve())
+    entry = next(e for e in recorded["files"] if e["path"] == "training/2018-04-06.parquet")
+    assert entry["source"]["uri"] == str(folder / "training/2018-04-06.parquet")
+    assert entry["source"]["size"] == (folder / "training/2018-04-06.parquet").stat().st_size
+
+
+def test_a_changed_day_is_refused_by_name_and_nothing_is_published(tmp_path: Path, dataset_src: Path) -> None:
+    folder = copy_files(dataset_src, tmp_path / "export", keep=lambda rel: rel != "training/2018-04-06.parquet")
+    root = tmp_path / "datasets" / "d"
+    publish_from(folder, root)
+    manifest = (root / ds.MANIFEST).read_bytes()
+    frame = pd.read_parquet(folder / DAY3)
+    frame.loc[0, schema.TX_AMOUNT] += 1
+    frame.to_parquet(folder / DAY3, index=False)
+    copy_files(dataset_src, folder, keep=lambda rel: rel == "training/2018-04-06.parquet")  # a new day, too
+    with pytest.raises(ds.DatasetError) as err:
+        publish_from(folder, root)
+    message = str(err.value)
+    assert f"{DAY3} ({folder / DAY3}) changed since it was published" in message and "immutable" in message
+    assert (root / ds.MANIFEST).read_bytes() == manifest
+    assert not (root / "training/2018-04-06.parquet").exists()
+
+
+def test_another_source_for_a_published_dataset_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "datasets" / "d"
+    publish_from(copy_files(dataset_src, tmp_path / "one"), root)
+    with pytest.raises(ds.DatasetError, match=r"dataset 'd' on the share was published from .*/one; refusing to feed "
+                                              r"it from .*/two: a dataset has one source"):
+        publish_from(copy_files(dataset_src, tmp_path / "two"), root)
+
+
+def renumbered(folder: Path) -> Path:
+    """Each file numbering its transactions from 0: what per-day exports of a row counter give."""
+    for path in folder.glob("*/*.parquet"):
+        frame = pd.read_parquet(path)
+        frame[schema.TRANSACTION_ID] = np.arange(len(frame))
+        frame.to_parquet(path, index=False)
+    return folder
+
+
+def test_transaction_ids_must_be_unique_across_the_dataset(tmp_path: Path, dataset_src: Path) -> None:
+    folder = renumbered(copy_files(dataset_src, tmp_path / "export"))
+    root = tmp_path / "datasets" / "d"
+    with pytest.raises(ds.DatasetError, match=r"TRANSACTION_ID 0 is in both .*/export/\w+/2018-04-0\d\.parquet and "
+                                              r".*/export/\w+/2018-04-0\d\.parquet; transaction IDs must be unique"):
+        publish_from(folder, root)
+    assert not root.exists() and not list(root.parent.iterdir()), "nothing published, no staging left"
+
+
+def test_a_new_day_reusing_published_ids_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    folder = copy_files(dataset_src, tmp_path / "export", keep=lambda rel: rel != "training/2018-04-06.parquet")
+    root = tmp_path / "datasets" / "d"
+    publish_from(folder, root)
+    day6 = pd.read_parquet(dataset_src / "training/2018-04-06.parquet")
+    day6[schema.TRANSACTION_ID] -= day6[schema.TRANSACTION_ID].min()  # 0, 1, ... like the first day
+    day6.to_parquet(folder / "training/2018-04-06.parquet", index=False)
+    with pytest.raises(ds.DatasetError, match=r"TRANSACTION_ID 0 is in both .*2018-04-0[16]\.parquet and"):
+        publish_from(folder, root)
+    assert "training/2018-04-06.parquet" not in ds.Dataset(root).training_shards()
+
+
+def test_training_and_testing_days_must_not_overlap(tmp_path: Path, dataset_src: Path) -> None:
+    folder = copy_files(dataset_src, tmp_path / "export")
+    same_day = pd.read_parquet(folder / "training/2018-04-06.parquet")
+    same_day[schema.TRANSACTION_ID] += 10**9  # other IDs: only the date gives it away
+    same_day.to_parquet(folder / "testing/2018-04-06.parquet", index=False)
+    with pytest.raises(ds.DatasetError) as err:
+        publish_from(folder, tmp_path / "datasets" / "d")
+    message = str(err.value)
+    assert f"{folder}/testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06)" in message
+    assert f"{folder}/training/2018-04-06.parquet (training, 2018-04-06..2018-04-06)" in message
+    assert "overlaps" in message and "a day is history, training or testing, never two of them" in message
+
+
+def test_history_days_feed_features_but_are_never_trained_or_evaluated(tmp_path: Path, dataset_src: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    history = {"training/2018-04-01.parquet", "training/2018-04-02.parquet"}
+    folder = copy_files(dataset_src, tmp_path / "export",
+                        role_of=lambda rel: "history" if rel in history else rel.split("/")[0])
+    with caplog.at_level(logging.WARNING):
+        out = publish_from(folder, tmp_path / "datasets" / "d")
+    data, full = ds.Dataset(out.root), ds.Dataset(dataset_src)
+    assert data.training_shards() == ["training/2018-04-03.parquet", "training/2018-04-04.parquet",
+                                      "training/2018-04-05.parquet", "training/2018-04-06.parquet"]
+    assert sorted(e["path"] for e in data.files if e["role"] == "history") == sorted(
+        f"history/{Path(r).name}" for r in history)
+    same_examples(data.examples([DAY3]), full.examples([DAY3]))  # the history days fill the windows
+    same_examples(data.test_examples(), full.test_examples())
+    warnings = [r.getMessage() for r in caplog.records if "features look back" in r.getMessage()]
+    assert warnings == [f"dataset d: features look back {features.LOOKBACK_DAYS} days (features.LOOKBACK_DAYS), "
+                        "but the first training/test day 2018-04-03 has 2 day(s) of history before it: 6 "
+                        "training/test file(s) get shortened feature windows; put earlier days in history/ to "
+                        "give them full history"], "warned once, with what is wanted and what exists"
+
+
+def test_a_zero_row_day_on_the_share_is_an_item_error(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "d"
+    shutil.copytree(dataset_src, root)
+    pd.read_parquet(root / DAY3).iloc[:0].to_parquet(root / DAY3, index=False)
+    with pytest.raises(ds.DatasetError, match=f"{root / DAY3}: the file has no rows"):
+        ds.Dataset(root).examples([DAY3])
+
+
+# -- seed: errors name the user's file, in one line, and publish nothing ---------------------------
+def seed(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workload", "seed", *args], env=cluster.env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_file_is_refused_in_one_line_naming_the_users_file(cluster: Cluster, tmp_path: Path, case: str) -> None:
+    folder = copy_files(cluster.dataset_src, tmp_path / "export")
+    bad = plant(folder, case, cluster.dataset_src)
+    out = seed(cluster, "--datasets", str(folder), "--dataset", "mine")
+    assert out.returncode == 2, out.stderr
+    line = one_error_line(out.stderr)
+    assert f"dataset problem: {bad}: {BAD_FILES[case][2]}" in line, line
+    datasets = cluster.share / "datasets"
+    assert not (datasets / "mine").exists() and not list(datasets.iterdir()), "nothing published, nothing left"
+    assert cluster.counts().total == 0
+
+
+def test_the_warning_and_the_sync_figures_of_seed(cluster: Cluster, tmp_path: Path) -> None:
+    folder = copy_files(cluster.dataset_src, tmp_path / "export")
+    first, again = (seed(cluster, "--datasets", str(folder)) for _ in range(2))
+    assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+    assert f"synced {folder.resolve()} into {cluster.share / 'datasets' / 'fraud'}: 8 file(s) copied, 0 unchanged" \
+        in first.stderr
+    assert "8 file(s) copied" not in again.stderr and ": 0 file(s) copied, 8 unchanged" in again.stderr
+    assert first.stderr.count("features look back") == 1
+
+
+def test_a_folder_laid_out_by_hand_is_not_overwritten(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "datasets" / "d"
+    (root / "training").mkdir(parents=True)
+    (root / "training" / "mine.parquet").write_bytes(b"someone's file")
+    with pytest.raises(ds.DatasetError, match=f"{root} is on the share without a manifest.json"):
+        publish_from(copy_files(dataset_src, tmp_path / "export"), root)
+    assert (root / "training" / "mine.parquet").read_bytes() == b"someone's file"
+    assert [p.name for p in root.parent.iterdir()] == ["d"], "no staging left"

@@ -1,0 +1,173 @@
+"""Publishing a dataset on the share: the rules a dataset keeps over time, in one place.
+
+- **One source per dataset.** The manifest records where the dataset came from (a folder, a
+  ``gs://`` prefix, the simulator); another source under the same name is refused: publish it
+  under a new dataset name.
+- **Days are immutable.** A file already published never changes; if its source copy changed (other
+  size or checksum), ``seed`` refuses, naming the day. Publish under a new name to start over.
+- **New days are appended.** Files new in the source are copied, validated together with the
+  published ones (transaction IDs unique across the dataset, roles apart in time), moved in, and
+  then the manifest is replaced: the manifest is the publishing point, so a worker never sees a
+  half-added day. ``seed`` then enqueues them for every run (see ``workload.plan``).
+- **Nothing half-done.** Files are copied to a staging folder on the share first; a bad file, an
+  unreachable bucket or a kill leaves the published dataset as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workload import dataset as ds
+from workload import schema
+from workload.fsutil import fsync_dir
+from workload.source import Source, SourceFile
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one publish did: files copied from the source, files already on the share."""
+
+    root: Path
+    source: str
+    copied: list[str]
+    unchanged: int
+    entries: list[dict[str, Any]]
+
+
+def recorded_source(root: Path) -> str | None:
+    """The source a published dataset records; None if the dataset is absent or records none."""
+    if not (root / ds.MANIFEST).exists():
+        return None
+    return ds.read_manifest(root).get("source")
+
+
+def check_source(root: Path, manifest: dict[str, Any], uri: str) -> None:
+    recorded = manifest.get("source")
+    if recorded == uri:
+        return
+    seen = f"was published from {recorded}" if recorded else "records no source (laid out by hand or an older seed)"
+    raise ds.DatasetError(f"dataset {root.name!r} on the share {seen}; refusing to feed it from {uri}: a dataset "
+                          "has one source. Publish this one under a new dataset name (--dataset NAME)")
+
+
+def _changed(f: SourceFile, entry: dict[str, Any]) -> str:
+    was = entry.get("source") or {}
+    return (f"{f.rel} ({f.uri}) changed since it was published ({was.get('size')} bytes, crc32c "
+            f"{was.get('crc32c')}; now {f.size} bytes, crc32c {f.crc32c}); published days are immutable: "
+            "restore it, or publish the changed data under a new dataset name (--dataset NAME)")
+
+
+def publish(root: Path, src: Source) -> Outcome:
+    """Bring the dataset at `root` up to date with `src`: copy what is new, refuse what changed.
+
+    Two seeders at once (a loader retried while the first still runs) stage separately; the first
+    to rename publishes, the other finds the dataset published and syncs against it."""
+    try:
+        return _publish(root, src)
+    except _PublishedMeanwhile:
+        return _publish(root, src)
+
+
+class _PublishedMeanwhile(Exception):
+    pass
+
+
+def _publish(root: Path, src: Source) -> Outcome:
+    manifest = ds.read_manifest(root) if (root / ds.MANIFEST).exists() else None
+    if manifest is None and root.exists():
+        if any(root.iterdir()):
+            raise ds.DatasetError(f"{root} is on the share without a {ds.MANIFEST} (not published by seed): "
+                                  "remove it, or publish under another dataset name (--dataset NAME)")
+        root.rmdir()
+    if manifest is not None:
+        check_source(root, manifest, src.uri)
+    published = {e["path"]: e for e in (manifest or {"files": []})["files"]}
+    listed = src.files()
+    for f in listed:
+        ds.check_suffix(f.rel, f.uri)  # pickle is refused before a byte is copied
+    changed = [f for f in listed if f.rel in published and not f.same_content(published[f.rel].get("source") or {})]
+    if changed:
+        more = f" (and {len(changed) - 1} more changed file(s))" if len(changed) > 1 else ""
+        raise ds.DatasetError(_changed(changed[0], published[changed[0].rel]) + more)
+    gone = sorted(set(published) - {f.rel for f in listed})
+    if gone and manifest is not None:
+        log.warning("%s: %d published file(s) are no longer in the source and stay on the share (days are "
+                    "immutable), for example %s", src.uri, len(gone), ", ".join(gone[:3]))
+    new = [f for f in listed if f.rel not in published]
+    entries = list(published.values())
+    if new or manifest is None:
+        entries = _add(root, src, new, manifest is None, entries)
+    warning = ds.history_shortfall(entries)
+    if warning:
+        log.warning("dataset %s: %s", root.name, warning)
+    return Outcome(root=root, source=src.uri, copied=[f.rel for f in new], unchanged=len(listed) - len(new),
+                   entries=entries)
+
+
+def _add(root: Path, src: Source, new: list[SourceFile], first: bool,
+         published: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copy `new` into a staging folder, validate them with the published files, then publish."""
+    _remove_stale_staging(root)
+    staging = root.parent / f".{root.name}.staging-{uuid.uuid4().hex[:12]}"  # unique: loader pods are all pid 1
+    staging.mkdir(parents=True)  # with the umask's mode, as the published folder must have (mkdtemp would give 0700)
+    try:
+        added, ids = [], {}
+        for f in new:
+            dest = staging / f.rel
+            src.fetch(f, dest)
+            frame = ds.read_transactions(dest, where=f.uri)
+            added.append({**ds.describe(frame, f.rel), "source": f.identity()})
+            ids[f.rel] = frame[schema.TRANSACTION_ID].to_numpy()
+        for entry in published:
+            ids[entry["path"]] = ds.read_ids(root / entry["path"], ds.source_name(entry))
+        entries = published + added
+        ds.check_dataset(entries, ids, src.uri)
+        if first:
+            ds.save_manifest(staging, entries, src.uri)
+            try:
+                os.rename(staging, root)  # the whole dataset appears at once
+            except OSError:
+                if not (root / ds.MANIFEST).exists():
+                    raise
+                raise _PublishedMeanwhile() from None
+            fsync_dir(root.parent)
+        else:
+            for f in new:
+                (root / f.rel).parent.mkdir(exist_ok=True)
+                os.replace(staging / f.rel, root / f.rel)  # invisible to workers until the manifest names it
+            for role in {f.rel.split("/")[0] for f in new}:
+                fsync_dir(root / role)
+            ds.save_manifest(root, entries, src.uri)
+        _log_added(root, src.uri, added, first)
+        return entries
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_stale_staging(root: Path, older_than_s: float = 86400) -> None:
+    """Staging folders left by a seeder killed mid-copy (a day old: no live seeder is that slow)."""
+    for stale in root.parent.glob(f".{root.name}.staging-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > older_than_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except FileNotFoundError:
+            continue
+
+
+def _log_added(root: Path, uri: str, added: list[dict[str, Any]], first: bool) -> None:
+    rows = sum(e["rows"] for e in added)
+    frauds = sum(e["frauds"] for e in added)
+    days = sorted({e["first"] for e in added} | {e["last"] for e in added})
+    span = f", {days[0]}..{days[-1]}" if days else ""
+    log.info("dataset %s %s from %s: %d file(s)%s, %d transactions, %d fraudulent (%.2f%%)", root,
+             "published" if first else "extended", uri, len(added), span, rows, frauds,
+             100 * frauds / max(rows, 1))
