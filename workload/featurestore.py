@@ -55,14 +55,24 @@ def paths(root: Path, rel: str) -> tuple[Path, Path]:
 
 
 def inputs(dataset: Dataset, rel: str) -> list[dict[str, Any]]:
-    """The dataset files a day's feature window reads (itself and LOOKBACK_DAYS before it), as the
-    dataset manifest describes them: if any of them changes, the day's features are stale."""
+    """The dataset files a day's feature window reads (itself and LOOKBACK_DAYS before it): their
+    manifest entries and their size and modification time on the share. If any of them changes (a
+    day replaced, damaged, or re-described), the day's stored features are stale: recomputing them
+    reads the files again, so a damaged day fails as it would have without the store."""
     entry = dataset.entry(rel)
     first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])
     start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
     keys = ("path", "rows", "frauds", "first", "last", "start", "end")
-    return [{k: f.get(k) for k in keys} for f in dataset.files
-            if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last)]
+    out = []
+    for f in dataset.files:
+        if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
+            try:
+                st = (dataset.root / f["path"]).stat()
+                seen: dict[str, Any] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+            except OSError as exc:
+                seen = {"missing": exc.strerror or str(exc)}
+            out.append({**{k: f.get(k) for k in keys}, **seen})
+    return out
 
 
 def _to_bytes(out: dict[str, np.ndarray]) -> bytes:
@@ -124,7 +134,7 @@ def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
         raise StaleFeatures(f"{entry_path}: features of version {entry.get('version')!r}, this code computes "
                             f"{features.FEATURE_VERSION!r}")
     if entry.get("inputs") != inputs(dataset, rel):
-        raise StaleFeatures(f"{entry_path}: computed from other dataset files than the manifest now lists")
+        raise StaleFeatures(f"{entry_path}: computed from other dataset files than the share now holds")
     if entry.get("bytes") != len(data) or entry.get("sha256") != hashlib.sha256(data).hexdigest():
         raise StaleFeatures(f"{data_path}: checksum mismatch with {entry_path.name} (damaged or replaced)")
     try:

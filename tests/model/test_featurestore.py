@@ -158,3 +158,16 @@ def test_a_stored_file_holding_pickled_objects_is_refused_unread(root: Path) -> 
     entry.write_text(json.dumps({**meta, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}))
     with pytest.raises(featurestore.StaleFeatures, match="dtype object, expected <f4"):
         featurestore.load(_fresh(root), rel)
+
+
+def test_a_day_file_replaced_after_seeding_is_read_again_not_served_from_the_store(root: Path) -> None:
+    """Features are bound to the bytes they came from: a day damaged after seeding fails as it would
+    without the store (its item is dead-lettered), instead of training on what it used to hold."""
+    data = _fresh(root)
+    featurestore.ensure(data)
+    rel = data.training_shards()[5]
+    (root / rel).write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(featurestore.StaleFeatures, match="other dataset files than the share now holds"):
+        featurestore.load(_fresh(root), rel)
+    with pytest.raises((OSError, ds.DatasetError), match="2018-04-06.parquet"):
+        _fresh(root).examples([rel])
