@@ -11,7 +11,7 @@ ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render preview clean-local bench chaos
+.PHONY: local test lint check render preview clean-local bench chaos mutation
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -52,6 +52,11 @@ bench: $(ALL_STAMP)
 
 chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
+
+# Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md.
+mutation: $(ALL_STAMP)
+	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 
 lint: $(ALL_STAMP)
 	$(PY) -m ruff check .

@@ -1,0 +1,398 @@
+"""`make mutation`: does the suite catch small, realistic bugs planted in the core? (mutmut 3)
+
+A green suite proves little by itself: a test that never looks at a boundary, a rule, an fsync passes
+whether the code is right or not. mutmut plants one small bug at a time (``<=`` -> ``<``, a string, a
+constant, a dropped call) and runs the tests that cover the mutated function; a mutant the tests let
+through is a bug they would let through too.
+
+Each group of core modules is mutated against its own tests only (the whole suite per mutant would
+take days on 2 cores): the group's files are staged in ``build/mutation/<group>/`` with the
+``[tool.mutmut]`` settings of ``pyproject.toml`` plus the group's modules and tests, and mutmut runs
+there (``mutants/`` below it is mutmut's copy; a process a test starts with ``python -m workload``
+runs the mutant too, because the harness puts its own checkout on ``PYTHONPATH`` and the active mutant
+travels in the environment). mutmut picks a mutant's tests by what each test called in the pytest
+process, so a test that reaches a function only through a subprocess is never picked for it: give
+such a test an in-process twin (test_atomic_writes.py has one). Prints the score per module and every
+surviving mutant as a one-line diff; a survivor that cannot change behaviour is listed in
+``EQUIVALENT`` with the reason, and leaves the score.
+
+    python -m bench.mutation                  # every group (what `make mutation` runs); exit 1 below the floor
+    python -m bench.mutation --only metrics policy --jobs 1
+    python -m bench.mutation --write          # also record the figures in docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE = ROOT / "build" / "mutation"
+DOCS = ROOT / "docs" / "benchmarks.md"
+# docs/benchmarks.md is rewritten by `make bench`; this block is carried over (bench/run.py keeps it).
+BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
+FLOOR = 90.0  # percent of non-equivalent mutants the suite must kill (issue 13)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Modules mutated together, and the tests that exercise them (mutmut runs only those that cover
+    the mutated function). ``pending`` says why a group cannot be measured yet."""
+
+    name: str
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+    pending: str = ""
+
+
+GROUPS: tuple[Group, ...] = (
+    Group("queue", ("workload/queue.py",), ("tests/workload/test_queue.py",)),
+    Group(
+        "checkpoint",
+        ("workload/checkpoint.py", "workload/fsutil.py"),
+        ("tests/workload/test_checkpoint.py", "tests/workload/test_atomic_writes.py"),
+    ),
+    Group(
+        "worker",
+        ("workload/worker.py",),
+        (),
+        pending="no test drives workload.worker in the pytest process: the fault tests run it as "
+        "`python -m workload` subprocesses, which mutmut cannot map to functions, and running them for each "
+        "of its mutants takes hours; add an in-process worker test module here",
+    ),
+    Group(
+        "features",
+        ("workload/features.py",),
+        ("tests/model/test_features.py", "tests/model/test_feature_boundaries.py"),
+    ),
+    Group(
+        "dataset",
+        ("workload/dataset.py",),
+        ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py"),
+    ),
+    Group(
+        "metrics",
+        ("workload/metrics.py",),
+        ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py"),
+    ),
+    Group(
+        "trainer",
+        ("workload/trainer.py",),
+        ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py"),
+    ),
+    Group(
+        "infra",
+        tuple(
+            f"infra/{m}.py"
+            for m in (
+                "cluster", "filestore", "gpu", "identity", "image", "jobs", "network", "redis", "services",
+                "share_prep", "program",
+            )
+        ),
+        (
+            "tests/infra/test_infra_stack.py",
+            "tests/infra/test_infra_jobs.py",
+            "tests/infra/test_infra_share.py",
+            "tests/infra/test_infra_data.py",
+            "tests/infra/test_durability_pairs.py",
+        ),
+    ),
+    Group(
+        "policy",
+        ("policy/rules.py",),
+        ("tests/policy/test_policy_rules.py", "tests/policy/test_redis_admission.py"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A survivor that cannot change behaviour: in ``module`` ("*": any), the changed line with ``before``
+    replaced by ``after`` (a whole line, or the part of it that mutmut changed)."""
+
+    module: str
+    before: str
+    after: str
+    why: str
+
+    def explains(self, module: str, before: str, after: str) -> bool:
+        if self.module not in ("*", module):
+            return False
+        at = before.find(self.before)
+        while at != -1:  # the mutated occurrence may be any of them
+            if before[:at] + self.after + before[at + len(self.before):] == after:
+                return True
+            at = before.find(self.before, at + 1)
+        return False
+
+
+# One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
+# survives unrelated edits (mutmut's mutant numbers do not).
+TIES = "ties are merged afterwards (summed per distinct score, or given their mean rank): their order cannot matter"
+LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
+TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
+TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
+EQUIVALENT: tuple[Equivalent, ...] = (
+    Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
+    Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
+    Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),
+    Equivalent("workload/fsutil.py", "half = len(data) // 2", "half = len(data) // 3",
+               "it only places the mid-write fault point; any split inside the data is mid-write"),
+    Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=None)", TEMP),
+    Equivalent("workload/fsutil.py", "Path(tmp).unlink(missing_ok=True)", "Path(tmp).unlink(missing_ok=False)", TEMP),
+    Equivalent("policy/rules.py", '.rsplit("/", 1)[-1]', '.rsplit("/", 2)[-1]', LAST_PIECE),
+    Equivalent("policy/rules.py", '.rsplit("/", 1)[-1]', '.rsplit("/", )[-1]', LAST_PIECE),
+    Equivalent("policy/rules.py", "}.get(str(op), False)", "}.get(str(op), None)", TRUTH),
+    Equivalent("policy/rules.py", "}.get(str(op), False)", "}.get(str(op), )", TRUTH),
+    Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, kind=None)", TIES),
+    Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
+    Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
+    Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+)
+
+# Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
+DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+UNDETECTED = {"survived", "suspicious", "no tests"}  # the rest: skipped, or not tested at all (an interrupted run)
+
+
+@dataclass
+class Survivor:
+    name: str
+    module: str
+    before: str
+    after: str
+    why: str = ""  # set when EQUIVALENT explains it
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    statuses: Counter[str] = field(default_factory=Counter)
+    survivors: list[Survivor] = field(default_factory=list)
+
+    @property
+    def equivalent(self) -> int:
+        return sum(1 for s in self.survivors if s.why)
+
+    @property
+    def detected(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status in DETECTED)
+
+    @property
+    def counted(self) -> int:
+        return sum(self.statuses.values()) - self.equivalent - self.statuses["skipped"]
+
+    @property
+    def score(self) -> float:
+        return 100.0 * self.detected / self.counted if self.counted else float("nan")
+
+
+def base_config() -> dict[str, object]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # strings and numbers: JSON's forms are valid TOML
+
+
+def group_pyproject(text: str, group: Group) -> str:
+    """``pyproject.toml`` with its ``[tool.mutmut]`` table narrowed to the group's modules and tests."""
+    settings = {**base_config(), "only_mutate": list(group.modules),
+                "pytest_add_cli_args_test_selection": list(group.tests)}
+    kept, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("["):
+            skipping = line.strip() == "[tool.mutmut]"
+        if not skipping:
+            kept.append(line)
+    table = ["[tool.mutmut]", *(f"{k} = {_toml_value(v)}" for k, v in settings.items())]
+    return "\n".join(kept).rstrip() + "\n\n" + "\n".join(table) + "\n"
+
+
+def stage(group: Group) -> Path:
+    """A fresh copy of the checkout's files (tracked and new, not ignored) for this group's run."""
+    where = STAGE / group.name
+    shutil.rmtree(where, ignore_errors=True)
+    for rel in _checkout_files():
+        src = ROOT / rel
+        if src.is_file():
+            (where / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, where / rel)
+    (where / "pyproject.toml").write_text(group_pyproject((ROOT / "pyproject.toml").read_text(), group))
+    return where
+
+
+def _checkout_files() -> list[str]:
+    """The checkout's files as git sees them (tracked, and new but not ignored); every file but the venv,
+    build outputs and caches where this is not a git checkout."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, check=True).stdout.decode().split("\0")
+        return [rel for rel in listed if rel]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "build", "mutants", "local", "__pycache__", ".pytest_cache", ".ruff_cache"}
+        return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                if p.is_file() and not skip & set(p.relative_to(ROOT).parts)]
+
+
+def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], float, str]:
+    """mutmut over one group; its results per module, wall seconds, and mutmut's own last words on failure."""
+    where = stage(group)
+    started = time.monotonic()
+    log = where / "mutmut.log"
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=where,
+                              stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TERM": "dumb"})
+    wall = time.monotonic() - started
+    results = collect(where, group)
+    problem = ""
+    if proc.returncode != 0 or not any(sum(r.statuses.values()) for r in results):
+        tail = log.read_text(errors="replace").replace("\r", "\n").strip().splitlines()[-5:]
+        problem = f"mutmut exited {proc.returncode} (log {log.relative_to(ROOT)}): " + " | ".join(tail)
+    return results, wall, problem
+
+
+def collect(where: Path, group: Group) -> list[ModuleResult]:
+    """Read mutmut's verdicts (``mutants/<module>.meta``) and the diff of every survivor; a module with no
+    verdicts (no run yet, or mutmut failed before testing) comes back empty and scores nan."""
+    if not (where / "mutants").is_dir():
+        return [ModuleResult(m) for m in group.modules]
+    import mutmut
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    results = []
+    with contextlib.chdir(where):  # mutmut reads its config and files from the working folder
+        mutmut._reset_globals()
+        for module in group.modules:
+            result = ModuleResult(module)
+            meta = Path("mutants") / f"{module}.meta"
+            codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+            for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
+                status = status_by_exit_code[code]
+                result.statuses[status] += 1
+                if status in UNDETECTED:
+                    diff = get_diff_for_mutant(name, path=module).splitlines()[2:]  # past the file names
+                    result.survivors.append(_survivor(name, module, diff))
+            results.append(result)
+    return results
+
+
+def _natural(name: str) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _survivor(name: str, module: str, diff: list[str]) -> Survivor:
+    before = " / ".join(line[1:].strip() for line in diff if line.startswith("-"))
+    after = " / ".join(line[1:].strip() for line in diff if line.startswith("+"))
+    why = next((e.why for e in EQUIVALENT if e.explains(module, before, after)), "")
+    return Survivor(name, module, before, after, why)
+
+
+def table(rows: list[tuple[ModuleResult, str]]) -> list[str]:
+    out = ["| module | mutants | killed | of which timeouts | survived | no tests | equivalent | score |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r, pending in rows:
+        if pending:
+            out.append(f"| {r.module} | not measured: {pending} | | | | | | |")
+            continue
+        s = r.statuses
+        out.append(f"| {r.module} | {sum(s.values())} | {r.detected} | {s['timeout']} | "
+                   f"{s['survived'] + s['suspicious']} | {s['no tests']} | {r.equivalent} | "
+                   f"{r.score:.1f} % |")
+    return out
+
+
+def write_docs(lines: list[str]) -> None:
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    block = "\n".join([BEGIN, *lines, END])
+    if BEGIN in text and END in text:
+        head, _, rest = text.partition(BEGIN)
+        text = head + block + rest.partition(END)[2]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    DOCS.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=[g.name for g in GROUPS], help="groups to run (default: all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="mutants tested at once")
+    parser.add_argument("--write", action="store_true", help="record the figures in docs/benchmarks.md")
+    parser.add_argument("--floor", type=float, default=FLOOR, help="lowest acceptable score, percent")
+    parser.add_argument("--no-run", action="store_true",
+                        help="report the last run from build/mutation/ (after editing EQUIVALENT, or to --write)")
+    args = parser.parse_args(argv)
+    groups = [g for g in GROUPS if not args.only or g.name in args.only]
+
+    started = time.monotonic()
+    rows: list[tuple[ModuleResult, str]] = []
+    problems: list[str] = []
+    for group in groups:
+        if group.pending:
+            print(f"{group.name}: not measured: {group.pending}", flush=True)
+            rows += [(ModuleResult(m), group.pending) for m in group.modules]
+            continue
+        if args.no_run:
+            results, wall, problem = collect(STAGE / group.name, group), 0.0, ""
+        else:
+            print(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}", flush=True)
+            results, wall, problem = run_group(group, args.jobs)
+        rows += [(r, "") for r in results]
+        print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
+        if problem:
+            problems.append(f"{group.name}: {problem}")
+        if not args.no_run:
+            print(f"{group.name}: {sum(sum(r.statuses.values()) for r in results)} mutants in {wall / 60:.1f} min"
+                  + (f"; {problem}" if problem else ""), flush=True)
+    wall = time.monotonic() - started
+
+    measured = [r for r, pending in rows if not pending]
+    total = ModuleResult("all measured modules")
+    for r in measured:
+        total.statuses.update(r.statuses)
+        total.survivors += r.survivors
+    unchecked = total.statuses["not checked"] + total.statuses["check was interrupted by user"]
+    if unchecked:
+        problems.append(f"{unchecked} mutant(s) were never tested (an interrupted run?): they count against the score")
+    survivors = [s for s in total.survivors if not s.why]
+    equivalent = [s for s in total.survivors if s.why]
+    lines = table(rows) + table([(total, "")])[2:]
+    lines += ["", f"Survivors ({len(survivors)}): each is a bug the tests let through, or an equivalent mutant to "
+              "explain in `EQUIVALENT` (bench/mutation.py)."]
+    lines += [f"- `{s.name}`: `{s.before}` -> `{s.after}`" for s in survivors]
+    if equivalent:
+        lines += ["", f"Equivalent ({len(equivalent)}), left out of the score:"]
+        lines += [f"- `{s.name}`: `{s.before}` -> `{s.after}`: {s.why}" for s in equivalent]
+    pending = sorted({p for _, p in rows if p})
+    verdict = "holds" if measured and total.score >= args.floor and not problems and not pending else "falls short"
+    summary = (f"Mutation score {total.score:.1f} % over {len(measured)} module(s) (floor {args.floor:g} %): "
+               f"{verdict}; {len(pending)} group(s) not measured; {wall / 60:.1f} min with {args.jobs} job(s).")
+    print()
+    print("\n".join(lines + problems + ["", summary]))
+    if args.write:
+        write_docs(["## Mutation testing", "",
+                    f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `make mutation` "
+                    f"(mutmut, {os.cpu_count()} cores). {summary}", "", *lines, *problems])
+        print(f"wrote {DOCS.relative_to(ROOT)}")
+    return 0 if verdict == "holds" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

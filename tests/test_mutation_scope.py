@@ -1,0 +1,59 @@
+"""`make mutation`'s scope stays true to the tree: a module or test renamed or moved fails here, in
+`make test`, instead of an hour into a mutation run (or, worse, silently mutating nothing)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from bench import mutation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("group", mutation.GROUPS, ids=[g.name for g in mutation.GROUPS])
+def test_every_module_and_test_of_a_group_exists(group: mutation.Group) -> None:
+    for path in (*group.modules, *group.tests):
+        assert (ROOT / path).is_file(), f"{group.name}: {path} does not exist; update GROUPS in bench/mutation.py"
+    assert group.tests or group.pending, f"{group.name}: no tests and no reason given"
+
+
+def test_groups_do_not_mutate_a_module_twice() -> None:
+    modules = [m for g in mutation.GROUPS for m in g.modules]
+    assert len(modules) == len(set(modules))
+
+
+def test_the_shared_settings_name_paths_that_exist() -> None:
+    settings = mutation.base_config()
+    for path in (*settings["source_paths"], *settings["also_copy"]):
+        assert (ROOT / path).exists(), path
+
+
+def test_a_groups_pyproject_narrows_mutmut_and_keeps_the_rest() -> None:
+    group = next(g for g in mutation.GROUPS if g.name == "metrics")
+    original = (ROOT / "pyproject.toml").read_text()
+    staged = tomllib.loads(mutation.group_pyproject(original, group))
+    base = tomllib.loads(original)
+    assert staged["tool"]["mutmut"] == {
+        **base["tool"]["mutmut"],
+        "only_mutate": list(group.modules),
+        "pytest_add_cli_args_test_selection": list(group.tests),
+    }
+    assert {k: v for k, v in staged["tool"].items() if k != "mutmut"} == {
+        k: v for k, v in base["tool"].items() if k != "mutmut"
+    }
+
+
+def test_equivalent_mutants_are_recognised_by_their_text_only() -> None:
+    nan = next(e for e in mutation.EQUIVALENT if e.before == 'float("nan")')
+    assert nan.explains("workload/metrics.py", 'return float("nan")', 'return float("NAN")')
+    assert not nan.explains("workload/metrics.py", 'return float("nan")', "return None")
+    assert not nan.explains("workload/metrics.py", "return 0.0", "return 1.0")
+    cast = next(e for e in mutation.EQUIVALENT if e.before == ".astype(np.float64)")
+    line = "return tps.astype(np.float64), fps.astype(np.float64)"
+    assert cast.explains("workload/metrics.py", line, "return tps.astype(np.float64), fps.astype(None)")
+    assert not cast.explains("workload/metrics.py", line, "return tps.astype(None), fps.astype(None)")
+    sort = next(e for e in mutation.EQUIVALENT if e.module == "workload/metrics.py")
+    assert not sort.explains("workload/features.py", sort.before, sort.after)  # only where the reason holds
