@@ -57,7 +57,7 @@ def test_seed_stores_every_days_features_once(cluster: Cluster) -> None:
     days = [f["path"] for f in json.loads((root / "manifest.json").read_text())["files"]]
     assert sorted(p.name for p in root.glob("features/*/*/*.json")) == sorted(Path(d).stem + ".json" for d in days)
     assert f"{len(days)} day(s) computed" in out.stderr
-    again = cli(cluster, "seed", "--run", "b")  # a second sweep member: nothing computed again
+    again = cli(cluster, "seed", "--datasets", str(cluster.dataset_src), "--run", "b")  # a second sweep member
     assert again.returncode == 0, again.stderr
     assert "0 day(s) computed" in again.stderr and f"{len(days)} already stored" in again.stderr
 
