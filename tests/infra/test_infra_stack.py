@@ -292,7 +292,7 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {
             "action": "Ignore",
-            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3, 143]},
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3, 5, 143]},
         },
         {
             "action": "Count",

@@ -21,7 +21,7 @@ import torch
 from harness import ROOT, Cluster
 from test_worker_faults import assert_exactly_once
 
-from workload import features
+from workload import features, featurestore
 from workload.checkpoint import CheckpointStore
 from workload.errors import EXIT_DEAD_LETTERS, EXIT_INFRA, EXIT_STALLED
 from workload.queue import WorkQueue, connect
@@ -216,6 +216,8 @@ def test_non_finite_training_is_an_item_fault_and_nothing_is_promoted(cluster: C
     own guard must then fail those days with a clear error and promote nothing non-finite."""
     _with_extreme_amounts(cluster)
     cluster.seed()
+    # seed stored every day's features with the cap; the worker must compute them itself, uncapped.
+    shutil.rmtree(cluster.share / "datasets" / "fraud" / featurestore.FOLDER)
     monkeypatch.setattr(features, "AMOUNT_CAP", float("inf"))
     cfg = WorkerConfig(share=cluster.share, redis_url=cluster.server.url, redis_password=cluster.server.password,
                        worker_id="inproc", lease_ttl_s=10, checkpoint_interval_s=0.3, max_attempts=50,
