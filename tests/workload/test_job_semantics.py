@@ -42,8 +42,11 @@ def test_an_idle_worker_waits_for_a_leased_item_whose_holder_then_dies(cluster: 
     c = cluster.counts()
     assert (c.pending, c.leased, c.done) == (0, 1, 5), c
     w2 = cluster.start_worker("w2")
-    cluster.wait_for(lambda: "nothing to claim (0 pending behind peers, 1 leased)" in cluster.log("w2"),
-                     timeout_s=60, what="W2 to say it waits for the leased item")
+    waiting = "nothing to claim (0 pending behind peers, 1 leased)"
+    cluster.wait_for(lambda: waiting in cluster.log("w2") or w2.poll() is not None, timeout_s=60,
+                     what="W2 to say it waits for the leased item")
+    assert w2.poll() is None and waiting in cluster.log("w2"), \
+        f"W2 exited {w2.returncode} while a peer held a lease:\n{cluster.log('w2')}"
     time.sleep(2.0)  # four idle polls (0.5 s each)
     assert w2.poll() is None, f"W2 exited {w2.returncode} while a peer held a lease:\n{cluster.log('w2')}"
     assert cluster.counts().leased == 1, "W1's lease expired while W2 was being watched: widen the TTL"
