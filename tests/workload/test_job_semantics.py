@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import Cluster, is_stopped
+from harness import Cluster, JobSucceeded, is_stopped
 from test_worker_faults import assert_exactly_once
 
 from workload.dataset import DatasetError
@@ -54,6 +54,8 @@ def test_an_idle_worker_waits_for_a_leased_item_whose_holder_then_dies(cluster: 
     w1.wait()
     cluster.procs.remove(w1)
     assert w2.wait(120) == 0, cluster.log("w2")
+    with pytest.raises(JobSucceeded):  # the harness is a work-queue Job: no pod after a success
+        cluster.start_worker("w3")
     assert "claimed main/training/2018-04-06.parquet" in cluster.log("w2")
     assert_exactly_once(cluster, reference_state)
 
