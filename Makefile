@@ -33,7 +33,7 @@ $(INFRA_STAMP): infra/requirements.txt policy/requirements.txt
 	@touch $@
 
 $(ALL_STAMP): requirements.txt requirements-local.txt requirements-test.txt workload/requirements.txt \
-		infra/requirements.txt policy/requirements.txt
+		infra/requirements.txt policy/requirements.txt bench/requirements.txt
 	$(call pip_install,requirements.txt,$(VENV))
 	@touch $@ $(LOCAL_STAMP) $(INFRA_STAMP)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from workload import dataset as ds
-from workload import schema, simulator
+from workload import featurestore, schema, simulator
 
 CACHE = Path(__file__).resolve().parent.parent / "build" / "bench"
 # The handbook's population (the tutorial's datasets): ~9.7k transactions a day.
@@ -66,7 +66,15 @@ def daily(train_days: int) -> Path:
 
 
 def place(src: Path, share: Path, name: str = "fraud") -> None:
-    """Put a copy of a dataset on a share, where `seed` would have laid it out."""
+    """Put a copy of a dataset on a share, where `seed` would have laid it out (without any features
+    stored next to the cached copy: each benchmark's seed computes its own)."""
     target = share / "datasets" / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src, target, copy_function=shutil.copyfile)
+    shutil.copytree(src, target, copy_function=shutil.copyfile, ignore=shutil.ignore_patterns(featurestore.FOLDER))
+
+
+def seed_features(share: Path, name: str = "fraud") -> ds.Dataset:
+    """What `seed` does once the dataset is on the share: every day's features, computed and stored."""
+    data = ds.Dataset(share / "datasets" / name)
+    featurestore.ensure(data)
+    return data

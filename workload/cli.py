@@ -162,6 +162,17 @@ def place_dataset(args: argparse.Namespace, root: Path) -> None:
         publish.publish(root, source.LocalSource(Path(tmp), uri=uri))
 
 
+def store_features(root: Path) -> None:
+    """Every training and testing day's features, computed here once (on the loader's CPU) and
+    stored next to the day, so that no GPU worker of any run computes them."""
+    from workload import features, featurestore
+
+    started = time.monotonic()
+    computed, kept = featurestore.ensure(ds.Dataset(root))
+    log.info("features (version %s): %d day(s) computed in %.1fs, %d already stored", features.FEATURE_VERSION,
+             computed, time.monotonic() - started, kept)
+
+
 def seed(args: argparse.Namespace) -> int:
     runs = load_runs(args)
     name = args.dataset
@@ -173,6 +184,7 @@ def seed(args: argparse.Namespace) -> int:
     datasets_dir.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(datasets_dir)  # a seeder killed mid-simulation left its temporary folder behind
     place_dataset(args, datasets_dir / name)
+    store_features(datasets_dir / name)
     queue = make_queue(args)
     for run, hp in runs.items():
         try:

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from workload import features, schema
+from workload import features, featurestore, schema
 from workload.errors import ItemFault, is_infra
 from workload.fsutil import atomic_write_text
 
@@ -347,12 +347,21 @@ def write_manifest(root: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Examples:
-    """Model inputs for a set of transactions: features, labels and each row's day."""
+    """Model inputs for a set of transactions: features, labels, each row's day and card, and whether
+    the card was already known compromised (a fraud confirmed by the row's time minus the delay)."""
 
     x: np.ndarray  # float32 [n, len(features.FEATURE_NAMES)]
     y: np.ndarray  # float32 [n]
     day: np.ndarray  # datetime64[D] [n]
+    card: np.ndarray  # int64 [n]: CUSTOMER_ID
+    known: np.ndarray  # bool [n]
     ids: np.ndarray  # int64 [n]: each row's TRANSACTION_ID (what `score` writes next to the score)
+
+    @classmethod
+    def concat(cls, parts: list[dict[str, np.ndarray]]) -> Examples:
+        if len(parts) == 1:
+            return cls(**parts[0])
+        return cls(**{k: np.concatenate([p[k] for p in parts]) for k in ("x", "y", "day", "card", "known", "ids")})
 
 
 class Dataset:
@@ -436,15 +445,30 @@ class Dataset:
         target = frame.pop("_target").to_numpy(dtype=bool)
         return frame, target
 
+    def entry(self, rel: str) -> dict[str, Any]:
+        """The manifest entry of dataset file `rel`."""
+        self.resolve(rel)
+        return self._by_path[rel]
+
+    def compute_features(self, rel: str) -> dict[str, np.ndarray]:
+        """Features of one file's rows, computed from its window (``features.compute``'s columns)."""
+        frame, target = self._window([rel])
+        return features.compute(frame, target)
+
     def examples(self, targets: list[str]) -> Examples:
-        frame, target = self._window(targets)
-        days = frame[schema.TX_DATETIME].to_numpy()[target].astype("datetime64[D]")
-        ids = frame[schema.TRANSACTION_ID].to_numpy(dtype=np.int64)[target]
-        return Examples(x=features.compute_features(frame, target), y=features.labels(frame, target), day=days,
-                        ids=ids)
+        """The target files' examples, each file's features from the feature store (computed and
+        stored there first if no valid ones are)."""
+        parts = []
+        for rel in targets:
+            if self.entry(rel)["role"] in featurestore.STORED_ROLES:
+                parts.append(featurestore.day_features(self, rel))
+            else:
+                parts.append(self.compute_features(rel))
+        return Examples.concat(parts)
 
     def test_examples(self) -> Examples:
-        """All testing files, featurised with their history; computed once per process."""
+        """All testing files, featurised with their history; loaded once per process."""
         if self._test is None:
-            self._test = self.examples([f["path"] for f in self.files if f["role"] == TESTING])
+            tests = sorted((f for f in self.files if f["role"] == TESTING), key=lambda f: (f["first"], f["path"]))
+            self._test = self.examples([f["path"] for f in tests])
         return self._test

@@ -40,6 +40,16 @@ def _checkpoint_line(run_dir: Path, name: str, kept: set[str] | None) -> str:
     return f"model checkpoint: {path} (pruned: only the newest checkpoints are kept)"
 
 
+def lift_phrase(ap: float, base: float) -> str:
+    """How average precision compares with a random guess (whose AP is the base rate), in words."""
+    if math.isnan(ap) or math.isnan(base) or base <= 0:
+        return "no fraud on the test days: undefined"
+    lift = ap / base
+    if lift < 1:
+        return f"worse than guessing ({lift:.1f}x the base rate)"
+    return f"{lift:.1f}x better than guessing"
+
+
 def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run_dir: Path,
            kept: set[str] | None = None) -> str:
     """The report text; `kept` names the checkpoint files that still exist (None: do not say)."""
@@ -48,16 +58,17 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
     for h in history:
         base = h.get("base_rate", float("nan"))
         ap = h.get("average_precision", float("nan"))
-        lift = ap / base if base and not math.isnan(base) and not math.isnan(ap) else float("nan")
         lines += [
             f"time: {h['time']}",
             f"training dataset: {h['shard']}",
             _checkpoint_line(run_dir, h["checkpoint"], kept),
             f"accuracy on training data: {_fmt(h['train_accuracy'])}",
             f"accuracy on testing data: {_fmt(h['accuracy'])}",
-            f"average precision (AUPRC) on testing data: {_fmt(h['average_precision'])} "
-            f"(base rate {_fmt(base)}: {_fmt(lift, 1)}x better than guessing)",
+            f"average precision (AUPRC) on testing data: {_fmt(ap)} (base rate {_fmt(base)}: "
+            f"{lift_phrase(ap, base)})",
             f"ROC AUC on testing data: {_fmt(h['roc_auc'])}",
+            f"card precision of the top 100 cards per test day (CP@100): "
+            f"{_fmt(h.get('card_precision_top100', float('nan')))}",
             f"precision of the top 100 transactions per test day: {_fmt(h['precision_top100'])}",
             f"recall at 1% false-positive rate: {_fmt(h['recall_at_1pct_fpr'])}",
             "",
@@ -108,7 +119,7 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
     if history and draw:
         from workload import plots  # matplotlib: only writers pay for it
 
-        plots.write_plots(run_dir, history, pr)
+        plots.write_plots(run_dir, history, pr, run=state["run"], hparams=state["hparams"])
     if stamp is not None:
         atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n")
     return report
@@ -126,5 +137,5 @@ def latest_metrics(run_dir: Path) -> dict[str, Any] | None:
 def figures_line(m: dict[str, Any]) -> str:
     """The latest test-day figures in one line (`status` and the local summary print it)."""
     return (f"average precision {m['average_precision']:.3f} vs base rate {m['base_rate']:.4f}; "
-            f"ROC AUC {m['roc_auc']:.3f}; precision@100/day {m['precision_top100']:.3f}; "
+            f"ROC AUC {m['roc_auc']:.3f}; card precision@100 {m.get('card_precision_top100', float('nan')):.3f}; "
             f"recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")

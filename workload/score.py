@@ -88,7 +88,7 @@ def score_dataset(model_path: Path, src: Path, out: Path, days: str = "testing")
         os.chmod(out, 0o644)
     except OSError as exc:
         raise ScoreError(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
-    figures = metrics.evaluate(scores, examples.y, examples.day)
+    figures = metrics.evaluate(scores, examples.y, examples.day, examples.card)
     log.info("scored %d transactions of %d file(s) with run %r's model (%d day(s) trained); wrote %s", len(scores),
              len(targets), trainer.run, len(trainer.applied), out)
     if examples.y.sum() > 0:

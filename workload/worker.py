@@ -393,14 +393,17 @@ class Worker:
 
         if loaded:
             trainer = Trainer.from_state(loaded.state)
-            if trainer.feature_names != features.FEATURE_NAMES:
-                raise PermanentError(f"checkpoint {loaded.path} was trained on features {trainer.feature_names}, "
-                                     f"this code computes {features.FEATURE_NAMES}: start a new run")
+            if (trainer.feature_names, trainer.feature_version) != (features.FEATURE_NAMES,
+                                                                    features.FEATURE_VERSION):
+                raise PermanentError(f"checkpoint {loaded.path} was trained on features {trainer.feature_names} "
+                                     f"version {trainer.feature_version!r}, this code computes "
+                                     f"{features.FEATURE_NAMES} version {features.FEATURE_VERSION!r}: "
+                                     "start a new run")
             if trainer.hp != hp:
                 log.warning("run %s: checkpoint hyperparameters %s differ from the share's %s; the checkpoint's "
                             "lineage wins", item.run, trainer.hp, hp)
         else:
-            trainer = Trainer(item.run, hp, features.FEATURE_NAMES)
+            trainer = Trainer(item.run, hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
         faults.point("read")
         examples = dataset.examples([item.shard])
         self.touch()
@@ -450,13 +453,14 @@ class Worker:
         test = dataset.test_examples()
         self.touch()
         test_scores = trainer.score(test.x)
-        train_scores = trainer.score(examples.x)
-        check_finite(trainer, item.id, loss=training_loss(train_scores, examples.y), scores=test_scores)
+        check_finite(trainer, item.id, loss=trainer.last_epoch_loss(), scores=test_scores)
         entry: dict[str, Any] = {
             "shard": item.shard, "time": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "checkpoint": path.name, "train_rows": int(len(examples.y)), "train_frauds": int(examples.y.sum()),
-            "train_accuracy": float(np.mean((train_scores >= 0.5) == (examples.y >= 0.5))),
-            "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day),
+            "first_day": str(examples.day.min()) if len(examples.day) else "",
+            "last_day": str(examples.day.max()) if len(examples.day) else "",
+            "train_accuracy": trainer.train_accuracy(len(examples.y)),
+            "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
         }
         trainer.finish_shard(entry)
         state = trainer.state_dict()
@@ -513,19 +517,11 @@ class Worker:
         log.warning("released %s for a peer (%s)", lease.item.id, state)
 
 
-def training_loss(scores: np.ndarray, y: np.ndarray) -> float:
-    """Mean binary cross-entropy of the trained model on its day (probabilities clipped away from 0
-    and 1, so only a diverged model, not a confident one, makes it non-finite)."""
-    p = np.clip(np.asarray(scores, dtype=np.float64), 1e-12, 1 - 1e-12)
-    y = np.asarray(y, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))) if len(y) else 0.0
-
-
 def check_finite(trainer: Trainer, where: str, loss: float | None = None, scores: np.ndarray | None = None) -> None:
     """NonFinite (an item fault: nothing is promoted) when the weights, the normalisation statistics,
     the loss or the scores hold NaN or infinity."""
     tensors = {f"weights {k}": v for k, v in trainer.model.state_dict().items()}
+    tensors |= {f"averaged weights {k}": v for k, v in trainer.averaged.state_dict().items()}
     tensors |= {f"feature normaliser {k}": v for k, v in trainer.norm.state().items()}
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):

@@ -72,19 +72,57 @@ def test_hand_computed_customer_windows() -> None:
 
 
 def test_hand_computed_terminal_risk_with_label_delay() -> None:
-    x = features.compute_features(HAND, np.ones(len(HAND), dtype=bool))
+    out = features.compute(HAND, np.ones(len(HAND), dtype=bool))
+    x = out["x"]
     nb = {w: np.expm1(_column(x, f"terminal_log_nb_tx_{w}d_delayed")) for w in (1, 7, 30)}
     risk = {w: _column(x, f"terminal_risk_{w}d_delayed") for w in (1, 7, 30)}
-    # Terminal 100: day 0 (Apr 1) two transactions, one fraud; day 1 (Apr 2) one legit.
+    # Terminal 100: Apr 1 10:00 fraud, Apr 1 20:00 legit, Apr 2 03:00 legit.
     # Nothing is 7 days old before Apr 8: all zero for the first four rows.
     for w in (1, 7, 30):
         np.testing.assert_array_equal(nb[w][:4], 0)
         np.testing.assert_array_equal(risk[w][:4], 0)
-    # Apr 8 (day 7) sees day 0 only; Apr 9 (day 8): the 1-day window sees day 1, longer ones days 0-1.
-    np.testing.assert_allclose([nb[1][4], nb[7][4], nb[30][4]], [2, 2, 2], rtol=1e-5)
-    np.testing.assert_allclose([risk[1][4], risk[7][4], risk[30][4]], [0.5, 0.5, 0.5], rtol=1e-6)
-    np.testing.assert_allclose([nb[1][5], nb[7][5], nb[30][5]], [1, 3, 3], rtol=1e-5)
-    np.testing.assert_allclose([risk[1][5], risk[7][5], risk[30][5]], [0, 1 / 3, 1 / 3], rtol=1e-6)
+    # Apr 8 12:00 reads labels up to Apr 1 12:00: only the 10:00 fraud (whole days would have given
+    # it Apr 1 20:00 too, a label six and a half days old).
+    np.testing.assert_allclose([nb[1][4], nb[7][4], nb[30][4]], [1, 1, 1], rtol=1e-5)
+    np.testing.assert_allclose([risk[1][4], risk[7][4], risk[30][4]], [1, 1, 1], rtol=1e-6)
+    # Apr 9 05:00 reads up to Apr 2 05:00; its 1-day window (Apr 1 05:00, Apr 2 05:00] holds all three.
+    np.testing.assert_allclose([nb[1][5], nb[7][5], nb[30][5]], [3, 3, 3], rtol=1e-5)
+    np.testing.assert_allclose([risk[1][5], risk[7][5], risk[30][5]], [1 / 3, 1 / 3, 1 / 3], rtol=1e-6)
+    # Customer 1's Apr 1 fraud is confirmed by Apr 9 05:00 (row 5), not by Apr 2 09:00 (row 3).
+    np.testing.assert_array_equal(out["known"], [False, False, False, False, False, True])
+    np.testing.assert_array_equal(out["card"], [1, 1, 2, 1, 2, 1])
+    np.testing.assert_array_equal(out["day"], np.array(["2018-04-01", "2018-04-01", "2018-04-02", "2018-04-02",
+                                                        "2018-04-08", "2018-04-09"], dtype="datetime64[D]"))
+    np.testing.assert_array_equal(out["y"], [1, 0, 0, 0, 0, 0])
+
+
+def _sees_label_of(age: pd.Timedelta) -> bool:
+    """Does a transaction's terminal risk move with the label of one transaction ``age`` older, at
+    the same terminal? (To the second: the target is at 12:00:00, the probe at 12:00:00 - age.)"""
+    target_time = pd.Timestamp("2018-04-20 12:00:00")
+    probe_time = target_time - age
+    rows = [(str(probe_time), 7, 300, 20.0, 0), ("2018-04-20 12:00:00", 8, 300, 20.0, 0),
+            ("2018-04-01 00:00:00", 9, 301, 20.0, 0)]
+    frame = _frame(rows)
+    target = (frame[schema.TX_DATETIME] == target_time).to_numpy()
+    flipped = frame.copy()
+    flipped.loc[flipped[schema.TX_DATETIME] == probe_time, schema.TX_FRAUD] = 1
+    return not np.array_equal(features.compute_features(frame, target), features.compute_features(flipped, target))
+
+
+DELAY = pd.Timedelta(seconds=features.LABEL_DELAY_SECONDS)
+
+
+def test_the_label_delay_is_exact_to_the_second() -> None:
+    assert _sees_label_of(DELAY)  # exactly the delay old: confirmed, readable
+    assert _sees_label_of(DELAY + pd.Timedelta(days=3))
+    assert not _sees_label_of(DELAY - pd.Timedelta(seconds=1))  # one second too fresh
+    assert not _sees_label_of(DELAY - pd.Timedelta(hours=10))  # same calendar day as the delay's end
+
+
+def test_the_leak_check_catches_a_feature_one_second_too_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(features, "LABEL_DELAY_SECONDS", features.LABEL_DELAY_SECONDS - 1)
+    assert _sees_label_of(DELAY - pd.Timedelta(seconds=1))
 
 
 def test_target_mask_selects_rows_in_order_and_labels_match() -> None:
@@ -130,7 +168,7 @@ def test_test_day_features_ignore_test_day_labels(dataset: tuple[pd.DataFrame, n
 def test_the_leak_check_catches_a_feature_reading_same_day_labels(
     dataset: tuple[pd.DataFrame, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(features, "LABEL_DELAY_DAYS", 0)
+    monkeypatch.setattr(features, "LABEL_DELAY_SECONDS", 0)
     frame, test = dataset
     assert _features_change_when_test_labels_change(frame, test)
 
@@ -185,3 +223,10 @@ def test_unsorted_frames_are_refused() -> None:
         features.compute_features(HAND.iloc[::-1].reset_index(drop=True), np.ones(len(HAND), dtype=bool))
 
 
+
+
+def test_features_stay_finite_for_any_finite_amount() -> None:
+    rows = [("2018-04-01 10:00", 1, 100, 1e308, 0), ("2018-04-01 11:00", 1, 100, 1e308, 1),
+            ("2018-04-01 12:00", 1, 100, 0.0, 0), ("2018-04-09 12:00", 1, 100, 5.0, 0)]
+    x = features.compute_features(_frame(rows), np.ones(4, dtype=bool))
+    assert np.isfinite(x).all()

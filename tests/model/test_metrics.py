@@ -13,6 +13,7 @@ KEYS = {
     "average_precision",
     "roc_auc",
     "precision_top100",
+    "card_precision_top100",
     "recall_at_1pct_fpr",
     "accuracy",
     "base_rate",
@@ -32,6 +33,7 @@ def test_hand_computed_small_example() -> None:
     # Pairs (fraud, legit) ordered right: (0.9,0.8), (0.9,0.6), (0.7,0.6); wrong: (0.7,0.8).
     assert result["roc_auc"] == pytest.approx(3 / 4)
     assert result["precision_top100"] == pytest.approx(0.5)  # fewer than 100 rows: all of them
+    assert math.isnan(result["card_precision_top100"])  # no cards given
     assert result["accuracy"] == pytest.approx(0.5)  # >= 0.5 flagged: all four
     assert result["base_rate"] == 0.5 and result["n"] == 4.0 and result["n_fraud"] == 2.0
 
@@ -155,3 +157,46 @@ def test_logistic_regression_baseline_learns_a_rare_class() -> None:
     # Class weighting: frauds get probabilities above one half, not squashed to the base rate.
     assert np.median(scores[y_test == 1]) > 0.5
     np.testing.assert_array_equal(scores, metrics.logistic_regression_baseline(x, y, x_test, seed=0))
+
+
+# Card Precision@2 by hand. Day 0: card 1 scores max(0.9, 0.2) = 0.9 and had fraud (its 0.2 row);
+# card 2: 0.8, legit; card 3: 0.7, fraud; card 4: 0.1, fraud. Top 2 = cards 1, 2: one fraud, 1/2.
+# Day 1: card 1 0.95 fraud, card 5 0.6 fraud, card 3 0.3 legit. Top 2 = cards 1, 5: 2/2.
+CP_SCORES = np.array([0.9, 0.2, 0.8, 0.7, 0.1, 0.95, 0.3, 0.6])
+CP_LABELS = np.array([0, 1, 0, 1, 1, 1, 0, 1])
+CP_DAYS = np.array([0, 0, 0, 0, 0, 1, 1, 1])
+CP_CARDS = np.array([1, 1, 2, 3, 4, 1, 3, 5])
+
+
+def test_card_precision_at_k_by_hand() -> None:
+    assert metrics.card_precision_top_k(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, k=2) == pytest.approx((0.5 + 1) / 2)
+    # Card 1 was found on day 0: blocked, it leaves day 1, where card 5 and card 3 are the top 2: 1/2.
+    assert metrics.card_precision_top_k(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, k=2,
+                                        drop_detected=True) == pytest.approx((0.5 + 0.5) / 2)
+    # An investigator checks k cards a day: with fewer active cards the precision is still over k.
+    assert metrics.card_precision_top_k(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, k=5) == pytest.approx(
+        (3 / 5 + 2 / 5) / 2)
+    # Row order does not matter; a transaction-level figure would differ (day 0's top 2 rows: 0/2).
+    shuffle = np.random.default_rng(0).permutation(8)
+    assert metrics.card_precision_top_k(CP_SCORES[shuffle], CP_LABELS[shuffle], CP_DAYS[shuffle],
+                                        CP_CARDS[shuffle], k=2) == pytest.approx(0.75)
+    assert metrics.precision_top_k(CP_SCORES, CP_LABELS, CP_DAYS, k=2) == pytest.approx((0 + 1) / 2)
+
+
+def test_card_precision_ties_go_to_the_lower_card_id() -> None:
+    scores, days = np.array([0.5, 0.5]), np.array([0, 0])
+    assert metrics.card_precision_top_k(scores, np.array([0, 1]), days, np.array([7, 3]), k=1) == 1.0
+    assert metrics.card_precision_top_k(scores, np.array([1, 0]), days, np.array([7, 3]), k=1) == 0.0
+
+
+def test_the_handbook_evaluation_removes_known_compromised_cards() -> None:
+    known = np.array([0, 0, 0, 0, 1, 0, 1, 0], dtype=bool)  # card 4 on day 0, card 3 on day 1
+    keep = ~known
+    handbook = metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, known)
+    assert handbook["n"] == 6.0 and handbook["n_fraud"] == 4.0
+    assert handbook["average_precision"] == metrics.average_precision(CP_SCORES[keep], CP_LABELS[keep])
+    assert handbook["card_precision_top100"] == metrics.card_precision_top_k(
+        CP_SCORES[keep], CP_LABELS[keep], CP_DAYS[keep], CP_CARDS[keep], drop_detected=True)
+    plain = metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS)
+    assert plain["n"] == 8.0
+    assert plain["card_precision_top100"] == pytest.approx((3 / 100 + 2 / 100) / 2)

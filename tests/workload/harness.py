@@ -150,5 +150,6 @@ def is_stopped(proc: subprocess.Popen[bytes]) -> bool:
 
 
 def same_weights(a: dict, b: dict) -> bool:
-    return a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k])
-                                                          for k in a["model"])
+    """The trained weights and the averaged ones that score, bit for bit."""
+    return all(a[part].keys() == b[part].keys() and all(torch.equal(a[part][k], b[part][k]) for k in a[part])
+               for part in ("model", "averaged"))

@@ -50,6 +50,18 @@ def test_seed_twice_changes_nothing(cluster: Cluster) -> None:
     assert (cluster.share / "datasets" / "fraud" / "manifest.json").read_text() == manifest
 
 
+def test_seed_stores_every_days_features_once(cluster: Cluster) -> None:
+    out = cli(cluster, "seed", "--datasets", str(cluster.dataset_src), "--run", "a")
+    assert out.returncode == 0, out.stderr
+    root = cluster.share / "datasets" / "fraud"
+    days = [f["path"] for f in json.loads((root / "manifest.json").read_text())["files"]]
+    assert sorted(p.name for p in root.glob("features/*/*/*.json")) == sorted(Path(d).stem + ".json" for d in days)
+    assert f"{len(days)} day(s) computed" in out.stderr
+    again = cli(cluster, "seed", "--datasets", str(cluster.dataset_src), "--run", "b")  # a second sweep member
+    assert again.returncode == 0, again.stderr
+    assert "0 day(s) computed" in again.stderr and f"{len(days)} already stored" in again.stderr
+
+
 def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(cluster.dataset_src, src)

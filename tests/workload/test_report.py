@@ -34,3 +34,17 @@ def test_report_keeps_the_tutorial_shape_and_says_how_it_compares_to_the_base_ra
     assert "predicting 'legitimate' for every transaction scores 0.9700" in text
     assert report.latest_metrics(tmp_path) == entry
     assert not (tmp_path / "metrics.png").exists()
+
+
+def test_the_report_says_worse_than_guessing_and_shows_the_fields_figures(tmp_path: Path) -> None:
+    entry = {"shard": "training/2018-04-01.parquet", "time": "t", "checkpoint": "c.pt", "train_accuracy": 0.9,
+             "accuracy": 0.9, "average_precision": 0.027, "base_rate": 0.03, "roc_auc": 0.45,
+             "card_precision_top100": 0.12, "precision_top100": 0.1, "recall_at_1pct_fpr": 0.0}
+    text = report.render("main", {}, [entry], tmp_path)
+    assert "(base rate 0.0300: worse than guessing (0.9x the base rate))" in text
+    assert "better than guessing" not in text
+    assert "card precision of the top 100 cards per test day (CP@100): 0.1200" in text
+    line = report.figures_line(entry)
+    assert "average precision 0.027" in line and "ROC AUC 0.450" in line and "card precision@100 0.120" in line
+    no_fraud = {**entry, "average_precision": float("nan"), "base_rate": 0.0}
+    assert "no fraud on the test days: undefined" in report.render("main", {}, [no_fraud], tmp_path)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workload.hparams import default_seed, parse_runs
-from workload.trainer import HParams, Normalizer
+from workload.trainer import HParams, Normalizer, Trainer
 
 
 def test_features_constant_so_far_are_left_unscaled() -> None:
@@ -46,6 +46,68 @@ def test_bad_hyperparameters_name_the_key(spec: dict, message: str) -> None:
 
 def test_no_hidden_layer_is_logistic_regression() -> None:
     assert HParams.from_dict({"hidden": []}).hidden == ()
+
+
+def _day(seed: int, n: int = 700) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.1).astype(np.float32)
+    x = (rng.normal(size=(n, 4)) + y[:, None]).astype(np.float32)
+    return x, y
+
+
+def _train(stop_at: int | None) -> Trainer:
+    """Two days of training; with `stop_at`, interrupted after that many steps of the second day
+    (11 batches an epoch), saved, reloaded from the state dict alone, and finished."""
+    hp = HParams(hidden=(8,), epochs=2, batch_size=64, ema_decay=0.9)
+    trainer = Trainer("r", hp, ("a", "b", "c", "d"), torch.device("cpu"), feature_version="v")
+    for i, shard in enumerate(("d1", "d2")):
+        x, y = _day(i)
+        trainer.begin_shard(shard, x)
+        steps = {"n": 0}
+
+        def after_step(steps: dict = steps, shard: str = shard) -> bool:
+            steps["n"] += 1
+            return stop_at is None or shard != "d2" or steps["n"] != stop_at
+
+        if not trainer.train_shard(x, y, after_step):
+            state = trainer.state_dict()
+            if state["progress"]["epoch"] == hp.epochs - 1:  # in the last epoch: the count travels with it
+                assert state["progress"]["correct"] >= 0
+            trainer = Trainer.from_state(state, torch.device("cpu"))
+            trainer.begin_shard(shard, x)
+            assert trainer.train_shard(x, y, lambda: True)
+        accuracy = trainer.train_accuracy(len(y))
+        trainer.finish_shard({"shard": shard, "train_accuracy": accuracy})
+    return trainer
+
+
+def test_resuming_mid_epoch_on_cpu_is_bit_for_bit_averaged_weights_and_accuracy_included() -> None:
+    whole = _train(None)
+    for stop_at in (4, 11, 12, 16):  # in the first epoch, at its end, and twice in the last
+        resumed = _train(stop_at)
+        for part in ("model", "averaged"):
+            a, b = whole.state_dict()[part], resumed.state_dict()[part]
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{part} differs after a stop at step {stop_at}"
+        assert resumed.history == whole.history
+    assert 0 < whole.history[-1]["train_accuracy"] <= 1
+    x, _ = _day(5)
+    np.testing.assert_array_equal(whole.score(x), _train(3).score(x))
+
+
+def test_the_averaged_weights_score_and_differ_from_the_raw_ones() -> None:
+    trainer = _train(None)
+    raw = {k: v for k, v in trainer.model.state_dict().items()}
+    avg = trainer.averaged.state_dict()
+    assert any(not torch.equal(raw[k], avg[k]) for k in raw)
+    x, _ = _day(7)
+    with torch.no_grad():
+        expected = torch.sigmoid(trainer.averaged(trainer.norm.apply(x))).numpy()
+    np.testing.assert_array_equal(trainer.score(x), expected)
+
+
+def test_ema_decay_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"ema_decay=1.0 is not allowed; must be 0 <= ema_decay < 1"):
+        HParams.from_dict({"ema_decay": 1}, where="run 'x'")
 
 
 @pytest.mark.parametrize(("spec", "message"), [

@@ -1,0 +1,189 @@
+"""Features once per dataset: each day's features on the share, next to the day, computed on CPU.
+
+Features are a property of the data, not of a run, so a sweep of N runs must not compute them N
+times on GPU nodes. ``seed`` (the loader Job, CPU only) computes every training and testing day's
+features right after the dataset is published, and again for days appended later; a worker that
+finds a day without them (or with stale or damaged ones) computes and stores them itself.
+
+Layout: ``datasets/<name>/features/<FEATURE_VERSION>/<role>/<day file stem>.npy``: six .npy arrays
+back to back (the float32 features ``[n, len(FEATURE_NAMES)]``, then labels, days, cards, the
+known-compromised flag and transaction IDs), read with one copy and viewed in place; never unpickled (only those plain
+dtypes are accepted). Next to it ``<stem>.json``, its manifest entry: the feature version and names,
+the dataset files the day's window read (path, rows, frauds, first and last day, from the dataset
+manifest), and the array file's size and sha256. Both are written atomically, the data first, so an entry never names a
+file that is not whole. A stored day is used only if its entry matches this code's version and
+names and the dataset's current files, and the bytes match the checksum; otherwise it is
+recomputed (and a warning says why), never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from workload import features
+from workload.fsutil import atomic_write_bytes, atomic_write_text
+
+if TYPE_CHECKING:
+    from workload.dataset import Dataset
+
+log = logging.getLogger(__name__)
+
+FOLDER = "features"
+STORED_ROLES = ("training", "testing")  # history days only feed windows: never trained or evaluated
+_ARRAYS = (("x", "<f4"), ("y", "<f4"), ("day", "<M8[D]"), ("card", "<i8"), ("known", "|b1"), ("ids", "<i8"))
+LAYOUT = 2  # what the file holds (the arrays above): another layout is recomputed, whatever its version
+
+
+class StaleFeatures(Exception):
+    """A stored day that must not be used: the message says why."""
+
+
+def paths(root: Path, rel: str) -> tuple[Path, Path]:
+    """(arrays, entry) of dataset file `rel` (``training/2018-04-01.parquet``) under `root`."""
+    rel_path = PurePosixPath(rel)
+    base = Path(root) / FOLDER / features.FEATURE_VERSION / rel_path.parent / rel_path.stem
+    return base.with_suffix(".npy"), base.with_suffix(".json")
+
+
+def inputs(dataset: Dataset, rel: str) -> list[dict[str, Any]]:
+    """The dataset files a day's feature window reads (itself and LOOKBACK_DAYS before it): their
+    manifest entries and their size and modification time on the share. If any of them changes (a
+    day replaced, damaged, or re-described), the day's stored features are stale: recomputing them
+    reads the files again, so a damaged day fails as it would have without the store."""
+    entry = dataset.entry(rel)
+    first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])
+    start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
+    keys = ("path", "rows", "frauds", "first", "last", "start", "end")
+    out = []
+    for f in dataset.files:
+        if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
+            try:
+                st = (dataset.root / f["path"]).stat()
+                seen: dict[str, Any] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+            except OSError as exc:
+                seen = {"missing": exc.strerror or str(exc)}
+            out.append({**{k: f.get(k) for k in keys}, **seen})
+    return out
+
+
+def _to_bytes(out: dict[str, np.ndarray]) -> bytes:
+    """The day's arrays as .npy records back to back: x (float32 [n, features]), then y, day, card, known, ids."""
+    buf = io.BytesIO()
+    for name, dtype in _ARRAYS:
+        np.lib.format.write_array(buf, np.ascontiguousarray(out[name], dtype=dtype), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _from_bytes(data: bytearray) -> dict[str, np.ndarray]:
+    """Arrays viewed in place on `data` (no copy: the 1M-row day is ~90 MB); only the expected plain
+    dtypes are accepted, so nothing here can unpickle."""
+    out, pos = {}, 0
+    for name, dtype in _ARRAYS:
+        head = io.BytesIO(bytes(data[pos:pos + 4096]))
+        version = np.lib.format.read_magic(head)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, seen = read_header(head)
+        if np.dtype(seen) != np.dtype(dtype) or fortran:
+            raise ValueError(f"array {name}: dtype {seen}{' (Fortran order)' if fortran else ''}, expected {dtype}")
+        count = int(np.prod(shape))
+        start = pos + head.tell()
+        if start + count * np.dtype(dtype).itemsize > len(data):
+            raise ValueError(f"array {name}: truncated")
+        out[name] = np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape)
+        pos = start + count * np.dtype(dtype).itemsize
+    if pos != len(data) or out["x"].ndim != 2 or out["x"].shape[1] != len(features.FEATURE_NAMES):
+        raise ValueError(f"unexpected layout: x {out['x'].shape}, {len(data) - pos} trailing bytes")
+    if any(len(out[name]) != len(out["x"]) for name, _ in _ARRAYS):
+        raise ValueError("arrays of different lengths")
+    return out
+
+
+def _read(path: Path) -> bytearray:
+    """The file's bytes in a writable buffer (so that arrays viewed on it are writable), read once."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = bytearray(size)
+        if f.readinto(data) != size:
+            raise OSError(f"{path}: changed while read")
+    return data
+
+
+def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
+    """The stored features of day `rel`; `StaleFeatures` if missing, stale, or damaged."""
+    data_path, entry_path = paths(dataset.root, rel)
+    try:
+        entry = json.loads(entry_path.read_text())
+        data = _read(data_path)
+    except FileNotFoundError as exc:
+        raise StaleFeatures(f"{exc.filename} is missing") from exc
+    except (OSError, ValueError) as exc:
+        raise StaleFeatures(f"{entry_path}: unreadable ({exc})") from exc
+    if not isinstance(entry, dict):
+        raise StaleFeatures(f"{entry_path}: not a feature manifest entry")
+    if (entry.get("version"), entry.get("layout")) != (features.FEATURE_VERSION, LAYOUT) or entry.get(
+            "names") != list(features.FEATURE_NAMES):
+        raise StaleFeatures(f"{entry_path}: features of version {entry.get('version')!r}, this code computes "
+                            f"{features.FEATURE_VERSION!r}")
+    if entry.get("inputs") != inputs(dataset, rel):
+        raise StaleFeatures(f"{entry_path}: computed from other dataset files than the share now holds")
+    if entry.get("bytes") != len(data) or entry.get("sha256") != hashlib.sha256(data).hexdigest():
+        raise StaleFeatures(f"{data_path}: checksum mismatch with {entry_path.name} (damaged or replaced)")
+    try:
+        out = _from_bytes(data)
+    except ValueError as exc:
+        raise StaleFeatures(f"{data_path}: unreadable ({exc})") from exc
+    if len(out["y"]) != entry.get("rows"):
+        raise StaleFeatures(f"{data_path}: {len(out['y'])} rows, its entry says {entry.get('rows')}")
+    return out
+
+
+def store(dataset: Dataset, rel: str, out: dict[str, np.ndarray]) -> None:
+    """Write a day's features, then its entry (each atomically)."""
+    data_path, entry_path = paths(dataset.root, rel)
+    data = _to_bytes(out)
+    atomic_write_bytes(data_path, data)
+    entry = {"version": features.FEATURE_VERSION, "layout": LAYOUT, "names": list(features.FEATURE_NAMES),
+             "day_file": rel,
+             "rows": int(len(out["y"])), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+             "inputs": inputs(dataset, rel)}
+    atomic_write_text(entry_path, json.dumps(entry, indent=1) + "\n")
+
+
+def day_features(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
+    """Day `rel`'s features: stored ones if valid, else computed now (on this CPU) and stored."""
+    try:
+        return load(dataset, rel)
+    except StaleFeatures as why:
+        if paths(dataset.root, rel)[1].exists():  # a missing day is the normal first time: no warning
+            log.warning("recomputing the features of %s: %s", rel, why)
+    out = dataset.compute_features(rel)
+    try:
+        store(dataset, rel, out)
+    except OSError as exc:  # a read-only or full share costs recomputation later, not this item
+        log.warning("could not store the features of %s (%s): they will be computed again", rel, exc)
+    return out
+
+
+def ensure(dataset: Dataset) -> tuple[int, int]:
+    """Compute and store the features of every training and testing day that lacks valid ones (what
+    seed runs once the dataset is published); returns (computed, already stored)."""
+    computed = kept = 0
+    for f in sorted(dataset.files, key=lambda f: (f["first"], f["path"])):
+        if f["role"] not in STORED_ROLES:
+            continue
+        try:
+            load(dataset, f["path"])
+            kept += 1
+        except StaleFeatures:
+            day_features(dataset, f["path"])
+            computed += 1
+    return computed, kept
