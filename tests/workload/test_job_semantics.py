@@ -35,7 +35,7 @@ def test_an_idle_worker_waits_for_a_leased_item_whose_holder_then_dies(cluster: 
     """W1 freezes holding the last day; W2 finds nothing pending but one item leased and must wait (an
     exit 0 there would stop Kubernetes from ever starting another pod). W1 is then SIGKILLed and NOT
     replaced: W2 alone takes the expired lease, finishes, exits 0, and the weights are the undisturbed ones."""
-    cluster.env_extra.update(LEASE_TTL_SECONDS="10")  # room to watch W2 idle before the lease expires
+    cluster.env_extra.update(LEASE_TTL_SECONDS="15")  # W2 starts (~3 s; more when loaded), idles, then expiry
     cluster.seed()
     w1 = cluster.start_worker("w1", WORKLOAD_FAULT="claimed:6", WORKLOAD_FAULT_ACTION="stop")
     cluster.wait_for(lambda: is_stopped(w1), timeout_s=120, what="W1 to freeze holding the last day")
