@@ -4,7 +4,8 @@ What a spot fleet does to the Job, compressed into a minute: each disturbance la
 instant (the schedule comes from one seed, printed, so a failure can be replayed) and is drawn from:
 
 * SIGKILL (a node vanished) or SIGTERM (a spot notice): the worker is replaced as Kubernetes
-  replaces a pod;
+  replaces a pod of a work-queue Job: only while none of its pods has exited 0 (after a success
+  Kubernetes starts no new pod, so a worker exiting 0 too early would strand a peer's item);
 * SIGSTOP for longer than the lease TTL, then SIGCONT (a frozen VM): the worker wakes up stale and
   must change nothing;
 * a full share: an extra worker whose writes fail with EFBIG (RLIMIT_FSIZE, so no root is needed)
@@ -64,6 +65,7 @@ class ChaosResult:
     full_shares: int = 0
     redis_restarts: int = 0
     redis_wipes: int = 0
+    not_replaced: int = 0  # pods that ended after a peer exited 0: Kubernetes starts no replacement
     wall_s: float = 0.0
     lost_work_s: float = 0.0  # upper bound: per SIGKILL of a lease holder, time since its run's last promote
     violations: list[str] = field(default_factory=list)
@@ -72,7 +74,8 @@ class ChaosResult:
         verdict = "OK" if not self.violations else f"{len(self.violations)} VIOLATION(S)"
         return (f"chaos seed={self.seed}: {self.workers} workers, {self.runs} runs x {self.shards} shards; "
                 f"{self.kills} SIGKILL, {self.terms} SIGTERM, {self.stops} SIGSTOP past the lease, "
-                f"{self.full_shares} full share, {self.redis_restarts} Redis restart, {self.redis_wipes} Redis wipe; "
+                f"{self.full_shares} full share, {self.redis_restarts} Redis restart, {self.redis_wipes} Redis wipe, "
+                f"{self.not_replaced} pod(s) not replaced after a success; "
                 f"wall {self.wall_s:.1f}s; lost work <= {self.lost_work_s:.2f}s (sum over SIGKILLs): {verdict}")
 
 
@@ -162,7 +165,11 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
         spawned = 0
 
         def spawn() -> None:
+            """A pod, unless one of this work-queue Job's pods exited 0: then Kubernetes starts no more."""
             nonlocal spawned
+            if cluster.job_succeeded():
+                result.not_replaced += 1
+                return
             name = f"w{spawned}"
             spawned += 1
             live[name] = cluster.start_worker(name)
@@ -172,6 +179,8 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
         def spawn_full() -> None:
             """A worker on a node whose share is full: every write past 16 KiB fails (EFBIG)."""
             nonlocal spawned
+            if cluster.job_succeeded():
+                return
             name = f"full{spawned}"
             spawned += 1
             full[name] = cluster.start_worker(name, preexec_fn=_limit_file_size, INFRA_GIVE_UP_SECONDS="2")
@@ -200,6 +209,8 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
                 spawn_full()
                 result.full_shares += 1
                 continue
+            if not live:
+                break  # every pod ended and the Job succeeded: nothing left to disturb
             name = rng.choice(sorted(live))
             if kind == "stop":
                 proc = live[name]
@@ -231,7 +242,7 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
             elif proc.returncode != 0:
                 result.violations.append(f"{name} exited {proc.returncode} undisturbed: {cluster.log(name)[-1500:]}")
             cluster.procs.remove(proc)
-            spawn()  # Kubernetes replaces the pod
+            spawn()  # Kubernetes replaces a failed or preempted pod, but none once a pod succeeded
         deadline = time.monotonic() + cfg.timeout_s
         codes: dict[str, int | None] = {}
         for name, proc in live.items():

@@ -36,6 +36,10 @@ def make_dataset(folder: Path) -> Path:
     return root
 
 
+class JobSucceeded(AssertionError):
+    """A test tried to start a pod that Kubernetes would not start: the Job already has a success."""
+
+
 @dataclass
 class Cluster:
     """One Redis, one share, and the worker processes of a test."""
@@ -45,6 +49,9 @@ class Cluster:
     dataset_src: Path
     env_extra: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Every pod of the current work-queue Job, removed from `procs` or not: once one exited 0,
+    # Kubernetes starts no new pod (the Job is complete when the others end), so neither may a test.
+    job: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "REDIS_URL": self.server.url, "REDIS_PASSWORD": self.server.password,
@@ -65,12 +72,24 @@ class Cluster:
                              env=self.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
 
+    def job_succeeded(self) -> bool:
+        """Whether a pod of the current Job exited 0: then Kubernetes replaces no pod, preempted or not."""
+        return any(p.poll() == 0 for p in self.job)
+
+    def new_job(self) -> None:
+        """A new Job is applied (after a fix and `requeue`): its pods may start again."""
+        self.job.clear()
+
     def start_worker(self, name: str, preexec_fn=None, **extra: str) -> subprocess.Popen[bytes]:
+        if self.job_succeeded():
+            raise JobSucceeded(f"cannot start {name}: a pod of this work-queue Job exited 0, and Kubernetes "
+                               "then starts no new pod (call new_job() for a new Job)")
         log = open(self.share.parent / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen([sys.executable, "-m", "workload", "worker", "--worker-id", name],
                                 env=self.env(**extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=preexec_fn)
         self.procs.append(proc)
+        self.job.append(proc)
         return proc
 
     def log(self, name: str) -> str:

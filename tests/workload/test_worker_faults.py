@@ -73,6 +73,8 @@ def test_random_sigkills_bit_for_bit(cluster: Cluster, reference_state: dict) ->
         else:
             assert workers[i].returncode == 0, cluster.log(f"w{i}")
         cluster.procs.remove(workers[i])
+        if cluster.job_succeeded():
+            break  # a work-queue Job replaces no pod once one exited 0: the others finish alone
         workers[i] = cluster.start_worker(f"w{i}-{kills}")
     assert kills >= 3, "the run finished before the test could disturb it"
     assert set(cluster.wait_all()) == {0}
