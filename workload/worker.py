@@ -54,7 +54,6 @@ from workload.trainer import HParams, Trainer
 
 log = logging.getLogger(__name__)
 
-EXIT_DRAINED = EXIT_DONE  # kept for callers of the old name
 
 
 def default_worker_id() -> str:
@@ -534,5 +533,5 @@ def check_finite(trainer: Trainer, where: str, loss: float | None = None, scores
                         "the test days are: nothing was promoted; check the data for extreme values")
 
 
-__all__ = ["EXIT_DRAINED", "EXIT_TERMINATED", "Heartbeat", "InfraFault", "LeaseLost", "PermanentError",
+__all__ = ["EXIT_TERMINATED", "Heartbeat", "InfraFault", "LeaseLost", "PermanentError",
            "Worker", "WorkerConfig", "check_finite", "default_worker_id"]
