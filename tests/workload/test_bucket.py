@@ -67,6 +67,8 @@ def seed(cluster: Cluster, bucket: Bucket, tmp_path: Path, runs: dict, *args: st
 
 
 def train(cluster: Cluster, *names: str) -> None:
+    """One training Job: on the cluster each seed with new data replaces the Job (the loader's inputs change)."""
+    cluster.new_job()
     for name in names:
         cluster.start_worker(name)
     codes = cluster.wait_all(timeout_s=400)
