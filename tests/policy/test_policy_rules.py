@@ -68,8 +68,10 @@ def test_image_without_digest_is_a_violation(image: str) -> None:
 def test_latest_next_to_a_digest_is_a_violation() -> None:
     props = job()
     container(props)["image"] = f"trainer:latest@{DIGEST}"
-    (message,) = rules.image_pinned_by_digest(JOB, props, DEV)
-    assert "names the tag 'latest'" in message
+    assert rules.image_pinned_by_digest(JOB, props, DEV) == [
+        f"Job 'train': container 'worker' image 'trainer:latest@{DIGEST}' names the tag 'latest'; drop the tag, "
+        "the digest is what runs"
+    ]
 
 
 def test_init_containers_and_bare_pods_are_checked_too() -> None:
@@ -162,6 +164,13 @@ def test_missing_or_wrong_labels_are_violations() -> None:
     ]
 
 
+def test_a_node_pool_names_the_nested_path_of_its_labels() -> None:
+    pool = {"nodeConfig": {"resourceLabels": {"env": "dev", "app": contract.APP}}}
+    assert rules.cost_labels(rules.NODE_POOL, pool, DEV) == [
+        "gcp:container/nodePool:NodePool: label 'team' missing from nodeConfig.resourceLabels"
+    ]
+
+
 def test_any_team_will_do_when_the_pack_cannot_see_the_config() -> None:
     facts = StackFacts(stack="dev", labels={"env": "dev", "app": contract.APP, "team": None})
     assert rules.cost_labels(rules.FILESTORE, {"labels": {**LABELS, "team": "data"}}, facts) == []
@@ -195,6 +204,10 @@ def test_prod_without_protection_is_a_violation() -> None:
     assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "REGIONAL"}, PROD) == [
         "Filestore instance: deletionProtectionEnabled is None in stack 'prod'; it must be true"
     ]
+    zonal_unprotected = {"tier": "ZONAL", "deletionProtectionEnabled": False}
+    assert rules.prod_deletion_protection(rules.FILESTORE, zonal_unprotected, PROD) == [
+        "Filestore instance: deletionProtectionEnabled is False in stack 'prod'; it must be true"
+    ]
 
 
 @pytest.mark.parametrize("tier", ["BASIC_HDD", "BASIC_SSD"])
@@ -205,10 +218,12 @@ def test_a_basic_filestore_is_protected_by_pulumi_not_by_the_api(tier: str) -> N
         f"Filestore instance: tier {tier!r} in stack 'prod' must have Pulumi's `protect` option"
     ]
     for facts in (PROD, DEV):
-        (message,) = rules.prod_deletion_protection(
+        assert rules.prod_deletion_protection(
             rules.FILESTORE, {"tier": tier, "deletionProtectionEnabled": True}, facts, protect=True
-        )
-        assert message.startswith(f"Filestore instance: tier {tier!r} has no deletion protection")
+        ) == [
+            f"Filestore instance: tier {tier!r} has no deletion protection, and deletionProtectionEnabled fails the "
+            "create; leave it out and protect the resource with Pulumi's `protect` option"
+        ]
 
 
 # --- advisory cluster rules --------------------------------------------------------------------------
@@ -238,6 +253,12 @@ def test_advisory_cluster_rules(rule: rules.ResourceCheck, broken: dict[str, Any
 
 def test_autopilot_always_has_workload_identity() -> None:
     assert rules.workload_identity(rules.CLUSTER, {"enableAutopilot": True}, DEV) == []
+
+
+def test_a_standard_cluster_with_an_empty_workload_pool_has_no_workload_identity() -> None:
+    assert rules.workload_identity(
+        rules.CLUSTER, {**GOOD_CLUSTER, "workloadIdentityConfig": {"workloadPool": ""}}, DEV
+    ) == ["Cluster: workloadIdentityConfig.workloadPool is not set; pods would use the node's account"]
 
 
 # --- stack rules: spot -------------------------------------------------------------------------------
@@ -540,6 +561,24 @@ def test_an_identity_found_through_its_workload_identity_binding_counts_too() ->
 )  # fmt: skip
 def test_workload_roles_beyond_the_configured_buckets_are_violations(grant: Resource, message: str) -> None:
     assert rules.workload_storage_scope([*IDENTITIES, grant], DATA_FACTS) == [(grant.urn, message)]
+
+
+def test_a_project_binding_that_lists_a_workload_among_its_members_is_a_violation() -> None:
+    members = ["group:ml@acme.example", f"serviceAccount:{WORKER_SA}"]
+    binding = res(rules.PROJECT_IAM[1], {"project": "p", "role": "roles/storage.objectAdmin", "members": members}, "pb")
+    assert rules.workload_storage_scope([*IDENTITIES, binding], DATA_FACTS) == [
+        (binding.urn, f"IAMBinding 'pb': grants roles/storage.objectAdmin on the whole project to workload service "
+         f"account {WORKER_SA}; grant object roles on the datasetUri/outputUri bucket instead")
+    ]  # fmt: skip
+
+
+def test_only_a_kubernetes_service_account_member_makes_an_account_a_workloads() -> None:
+    """workloadIdentityUser granted to another Google account lets no pod act as the nodes' account."""
+    binding = res(rules.SA_IAM_MEMBER, {
+        "serviceAccountId": f"projects/p/serviceAccounts/{NODES_SA}", "role": "roles/iam.workloadIdentityUser",
+        "member": "serviceAccount:deployer@p.iam.gserviceaccount.com"}, "wi")  # fmt: skip
+    nodes_read_images = project_grant(NODES_SA, "roles/storage.objectViewer")
+    assert rules.workload_storage_scope([*IDENTITIES, binding, nodes_read_images], DATA_FACTS) == []
 
 
 def test_without_data_settings_a_workload_may_hold_no_bucket_role() -> None:

@@ -30,6 +30,7 @@ from infra import render
 from infra.render import Registered, Rendered
 from policy import offline, pack, rules
 from tests.infra.test_infra_manifests import KUBERNETES_VERSION, _is_custom
+from tests.policy import dev_stack
 
 STACKS = render.stack_names()
 _CACHE: dict[str, Rendered] = {}
@@ -66,6 +67,35 @@ def test_every_stack_passes_the_pack(stack: str, rendered: Callable[[str], Rende
     violations = offline.check_rendered(rendered(stack))
     assert offline.mandatory(violations) == []
     assert violations == []  # advisory ones too, with the stack files as they are
+
+
+def _differences(part: Any, whole: Any, where: str = "") -> list[str]:
+    """Where ``part`` is not ``whole`` with keys left out (lists: same length, item by item)."""
+    if isinstance(part, dict):
+        if not isinstance(whole, dict):
+            return [f"{where}: {whole!r} is no mapping"]
+        return [
+            d
+            for k, v in part.items()
+            for d in (_differences(v, whole[k], f"{where}.{k}") if k in whole else [f"{where}.{k}: not rendered"])
+        ]
+    if isinstance(part, list):
+        if not isinstance(whole, list) or len(part) != len(whole):
+            return [f"{where}: {whole!r} rendered"]
+        return [
+            d for i, (p, w) in enumerate(zip(part, whole, strict=True)) for d in _differences(p, w, f"{where}[{i}]")
+        ]
+    return [] if part == whole else [f"{where}: {whole!r} rendered, {part!r} in tests/policy/dev_stack.py"]
+
+
+def test_the_rule_tests_shapes_are_what_dev_renders(rendered: Callable[[str], Rendered]) -> None:
+    """The rule tests build on tests/policy/dev_stack.py: every key and value kept there is dev's own."""
+    r = rendered("dev")
+    for (type_, name), props in dev_stack.SHAPES.items():
+        view = offline.stack_view(r.one(type_, name)).props
+        assert _differences(props, view, f"{type_} {name}") == []
+    order = [(x.type, x.name) for x in r.resources if (x.type, x.name) in dev_stack.SHAPES]
+    assert list(dev_stack.SHAPES) == order  # the order the stack registers them
 
 
 def test_the_offline_runner_feeds_engine_shaped_properties(rendered: Callable[[str], Rendered]) -> None:
