@@ -112,7 +112,11 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "policy",
         ("policy/rules.py",),
-        ("tests/policy/test_policy_rules.py", "tests/policy/test_redis_admission.py"),
+        (
+            "tests/policy/test_policy_rules.py",
+            "tests/policy/test_redis_admission.py",
+            "tests/policy/test_policy_rules_dev_stack.py",
+        ),
     ),
 )
 
@@ -144,6 +148,10 @@ TIES = "ties are merged afterwards (summed per distinct score, or given their me
 LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
+FIRST_PIECE = "the first piece of a split from the left is the same whatever the split limit"
+MOUNT_PATH = "Kubernetes requires mountPath on every volumeMount: the fallback is never read"
+SELF_LINK = "a network's selfLink ends in its name, which _network_name reads from the link anyway"
+TAG_COLON = "in an image reference ':' is a registry port (before the first '/') or the tag (after the last)"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -160,6 +168,49 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+    # policy:
+    Equivalent("policy/rules.py", ".rsplit(':', 1)[-1]", ".rsplit(':', 2)[-1]", LAST_PIECE),
+    Equivalent("policy/rules.py", ".rsplit(':', 1)[-1]", ".rsplit(':', )[-1]", LAST_PIECE),
+    Equivalent("policy/rules.py", ".rsplit(':', 1)[-1]", ".rsplit(':', 1)[+1]",
+               "a Pulumi type token (pkg:module:Type) splits in two at its last ':': [1] is [-1]"),
+    Equivalent("policy/rules.py", 'or "").rsplit("/", 1)[-1])', 'or "").rsplit("/", 1)[+1])',
+               "serviceAccountId is fully qualified (projects/P/serviceAccounts/EMAIL, provider schema): two pieces"),
+    Equivalent("policy/rules.py", '"serviceAccountId") or "")', '"serviceAccountId") or "XXXX")',
+               "serviceAccountId is a required argument: the fallback is never read"),
+    Equivalent("policy/rules.py", '_get(binding.props, "member") or "")', '_get(binding.props, "member") or "XXXX")',
+               "neither fallback holds '.svc.id.goog[': a binding without a member is no Workload Identity either way"),
+    Equivalent("policy/rules.py", '_get(binding.props, "member")', "_get(binding.props, )",
+               "a binding's text holds '.svc.id.goog[' only in its member (role and serviceAccountId never do)"),
+    Equivalent("policy/rules.py", "isinstance(email, str) and email", "isinstance(email, str) or email",
+               "annotations are strings; an empty one adds '', which no grant's member ('serviceAccount:EMAIL') names"),
+    Equivalent("policy/rules.py", 'if "member" in _keys(grant.props) else []',
+               'if ("member" in _keys(grant.props)) or True else []',
+               "a grant without a member reads as [None], which names no workload account"),
+    Equivalent("policy/rules.py", '_get(grant.props, "bucket") or "")', '_get(grant.props, "bucket") or "XXXX")',
+               "bucket is a required argument of bucket IAM resources: the fallback is never read"),
+    Equivalent("policy/rules.py", '"expression") or "")', '"expression") or "XXXX")',
+               "without a condition neither '' nor 'XXXX' is the write limit: the same verdict"),
+    Equivalent("policy/rules.py", "if POD_TEMPLATE_PATHS[type_] else props",
+               "if (POD_TEMPLATE_PATHS[type_]) or True else props", "_get with an empty path returns the value itself"),
+    Equivalent("policy/rules.py", 'mount.get("mountPath", "")', 'mount.get("mountPath", None)', MOUNT_PATH),
+    Equivalent("policy/rules.py", 'mount.get("mountPath", "")', 'mount.get("mountPath", )', MOUNT_PATH),
+    Equivalent("policy/rules.py", 'mount.get("mountPath", "")', 'mount.get("mountPath", "XXXX")', MOUNT_PATH),
+    Equivalent("policy/rules.py", "if key else None", "if (key) or True else None",
+               "Secret keys are strings: _secret_text finds no key None and returns None as well"),
+    Equivalent("policy/rules.py", '("id", "selfLink")', '("id", "XXselfLinkXX")', SELF_LINK),
+    Equivalent("policy/rules.py", '("id", "selfLink")', '("id", "selflink")', SELF_LINK),
+    Equivalent("policy/rules.py", '("id", "selfLink")', '("id", "SELFLINK")', SELF_LINK),
+    Equivalent("policy/rules.py", 'text.rstrip("/")', 'text.rstrip("XX/XX")',
+               "GCE names are lowercase ([a-z][-a-z0-9]*): there is no 'X' to strip before the '/'"),
+    Equivalent("policy/rules.py", "if ref and name:", "if ref or name:",
+               "a Network's outputs always carry its name (computed), and no reference reads 'None'"),
+    Equivalent("policy/rules.py", 'image.split("@", 1)[0]', 'image.split("@", )[0]', FIRST_PIECE),
+    Equivalent("policy/rules.py", 'image.split("@", 1)[0]', 'image.split("@", 2)[0]', FIRST_PIECE),
+    Equivalent("policy/rules.py", 'image.split("@", 1)[0]', 'image.rsplit("@", 1)[0]',
+               "an image reference holds one '@' at most, before its digest"),
+    Equivalent("policy/rules.py", 'last = image.split("@", 1)[0].rsplit("/", 1)[-1]',
+               'last = image.split("@", 1)[0].split("/", 1)[-1]', TAG_COLON),
+    Equivalent("policy/rules.py", 'last.partition(":")', 'last.rpartition(":")', TAG_COLON),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -641,10 +641,10 @@ def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> 
         # The provider reports the bucket as "b/<name>" once created; inputs name it plainly.
         bucket = str(_get(grant.props, "bucket") or "").removeprefix("b/")
         expression = str(_get(grant.props, "condition", "expression") or "")
+        if role in READ_ROLES and dataset and bucket == dataset.bucket:
+            continue  # object read on the dataset bucket: allowed whoever holds it
         for email in _granted_to(grant, workloads):
             where = f"{grant.type.rsplit(':', 1)[-1]} {grant.name!r}: {role} on bucket {bucket!r} for {email}"
-            if role in READ_ROLES and dataset and bucket == dataset.bucket:
-                continue
             if role in WRITE_ROLES and output and bucket == output.bucket:
                 limit = f'resource.name.startsWith("{output.objects}")'
                 if not (output.prefix and expression.strip() == limit):

@@ -581,6 +581,20 @@ def test_only_a_kubernetes_service_account_member_makes_an_account_a_workloads()
     assert rules.workload_storage_scope([*IDENTITIES, binding, nodes_read_images], DATA_FACTS) == []
 
 
+def test_every_grant_is_judged_after_an_allowed_one() -> None:
+    """The dataset read first, then a write grant naming both workloads without the prefix limit: each
+    workload's write access is reported."""
+    read = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer", name="read")
+    members = [f"serviceAccount:{LOADER_SA}", f"serviceAccount:{WORKER_SA}"]
+    write = res(rules.BUCKET_IAM[1], {"bucket": "acme-results", "role": "roles/storage.objectUser", "members": members})
+    limit = 'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
+    assert rules.workload_storage_scope([*IDENTITIES, read, write], DATA_FACTS) == [
+        (write.urn, f"BucketIAMBinding 'r': roles/storage.objectUser on bucket 'acme-results' for {email}: write "
+         f"access must be limited to {limit}")
+        for email in (LOADER_SA, WORKER_SA)
+    ]  # fmt: skip
+
+
 def test_without_data_settings_a_workload_may_hold_no_bucket_role() -> None:
     grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer")
     ((_, message),) = rules.workload_storage_scope([*IDENTITIES, grant], DEV)

@@ -195,19 +195,27 @@ def test_a_stack_that_enables_on_demand_fallback_may_scale_up_on_demand() -> Non
     ]
 
 
-def test_every_gpu_pod_is_judged_whatever_passes_before_it() -> None:
-    """A GPU Job on spot by label, then the training Job off spot: both are looked at."""
-    on_spot = training()
-    on_spot["metadata"]["name"] = "spot-trainer-eval"
-    pod(on_spot)["nodeSelector"] = {**ZONE_ONLY, "cloud.google.com/gke-spot": "true"}
-    off_spot = training()
-    pod(off_spot)["nodeSelector"] = dict(ZONE_ONLY)
-    resources = [dev_stack.resource(JOB, "eval", on_spot), *with_training(off_spot)]
-    assert rules.training_on_spot(resources, DEV) == [(TRAINING_URN, f"{WORKER}: {OFF_SPOT}")]
-    undeclared = training()
-    pod(undeclared)["nodeSelector"]["cloud.google.com/compute-class"] = "gpu-old"
-    resources = [dev_stack.resource(JOB, "eval", undeclared), *with_training(off_spot)]
-    assert [urn for urn, _ in rules.training_on_spot(resources, DEV)] == [resources[0].urn, TRAINING_URN]
+def test_every_gpu_pod_is_judged_whatever_comes_before_it() -> None:
+    """GPU Jobs on spot by label, off spot, on an undeclared class, then the training Job on a class that
+    does not list spot first: each is looked at and each violation reported, in the stack's order."""
+
+    def gpu_job(name: str, selector: dict[str, str]) -> Resource:
+        props = training()
+        props["metadata"]["name"] = name
+        pod(props)["nodeSelector"] = {**ZONE_ONLY, **selector}
+        return dev_stack.resource(JOB, name, props)
+
+    jobs = [
+        gpu_job("on-spot", {"cloud.google.com/gke-spot": "true"}),
+        gpu_job("off-spot", {}),
+        gpu_job("old-class", {"cloud.google.com/compute-class": "gpu-old"}),
+    ]
+    on_demand_first = compute_class({"priorities": [{"gpu": L4}, {"spot": True, "gpu": L4}]})
+    assert rules.training_on_spot([*jobs, *dev_stack.stack(on_demand_first)], DEV) == [
+        (jobs[1].urn, f"Job 'off-spot': {OFF_SPOT}"),
+        (jobs[2].urn, "Job 'old-class': selects compute class 'gpu-old', which the stack does not declare"),
+        (TRAINING_URN, f"{WORKER}: {NOT_FIRST}"),
+    ]
 
 
 # --- Redis's password: from the stack's Secret, as a config file or through an environment variable -----
@@ -249,6 +257,12 @@ def _config_in_command(p: dict[str, Any]) -> None:
     first(p).update(command=["redis-server", CONF], args=OPTIONS)
 
 
+def _mounted_with_a_slash(p: dict[str, Any]) -> None:
+    """A mount path written with a trailing slash (its last letters are no slash to strip)."""
+    first(p)["volumeMounts"][1]["mountPath"] = "/run/secrets/REDIS_AUTH_BOX/"
+    first(p)["args"] = ["/run/secrets/REDIS_AUTH_BOX/auth.conf", *OPTIONS]
+
+
 def _projected_elsewhere(p: dict[str, Any]) -> None:
     auth_volume(p)["items"] = [{"key": "auth.conf", "path": "redis/auth.conf"}]
     first(p)["args"] = ["/etc/redis-auth/redis/auth.conf", *OPTIONS]
@@ -265,7 +279,7 @@ def _cluster_kept_secret() -> Resource:
     ("edit", "others"),
     [
         (_config_in_command, ()),
-        (lambda p: first(p)["volumeMounts"][1].update(mountPath="/etc/redis-auth/"), ()),
+        (_mounted_with_a_slash, ()),
         (lambda p: auth_volume(p).pop("items"), ()),  # the whole Secret projected: auth.conf is there
         (_projected_elsewhere, ()),
         (lambda p: None, (_cluster_kept_secret(),)),
@@ -316,6 +330,15 @@ def _secret_elsewhere() -> Resource:
     props = dev_stack.props(rules.SECRET, "redis")
     props["metadata"]["namespace"] = "default"
     return secret(props)
+
+
+def test_every_redis_is_judged_whatever_comes_before_it() -> None:
+    props = redis()
+    first(props)["args"] = OPTIONS  # the config file dropped
+    resources = [*dev_stack.stack(), dev_stack.resource(DEPLOYMENT, "redis-2", props)]
+    assert rules.redis_requires_password(resources, DEV) == [
+        (resources[-1].urn, NO_PASSWORD),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -379,6 +402,22 @@ def test_filestore_on_the_cluster_network_passes_however_it_is_named(
     filestore_network: str, cluster_network: str | None
 ) -> None:
     assert network_verdict(filestore_network, cluster_network) == []
+
+
+def test_a_cluster_that_names_no_network_is_on_the_default_one() -> None:
+    cluster = dev_stack.props(rules.CLUSTER, "cluster")
+    del cluster["network"], cluster["subnetwork"]
+    share = dev_stack.props(rules.FILESTORE, "share")
+    share["networks"][0]["network"] = "default"
+    changed = [
+        dev_stack.resource(rules.CLUSTER, "cluster", cluster),
+        dev_stack.resource(rules.FILESTORE, "share", share),
+    ]
+    assert rules.filestore_on_cluster_network(dev_stack.stack(*changed), DEV) == []
+    assert rules.filestore_on_cluster_network(dev_stack.stack(changed[0]), DEV) == [
+        (FILESTORE_URN, "Filestore instance 'share' is on network 'network', the cluster on ['default']; pods could "
+         "not mount it")
+    ]  # fmt: skip
 
 
 def test_filestore_on_another_network_or_none_is_a_violation() -> None:
