@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -46,14 +47,21 @@ assert plots  # matplotlib imported with the tests, not in each (mutation) run
 DAYS = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3)]
 
 
-@pytest.fixture(scope="module")
-def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+_TMP = tempfile.TemporaryDirectory(prefix="worker-inprocess-")  # removed when the process ends
+
+
+def _small_dataset() -> Path:
     """Three training days and one test day, features stored as seed stores them."""
-    root = tmp_path_factory.mktemp("small") / "fraud"
+    root = Path(_TMP.name) / "fraud"
     simulator.generate(root, SPEC)
     ds.write_manifest(root)
     featurestore.ensure(ds.Dataset(root))
     return root
+
+
+# Made when the module is collected: mutation testing forks each mutant's run from a process that has
+# collected the tests, so no run pays for the simulation again.
+SMALL_DATASET = _small_dataset()
 
 
 @dataclass
@@ -98,12 +106,12 @@ class Share:
 
 
 @pytest.fixture
-def env(tmp_path: Path, small_dataset: Path) -> Iterator[Share]:
+def env(tmp_path: Path) -> Iterator[Share]:
     server = RedisServer(tmp_path / "redis").start()
     share = tmp_path / "share"
     share.mkdir()
     try:
-        yield Share(server, share, small_dataset)
+        yield Share(server, share, SMALL_DATASET)
     finally:
         server.kill()
 
@@ -337,8 +345,12 @@ def test_the_back_off_doubles_until_the_fault_has_lasted_too_long_and_success_re
 
 
 def test_the_back_off_is_capped_at_30_seconds(env: Share) -> None:
-    worker = Worker(env.config(infra_give_up_s=1000, infra_backoff_s=20), env.client_queue())
+    worker = Worker(env.config(infra_give_up_s=1000, infra_backoff_s=5), env.client_queue())
     worker.stop.set()  # waits return at once; the next pause is what is left
+    worker._back_off()
+    assert worker._infra_backoff == 10.0, "each pause doubles the last"
+    worker._back_off()
+    assert worker._infra_backoff == 20.0
     worker._back_off()
     assert worker._infra_backoff == 30.0
     worker._back_off()
@@ -544,6 +556,27 @@ def test_sigterm_sets_the_stop_flag_and_the_worker_exits_143(env: Share) -> None
     assert worker.stop.is_set() and queue.interrupt.is_set()
     assert worker.run() == EXIT_TERMINATED
     assert queue.counts().pending == 3
+
+
+def test_a_worker_still_running_after_the_grace_period_exits_143(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM starts a daemon timer (it must not hold the process open) that exits 143 after term_grace_s.
+    os._exit is recorded here instead of ending pytest (test_worker_faults.py proves the real exit)."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    worker = Worker(env.config(term_grace_s=0.2), env.client_queue())
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    before = set(threading.enumerate())
+    try:
+        worker.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGTERM)
+        timers = [t for t in threading.enumerate() if t not in before]
+        assert len(timers) == 1 and timers[0].daemon, "one daemon timer"
+        assert not exits, "no exit before the grace period"
+        timers[0].join(5)
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+    assert exits == [EXIT_TERMINATED]
 
 
 def test_a_signal_while_redis_is_unreachable_exits_143_and_a_long_outage_raises(env: Share) -> None:
