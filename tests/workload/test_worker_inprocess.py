@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -28,13 +29,14 @@ import pytest
 import torch
 
 from workload import dataset as ds
-from workload import features, featurestore, plan, plots, simulator
+from workload import features, featurestore, metrics, plan, plots, simulator
 from workload.checkpoint import CheckpointStore
 from workload.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
 from workload.hparams import HParams
 from workload.paths import METRICS_PNG
 from workload.queue import Item, QueueUnavailable, WorkQueue, connect
 from workload.redis_server import RedisServer
+from workload.report import rendered_from as report_source
 from workload.trainer import Trainer
 from workload.worker import Heartbeat, Outcome, Worker, WorkerConfig, check_finite
 
@@ -157,6 +159,13 @@ def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: 
         assert entry["checkpoint"].startswith("ckpt-") and entry["checkpoint"].endswith(".pt")
         assert (run_dir / "checkpoints" / entry["checkpoint"]).exists() or entry is not state["history"][-1]
     assert (run_dir / METRICS_PNG).stat().st_size > 0, "the pictures are drawn"
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", h["time"]) for h in state["history"])
+    seq, token = re.fullmatch(r"ckpt-(\d{8})-t(\d+)\.pt", state["history"][-1]["checkpoint"]).groups()
+    assert report_source(run_dir) == (int(token), int(seq)), "the report names the checkpoint it shows"
+    test = data.test_examples()
+    scores = Trainer.from_state(state).score(test.x)
+    expected = metrics.evaluate(scores, test.y, test.day, test.card)
+    assert {k: state["history"][-1][k] for k in expected} == pytest.approx(expected, nan_ok=True)
     assert Worker(env.config(worker_id="w2"), queue).run() == EXIT_DONE, "a drained queue: exit 0 at once"
 
 
@@ -289,11 +298,54 @@ def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: 
     next(iter(model.values())).view(-1)[0] = math.nan
     assert store.save({**loaded.state, "model": model}, path=store.next_path(loaded.token),
                       may_promote=lambda: True) is not None
+    files = set((store.dir).glob("ckpt-*.pt"))
+    lease = queue.claim("w1", 10)
+    assert Worker(env.config(checkpoint_interval_s=0.001), queue).process(lease) is Outcome.FAILED
+    entry = dead(queue)[lease.item.id]
+    assert entry["attempts"] == 1 and entry["error"].startswith(f"{lease.item.id}: training produced non-finite ")
+    assert "nothing was promoted" in entry["error"]
+    assert set(store.dir.glob("ckpt-*.pt")) == files, "no mid-day checkpoint of NaN weights either"
+    assert store.load().state["applied"] == DAYS[:1]
+
+
+def test_a_checkpoint_that_does_not_load_costs_one_attempt_and_is_retried(env: Share) -> None:
+    """An error that is neither the item's nor the platform's (here a checkpoint missing a layer): one
+    attempt is charged, with the error, and the item goes back to pending for a retry."""
+    queue = env.seed()
+    assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    loaded = store.load()
+    model = dict(loaded.state["model"])
+    model.pop(next(iter(model)))
+    assert store.save({**loaded.state, "model": model}, path=store.next_path(loaded.token),
+                      may_promote=lambda: True) is not None
     lease = queue.claim("w1", 10)
     assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
-    entry = dead(queue)[lease.item.id]
-    assert entry["attempts"] == 1 and "non-finite" in entry["error"] and "nothing was promoted" in entry["error"]
-    assert store.load().state["applied"] == DAYS[:1]
+    snap = queue.snapshot()["runs"]["main"]
+    assert snap["attempts"] == {lease.item.id: 1} and not snap["dead"]
+    assert snap["errors"][lease.item.id].startswith("RuntimeError: "), snap["errors"]
+    assert lease.item.id in snap["pending"]
+
+
+def test_a_worker_frozen_past_its_lease_promotes_nothing(env: Share) -> None:
+    """Lease 1 expires and a peer takes the day (lease 2) before lease 1's holder starts; its heartbeat
+    has not noticed. Nothing of lease 1's is promoted, the peer applies the day; lease 1's holder,
+    waking again once the peer has fenced the run, gives up without touching the queue's token."""
+    queue = env.seed()
+    stale = queue.claim("stale", ttl_s=0.2)
+    time.sleep(0.4)
+    fresh = queue.claim("peer", ttl_s=30)
+    assert fresh.item == stale.item and fresh.token > stale.token
+    worker = Worker(env.config(worker_id="stale", lease_ttl_s=30, heartbeat_s=10), queue)
+    assert worker.process(stale) is Outcome.LOST
+    ckpts = env.share / "output" / "main" / "checkpoints"
+    assert not list(ckpts.glob(f"ckpt-*-t{stale.token}.pt"))
+    assert not (env.share / "output" / "main" / "report.txt").exists()
+    assert Worker(env.config(worker_id="peer"), queue).process(fresh) is Outcome.DONE
+    token = int(queue.redis.get(queue.keys.token))
+    assert worker.process(stale) is Outcome.LOST
+    assert int(queue.redis.get(queue.keys.token)) == token
+    assert env.state()["applied"] == [stale.item.shard]
 
 
 # -- infrastructure faults ----------------------------------------------------------------------------
@@ -395,6 +447,7 @@ def test_a_heartbeat_rides_out_a_redis_restart_while_the_lease_is_valid(env: Sha
     queue = env.seed()
     lease = queue.claim("w1", ttl_s=5)
     beat = Heartbeat(queue, lease, ttl_s=5, interval_s=1)
+    assert beat.beat() is True
     env.server.kill()
     assert beat.beat() is None and not beat.lost.is_set(), "Redis silent, lease still valid: not lost"
     env.server.start()  # same port and data (append-only file): the lease is still there
@@ -447,12 +500,14 @@ def test_progress_keeps_the_watchdog_quiet(env: Share, monkeypatch: pytest.Monke
     lease = queue.claim("w1", ttl_s=10)
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    first = queue.redis.zscore(queue.keys.leases, "main")
     beat = Heartbeat(queue, lease, ttl_s=10, interval_s=0.1, stall_s=0.3)  # progress: now, always
     beat.start()
     time.sleep(0.8)
     beat.stop()
     beat.join(5)
     assert not exits and queue.holds(lease)
+    assert queue.redis.zscore(queue.keys.leases, "main") > first, "the beats went on, extending the lease"
 
 
 # -- fencing, restore, preemption ---------------------------------------------------------------------
@@ -480,12 +535,22 @@ def test_a_queue_behind_the_share_raises_its_token_and_the_applied_day_is_acked_
     assert env.state()["applied"] == DAYS
 
 
-def test_a_wiped_queue_is_restored_from_the_share(env: Share) -> None:
+def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis lost everything: the worker refills the queue from the share (the applied day marked done,
+    not retrained), finishes the run, redraws the pictures only for its last day, and exports the run to
+    $OUTPUT_URI after acking that day."""
     queue = env.seed()
     worker = Worker(env.config(), queue)
+    exported = tmp_path / "exported"
+    monkeypatch.setenv("OUTPUT_URI", str(exported))
+    png = env.share / "output" / "main" / METRICS_PNG
     assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    assert png.stat().st_size == 0 and not exported.exists(), "not the last day: no pictures, no export"
     queue.redis.flushall()
     assert worker.run() == EXIT_DONE
+    assert png.stat().st_size > 0, "the run's last day redraws the pictures"
+    assert any(exported.rglob("*")), "the finished run is exported"
     assert env.state()["applied"] == DAYS
     c = queue.counts()
     assert (c.done, c.total) == (3, 3)
