@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from workload import dataset as ds
-from workload import features, featurestore, metrics, plan, plots, simulator
+from workload import faults, features, featurestore, metrics, plan, plots, simulator
 from workload.checkpoint import CheckpointStore
 from workload.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
 from workload.hparams import HParams
@@ -493,6 +493,26 @@ def test_the_watchdog_gives_the_lease_up_at_no_cost_and_exits_5(env: Share, monk
     c = queue.counts()
     assert (c.pending, c.leased) == (3, 0)
     assert not queue.snapshot()["runs"]["main"].get("attempts")
+
+
+def test_a_worker_stuck_in_a_read_gives_its_lease_up_and_exits_5(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The day's read never returns (the `hang` fault: a hung share): the worker's watchdog sees no progress
+    for stall_s, releases the lease at no cost and exits 5 (recorded here; the stuck thread stays stuck)."""
+    queue = env.seed()
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    monkeypatch.setenv("WORKLOAD_FAULT", "read")
+    monkeypatch.setenv("WORKLOAD_FAULT_ACTION", "hang")
+    monkeypatch.setattr(faults, "_hits", {})
+    worker = Worker(env.config(stall_s=0.5, heartbeat_s=0.1), queue)
+    lease = queue.claim("w1", 10)
+    threading.Thread(target=worker.process, args=(lease,), daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exits == [5]
+    c = queue.counts()
+    assert (c.pending, c.leased) == (3, 0) and not queue.snapshot()["runs"]["main"]["attempts"]
 
 
 def test_progress_keeps_the_watchdog_quiet(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
