@@ -383,6 +383,36 @@ def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
         assert gaps[1] >= 0.4, f"the back-off doubles: {gaps}"
 
 
+def test_a_success_between_infrastructure_faults_starts_the_give_up_clock_again(env: Share) -> None:
+    """Disk full, then a day that succeeds (and takes longer than infra_give_up_s), then disk full again:
+    the success proves the platform recovered, so the new fault gets its own give-up window (more tries)
+    instead of exiting 3 at once."""
+    queue = env.seed()
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    worker = Worker(env.config(infra_give_up_s=0.5, infra_backoff_s=0.2), queue)
+    real = worker.process
+    outcomes: list[Outcome] = []
+
+    def observed(lease):
+        healthy = len(outcomes) == 1  # the second try finds the disk fixed, the others full
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit if healthy else (2048, old_limit[1]))
+        outcomes.append(real(lease))
+        if healthy:
+            time.sleep(0.6)  # a long day: past infra_give_up_s since the first fault
+        return outcomes[-1]
+
+    worker.process = observed  # type: ignore[method-assign]
+    try:
+        code = worker.run()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert code == EXIT_INFRA
+    assert outcomes[:3] == [Outcome.INFRA, Outcome.DONE, Outcome.INFRA] and len(outcomes) >= 4, outcomes
+    assert not queue.snapshot()["runs"]["main"]["attempts"]
+
+
 def test_the_back_off_doubles_until_the_fault_has_lasted_too_long_and_success_resets_it(env: Share) -> None:
     worker = Worker(env.config(infra_give_up_s=0.5, infra_backoff_s=0.2), env.client_queue())
     waits = []
