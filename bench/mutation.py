@@ -150,6 +150,8 @@ TIES = "ties are merged afterwards (summed per distinct score, or given their me
 LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
+CLOCK = "a monotonic float clock equals the bound exactly with nil probability: > and >= act alike"
+THREAD_NAME = "nothing reads the thread's name (the log format has none)"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -166,6 +168,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+    # worker:
+    Equivalent("workload/worker.py", ">= self.cfg.infra_give_up_s", "> self.cfg.infra_give_up_s", CLOCK),
+    Equivalent("workload/worker.py", "time.monotonic() >= self._valid_until", "time.monotonic() > self._valid_until",
+               CLOCK),
+    Equivalent("workload/worker.py", 'name="heartbeat"', 'name="XXheartbeatXX"', THREAD_NAME),
+    Equivalent("workload/worker.py", 'name="heartbeat"', 'name="HEARTBEAT"', THREAD_NAME),
+    Equivalent("workload/worker.py", 'name="heartbeat"', "name=None", THREAD_NAME),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -458,14 +458,13 @@ def test_heartbeats_keep_a_short_lease_alive_and_notice_a_takeover(env: Share) -
     queue = env.seed()
     lease = queue.claim("w1", ttl_s=0.6)
     beat = Heartbeat(queue, lease, ttl_s=0.6, interval_s=0.15)
-    beat.start()
-    try:
-        time.sleep(1.5)
-        assert queue.holds(lease) and not beat.lost.is_set(), "renewed past two TTLs"
-    finally:
-        beat.stop()
-        beat.join(5)
-    assert not beat.is_alive()
+    # The beat loop runs here, in the test's thread (mutation testing maps only this thread's calls to
+    # tests); a timer stops it after two TTLs.
+    stopper = threading.Timer(1.5, beat.stop)
+    stopper.start()
+    beat.run()
+    stopper.join()
+    assert queue.holds(lease) and not beat.lost.is_set(), "renewed past two TTLs"
     time.sleep(0.8)
     peer = queue.claim("w2", ttl_s=10)
     assert peer is not None and peer.item == lease.item
@@ -494,11 +493,11 @@ def test_a_heartbeat_without_redis_loses_the_lease_when_its_validity_runs_out(en
     assert beat.confirm() is False and beat.lost.is_set()
     assert time.monotonic() - started < 3
     beat.lost.clear()
-    beat.start()
-    try:
-        assert beat.lost.wait(3), "the background beats give up too"
-    finally:
-        beat.stop()
+    stopper = threading.Timer(3, beat.stop)  # a bound, should the loop never see the lease lost
+    stopper.start()
+    beat.run()
+    stopper.cancel()
+    assert beat.lost.is_set(), "the beat loop gives up too"
 
 
 def test_the_watchdog_gives_the_lease_up_at_no_cost_and_exits_5(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -510,14 +509,10 @@ def test_the_watchdog_gives_the_lease_up_at_no_cost_and_exits_5(env: Share, monk
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
     stuck_since = time.monotonic()
     beat = Heartbeat(queue, lease, ttl_s=10, interval_s=0.1, progress=lambda: stuck_since, stall_s=0.3)
-    beat.start()
-    try:
-        deadline = time.monotonic() + 5
-        while not exits and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        beat.stop()
-        beat.join(5)
+    stopper = threading.Timer(5, beat.stop)  # a bound; the loop ends by itself once the lease is released
+    stopper.start()
+    beat.run()  # in the test's thread: the recorded os._exit returns, and the next beat finds the lease gone
+    stopper.cancel()
     assert exits and exits[0] == 5
     assert time.monotonic() - stuck_since >= 0.3
     c = queue.counts()
@@ -552,10 +547,10 @@ def test_progress_keeps_the_watchdog_quiet(env: Share, monkeypatch: pytest.Monke
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
     first = queue.redis.zscore(queue.keys.leases, "main")
     beat = Heartbeat(queue, lease, ttl_s=10, interval_s=0.1, stall_s=0.3)  # progress: now, always
-    beat.start()
-    time.sleep(0.8)
-    beat.stop()
-    beat.join(5)
+    stopper = threading.Timer(0.8, beat.stop)
+    stopper.start()
+    beat.run()
+    stopper.join()
     assert not exits and queue.holds(lease)
     assert queue.redis.zscore(queue.keys.leases, "main") > first, "the beats went on, extending the lease"
 
