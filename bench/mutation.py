@@ -152,6 +152,7 @@ TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 CLOCK = "a monotonic float clock equals the bound exactly with nil probability: > and >= act alike"
 THREAD_NAME = "nothing reads the thread's name (the log format has none)"
+WAITING_LOG = "the flag only decides whether the idle worker's waiting message is logged again"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -175,6 +176,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", 'name="heartbeat"', 'name="XXheartbeatXX"', THREAD_NAME),
     Equivalent("workload/worker.py", 'name="heartbeat"', 'name="HEARTBEAT"', THREAD_NAME),
     Equivalent("workload/worker.py", 'name="heartbeat"', "name=None", THREAD_NAME),
+    Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
+    Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
