@@ -22,6 +22,7 @@ from workload.dataset import (
     one_line,
     read_ids,
     read_transactions,
+    validate,
     write_manifest,
 )
 
@@ -111,7 +112,8 @@ def test_a_broken_history_day_is_left_out_not_fatal(tmp_path: Path, dataset_src:
         data.examples(["training/2018-04-02.parquet"])
     ex = data.examples(["training/2018-04-03.parquet"])
     assert len(ex.y) > 0
-    assert "leaving training/2018-04-02.parquet out of feature history" in caplog.text
+    data.compute_features("training/2018-04-04.parquet")
+    assert caplog.text.count("leaving training/2018-04-02.parquet out of feature history and evaluation: ") == 1
 
 
 @pytest.mark.timeout(20)
@@ -138,6 +140,7 @@ def _as_exported(frame: pd.DataFrame) -> pd.DataFrame:
     out[schema.TRANSACTION_ID] = out[schema.TRANSACTION_ID].astype(np.float64)
     out[schema.TERMINAL_ID] = out[schema.TERMINAL_ID].astype(str)
     out[schema.TX_FRAUD] = out[schema.TX_FRAUD].astype(bool)
+    out.loc[out[schema.TRANSACTION_ID] == out[schema.TRANSACTION_ID].min() + 9, schema.TX_AMOUNT] = 0.0  # a card check
     return out
 
 
@@ -146,6 +149,7 @@ def test_an_exported_day_reads_as_the_canonical_one(tmp_path: Path, dataset_src:
     exported = _as_exported(canonical)
     expected = canonical.copy()
     expected.loc[6, schema.TX_DATETIME] = expected.loc[5, schema.TX_DATETIME]  # ordered by ID within the tie
+    expected.loc[9, schema.TX_AMOUNT] = 0.0
     (tmp_path / "d.csv").write_bytes(exported.to_csv(index=False).encode())
     got = read_transactions(tmp_path / "d.csv")
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
@@ -289,7 +293,9 @@ def test_files_of_one_role_may_overlap_in_time(tmp_path: Path, dataset_src: Path
     frame[odd].to_parquet(root / "training" / "2018-04-06-odd.parquet")
     frame[~odd].to_parquet(root / "training" / "2018-04-06-even.parquet")
     entries = write_manifest(root)
-    assert sum(e["rows"] for e in entries if e["first"] == "2018-04-06") == len(frame)
+    halves = [e for e in entries if e["first"] == "2018-04-06"]
+    assert [e["path"] for e in halves] == ["training/2018-04-06-even.parquet", "training/2018-04-06-odd.parquet"]
+    assert sum(e["rows"] for e in halves) == len(frame)
 
 
 def test_an_id_in_two_files_is_refused_naming_both(tmp_path: Path, dataset_src: Path) -> None:
@@ -380,7 +386,8 @@ def test_test_examples_are_every_test_row_in_time_order_once(tmp_path: Path, dat
     assert np.array_equal(got.y, np.concatenate([f[schema.TX_FRAUD] for f in expected]).astype(np.float32))
     assert data.test_examples() is got
     data.compute_features("training/2018-04-06.parquet")  # reads six days
-    assert len(data._cache) == 1  # the cache stays under its bound: one file at least, never more than cache_rows
+    # The cache stays under its bound (one file at least, never more than cache_rows), keeping the latest read.
+    assert list(data._cache) == ["training/2018-04-06.parquet"]
     both = data.examples(["training/2018-04-05.parquet", "training/2018-04-06.parquet"])
     assert len(both.ids) == len(both.x) == len(both.card) == len(both.day) == len(both.known) == sum(
         len(read_transactions(dataset_src / "training" / f"2018-04-0{d}.parquet")) for d in (5, 6))
@@ -408,3 +415,35 @@ def test_errors_in_a_copied_file_name_where_the_user_had_it(tmp_path: Path, data
         Dataset(root).examples([manifest["files"][2]["path"]])
     path = root / manifest["files"][2]["path"]
     assert str(err.value).startswith(f"{path} (from gs://bucket/exports/day3.parquet): not a readable Parquet file (")
+
+
+def test_a_days_features_are_those_of_its_rows_after_all_its_history(tmp_path: Path, dataset_src: Path) -> None:
+    """The dataset is shorter than LOOKBACK_DAYS: day 3's window is days 1 to 3, whole; later days add nothing."""
+    frames = [read_transactions(dataset_src / "training" / f"2018-04-0{d}.parquet") for d in (1, 2, 3)]
+    whole = pd.concat(frames, ignore_index=True)
+    target = np.r_[np.zeros(len(whole) - len(frames[2]), dtype=bool), np.ones(len(frames[2]), dtype=bool)]
+    expected = features.compute(whole, target)
+    got = Dataset(dataset_src).compute_features("training/2018-04-03.parquet")
+    assert set(got) == set(expected)
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def test_validate_refuses_a_frame_without_rows() -> None:
+    empty = pd.DataFrame({c: [] for c in schema.COLUMNS})
+    with pytest.raises(DatasetError) as err:
+        validate(empty, "gs://b/day.parquet")
+    assert str(err.value) == "gs://b/day.parquet: the file has no rows; a day file holds at least one transaction"
+
+
+def test_read_ids_of_a_parquet_without_ids_names_the_file(tmp_path: Path, dataset_src: Path) -> None:
+    day(tmp_path, dataset_src).drop(columns=[schema.TRANSACTION_ID]).to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DatasetError, match=r"^gs://b/d.parquet: missing column\(s\) \['TRANSACTION_ID'\]"):
+        read_ids(tmp_path / "d.parquet", "gs://b/d.parquet")
+
+
+def test_a_dataset_without_training_days_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "d"
+    shutil.copytree(dataset_src / "testing", root / "testing")
+    with pytest.raises(DatasetError, match=f"^{root}: no training/ files; a dataset has training/ and testing/"):
+        write_manifest(root)
