@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import workload
 from workload.hparams import default_seed, parse_runs
 from workload.trainer import HParams, Normalizer, Trainer, _shard_seed
 
@@ -169,6 +170,9 @@ def test_the_normaliser_standardises_like_numpy_whatever_the_chunking() -> None:
         np.testing.assert_allclose(norm.mean.numpy(), whole.mean(0), rtol=1e-12)
         out = norm.apply(whole[:5])
         np.testing.assert_allclose(out.numpy(), _numpy_standardised(whole, whole[:5]), rtol=1e-4, atol=1e-5)
+    day32 = whole[:5].astype(np.float32)
+    norm.apply(day32)
+    np.testing.assert_array_equal(day32, whole[:5].astype(np.float32))  # the caller's day is left as it was
     # Before any shard, nothing is known: values pass through as they are.
     np.testing.assert_array_equal(Normalizer(3).apply(whole[:2]).numpy(), whole[:2].astype(np.float32))
 
@@ -216,6 +220,7 @@ def test_the_loss_is_class_weighted_bce_and_accuracy_counts_the_last_epoch(posit
     z = _numpy_standardised(x, x) @ first["net.0.weight"][0] + first["net.0.bias"][0]
     assert trainer.last_epoch_loss() == pytest.approx(_weighted_bce(z, y, weight), rel=1e-5)
     assert trainer.train_accuracy(n) == np.mean((z >= 0) == (y >= 0.5))
+    assert np.isnan(trainer.train_accuracy(0))
     trainer.finish_shard({"shard": "d1"})
     assert trainer.last_epoch_loss() is None and np.isnan(trainer.train_accuracy(n))
 
@@ -259,6 +264,7 @@ def test_the_averaged_weights_are_the_warmed_up_moving_average_of_the_raw_ones()
         assert trainer.train_shard(x, y, after_step)
         trainer.finish_shard({"shard": shard})
     assert t == trainer.steps == 2 * 2 * 4  # 8 steps a shard: past the warm-up (d reaches 0.5 at t = 8)
+    assert not any(p.requires_grad for p in trainer.averaged.parameters())  # averaged, never trained
     for k, v in trainer.averaged.state_dict().items():
         np.testing.assert_allclose(v.double().numpy(), expected[k], rtol=1e-5, atol=1e-6)
 
@@ -281,7 +287,8 @@ def test_scoring_in_batches_is_scoring_at_once() -> None:
     whole = trainer.score(x)
     assert whole.shape == (50,) and whole.dtype == np.float32
     np.testing.assert_allclose(trainer.score(x, batch=7), whole, rtol=1e-6)
-    assert trainer.score(x[:0]).shape == (0,)
+    empty = trainer.score(x[:0])
+    assert empty.shape == (0,) and empty.dtype == np.float32
 
 
 def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> None:
@@ -293,7 +300,9 @@ def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> 
     assert again.applied == ["d1", "d2"] and again.history == trainer.history and again.steps == trainer.steps
     assert again.progress is None and again.state_dict()["progress"] is None
     assert torch.equal(again.norm.mean, trainer.norm.mean) and torch.equal(again.norm.m2, trainer.norm.m2)
-    assert state["format"] == 2
+    assert state["format"] == 2 and state["code_version"] == workload.__version__
+    with pytest.raises(ValueError, match=r"^checkpoint hparams: lr=2.0 is not allowed"):
+        Trainer.from_state({**state, "hparams": {**state["hparams"], "lr": 2.0}}, torch.device("cpu"))
     for bad in (1, None):
         with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(expected 2\\)"):
             Trainer.from_state({**state, "format": bad}, torch.device("cpu"))
@@ -309,3 +318,10 @@ def test_a_trainer_picks_cuda_when_there_is_one() -> None:
     trainer = Trainer("r", HParams(hidden=(2,)), ("a",))
     assert trainer.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert next(trainer.model.parameters()).device.type == trainer.device.type
+
+
+def test_a_cpu_trainer_leaves_torchs_global_determinism_setting_alone() -> None:
+    """Deterministic kernels are switched on for CUDA only: on CPU the process's setting stays as it was."""
+    was = torch.are_deterministic_algorithms_enabled()
+    Trainer("r", HParams(hidden=(2,)), ("a",), torch.device("cpu"))
+    assert torch.are_deterministic_algorithms_enabled() == was
