@@ -222,7 +222,7 @@ def test_the_loss_is_class_weighted_bce_and_accuracy_counts_the_last_epoch(posit
     assert trainer.train_accuracy(n) == np.mean((z >= 0) == (y >= 0.5))
     assert np.isnan(trainer.train_accuracy(0))
     trainer.finish_shard({"shard": "d1"})
-    assert trainer.last_epoch_loss() is None and np.isnan(trainer.train_accuracy(n))
+    assert trainer.last_epoch_loss() is None and np.isnan(trainer.train_accuracy(n)) and trainer.progress is None
 
 
 def test_the_first_step_is_adam_with_the_runs_learning_rate_and_weight_decay() -> None:
@@ -325,3 +325,39 @@ def test_a_cpu_trainer_leaves_torchs_global_determinism_setting_alone() -> None:
     was = torch.are_deterministic_algorithms_enabled()
     Trainer("r", HParams(hidden=(2,)), ("a",), torch.device("cpu"))
     assert torch.are_deterministic_algorithms_enabled() == was
+
+
+def test_batch_order_ignores_the_processs_global_random_state() -> None:
+    """Whatever else the process drew from torch's global generator (a library, another run's dropout), a
+    shard trains the same: its batch order comes from (seed, shard, epoch) alone."""
+    weights = []
+    for draws in (0, 7):
+        trainer = Trainer("r", HParams(hidden=(), epochs=2, batch_size=16, seed=8), ("a", "b"), torch.device("cpu"))
+        torch.rand(draws)
+        x, y = _day(30, n=64)
+        trainer.begin_shard("d1", x[:, :2])
+        assert trainer.train_shard(x[:, :2], y, lambda: True)
+        weights.append(trainer.model.net[0].weight.detach().clone())
+    assert torch.equal(weights[0], weights[1])
+
+
+def test_a_std_of_exactly_the_threshold_is_scaled() -> None:
+    """Features with a std below 1e-3 pass unscaled; at 1e-3 itself they are standardised."""
+    norm = Normalizer(1)
+    norm.update(np.array([[-0.001], [0.001]]))  # population std: exactly 1e-3 in float64
+    np.testing.assert_allclose(norm.apply(np.array([[0.001]])).numpy(), [[1.0]], rtol=1e-6)
+
+
+def test_a_probability_of_exactly_one_half_counts_as_fraud() -> None:
+    """Accuracy reads p >= 0.5 as fraud: with all-zero weights every logit is 0, so every row is called fraud
+    and the accuracy is the share of frauds."""
+    rng = np.random.default_rng(9)
+    y = (rng.random(50) < 0.3).astype(np.float32)
+    x = rng.normal(size=(50, 2))
+    trainer = Trainer("r", HParams(hidden=(), epochs=1, batch_size=50, seed=1), ("a", "b"), torch.device("cpu"))
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.zero_()
+    trainer.begin_shard("d1", x)
+    assert trainer.train_shard(x, y, lambda: True)
+    assert trainer.train_accuracy(50) == int(y.sum()) / 50
