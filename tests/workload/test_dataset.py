@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import features, schema
+from workload import features, featurestore, schema
 from workload.dataset import (
     MANIFEST,
     Dataset,
@@ -267,6 +267,13 @@ def test_the_manifest_records_each_files_role_span_and_counts_in_order(tmp_path:
                            "rows": len(frame), "frauds": int(frame[schema.TX_FRAUD].sum())}
     assert entries[0]["role"] == "history" and entries[0]["first"] == entries[0]["last"] == "2018-03-29"
     assert Dataset(root).training_shards() == [f"training/2018-04-0{i}.parquet" for i in range(1, 7)]
+    # Training and test days' features go to the feature store; history days only feed windows: never stored.
+    data = Dataset(root)
+    data.examples(["training/2018-04-02.parquet"])
+    assert featurestore.paths(root, "training/2018-04-02.parquet")[0].is_file()
+    history = data.examples(["history/b-early.csv"])
+    assert np.array_equal(history.ids, np.sort(early[schema.TRANSACTION_ID].to_numpy()))
+    assert not featurestore.paths(root, "history/b-early.csv")[0].exists()
 
 
 def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Path, dataset_src: Path) -> None:
@@ -455,3 +462,11 @@ def test_read_ids_of_a_published_parquet_reads_that_column_alone(tmp_path: Path,
     frame = day(tmp_path, dataset_src).assign(TX_AMOUNT=-1.0)
     frame.to_parquet(tmp_path / "2018-04-02.Parquet")
     assert np.array_equal(read_ids(tmp_path / "2018-04-02.Parquet", "x"), frame[schema.TRANSACTION_ID].to_numpy())
+
+
+def test_the_read_cache_holds_up_to_cache_rows_transactions(tmp_path: Path, dataset_src: Path) -> None:
+    days = [f"training/2018-04-0{d}.parquet" for d in (1, 2)]
+    rows = sum(len(read_transactions(dataset_src / d)) for d in days)
+    data = Dataset(dataset_src, cache_rows=rows)
+    data.compute_features(days[1])  # its window: days 1 and 2, exactly cache_rows transactions
+    assert list(data._cache) == days
