@@ -200,6 +200,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/dataset.py", "io.BytesIO(_read_bytes(path, where))", "io.BytesIO(_read_bytes(path, None))",
                "`where` only names the file in _read_bytes' refusal, a ValueError there: read_ids then falls back to "
                "the full read, which refuses the file naming `where` itself"),
+    Equivalent("workload/dataset.py", "popitem(last=False)", "popitem(last=None)",
+               "OrderedDict.popitem reads only the truth of `last`: None and False both pop the oldest"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
