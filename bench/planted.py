@@ -184,6 +184,7 @@ class Outcome:
     failed: list[str]
     seconds: float
     tail: str
+    why: str = ""  # the first failure's first ``E`` line: what the test saw (behaviour, or only a message?)
 
 
 def run_tests(where: Path, tests: tuple[str, ...], first_failure: bool) -> Outcome:
@@ -197,7 +198,9 @@ def run_tests(where: Path, tests: tuple[str, ...], first_failure: bool) -> Outco
     seconds = time.monotonic() - started
     out = proc.stdout + proc.stderr
     failed = [m.group(1) for m in re.finditer(r"^FAILED (\S+)", out, re.MULTILINE)]
-    return Outcome(proc.returncode, failed, seconds, "\n".join(out.strip().splitlines()[-15:]))
+    why = next((m.group(1).strip() for m in re.finditer(r"^E +(.+)$", out, re.MULTILINE)), "")
+    return Outcome(proc.returncode, failed, seconds, "\n".join(out.strip().splitlines()[-15:]),
+                   why if len(why) <= 110 else why[:107] + "...")
 
 
 def check(bug: Bug, keep: bool) -> tuple[str, Outcome | None]:
@@ -250,17 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         verdict, out = check(bug, args.keep)
         failed = ", ".join(t.split("::", 1)[1] for t in out.failed) if out and out.failed else "-"
         seconds = f"{out.seconds:.0f}" if out else "-"
-        rows.append((bug, verdict, failed, seconds))
-        print(f"{bug.id}: {verdict} ({seconds} s){'' if verdict == 'caught' else chr(10) + (out.tail if out else '')}",
-              flush=True)
+        why = out.why.replace("|", "\\|") if out else ""
+        rows.append((bug, verdict, failed, why, seconds))
+        detail = f": {why}" if verdict == "caught" else "\n" + (out.tail if out else "")
+        print(f"{bug.id}: {verdict} ({seconds} s){detail}", flush=True)
 
     print()
-    print("| bug | planted | tests that must fail | failed | verdict | s |")
-    print("|---|---|---|---|---|---|")
-    for bug, verdict, failed, seconds in rows:
+    print("| bug | planted | tests that must fail | failed | first assertion | verdict | s |")
+    print("|---|---|---|---|---|---|---|")
+    for bug, verdict, failed, why, seconds in rows:
         names = "<br>".join(t.replace("tests/", "", 1) for t in bug.tests)
-        print(f"| {bug.id} | {bug.description} | {names} | {failed} | {verdict} | {seconds} |")
-    caught = sum(1 for _, v, _, _ in rows if v == "caught")
+        print(f"| {bug.id} | {bug.description} | {names} | {failed} | `{why}` | {verdict} | {seconds} |")
+    caught = sum(1 for row in rows if row[1] == "caught")
     print(f"\n{caught} of {len(rows)} planted bugs caught.")
     return 0 if caught == len(rows) else 1
 
