@@ -112,6 +112,21 @@ def test_the_claim_dead_letters_a_shard_climbing_out_without_leasing_it(redis_se
     assert err.type is MalformedItem
 
 
+@pytest.mark.parametrize("name", ["..", "../outside", "/etc", "a/b", ".hidden"])
+def test_the_claim_dead_letters_a_bad_dataset_name_without_leasing_it(redis_server: RedisServer, name: str) -> None:
+    """The claim's own check of the dataset name (the worker re-checks it, with the same message, so only
+    the lease tells the layers apart): the item is never leased, and is dead-lettered on its first claim."""
+    queue = WorkQueue(connect(redis_server.url, redis_server.password), prefix="t")
+    bad = Item(run="hostile", shard="training/2018-04-02.parquet", dataset=name, seq=0)
+    assert queue.enqueue([bad]) == 1
+    assert queue.claim("w1", 30) is None, "the item was leased"
+    dead = queue.snapshot()["runs"]["hostile"]["dead"]
+    assert set(dead) == {bad.id} and dead[bad.id]["attempts"] == 1, dead
+    with pytest.raises(Exception) as err:
+        Item.parse(bad.to_json(), bad.id, bad.run)
+    assert err.type is MalformedItem
+
+
 # --- check_suffix: the pickle denylist and the allowlist, each alone -----------------------------------
 
 
