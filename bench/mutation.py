@@ -145,6 +145,9 @@ LAST_PIECE = "the last piece of a split from the right is the same whatever the 
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 CPU_ONLY = "runs only where CUDA is present: untestable on the suite's CPU-only machines"
+SORT_BY_TWO = "pandas applies `kind` only to a sort by one column; this one sorts by two (time, then the unique ID)"
+NINE_COLUMNS = "the schema has nine columns: > 1, >= 1 and > 2 all hold"
+JSON_LAYOUT = "only the manifest's whitespace changes: every reader parses it as JSON"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -202,6 +205,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "the full read, which refuses the file naming `where` itself"),
     Equivalent("workload/dataset.py", "popitem(last=False)", "popitem(last=None)",
                "OrderedDict.popitem reads only the truth of `last`: None and False both pop the oldest"),
+    Equivalent("workload/dataset.py", 'TRANSACTION_ID], kind="stable"', "TRANSACTION_ID], kind=None", SORT_BY_TWO),
+    Equivalent("workload/dataset.py", 'ID], kind="stable"', 'ID], kind="XXstableXX"', SORT_BY_TWO),
+    Equivalent("workload/dataset.py", 'kind="stable", ignore_index', "ignore_index", SORT_BY_TWO),
+    Equivalent("workload/dataset.py", '], kind="stable")', "], )", SORT_BY_TWO),
+    Equivalent("*", 'kind="stable"', 'kind="STABLE"', "numpy and pandas read the sort kind in any letter case"),
+    Equivalent("workload/dataset.py", "len(schema.COLUMNS) > 1", "len(schema.COLUMNS) >= 1", NINE_COLUMNS),
+    Equivalent("workload/dataset.py", "len(schema.COLUMNS) > 1", "len(schema.COLUMNS) > 2", NINE_COLUMNS),
+    Equivalent("workload/dataset.py", "indent=1)", "indent=2)", JSON_LAYOUT),
+    Equivalent("workload/dataset.py", "indent=1)", "indent=None)", JSON_LAYOUT),
+    Equivalent("workload/dataset.py", ", indent=1)", ", )", JSON_LAYOUT),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
