@@ -114,6 +114,8 @@ def test_a_broken_history_day_is_left_out_not_fatal(tmp_path: Path, dataset_src:
     assert len(ex.y) > 0
     data.compute_features("training/2018-04-04.parquet")
     assert caplog.text.count("leaving training/2018-04-02.parquet out of feature history and evaluation: ") == 1
+    reason = f"{root}/training/2018-04-02.parquet: not a readable Parquet file"
+    assert "out of feature history and evaluation: " + reason in caplog.text
 
 
 @pytest.mark.timeout(20)
@@ -292,17 +294,23 @@ def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Pat
 
 
 def test_files_of_one_role_may_overlap_in_time(tmp_path: Path, dataset_src: Path) -> None:
-    """An export split by customer rather than by day: two training files cover the same hours."""
+    """An export split by terminal rather than by day: two training files cover the same hours."""
     root = _copy(dataset_src, tmp_path / "d")
     frame = read_transactions(root / "training" / "2018-04-06.parquet")
     (root / "training" / "2018-04-06.parquet").unlink()
-    odd = frame[schema.CUSTOMER_ID] % 2 == 1
+    odd = frame[schema.TERMINAL_ID] % 2 == 1
     frame[odd].to_parquet(root / "training" / "2018-04-06-odd.parquet")
     frame[~odd].to_parquet(root / "training" / "2018-04-06-even.parquet")
     entries = write_manifest(root)
     halves = [e for e in entries if e["first"] == "2018-04-06"]
     assert [e["path"] for e in halves] == ["training/2018-04-06-even.parquet", "training/2018-04-06-odd.parquet"]
     assert sum(e["rows"] for e in halves) == len(frame)
+    # Each half's features see the other half's earlier rows: a file starting on the target's last day is history.
+    whole = pd.concat([read_transactions(root / "training" / f"2018-04-0{d}.parquet") for d in range(1, 6)] + [frame],
+                      ignore_index=True)
+    expected = features.compute(whole, np.r_[np.zeros(len(whole) - len(frame), dtype=bool), odd.to_numpy()])
+    got = Dataset(root).compute_features("training/2018-04-06-odd.parquet")
+    np.testing.assert_array_equal(got["x"], expected["x"])
 
 
 def test_an_id_in_two_files_is_refused_naming_both(tmp_path: Path, dataset_src: Path) -> None:
@@ -470,3 +478,21 @@ def test_the_read_cache_holds_up_to_cache_rows_transactions(tmp_path: Path, data
     data = Dataset(dataset_src, cache_rows=rows)
     data.compute_features(days[1])  # its window: days 1 and 2, exactly cache_rows transactions
     assert list(data._cache) == days
+
+
+def test_a_history_day_exactly_lookback_days_before_is_in_the_window(tmp_path: Path, dataset_src: Path) -> None:
+    """Day 1's window starts LOOKBACK_DAYS before it, at midnight: a history file of that very day is read."""
+    root = _copy(dataset_src, tmp_path / "d")
+    first = read_transactions(root / "training" / "2018-04-01.parquet")
+    back = pd.Timedelta(days=features.LOOKBACK_DAYS)
+    old = first.assign(TX_DATETIME=first[schema.TX_DATETIME] - back,
+                       TRANSACTION_ID=first[schema.TRANSACTION_ID] + 10**6)
+    (root / "history").mkdir()
+    old.to_parquet(root / "history" / "old.parquet")
+    write_manifest(root)
+    whole = pd.concat([old, first], ignore_index=True)
+    expected = features.compute(whole, np.r_[np.zeros(len(old), dtype=bool), np.ones(len(first), dtype=bool)])
+    got = Dataset(root).compute_features("training/2018-04-01.parquet")
+    alone = features.compute(first, np.ones(len(first), dtype=bool))
+    assert not np.array_equal(alone["x"], expected["x"])  # the history day does change day 1's features
+    np.testing.assert_array_equal(got["x"], expected["x"])
