@@ -147,6 +147,7 @@ TEMP = "the except branch runs only while the temp file exists: the rename is th
 CPU_ONLY = "runs only where CUDA is present: untestable on the suite's CPU-only machines"
 SORT_BY_TWO = "pandas applies `kind` only to a sort by one column; this one sorts by two (time, then the unique ID)"
 NINE_COLUMNS = "the schema has nine columns: > 1, >= 1 and > 2 all hold"
+WINDOW_INDEX = "the window's index is dropped (reset_index(drop=True)) after sorting: the concat's index is never read"
 JSON_LAYOUT = "only the manifest's whitespace changes: every reader parses it as JSON"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
@@ -215,6 +216,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/dataset.py", "indent=1)", "indent=2)", JSON_LAYOUT),
     Equivalent("workload/dataset.py", "indent=1)", "indent=None)", JSON_LAYOUT),
     Equivalent("workload/dataset.py", ", indent=1)", ", )", JSON_LAYOUT),
+    Equivalent("workload/dataset.py", "pd.concat(parts, ignore_index=True)", "pd.concat(parts, ignore_index=None)",
+               WINDOW_INDEX),
+    Equivalent("workload/dataset.py", "pd.concat(parts, ignore_index=True)", "pd.concat(parts, )", WINDOW_INDEX),
+    Equivalent("workload/dataset.py", "pd.concat(parts, ignore_index=True)", "pd.concat(parts, ignore_index=False)",
+               WINDOW_INDEX),
+    Equivalent("workload/dataset.py", "end = last + pd.Timedelta(days=1)", "end = last + pd.Timedelta(days=2)",
+               "features only look back (windows end at each row's time): later rows change no target row's features"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
