@@ -188,7 +188,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "the clip keeps exp() finite; its bound only moves probabilities already within 1e-13 of 0 or 1")
       for bounds in ("-31, 30", "-30, 31")),
     *(Equivalent("workload/metrics.py", "np.clip(design @ coef, -30, 30)", f"np.clip(design @ coef, {bounds})",
-                 "in the fit, a row past a logit of 30 adds under 1e-13 to the gradient and Hessian with or without it")
+                 "in the fit, clipping a logit past +-30 or not moves its p and p(1 - p) by under 1e-13")
       for bounds in ("None, 30", "-30, None")),
     # features:
     *(Equivalent("workload/features.py", before, after, why) for before, after, why in (
