@@ -224,6 +224,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                WINDOW_INDEX),
     Equivalent("workload/dataset.py", "end = last + pd.Timedelta(days=1)", "end = last + pd.Timedelta(days=2)",
                "features only look back (windows end at each row's time): later rows change no target row's features"),
+    Equivalent("workload/dataset.py", "(days >= start) & (days < end)", "(days >= start) | (days < end)",
+               "rows before `start` are older than any target's longest window (LOOKBACK_DAYS), rows from `end` on "
+               "are later than every target: neither is read by a target's features"),
+    Equivalent("workload/dataset.py", "(days >= start) &", "(days > start) &",
+               "windows are half-open, (t - w, t]: a row at `start`, LOOKBACK_DAYS before the first target's "
+               "midnight, is outside every target's window"),
+    Equivalent("workload/dataset.py", "(days < end))", "(days <= end))",
+               "a row at `end` is later than every target row, and features only look back"),
     # metrics:
     *(Equivalent("workload/metrics.py", f"np.asarray({name}, dtype=np.float64)", f"np.asarray({name}, {kw})",
                  "labels are only compared with 0.5: any numeric or boolean dtype compares as its float64 value")
