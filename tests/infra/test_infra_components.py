@@ -5,7 +5,8 @@ share preparation's script run on a real folder, every Kubernetes object strictl
 
 A component build registers tens of resources instead of the whole stack's, so these tests are what
 `make mutation` runs for the infra components (a mutant is tested in well under a second); the whole
-stack's wiring is test_infra_stack.py's and test_infra_jobs.py's.
+stack's wiring is test_infra_stack.py's and test_infra_jobs.py's. The Jobs come last: their build has
+every other component in it, so a mutant elsewhere meets its own component's cheaper tests first.
 """
 
 from __future__ import annotations
@@ -179,214 +180,6 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
     names = [e["name"] for e in c["env"]]
     assert len(names) == len(set(names)), names
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-
-
-# --- the Jobs ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("stack", "overrides"),
-    [
-        ("dev", {}),
-        ("prod", {}),
-        ("dev", {"clusterMode": "standard", "gpuCapacity": "nodeSelector", **DATA}),
-    ],
-    ids=["dev", "prod", "standard-with-data"],
-)
-def test_every_workload_object_is_valid_and_admitted(stack: str, overrides: dict[str, Any]) -> None:
-    b = workloads(stack, **overrides)
-    _strictly_valid(b)
-    for job in b.of_type(JOB):
-        level = "baseline" if job.inputs["metadata"]["name"].endswith(contract.SHARE_PREP) else "restricted"
-        assert not pod_security_violations(pod(job), level), job.name
-        assert pod(job)["restartPolicy"] == "Never"  # a Job's podFailurePolicy requires it
-        assert pod(job)["automountServiceAccountToken"] is bool(pod(job).get("serviceAccountName"))
-
-
-@pytest.mark.parametrize("name", ["loader", "training"])
-def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
-    b = workloads()
-    job = b.one(JOB, name)
-    spec, worker = job.inputs["spec"], container(job)["name"]
-    limit = 0 if name == "loader" else b.cfg.jobs.backoff_limit
-    assert spec["backoffLimit"] == limit
-    ctl = JobController(spec)
-    for code in contract.RETRYABLE_EXIT_CODES:  # a new pod does better: free
-        assert ctl.pod_failed(FailedPod({worker: code})) is None
-    assert ctl.pod_failed(FailedPod({worker: 1}, ("DisruptionTarget",))) is None  # preempted: free
-    assert ctl.pod_failed(FailedPod({"sidecar": contract.EXIT_INFRA, worker: 0})) is None or limit == 0
-    assert ctl.counted == (1 if limit == 0 else 1) and ctl.ignored == len(contract.RETRYABLE_EXIT_CODES) + 1
-    fresh = JobController(spec)
-    reasons = [fresh.pod_failed(FailedPod({worker: contract.EXIT_BAD_CONFIG})) for _ in range(limit + 1)]
-    assert reasons == [None] * limit + ["BackoffLimitExceeded"]
-    assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS
-    counted = JobController(spec)
-    assert [counted.pod_failed(FailedPod({worker: 1})) for _ in range(limit + 1)][-1] == "BackoffLimitExceeded"
-    rules = spec["podFailurePolicy"]["rules"]
-    assert {r["action"] for r in rules} <= {"Ignore", "Count"}  # FailJob's reason is not awaited
-    assert all(r.get("onExitCodes", {}).get("containerName", worker) == worker for r in rules)
-
-
-def test_the_jobs_run_for_as_long_as_the_config_says() -> None:
-    b = workloads(jobAwait="wait")
-    loader, training = b.one(JOB, "loader"), b.one(JOB, "training")
-    minutes = b.cfg.jobs.loader_timeout_minutes
-    assert loader.inputs["spec"]["activeDeadlineSeconds"] == minutes * 60
-    assert loader.custom_timeouts == {"create": f"{minutes}m", "update": f"{minutes}m"}
-    assert training.inputs["spec"]["activeDeadlineSeconds"] == b.cfg.jobs.active_deadline_seconds
-    assert training.inputs["spec"]["parallelism"] == b.cfg.jobs.parallelism
-    assert "completions" not in training.inputs["spec"]  # work-queue Job
-    wait = f"{b.cfg.jobs.timeout_minutes}m"
-    assert training.custom_timeouts == {"create": wait, "update": wait}
-    for job in (loader, training):
-        assert "ttlSecondsAfterFinished" not in job.inputs["spec"]
-        assert job.delete_before_replace
-        assert jobs.SKIP_AWAIT not in job.inputs["metadata"].get("annotations", {})
-    skipped = workloads(jobAwait="skip")
-    training = skipped.one(JOB, "training")
-    assert training.inputs["metadata"]["annotations"] == {jobs.SKIP_AWAIT: "true"}
-    assert not training.custom_timeouts
-    assert jobs.SKIP_AWAIT not in skipped.one(JOB, "loader").inputs["metadata"].get("annotations", {})
-
-
-def test_the_jobs_pods_reach_redis_and_the_share() -> None:
-    b = workloads()
-    r, share = b.made["redis"], b.made["share"]
-    secret = b.one("kubernetes:core/v1:Secret").inputs
-    for name, component in (("loader", contract.LOADER), ("training", contract.WORKER)):
-        job = b.one(JOB, name)
-        meta = job.inputs["metadata"]
-        assert meta["name"] == f"{b.cfg.labels.app}-{component}" and meta["namespace"] == b.cfg.namespace
-        assert meta["labels"] == contract.labels(component)
-        assert job.inputs["spec"]["template"]["metadata"]["labels"] == contract.labels(component)
-        assert admitted_by_redis(b, job.inputs["spec"]["template"]["metadata"]["labels"])
-        c = container(job)
-        assert c["name"] == component and c["image"] == IMAGE
-        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-        assert pod(job)["terminationGracePeriodSeconds"] == jobs.TERMINATION_GRACE_SECONDS <= 15
-        values = env(c)
-        ref = values[contract.ENV_REDIS_PASSWORD]["secretKeyRef"]
-        assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
-        assert secret["stringData"][ref["key"]] == "p" * 32  # the password itself, not the config line
-        assert values[contract.ENV_REDIS_URL] == b.resolved["redis_url"] == r.url
-        assert values[contract.ENV_WORKER_ID] == {"fieldRef": {"fieldPath": "metadata.name"}}
-        assert values[contract.ENV_LEASE_TTL] == str(b.cfg.jobs.lease_ttl_seconds)
-        assert values[contract.ENV_CHECKPOINT_INTERVAL] == str(b.cfg.jobs.checkpoint_interval_seconds)
-        assert values[contract.ENV_MAX_ATTEMPTS] == str(b.cfg.jobs.max_attempts)
-        mounts = {m["name"]: m for m in c["volumeMounts"]}
-        volumes = {v["name"]: v for v in pod(job)["volumes"]}
-        assert set(mounts) == set(volumes)
-        (at_share,) = [n for n, m in mounts.items() if m["mountPath"] == values[contract.ENV_SHARE_DIR]]
-        assert values[contract.ENV_SHARE_DIR] == contract.SHARE_DIR
-        assert volumes[at_share]["persistentVolumeClaim"]["claimName"] == share.claim_name
-        assert not mounts[at_share].get("readOnly")
-
-
-def test_workers_request_the_gpus_and_land_on_the_spot_capacity() -> None:
-    b = workloads(gpuCount=2)
-    training, loader = b.one(JOB, "training"), b.one(JOB, "loader")
-    res = container(training)["resources"]
-    assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "2"
-    assert res["requests"]["memory"] == res["limits"]["memory"] == b.cfg.jobs.worker_memory
-    assert res["requests"]["cpu"] == b.cfg.jobs.worker_cpu
-    capacity = b.made["capacity"]
-    selector = dict(capacity.node_selector)
-    if b.cfg.filestore.pin_to_zone:
-        selector[ZONE_LABEL] = b.cfg.zone
-    assert pod(training)["nodeSelector"] == selector
-    assert pod(training)["tolerations"] == capacity.tolerations
-    assert "tolerations" not in pod(loader)  # the loader needs no GPU node
-    loader_res = container(loader)["resources"]
-    assert loader_res["requests"]["memory"] == loader_res["limits"]["memory"]
-    assert "nvidia.com/gpu" not in loader_res["requests"]
-    unpinned = workloads(filestoreTier="REGIONAL")
-    assert "nodeSelector" not in pod(unpinned.one(JOB, "loader"))
-
-
-def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
-    b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}})
-    cm = b.one("kubernetes:core/v1:ConfigMap")
-    assert cm.inputs["immutable"] is True and cm.delete_before_replace
-    assert json.loads(cm.inputs["data"][contract.RUNS_KEY]) == json.loads(b.cfg.jobs.runs_json)
-    loader = b.one(JOB, "loader")
-    c = container(loader)
-    (runs_mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == contract.RUNS_DIR]
-    assert runs_mount["readOnly"] is True
-    (runs_volume,) = [v for v in pod(loader)["volumes"] if v["name"] == runs_mount["name"]]
-    assert runs_volume["configMap"]["name"] == cm.inputs["metadata"]["name"]
-    assert c["args"] == contract.loader_args(b.cfg.data.dataset_name, b.cfg.jobs.dataset_preset, None)
-    assert container(b.one(JOB, "training"))["args"] == contract.WORKER_ARGS
-    for dep in (
-        "kubernetes:apps/v1:Deployment",
-        "kubernetes:networking.k8s.io/v1:NetworkPolicy",
-        "kubernetes:core/v1:ConfigMap",
-    ):
-        assert b.one(dep).urn in loader.dependencies, dep
-    claim = next(r for r in b.of_type("kubernetes:core/v1:PersistentVolumeClaim") if r.name == "share")
-    assert claim.urn in loader.dependencies
-    assert b.one(JOB, "share-prep").urn in loader.dependencies
-    assert loader.urn in b.one(JOB, "training").dependencies
-
-
-def test_identities_are_worn_only_by_their_own_pods() -> None:
-    b = workloads(**DATA)
-    loader, training = b.one(JOB, "loader"), b.one(JOB, "training")
-    assert pod(loader)["serviceAccountName"] == b.made["loader_id"].ksa_name
-    assert pod(training)["serviceAccountName"] == b.made["worker_id"].ksa_name
-    assert env(container(training))[contract.ENV_OUTPUT_URI] == DATA["outputUri"]
-    assert contract.ENV_OUTPUT_URI not in env(container(loader))
-    assert container(loader)["args"] == contract.loader_args(
-        b.cfg.data.dataset_name, b.cfg.jobs.dataset_preset, DATA["datasetUri"]
-    )
-    for urns, job in ((b.resolved["loader_id_urns"], loader), (b.resolved["worker_id_urns"], training)):
-        assert len(urns) == 3 and set(urns) <= set(job.dependencies)  # KSA, its binding, the bucket grant
-    plain = workloads()
-    assert "serviceAccountName" not in pod(plain.one(JOB, "training"))
-
-
-def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
-    cfg = config.load(render.stack_config("dev", {}), stack="dev")
-    base = jobs.seed_inputs(cfg, IMAGE)
-    (other_preset,) = set(contract.DATASET_PRESETS) - {cfg.jobs.dataset_preset}
-    assert len(base) == 16 and int(base, 16) >= 0 and base == jobs.seed_inputs(cfg, IMAGE)
-    changed = [
-        jobs.seed_inputs(cfg, IMAGE.replace("ab", "cd")),
-        jobs.seed_inputs(config.load(render.stack_config("dev", {"runs": {"other": {}}}), stack="dev"), IMAGE),
-        jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetPreset": other_preset}), stack="dev"), IMAGE),
-        jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetName": "other"}), stack="dev"), IMAGE),
-        jobs.seed_inputs(config.load(render.stack_config("dev", DATA), stack="dev"), IMAGE),
-    ]
-    assert base not in changed and len(set(changed)) == len(changed)
-    b = workloads()
-    for name in ("loader", "training"):
-        notes = b.one(JOB, name).inputs["spec"]["template"]["metadata"]["annotations"]
-        assert notes == {contract.SEED_INPUTS_ANNOTATION: base}
-
-
-def _kubectl_run(line: str) -> tuple[list[str], dict[str, Any]]:
-    words = shlex.split(line)
-    (overrides,) = [w.partition("=")[2] for w in words if w.startswith("--overrides=")]
-    return words, json.loads(overrides)
-
-
-def test_one_off_pods_run_like_the_loader_and_pass_the_namespaces_checks() -> None:
-    b = workloads(**DATA)
-    words, spec = _kubectl_run(b.resolved["status"])
-    assert words[:6] == ["kubectl", "-n", b.cfg.namespace, "run", "status", "--rm"]
-    assert {"-i", "--restart=Never", f"--image={IMAGE}"} <= set(words)
-    kubernetes_validate.validate(
-        {**spec, "kind": "Pod", "metadata": {"name": "status", **spec["metadata"]}}, KUBERNETES_VERSION, strict=True
-    )
-    assert spec["apiVersion"] == "v1" and spec["metadata"]["labels"] == contract.labels(contract.LOADER)
-    assert not pod_security_violations(spec["spec"], "restricted")
-    (c,) = spec["spec"]["containers"]
-    assert c["name"] == "status" and c["args"] == contract.STATUS_ARGS and "resources" not in c
-    assert "command" not in c and "serviceAccountName" not in spec["spec"]
-    assert env(c)[contract.ENV_REDIS_URL] == b.resolved["redis_url"]
-    _, export = _kubectl_run(b.resolved["export"])
-    (c,) = export["spec"]["containers"]
-    assert c["command"] == ["python", "-m", "x"] and c["name"] == "export"
-    assert export["spec"]["serviceAccountName"] == b.made["worker_id"].ksa_name
 
 
 # --- Redis ------------------------------------------------------------------------------------------------
@@ -824,3 +617,211 @@ def test_the_preparation_namespace_is_a_dns_label() -> None:
     assert len(name) <= 63 and name.endswith("-share-prep") and name.startswith("n" * 52)
     dashed = config.load(render.stack_config("dev", {"namespace": "a" * 51 + "-b"}), stack="dev")
     assert "--" not in share_prep.prep_namespace(dashed)
+
+
+# --- the Jobs ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["loader", "training"])
+def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
+    b = workloads()
+    job = b.one(JOB, name)
+    spec, worker = job.inputs["spec"], container(job)["name"]
+    limit = 0 if name == "loader" else b.cfg.jobs.backoff_limit
+    assert spec["backoffLimit"] == limit
+    ctl = JobController(spec)
+    for code in contract.RETRYABLE_EXIT_CODES:  # a new pod does better: free
+        assert ctl.pod_failed(FailedPod({worker: code})) is None
+    assert ctl.pod_failed(FailedPod({worker: 1}, ("DisruptionTarget",))) is None  # preempted: free
+    assert ctl.pod_failed(FailedPod({"sidecar": contract.EXIT_INFRA, worker: 0})) is None or limit == 0
+    assert ctl.counted == (1 if limit == 0 else 1) and ctl.ignored == len(contract.RETRYABLE_EXIT_CODES) + 1
+    fresh = JobController(spec)
+    reasons = [fresh.pod_failed(FailedPod({worker: contract.EXIT_BAD_CONFIG})) for _ in range(limit + 1)]
+    assert reasons == [None] * limit + ["BackoffLimitExceeded"]
+    assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS
+    counted = JobController(spec)
+    assert [counted.pod_failed(FailedPod({worker: 1})) for _ in range(limit + 1)][-1] == "BackoffLimitExceeded"
+    rules = spec["podFailurePolicy"]["rules"]
+    assert {r["action"] for r in rules} <= {"Ignore", "Count"}  # FailJob's reason is not awaited
+    assert all(r.get("onExitCodes", {}).get("containerName", worker) == worker for r in rules)
+
+
+def test_the_jobs_run_for_as_long_as_the_config_says() -> None:
+    b = workloads(jobAwait="wait")
+    loader, training = b.one(JOB, "loader"), b.one(JOB, "training")
+    minutes = b.cfg.jobs.loader_timeout_minutes
+    assert loader.inputs["spec"]["activeDeadlineSeconds"] == minutes * 60
+    assert loader.custom_timeouts == {"create": f"{minutes}m", "update": f"{minutes}m"}
+    assert training.inputs["spec"]["activeDeadlineSeconds"] == b.cfg.jobs.active_deadline_seconds
+    assert training.inputs["spec"]["parallelism"] == b.cfg.jobs.parallelism
+    assert "completions" not in training.inputs["spec"]  # work-queue Job
+    wait = f"{b.cfg.jobs.timeout_minutes}m"
+    assert training.custom_timeouts == {"create": wait, "update": wait}
+    for job in (loader, training):
+        assert "ttlSecondsAfterFinished" not in job.inputs["spec"]
+        assert job.delete_before_replace
+        assert jobs.SKIP_AWAIT not in job.inputs["metadata"].get("annotations", {})
+    skipped = workloads(jobAwait="skip")
+    training = skipped.one(JOB, "training")
+    assert training.inputs["metadata"]["annotations"] == {jobs.SKIP_AWAIT: "true"}
+    assert not training.custom_timeouts
+    assert jobs.SKIP_AWAIT not in skipped.one(JOB, "loader").inputs["metadata"].get("annotations", {})
+
+
+def test_the_jobs_pods_reach_redis_and_the_share() -> None:
+    b = workloads()
+    r, share = b.made["redis"], b.made["share"]
+    secret = b.one("kubernetes:core/v1:Secret").inputs
+    for name, component in (("loader", contract.LOADER), ("training", contract.WORKER)):
+        job = b.one(JOB, name)
+        meta = job.inputs["metadata"]
+        assert meta["name"] == f"{b.cfg.labels.app}-{component}" and meta["namespace"] == b.cfg.namespace
+        assert meta["labels"] == contract.labels(component)
+        assert job.inputs["spec"]["template"]["metadata"]["labels"] == contract.labels(component)
+        assert admitted_by_redis(b, job.inputs["spec"]["template"]["metadata"]["labels"])
+        c = container(job)
+        assert c["name"] == component and c["image"] == IMAGE
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert pod(job)["terminationGracePeriodSeconds"] == jobs.TERMINATION_GRACE_SECONDS <= 15
+        values = env(c)
+        ref = values[contract.ENV_REDIS_PASSWORD]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+        assert secret["stringData"][ref["key"]] == "p" * 32  # the password itself, not the config line
+        assert values[contract.ENV_REDIS_URL] == b.resolved["redis_url"] == r.url
+        assert values[contract.ENV_WORKER_ID] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert values[contract.ENV_LEASE_TTL] == str(b.cfg.jobs.lease_ttl_seconds)
+        assert values[contract.ENV_CHECKPOINT_INTERVAL] == str(b.cfg.jobs.checkpoint_interval_seconds)
+        assert values[contract.ENV_MAX_ATTEMPTS] == str(b.cfg.jobs.max_attempts)
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod(job)["volumes"]}
+        assert set(mounts) == set(volumes)
+        (at_share,) = [n for n, m in mounts.items() if m["mountPath"] == values[contract.ENV_SHARE_DIR]]
+        assert values[contract.ENV_SHARE_DIR] == contract.SHARE_DIR
+        assert volumes[at_share]["persistentVolumeClaim"]["claimName"] == share.claim_name
+        assert not mounts[at_share].get("readOnly")
+
+
+def test_workers_request_the_gpus_and_land_on_the_spot_capacity() -> None:
+    b = workloads(gpuCount=2)
+    training, loader = b.one(JOB, "training"), b.one(JOB, "loader")
+    res = container(training)["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "2"
+    assert res["requests"]["memory"] == res["limits"]["memory"] == b.cfg.jobs.worker_memory
+    assert res["requests"]["cpu"] == b.cfg.jobs.worker_cpu
+    capacity = b.made["capacity"]
+    selector = dict(capacity.node_selector)
+    if b.cfg.filestore.pin_to_zone:
+        selector[ZONE_LABEL] = b.cfg.zone
+    assert pod(training)["nodeSelector"] == selector
+    assert pod(training)["tolerations"] == capacity.tolerations
+    assert "tolerations" not in pod(loader)  # the loader needs no GPU node
+    loader_res = container(loader)["resources"]
+    assert loader_res["requests"]["memory"] == loader_res["limits"]["memory"]
+    assert "nvidia.com/gpu" not in loader_res["requests"]
+    unpinned = workloads(filestoreTier="REGIONAL")
+    assert "nodeSelector" not in pod(unpinned.one(JOB, "loader"))
+
+
+def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
+    b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}})
+    cm = b.one("kubernetes:core/v1:ConfigMap")
+    assert cm.inputs["immutable"] is True and cm.delete_before_replace
+    assert json.loads(cm.inputs["data"][contract.RUNS_KEY]) == json.loads(b.cfg.jobs.runs_json)
+    loader = b.one(JOB, "loader")
+    c = container(loader)
+    (runs_mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == contract.RUNS_DIR]
+    assert runs_mount["readOnly"] is True
+    (runs_volume,) = [v for v in pod(loader)["volumes"] if v["name"] == runs_mount["name"]]
+    assert runs_volume["configMap"]["name"] == cm.inputs["metadata"]["name"]
+    assert c["args"] == contract.loader_args(b.cfg.data.dataset_name, b.cfg.jobs.dataset_preset, None)
+    assert container(b.one(JOB, "training"))["args"] == contract.WORKER_ARGS
+    for dep in (
+        "kubernetes:apps/v1:Deployment",
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy",
+        "kubernetes:core/v1:ConfigMap",
+    ):
+        assert b.one(dep).urn in loader.dependencies, dep
+    claim = next(r for r in b.of_type("kubernetes:core/v1:PersistentVolumeClaim") if r.name == "share")
+    assert claim.urn in loader.dependencies
+    assert b.one(JOB, "share-prep").urn in loader.dependencies
+    assert loader.urn in b.one(JOB, "training").dependencies
+
+
+def test_identities_are_worn_only_by_their_own_pods() -> None:
+    b = workloads(**DATA)
+    loader, training = b.one(JOB, "loader"), b.one(JOB, "training")
+    assert pod(loader)["serviceAccountName"] == b.made["loader_id"].ksa_name
+    assert pod(training)["serviceAccountName"] == b.made["worker_id"].ksa_name
+    assert env(container(training))[contract.ENV_OUTPUT_URI] == DATA["outputUri"]
+    assert contract.ENV_OUTPUT_URI not in env(container(loader))
+    assert container(loader)["args"] == contract.loader_args(
+        b.cfg.data.dataset_name, b.cfg.jobs.dataset_preset, DATA["datasetUri"]
+    )
+    for urns, job in ((b.resolved["loader_id_urns"], loader), (b.resolved["worker_id_urns"], training)):
+        assert len(urns) == 3 and set(urns) <= set(job.dependencies)  # KSA, its binding, the bucket grant
+    plain = workloads()
+    assert "serviceAccountName" not in pod(plain.one(JOB, "training"))
+
+
+def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
+    cfg = config.load(render.stack_config("dev", {}), stack="dev")
+    base = jobs.seed_inputs(cfg, IMAGE)
+    (other_preset,) = set(contract.DATASET_PRESETS) - {cfg.jobs.dataset_preset}
+    assert len(base) == 16 and int(base, 16) >= 0 and base == jobs.seed_inputs(cfg, IMAGE)
+    changed = [
+        jobs.seed_inputs(cfg, IMAGE.replace("ab", "cd")),
+        jobs.seed_inputs(config.load(render.stack_config("dev", {"runs": {"other": {}}}), stack="dev"), IMAGE),
+        jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetPreset": other_preset}), stack="dev"), IMAGE),
+        jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetName": "other"}), stack="dev"), IMAGE),
+        jobs.seed_inputs(config.load(render.stack_config("dev", DATA), stack="dev"), IMAGE),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+    b = workloads()
+    for name in ("loader", "training"):
+        notes = b.one(JOB, name).inputs["spec"]["template"]["metadata"]["annotations"]
+        assert notes == {contract.SEED_INPUTS_ANNOTATION: base}
+
+
+def _kubectl_run(line: str) -> tuple[list[str], dict[str, Any]]:
+    words = shlex.split(line)
+    (overrides,) = [w.partition("=")[2] for w in words if w.startswith("--overrides=")]
+    return words, json.loads(overrides)
+
+
+def test_one_off_pods_run_like_the_loader_and_pass_the_namespaces_checks() -> None:
+    b = workloads(**DATA)
+    words, spec = _kubectl_run(b.resolved["status"])
+    assert words[:6] == ["kubectl", "-n", b.cfg.namespace, "run", "status", "--rm"]
+    assert {"-i", "--restart=Never", f"--image={IMAGE}"} <= set(words)
+    kubernetes_validate.validate(
+        {**spec, "kind": "Pod", "metadata": {"name": "status", **spec["metadata"]}}, KUBERNETES_VERSION, strict=True
+    )
+    assert spec["apiVersion"] == "v1" and spec["metadata"]["labels"] == contract.labels(contract.LOADER)
+    assert not pod_security_violations(spec["spec"], "restricted")
+    (c,) = spec["spec"]["containers"]
+    assert c["name"] == "status" and c["args"] == contract.STATUS_ARGS and "resources" not in c
+    assert "command" not in c and "serviceAccountName" not in spec["spec"]
+    assert env(c)[contract.ENV_REDIS_URL] == b.resolved["redis_url"]
+    _, export = _kubectl_run(b.resolved["export"])
+    (c,) = export["spec"]["containers"]
+    assert c["command"] == ["python", "-m", "x"] and c["name"] == "export"
+    assert export["spec"]["serviceAccountName"] == b.made["worker_id"].ksa_name
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides"),
+    [
+        ("dev", {}),
+        ("prod", {}),
+        ("dev", {"clusterMode": "standard", "gpuCapacity": "nodeSelector", **DATA}),
+    ],
+    ids=["dev", "prod", "standard-with-data"],
+)
+def test_every_workload_object_is_valid_and_admitted(stack: str, overrides: dict[str, Any]) -> None:
+    b = workloads(stack, **overrides)
+    _strictly_valid(b)
+    for job in b.of_type(JOB):
+        level = "baseline" if job.inputs["metadata"]["name"].endswith(contract.SHARE_PREP) else "restricted"
+        assert not pod_security_violations(pod(job), level), job.name
+        assert pod(job)["restartPolicy"] == "Never"  # a Job's podFailurePolicy requires it
+        assert pod(job)["automountServiceAccountToken"] is bool(pod(job).get("serviceAccountName"))
