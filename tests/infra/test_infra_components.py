@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 
 import kubernetes_validate
 import pulumi
+import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 import pytest
 import redis as redis_py
@@ -61,12 +63,24 @@ class Built:
         assert len(found) == 1, f"expected one {type_} named {name!r}, found {[r.name for r in found]}"
         return found[0]
 
+    def by_urn(self, urn: str) -> Registered:
+        (found,) = [r for r in self.resources if r.urn == urn]
+        return found
+
     def manifests(self) -> list[dict[str, Any]]:
         return [
             render.to_manifest(r)
             for r in self.resources
             if r.type.startswith("kubernetes:") and r.type != "pulumi:providers:kubernetes"
         ]
+
+
+_GCP: list[pulumi.ResourceOptions] = []
+
+
+def on_gcp() -> pulumi.ResourceOptions:
+    """The options infra.program gives the components that declare GCP resources (set by ``build``)."""
+    return _GCP[0]
 
 
 def build(
@@ -79,6 +93,8 @@ def build(
     built = Built(cfg, [])
 
     def program() -> None:
+        # As infra.program does: GCP resources through a provider of their own (passed down by opts).
+        _GCP[:] = [pulumi.ResourceOptions(providers={"gcp": gcp.Provider("gcp", project=cfg.project_id)})]
         built.made.update(make(cfg, k8s.Provider("k8s")))
         plain = {k: v for k, v in built.made.items() if isinstance(v, pulumi.Output | str)}
         built.resolved.update(render._sync_await(pulumi.Output.from_input(plain).future()) or {})
@@ -89,8 +105,8 @@ def build(
 
 def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
     """The Jobs and everything they are wired to (no cluster, image or project services)."""
-    network = Network("network", cfg)
-    share = FilestoreShare("share", cfg, network, provider, cfg.namespace)
+    network = Network("network", cfg, opts=on_gcp())
+    share = FilestoreShare("share", cfg, network, provider, cfg.namespace, opts=on_gcp())
     redis = RedisQueue("redis", cfg, provider, cfg.namespace)
     capacity = GpuCapacity("gpu", cfg, provider)
     data = cfg.data
@@ -102,6 +118,7 @@ def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any
             [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)],
             provider,
             cfg.namespace,
+            opts=on_gcp(),
         )
         if data.dataset
         else None
@@ -114,6 +131,7 @@ def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any
             [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)],
             provider,
             cfg.namespace,
+            opts=on_gcp(),
         )
         if data.output
         else None
@@ -162,9 +180,16 @@ def workloads(stack: str = "dev", **overrides: Any) -> Built:
 
 
 def _strictly_valid(built: Built) -> None:
+    """Every object valid for the API server (schema, names) and every pod startable and schedulable."""
     for manifest in built.manifests():
         if not manifest["apiVersion"].startswith("cloud.google.com/"):  # ComputeClass: no schema offline
             kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+        if manifest["kind"] in ("Job", "Deployment"):
+            spec = manifest["spec"]["template"]["spec"]
+            startable(spec)
+            for c in spec["containers"]:
+                schedulable(c["resources"])
+    names_are_dns_labels(built)
 
 
 def pod(job: Registered) -> dict[str, Any]:
@@ -180,6 +205,44 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
     names = [e["name"] for e in c["env"]]
     assert len(names) == len(set(names)), names
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Kubernetes resource quantities (apimachinery resource.Quantity): decimal and binary SI suffixes.
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+SCALE = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+         "Ti": 2**40}  # fmt: skip
+
+
+def quantity(text: str) -> float:
+    """A quantity as the API server reads it (a bad suffix is refused at admission)."""
+    match = QUANTITY.match(str(text))
+    assert match, f"{text!r} is not a Kubernetes quantity"
+    return float(match[1]) * SCALE[match[2]]
+
+
+def schedulable(resources: dict[str, Any]) -> None:
+    """Requests a node can hold (up to 16 CPUs and 64 GiB), and limits no lower than the requests."""
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    assert 0 < quantity(requests["cpu"]) <= 16 and 0 < quantity(requests["memory"]) <= 64 * 2**30
+    for key, value in limits.items():
+        assert quantity(value) >= quantity(requests[key]), key
+
+
+def startable(spec: dict[str, Any]) -> None:
+    """What the kubelet refuses at container start: runAsNonRoot with uid 0; an unknown seccomp type."""
+    pod_ctx = spec.get("securityContext", {})
+    for c in spec["containers"]:
+        ctx = {**pod_ctx, **c.get("securityContext", {})}
+        assert not (ctx.get("runAsNonRoot") and ctx.get("runAsUser") == 0), c["name"]
+        assert ctx.get("seccompProfile", {}).get("type") == "RuntimeDefault", c["name"]
+
+
+def names_are_dns_labels(built: Built) -> None:
+    for manifest in built.manifests():
+        meta = manifest["metadata"]
+        for name in (meta["name"], meta.get("namespace", "default")):
+            assert DNS_LABEL.match(name), f"{manifest['kind']} {name!r} is not a DNS label"
 
 
 # --- Redis ------------------------------------------------------------------------------------------------
@@ -238,6 +301,7 @@ def test_redis_admits_only_the_loader_and_the_workers() -> None:
 
 def test_redis_is_reachable_through_its_service_at_its_url() -> None:
     b = build(_redis)
+    _strictly_valid(b)
     r = b.made["redis"]
     service = b.one("kubernetes:core/v1:Service").inputs
     deployment = b.one("kubernetes:apps/v1:Deployment").inputs
@@ -345,7 +409,7 @@ def test_redis_started_from_its_rendered_arguments_requires_the_password_and_fsy
 
 
 def _network(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    n = Network("network", cfg)
+    n = Network("network", cfg, opts=on_gcp())
     return {"id": n.network_id, "name": n.network_name, "subnet": n.subnetwork_id}
 
 
@@ -386,7 +450,7 @@ def test_an_existing_network_is_used_by_name_and_nothing_is_created() -> None:
 
 
 def _share(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    share = FilestoreShare("share", cfg, Network("network", cfg), provider, cfg.namespace)
+    share = FilestoreShare("share", cfg, Network("network", cfg, opts=on_gcp()), provider, cfg.namespace, opts=on_gcp())
     return {"share": share, "ip": share.ip}
 
 
@@ -469,6 +533,7 @@ def _identities(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, An
         [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)],
         provider,
         cfg.namespace,
+        opts=on_gcp(),
     )
     writer = WorkloadIdentity(
         "worker-identity",
@@ -477,6 +542,7 @@ def _identities(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, An
         [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)],
         provider,
         cfg.namespace,
+        opts=on_gcp(),
     )
     return {
         "reader": reader,
@@ -544,7 +610,7 @@ def test_a_long_output_uri_keeps_the_condition_title_within_iams_limit() -> None
 
 
 def _prep(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    share = FilestoreShare("share", cfg, Network("network", cfg), provider, cfg.namespace)
+    share = FilestoreShare("share", cfg, Network("network", cfg, opts=on_gcp()), provider, cfg.namespace, opts=on_gcp())
     return {"prep": share_prep.SharePreparation("share-prep", cfg, IMAGE, share, provider), "share": share}
 
 
@@ -617,6 +683,44 @@ def test_the_preparation_namespace_is_a_dns_label() -> None:
     assert len(name) <= 63 and name.endswith("-share-prep") and name.startswith("n" * 52)
     dashed = config.load(render.stack_config("dev", {"namespace": "a" * 51 + "-b"}), stack="dev")
     assert "--" not in share_prep.prep_namespace(dashed)
+
+
+# --- what deployed stacks are keyed on -----------------------------------------------------------------------
+
+# A resource's URN is its parents' type tokens and its own name: a component renamed, re-typed or no longer
+# the parent of a resource gives that resource a new URN, and `pulumi up` replaces it: the Filestore share
+# (checkpoints, datasets), the Redis volume (the queue), the service accounts are deleted and recreated.
+# These are the component types of every stack already deployed.
+COMPONENT_TYPES = {
+    "network": "spot-trainer:gcp:Network",
+    "share": "spot-trainer:storage:FilestoreShare",
+    "redis": "spot-trainer:k8s:RedisQueue",
+    "gpu": "spot-trainer:k8s:GpuCapacity",
+    "loader-identity": "spot-trainer:iam:WorkloadIdentity",
+    "worker-identity": "spot-trainer:iam:WorkloadIdentity",
+    "share-prep": "spot-trainer:storage:SharePreparation",
+    "loader": "spot-trainer:k8s:LoaderJob",
+    "training": "spot-trainer:k8s:TrainingJob",
+}
+
+
+def test_every_resource_keeps_its_urn_and_goes_through_the_stacks_providers() -> None:
+    b = workloads(gpuCapacity="computeClass", privateNodes=True, **DATA)
+    components = {r.name: r for r in b.resources if r.type in set(COMPONENT_TYPES.values())}
+    assert {name: r.type for name, r in components.items()} == COMPONENT_TYPES
+    (k8s_provider,) = [r for r in b.resources if r.type == "pulumi:providers:kubernetes"]
+    (gcp_provider,) = [r for r in b.resources if r.type == "pulumi:providers:gcp"]
+    children = [r for r in b.resources if r.parent in {c.urn for c in components.values()}]
+    for r in b.resources:
+        if r.type.startswith("pulumi:providers:") or r in components.values():
+            continue
+        assert r in children, f"{r.type} {r.name} is not a component's child"
+        parent = b.by_urn(r.parent)
+        assert r.urn == f"urn:pulumi:{b.cfg.stack}::spot-trainer::{parent.type}${r.type}::{r.name}"
+        if r.type.startswith("gcp:"):
+            assert r.provider.startswith(gcp_provider.urn + "::"), f"{r.type} {r.name}: {r.provider}"
+        elif r.type.startswith("kubernetes:"):
+            assert r.provider.startswith(k8s_provider.urn + "::"), f"{r.type} {r.name}: {r.provider}"
 
 
 # --- the Jobs ---------------------------------------------------------------------------------------------
