@@ -141,6 +141,11 @@ class Equivalent:
 TIES = "ties are merged afterwards (summed per distinct score, or given their mean rank): their order cannot matter"
 LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
+NO_OPTS = ("infra.program passes this component no options (opts is None): None, no argument, or None as "
+           "its props is what it gets")
+FREE_TEXT = "free text for people in the Cloud console: IAM evaluates the role, member and condition expression only"
+COMPACT = ("only whitespace in the JSON changes, inside a single-quoted shell word: kubectl reads the same "
+           "--overrides object")
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
@@ -158,6 +163,28 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+    # infra:
+    *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)
+      for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
+                           ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),
+                           ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"))
+      for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
+    *(Equivalent("infra/identity.py", f"{key}={text},", after, FREE_TEXT)
+      for key, text in (("display_name", 'f"{cfg.labels.app} {component} pods ({cfg.stack})"'),
+                        ("description", 'f"Workload Identity of the {component} pods; bucket roles only, no key"'))
+      for after in ("", f"{key}=None,")),
+    *(Equivalent("infra/identity.py", f'description="{text}",', after, FREE_TEXT)
+      for text in ("Objects under this prefix only (spot-trainer results)",)
+      for after in ("", "description=None,", f'description="XX{text}XX",', f'description="{text.lower()}",',
+                    f'description="{text.upper()}",')),
+    Equivalent("infra/identity.py", '+ f"-{component}"[:7]', '+ f"-{component}"[:8]',
+               "the components are `loader` and `worker`: `-loader`/`-worker` are 7 characters, cut at 7 or 8"),
+    Equivalent("infra/share_prep.py", ".rstrip('-')}-share-prep", ".rstrip('XX-XX')}-share-prep",
+               "a namespace is a lowercase DNS label: it never ends in 'X', so stripping 'X' too strips nothing more"),
+    Equivalent("infra/share_prep.py", '"runAsNonRoot": False,', '"runAsNonRoot": None,',
+               "unset runAsNonRoot is false (PodSecurityContext): null is dropped from the manifest"),
+    Equivalent("infra/jobs.py", "separators=(',', ':'))}'", "separators=None)}'", COMPACT),
+    Equivalent("infra/jobs.py", "json.dumps(overrides, separators=(',', ':'))", "json.dumps(overrides, )", COMPACT),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -929,3 +929,13 @@ def test_every_workload_object_is_valid_and_admitted(stack: str, overrides: dict
         assert not pod_security_violations(pod(job), level), job.name
         assert pod(job)["restartPolicy"] == "Never"  # a Job's podFailurePolicy requires it
         assert pod(job)["automountServiceAccountToken"] is bool(pod(job).get("serviceAccountName"))
+
+
+def test_service_account_ids_stay_valid_for_long_stack_names() -> None:
+    """GCP account ids are 6-30 characters, ``[a-z][-a-z0-9]*[a-z0-9]``: a long stack name is cut, and the
+    cut (here right after a '-') leaves no doubled dash before the component."""
+    b = build(_identities, "team-ml-a-experiments", **DATA)
+    ids = sorted(a.inputs["accountId"] for a in b.of_type("gcp:serviceaccount/account:Account"))
+    assert ids == ["spot-trainer-team-ml-a-loader", "spot-trainer-team-ml-a-worker"]
+    for account_id in ids:
+        assert re.match(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$", account_id) and "--" not in account_id
