@@ -146,6 +146,8 @@ NO_OPTS = ("infra.program passes this component no options (opts is None): None,
 FREE_TEXT = "free text for people in the Cloud console: IAM evaluates the role, member and condition expression only"
 COMPACT = ("only whitespace in the JSON changes, inside a single-quoted shell word: kubectl reads the same "
            "--overrides object")
+TUNING = ("probe timing by one second: when Redis is first marked ready or found dead, never whether; no "
+          "guarantee (the clients retry Redis as an infrastructure fault) depends on the exact second")
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
@@ -185,6 +187,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "unset runAsNonRoot is false (PodSecurityContext): null is dropped from the manifest"),
     Equivalent("infra/jobs.py", "separators=(',', ':'))}'", "separators=None)}'", COMPACT),
     Equivalent("infra/jobs.py", "json.dumps(overrides, separators=(',', ':'))", "json.dumps(overrides, )", COMPACT),
+    *(Equivalent("infra/redis.py", f'"{key}": {n},', f'"{key}": {n + 1},', TUNING)
+      for key, n in (("initialDelaySeconds", 2), ("periodSeconds", 5), ("initialDelaySeconds", 10),
+                     ("periodSeconds", 10))),
+    Equivalent("infra/redis.py", "length=32,", "length=33,",
+               "a password one character longer: the guarantee is at least 32 random characters, and nothing reads "
+               "its length"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

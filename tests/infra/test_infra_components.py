@@ -430,6 +430,7 @@ def test_a_created_network_has_the_ranges_the_cluster_names_and_nat_for_private_
     nat = b.one("gcp:compute/routerNat:RouterNat").inputs  # its router's name is an output the mocks lack
     assert router["network"] == b.resolved["id"]
     assert nat["region"] == router["region"] == b.cfg.region
+    assert nat["project"] == router["project"] == subnet["project"] == b.cfg.project_id
     assert nat["natIpAllocateOption"] == "AUTO_ONLY"
     assert nat["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
     assert nat["logConfig"] == {"enable": True, "filter": "ERRORS_ONLY"}
@@ -497,6 +498,7 @@ def test_compute_class_puts_workers_on_spot_gpus_and_on_demand_only_when_asked()
     for fallback in (False, True):
         b = build(_gpu, gpuCapacity="computeClass", onDemandFallback=fallback, gpuType="nvidia-l4", gpuCount=2)
         cc = b.one("kubernetes:cloud.google.com/v1:ComputeClass").inputs
+        names_are_dns_labels(b)
         gpu = {"type": "nvidia-l4", "count": 2, "driverVersion": "latest"}
         assert cc["spec"]["priorities"] == [{"gpu": gpu, "spot": True}] + (
             [{"gpu": gpu, "spot": False}] if fallback else []
@@ -776,6 +778,8 @@ def test_the_jobs_pods_reach_redis_and_the_share() -> None:
     b = workloads()
     r, share = b.made["redis"], b.made["share"]
     secret = b.one("kubernetes:core/v1:Secret").inputs
+    # The workloads run as the owner the share preparation hands the share root to.
+    owner = env(container(b.one(JOB, "share-prep")))["OWNER"]
     for name, component in (("loader", contract.LOADER), ("training", contract.WORKER)):
         job = b.one(JOB, name)
         meta = job.inputs["metadata"]
@@ -785,6 +789,8 @@ def test_the_jobs_pods_reach_redis_and_the_share() -> None:
         assert admitted_by_redis(b, job.inputs["spec"]["template"]["metadata"]["labels"])
         c = container(job)
         assert c["name"] == component and c["image"] == IMAGE
+        ids = pod(job)["securityContext"]
+        assert f"{ids['runAsUser']:.0f}:{ids['runAsGroup']:.0f}" == owner and ids["fsGroup"] == ids["runAsGroup"]
         assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
         assert pod(job)["terminationGracePeriodSeconds"] == jobs.TERMINATION_GRACE_SECONDS <= 15
         values = env(c)
