@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,11 @@ _SDK_MODULES = (
     k8s.apiextensions.CustomResource, k8s.apps.v1.Deployment, k8s.batch.v1.Job, k8s.core.v1.Secret,
     k8s.networking.v1.NetworkPolicy,
 )  # fmt: skip
+
+# ...and moved out of the garbage collector's sight: pytest collects garbage several times as a session
+# ends (unraisableexception's gc_collect_harder), and walking the SDKs' tens of thousands of classes cost a
+# mutant's test process more than its test. They live as long as the process anyway.
+gc.freeze()
 
 _CACHE: dict[tuple[str, str], Rendered] = {}
 
