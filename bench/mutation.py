@@ -181,6 +181,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                     f'description="{text.upper()}",')),
     Equivalent("infra/identity.py", '+ f"-{component}"[:7]', '+ f"-{component}"[:8]',
                "the components are `loader` and `worker`: `-loader`/`-worker` are 7 characters, cut at 7 or 8"),
+    Equivalent("infra/identity.py", '[:23].rstrip("-")', '[:23].rstrip("XX-XX")',
+               "the stack slug is lowercase (StackConfig.slug): it never ends in 'X', so stripping 'X' too strips "
+               "nothing more"),
+    *(Equivalent("infra/identity.py", "grant.role.rsplit('.', 1)[-1]", after,
+                 "a predefined role id (roles/storage.objectViewer) has one '.': every split gives the same last piece")
+      for after in ("grant.role.rsplit('.', )[-1]", "grant.role.split('.', 1)[-1]", "grant.role.rsplit('.', 2)[-1]",
+                    "grant.role.rsplit('.', 1)[+1]")),
     Equivalent("infra/share_prep.py", ".rstrip('-')}-share-prep", ".rstrip('XX-XX')}-share-prep",
                "a namespace is a lowercase DNS label: it never ends in 'X', so stripping 'X' too strips nothing more"),
     Equivalent("infra/share_prep.py", '"runAsNonRoot": False,', '"runAsNonRoot": None,',
