@@ -99,22 +99,20 @@ GROUPS: tuple[Group, ...] = (
         ("workload/trainer.py",),
         ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py"),
     ),
+    # The infra components whose rendered specs carry the product's guarantees (Job failure rules and
+    # security context, Redis password/AOF/NetworkPolicy, Workload Identity roles and conditions, the
+    # share and its preparation, spot GPU selection, the VPC), each built alone under the mock engine by
+    # test_infra_components.py (a mutant costs a component build, not whole-stack renders). Left out as
+    # wiring: program.py (composes the components; test_infra_stack.py renders it whole, seconds per
+    # mutant for 396 mutants), services.py (the list of APIs to enable), image.py (the docker-build
+    # arguments: `make cloud` builds the image) and cluster.py (GKE cluster and node-pool arguments: 355
+    # mutants of provider arguments only a real `pulumi up` judges; test_infra_stack.py checks them).
     Group(
         "infra",
         tuple(
-            f"infra/{m}.py"
-            for m in (
-                "cluster", "filestore", "gpu", "identity", "image", "jobs", "network", "redis", "services",
-                "share_prep", "program",
-            )
+            f"infra/{m}.py" for m in ("filestore", "gpu", "identity", "jobs", "network", "redis", "share_prep")
         ),
-        (
-            "tests/infra/test_infra_stack.py",
-            "tests/infra/test_infra_jobs.py",
-            "tests/infra/test_infra_share.py",
-            "tests/infra/test_infra_data.py",
-            "tests/infra/test_durability_pairs.py",
-        ),
+        ("tests/infra/test_infra_components.py",),
     ),
     Group(
         "policy",
@@ -150,6 +148,13 @@ class Equivalent:
 TIES = "ties are merged afterwards (summed per distinct score, or given their mean rank): their order cannot matter"
 LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
+NO_OPTS = ("infra.program passes this component no options (opts is None): None, no argument, or None as "
+           "its props is what it gets")
+FREE_TEXT = "free text for people in the Cloud console: IAM evaluates the role, member and condition expression only"
+COMPACT = ("only whitespace in the JSON changes, inside a single-quoted shell word: kubectl reads the same "
+           "--overrides object")
+TUNING = ("probe timing by one second: when Redis is first marked ready or found dead, never whether; no "
+          "guarantee (the clients retry Redis as an infrastructure fault) depends on the exact second")
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 CLOCK = "a monotonic float clock equals the bound exactly with nil probability: > and >= act alike"
 THREAD_NAME = "nothing reads the thread's name (the log format has none)"
@@ -319,6 +324,41 @@ EQUIVALENT: tuple[Equivalent, ...] = (
            "np.stack promotes the boolean column with the float64 ones, and the result is cast to float32")
           for cond in (">= 5", "< NIGHT_END_HOUR") for kw in ("dtype=None", "")),
     )),
+    # infra:
+    *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)
+      for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
+                           ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),
+                           ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"))
+      for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
+    *(Equivalent("infra/identity.py", f"{key}={text},", after, FREE_TEXT)
+      for key, text in (("display_name", 'f"{cfg.labels.app} {component} pods ({cfg.stack})"'),
+                        ("description", 'f"Workload Identity of the {component} pods; bucket roles only, no key"'))
+      for after in ("", f"{key}=None,")),
+    *(Equivalent("infra/identity.py", f'description="{text}",', after, FREE_TEXT)
+      for text in ("Objects under this prefix only (spot-trainer results)",)
+      for after in ("", "description=None,", f'description="XX{text}XX",', f'description="{text.lower()}",',
+                    f'description="{text.upper()}",')),
+    Equivalent("infra/identity.py", '+ f"-{component}"[:7]', '+ f"-{component}"[:8]',
+               "the components are `loader` and `worker`: `-loader`/`-worker` are 7 characters, cut at 7 or 8"),
+    Equivalent("infra/identity.py", '[:23].rstrip("-")', '[:23].rstrip("XX-XX")',
+               "the stack slug is lowercase (StackConfig.slug): it never ends in 'X', so stripping 'X' too strips "
+               "nothing more"),
+    *(Equivalent("infra/identity.py", "grant.role.rsplit('.', 1)[-1]", after,
+                 "a predefined role id (roles/storage.objectViewer) has one '.': every split gives the same last piece")
+      for after in ("grant.role.rsplit('.', )[-1]", "grant.role.split('.', 1)[-1]", "grant.role.rsplit('.', 2)[-1]",
+                    "grant.role.rsplit('.', 1)[+1]")),
+    Equivalent("infra/share_prep.py", ".rstrip('-')}-share-prep", ".rstrip('XX-XX')}-share-prep",
+               "a namespace is a lowercase DNS label: it never ends in 'X', so stripping 'X' too strips nothing more"),
+    Equivalent("infra/share_prep.py", '"runAsNonRoot": False,', '"runAsNonRoot": None,',
+               "unset runAsNonRoot is false (PodSecurityContext): null is dropped from the manifest"),
+    Equivalent("infra/jobs.py", "separators=(',', ':'))}'", "separators=None)}'", COMPACT),
+    Equivalent("infra/jobs.py", "json.dumps(overrides, separators=(',', ':'))", "json.dumps(overrides, )", COMPACT),
+    *(Equivalent("infra/redis.py", f'"{key}": {n},', f'"{key}": {n + 1},', TUNING)
+      for key, n in (("initialDelaySeconds", 2), ("periodSeconds", 5), ("initialDelaySeconds", 10),
+                     ("periodSeconds", 10))),
+    Equivalent("infra/redis.py", "length=32,", "length=33,",
+               "a password one character longer: the guarantee is at least 32 random characters, and nothing reads "
+               "its length"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
