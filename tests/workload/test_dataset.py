@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -11,8 +12,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import features, schema
-from workload.dataset import Dataset, DatasetError, read_transactions, write_manifest
+from workload import features, featurestore, schema
+from workload.dataset import (
+    MANIFEST,
+    Dataset,
+    DatasetError,
+    check_suffix,
+    history_shortfall,
+    one_line,
+    read_ids,
+    read_transactions,
+    validate,
+    write_manifest,
+)
 
 
 def day(tmp_path: Path, dataset_src: Path, name: str = "training/2018-04-02.parquet") -> pd.DataFrame:
@@ -100,7 +112,13 @@ def test_a_broken_history_day_is_left_out_not_fatal(tmp_path: Path, dataset_src:
         data.examples(["training/2018-04-02.parquet"])
     ex = data.examples(["training/2018-04-03.parquet"])
     assert len(ex.y) > 0
-    assert "leaving training/2018-04-02.parquet out of feature history" in caplog.text
+    data.compute_features("training/2018-04-04.parquet")
+    assert caplog.text.count("leaving training/2018-04-02.parquet out of feature history and evaluation: ") == 1
+    reason = f"{root}/training/2018-04-02.parquet: not a readable Parquet file"
+    warned = [r.getMessage() for r in caplog.records if "out of feature history" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].startswith("leaving training/2018-04-02.parquet out of feature history and evaluation: "
+                                f"{reason} (")
 
 
 @pytest.mark.timeout(20)
@@ -110,3 +128,374 @@ def test_a_fifo_named_like_a_day_is_refused_without_blocking(tmp_path: Path) -> 
     os.mkfifo(fifo)
     with pytest.raises(DatasetError, match=f"{fifo}: not a regular file"):
         read_transactions(fifo)
+
+
+# --- files as users bring them, and the one-line refusals they get ----------------------------------------
+
+
+def _as_exported(frame: pd.DataFrame) -> pd.DataFrame:
+    """The day as an export writes it: rows shuffled, two rows tied in time with the larger ID first,
+    timestamps in two styles with zones, IDs as floats, terminals as text, the label as a boolean."""
+    out = frame.copy()
+    out.loc[6, schema.TX_DATETIME] = out.loc[5, schema.TX_DATETIME]  # a tie: IDs 5 and 6 of the day
+    out = out.iloc[[6, 5, *range(len(out) - 1, 6, -1), *range(5)]].reset_index(drop=True)
+    utc = out[schema.TX_DATETIME].dt.tz_localize("UTC")
+    paris = utc.dt.tz_convert("Europe/Paris").map(lambda t: t.isoformat())
+    out[schema.TX_DATETIME] = utc.dt.strftime("%Y-%m-%dT%H:%M:%SZ").where(out.index % 2 == 0, paris)
+    out[schema.TRANSACTION_ID] = out[schema.TRANSACTION_ID].astype(np.float64)
+    out[schema.TERMINAL_ID] = out[schema.TERMINAL_ID].astype(str)
+    out[schema.TX_FRAUD] = out[schema.TX_FRAUD].astype(bool)
+    out.loc[out[schema.TRANSACTION_ID] == out[schema.TRANSACTION_ID].min() + 9, schema.TX_AMOUNT] = 0.0  # a card check
+    return out
+
+
+def test_an_exported_day_reads_as_the_canonical_one(tmp_path: Path, dataset_src: Path) -> None:
+    canonical = day(tmp_path, dataset_src)
+    exported = _as_exported(canonical)
+    expected = canonical.copy()
+    expected.loc[6, schema.TX_DATETIME] = expected.loc[5, schema.TX_DATETIME]  # ordered by ID within the tie
+    expected.loc[9, schema.TX_AMOUNT] = 0.0
+    (tmp_path / "d.csv").write_bytes(exported.to_csv(index=False).encode())
+    got = read_transactions(tmp_path / "d.csv")
+    pd.testing.assert_frame_equal(got, expected, check_exact=True)
+    aware = exported.assign(TX_DATETIME=pd.to_datetime(exported[schema.TX_DATETIME], utc=True, format="mixed")
+                            .dt.tz_convert("America/New_York"))
+    aware.to_parquet(tmp_path / "d.parquet")
+    pd.testing.assert_frame_equal(read_transactions(tmp_path / "d.parquet"), expected, check_exact=True)
+
+
+def _csv(frame: pd.DataFrame, **kwargs) -> bytes:
+    return frame.to_csv(index=False, **kwargs).encode()
+
+
+def _at(frame: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
+    out = frame.astype({column: object})
+    out.loc[row, column] = value
+    return out
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda f: b"", ": empty file (0 bytes); a day file holds a header and at least one transaction"),
+    (lambda f: _csv(f.iloc[:0]), ": the file has a header but no rows; a day file holds at least one transaction"),
+    (lambda f: _csv(f, sep=";"), ": read a single column 'TRANSACTION_ID;TX_DATETIME;CUSTOMER_ID;TERMINAL_ID;TX_AMOUNT;"
+     "TX_TIME_SECONDS;TX_' (it looks separated by ';'); CSV files must be comma-separated with the columns "
+     "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT,TX_TIME_SECONDS,TX_TIME_DAYS,TX_FRAUD,"
+     "TX_FRAUD_SCENARIO"),
+    (lambda f: _csv(f, sep="\t"), "(it looks separated by a tab)"),
+    (lambda f: _csv(f[[schema.TRANSACTION_ID]]), ": read a single column 'TRANSACTION_ID' (no ',' in the header); "),
+    (lambda f: _csv(_at(f, 3, schema.TX_AMOUNT, "12 EUR")),
+     ": column TX_AMOUNT must hold numbers: line 5 has '12 EUR'"),
+    (lambda f: _csv(_at(f, 4, schema.TX_DATETIME, "2018-04-02 25:00:00")),
+     ": column TX_DATETIME has an unparseable timestamp '2018-04-02 25:00:00' (line 6); write timestamps such as "
+     "2018-04-01 00:00:31, 2018-04-01T00:00:31Z, 2018-04-01 00:00:31+02:00, 2018-04-01 00:00:31 UTC"),
+    (lambda f: _csv(_at(f, 2, schema.CUSTOMER_ID, "")),
+     ": column CUSTOMER_ID has a missing value (line 4); none are allowed"),
+    (lambda f: _csv(_at(f, 1, schema.TX_FRAUD, -1)), ": column TX_FRAUD must be 0 or 1: line 3 has -1"),
+    (lambda f: _csv(_at(f, 2, schema.TX_AMOUNT, -1.5)), ": column TX_AMOUNT has negative amounts (line 4: -1.5); "
+     "amounts must be >= 0"),
+    (lambda f: _csv(_at(f, 1, schema.TERMINAL_ID, 2.0**63)), ": column TERMINAL_ID must hold integers: line 3 has "
+     "9.223372036854776e+18"),
+    (lambda f: _csv(_at(f, 1, schema.TERMINAL_ID, "inf")), ": column TERMINAL_ID must hold integers: line 3 has inf"),
+    (lambda f: _csv(_at(f, 3, schema.TRANSACTION_ID, f[schema.TRANSACTION_ID].iloc[7])),
+     ": TRANSACTION_ID 684 appears more than once; transaction IDs must be unique across the dataset"),
+])
+def test_a_bad_csv_is_refused_in_one_line_naming_the_users_file_and_line(
+        tmp_path: Path, dataset_src: Path, make, message: str) -> None:
+    path = tmp_path / "2018-04-02.csv"
+    path.write_bytes(make(day(tmp_path, dataset_src)))
+    with pytest.raises(DatasetError) as err:
+        read_transactions(path, where="gs://bucket/exports/2018-04-02.csv")
+    shown = str(err.value)
+    where = "gs://bucket/exports/2018-04-02.csv"
+    assert shown.startswith(where + message) if message.startswith(":") else message in shown
+    assert shown.startswith("gs://bucket/exports/2018-04-02.csv: ") and "\n" not in shown
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda f: f.assign(CUSTOMER_ID=f[schema.TX_DATETIME]), "column CUSTOMER_ID must hold numbers, saw dtype "
+     "datetime64[ns]"),
+    (lambda f: f.assign(TX_DATETIME=f[schema.TX_FRAUD] == 1),
+     "column TX_DATETIME holds numbers (row 1: False); it must hold timestamps such as 2018-04-01 00:00:31"),
+    (lambda f: f.assign(TX_AMOUNT=f[schema.TX_AMOUNT].where(f.index != 4)), "column TX_AMOUNT has a missing value "
+     "(row 5)"),
+])
+def test_a_bad_parquet_is_refused_naming_the_row(tmp_path: Path, dataset_src: Path, mutate, message: str) -> None:
+    path = tmp_path / "bad.parquet"
+    mutate(day(tmp_path, dataset_src)).to_parquet(path)
+    with pytest.raises(DatasetError) as err:
+        read_transactions(path)
+    assert str(err.value).startswith(f"{path}: {message}")
+
+
+def test_refusals_by_file_type_say_what_is_allowed(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError) as err:
+        check_suffix("day.json", where="gs://b/day.json")
+    assert str(err.value) == "gs://b/day.json: unsupported file type '.json'; allowed: .parquet, .csv"
+    with pytest.raises(DatasetError) as err:
+        check_suffix(tmp_path / "day.PKL")
+    assert str(err.value).startswith(f"{tmp_path / 'day.PKL'}: .pkl files are never read (unpickling a file from")
+
+
+def test_a_librarys_multi_line_error_is_cut_to_its_first_line() -> None:
+    assert one_line(ValueError("  first\nsecond\n")) == "first"
+    assert one_line(KeyError()) == "KeyError"
+
+
+# --- the rules across a dataset's files, and its manifest --------------------------------------------------
+
+
+def _copy(dataset_src: Path, to: Path) -> Path:
+    for role in ("training", "testing"):
+        shutil.copytree(dataset_src / role, to / role)
+    return to
+
+
+def test_the_manifest_records_each_files_role_span_and_counts_in_order(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    (root / "history").mkdir()
+    early = day(tmp_path, dataset_src, "training/2018-04-01.parquet")
+    early = early.assign(TX_DATETIME=early[schema.TX_DATETIME] - pd.Timedelta(days=3),
+                         TRANSACTION_ID=early[schema.TRANSACTION_ID] + 10**6)
+    early.to_csv(root / "history" / "b-early.csv", index=False)
+    (root / "training" / ".hidden.parquet").write_bytes(b"an editor's scratch file")
+    (root / "testing" / "notes").mkdir()
+    entries = write_manifest(root)
+    on_disk = json.loads((root / MANIFEST).read_text())
+    assert on_disk == {"source": None, "files": entries}
+    training = [f"training/2018-04-0{i}.parquet" for i in range(1, 7)]
+    testing = ["testing/2018-04-07.parquet", "testing/2018-04-08.parquet"]
+    assert [e["path"] for e in entries] == ["history/b-early.csv", *training, *testing]
+    frame = read_transactions(root / "testing" / "2018-04-08.parquet")
+    when = frame[schema.TX_DATETIME]
+    assert entries[-1] == {"path": "testing/2018-04-08.parquet", "role": "testing", "first": "2018-04-08",
+                           "last": "2018-04-08", "start": when.min().isoformat(), "end": when.max().isoformat(),
+                           "rows": len(frame), "frauds": int(frame[schema.TX_FRAUD].sum())}
+    assert entries[0]["role"] == "history" and entries[0]["first"] == entries[0]["last"] == "2018-03-29"
+    assert Dataset(root).training_shards() == [f"training/2018-04-0{i}.parquet" for i in range(1, 7)]
+    # Training and test days' features go to the feature store; history days only feed windows: never stored.
+    data = Dataset(root)
+    data.examples(["training/2018-04-02.parquet"])
+    assert featurestore.paths(root, "training/2018-04-02.parquet")[0].is_file()
+    history = data.examples(["history/b-early.csv"])
+    assert np.array_equal(history.ids, np.sort(early[schema.TRANSACTION_ID].to_numpy()))
+    assert not featurestore.paths(root, "history/b-early.csv")[0].exists()
+
+
+def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    train_end = read_transactions(root / "training" / "2018-04-06.parquet")[schema.TX_DATETIME].max()
+    test = read_transactions(root / "testing" / "2018-04-07.parquet")
+    test.loc[0, schema.TX_DATETIME] = train_end  # the test file starts at the very instant training ends
+    (root / "testing" / "2018-04-07.parquet").unlink()
+    test.to_csv(root / "testing" / "export-7.csv", index=False)
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps "
+                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
+                              "history, training or testing, never two of them")
+    assert not (root / MANIFEST).exists()
+
+
+def test_files_of_one_role_may_overlap_in_time(tmp_path: Path, dataset_src: Path) -> None:
+    """An export split by terminal rather than by day: two training files cover the same hours."""
+    root = _copy(dataset_src, tmp_path / "d")
+    frame = read_transactions(root / "training" / "2018-04-06.parquet")
+    (root / "training" / "2018-04-06.parquet").unlink()
+    odd = frame[schema.TERMINAL_ID] % 2 == 1
+    frame[odd].to_parquet(root / "training" / "2018-04-06-odd.parquet")
+    frame[~odd].to_parquet(root / "training" / "2018-04-06-even.parquet")
+    entries = write_manifest(root)
+    halves = [e for e in entries if e["first"] == "2018-04-06"]
+    assert [e["path"] for e in halves] == ["training/2018-04-06-even.parquet", "training/2018-04-06-odd.parquet"]
+    assert sum(e["rows"] for e in halves) == len(frame)
+    # Each half's features see the other half's earlier rows: a file starting on the target's last day is history.
+    whole = pd.concat([read_transactions(root / "training" / f"2018-04-0{d}.parquet") for d in range(1, 6)] + [frame],
+                      ignore_index=True)
+    expected = features.compute(whole, np.r_[np.zeros(len(whole) - len(frame), dtype=bool), odd.to_numpy()])
+    got = Dataset(root).compute_features("training/2018-04-06-odd.parquet")
+    np.testing.assert_array_equal(got["x"], expected["x"])
+
+
+def test_an_id_in_two_files_is_refused_naming_both(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    test = read_transactions(root / "testing" / "2018-04-08.parquet")
+    reused = int(read_transactions(root / "training" / "2018-04-03.parquet")[schema.TRANSACTION_ID].iloc[9])
+    test.loc[4, schema.TRANSACTION_ID] = reused
+    test.to_parquet(root / "testing" / "2018-04-08.parquet")
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == (f"TRANSACTION_ID {reused} is in both training/2018-04-03.parquet and "
+                              "testing/2018-04-08.parquet; transaction IDs must be unique across the dataset")
+
+
+def test_a_dataset_without_test_days_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "d"
+    shutil.copytree(dataset_src / "training", root / "training")
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == (f"{root}: no testing/ files; a dataset has training/ and testing/ folders of Parquet or "
+                              "CSV files (and optionally history/ for feature history)")
+
+
+def _entry(role: str, first: str) -> dict:
+    return {"role": role, "first": first}
+
+
+def test_history_shortfall_counts_the_days_that_get_shortened_windows() -> None:
+    lookback = features.LOOKBACK_DAYS
+    start = pd.Timestamp("2018-01-01")
+    days = [str((start + pd.Timedelta(days=d)).date()) for d in (0, lookback - 1, lookback, lookback + 5)]
+    assert history_shortfall([]) is None
+    full = [_entry("history", days[0]), _entry("training", days[2]), _entry("testing", days[3])]
+    assert history_shortfall(full) is None
+    got = history_shortfall([_entry("history", days[0]), _entry("testing", days[3]), _entry("training", days[1]),
+                             _entry("training", days[2])])
+    assert got == (f"features look back {lookback} days (features.LOOKBACK_DAYS), but the first training/test day "
+                   f"{days[1]} has {lookback - 1} day(s) of history before it: 1 training/test file(s) get shortened "
+                   "feature windows; put earlier days in history/ to give them full history")
+    assert "has 0 day(s) of history before it: 2 training/test" in history_shortfall(
+        [_entry("training", days[0]), _entry("testing", days[1])])
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "missing; run `python -m workload seed` to lay the dataset out"),
+    ("{not json", "unreadable manifest (Expecting property name"),
+    ('{"files": {}}', "unreadable manifest ('files'); run seed again"),
+    ("[]", "unreadable manifest ("),
+])
+def test_a_missing_or_broken_manifest_is_refused_naming_it(tmp_path: Path, content: str | None, problem: str) -> None:
+    if content is not None:
+        (tmp_path / MANIFEST).write_text(content)
+    with pytest.raises(DatasetError) as err:
+        Dataset(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / MANIFEST}: {problem}")
+
+
+def test_training_shards_follow_the_first_day_whatever_the_manifest_order(tmp_path: Path) -> None:
+    files = [{"path": "training/c.csv", "role": "training", "first": "2018-04-02", "last": "2018-04-02"},
+             {"path": "testing/a.csv", "role": "testing", "first": "2018-04-01", "last": "2018-04-01"},
+             {"path": "training/b.csv", "role": "training", "first": "2018-04-01", "last": "2018-04-03"},
+             {"path": "training/z.csv", "role": "training", "first": "2018-04-01", "last": "2018-04-01"},
+             {"path": "training/y.csv", "role": "training", "first": "2018-04-01", "last": "2018-04-01"}]
+    (tmp_path / MANIFEST).write_text(json.dumps({"source": None, "files": files}))
+    assert Dataset(tmp_path).training_shards() == [
+        "training/y.csv", "training/z.csv", "training/b.csv", "training/c.csv"]
+
+
+def test_read_ids_reads_only_the_ids_whatever_their_type(tmp_path: Path, dataset_src: Path) -> None:
+    frame = day(tmp_path, dataset_src)
+    ids = frame[schema.TRANSACTION_ID].to_numpy()
+    got = read_ids(dataset_src / "training" / "2018-04-02.parquet", "x")
+    assert got.dtype == np.int64 and np.array_equal(got, ids)
+    frame.assign(TRANSACTION_ID=frame[schema.TRANSACTION_ID].astype(str)).to_parquet(tmp_path / "text.parquet")
+    assert np.array_equal(read_ids(tmp_path / "text.parquet", "x"), ids)
+    frame.iloc[::-1].to_csv(tmp_path / "d.csv", index=False)
+    assert np.array_equal(read_ids(tmp_path / "d.csv", "x"), ids)
+    (tmp_path / "bad.csv").write_bytes(b"")
+    with pytest.raises(DatasetError, match="^gs://b/bad.csv: empty file"):
+        read_ids(tmp_path / "bad.csv", "gs://b/bad.csv")
+
+
+def test_test_examples_are_every_test_row_in_time_order_once(tmp_path: Path, dataset_src: Path) -> None:
+    data = Dataset(dataset_src, cache_rows=1)
+    got = data.test_examples()
+    expected = [read_transactions(dataset_src / "testing" / f"2018-04-0{d}.parquet") for d in (7, 8)]
+    assert np.array_equal(got.ids, np.concatenate([f[schema.TRANSACTION_ID] for f in expected]))
+    assert np.array_equal(got.y, np.concatenate([f[schema.TX_FRAUD] for f in expected]).astype(np.float32))
+    assert data.test_examples() is got
+    data.compute_features("training/2018-04-06.parquet")  # reads six days
+    # The cache stays under its bound (one file at least, never more than cache_rows), keeping the latest read.
+    assert list(data._cache) == ["training/2018-04-06.parquet"]
+    both = data.examples(["training/2018-04-05.parquet", "training/2018-04-06.parquet"])
+    assert len(both.ids) == len(both.x) == len(both.card) == len(both.day) == len(both.known) == sum(
+        len(read_transactions(dataset_src / "training" / f"2018-04-0{d}.parquet")) for d in (5, 6))
+
+
+def test_a_day_published_after_the_dataset_was_opened_is_found(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    (root / "testing" / "2018-04-08.parquet").rename(tmp_path / "later.parquet")
+    write_manifest(root)
+    data = Dataset(root)
+    shutil.move(tmp_path / "later.parquet", root / "testing" / "2018-04-08.parquet")
+    write_manifest(root)
+    assert data.resolve("testing/2018-04-08.parquet") == (root / "testing" / "2018-04-08.parquet").resolve()
+    assert data.entry("testing/2018-04-08.parquet")["first"] == "2018-04-08"
+
+
+def test_errors_in_a_copied_file_name_where_the_user_had_it(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    write_manifest(root)
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["files"][2]["source"] = {"uri": "gs://bucket/exports/day3.parquet"}
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    (root / manifest["files"][2]["path"]).write_bytes(b"garbage")
+    with pytest.raises(DatasetError) as err:
+        Dataset(root).examples([manifest["files"][2]["path"]])
+    path = root / manifest["files"][2]["path"]
+    assert str(err.value).startswith(f"{path} (from gs://bucket/exports/day3.parquet): not a readable Parquet file (")
+
+
+def test_a_days_features_are_those_of_its_rows_after_all_its_history(tmp_path: Path, dataset_src: Path) -> None:
+    """The dataset is shorter than LOOKBACK_DAYS: day 3's window is days 1 to 3, whole; later days add nothing."""
+    frames = [read_transactions(dataset_src / "training" / f"2018-04-0{d}.parquet") for d in (1, 2, 3)]
+    whole = pd.concat(frames, ignore_index=True)
+    target = np.r_[np.zeros(len(whole) - len(frames[2]), dtype=bool), np.ones(len(frames[2]), dtype=bool)]
+    expected = features.compute(whole, target)
+    got = Dataset(dataset_src).compute_features("training/2018-04-03.parquet")
+    assert set(got) == set(expected)
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def test_validate_refuses_a_frame_without_rows() -> None:
+    empty = pd.DataFrame({c: [] for c in schema.COLUMNS})
+    with pytest.raises(DatasetError) as err:
+        validate(empty, "gs://b/day.parquet")
+    assert str(err.value) == "gs://b/day.parquet: the file has no rows; a day file holds at least one transaction"
+
+
+def test_read_ids_of_a_parquet_without_ids_names_the_file(tmp_path: Path, dataset_src: Path) -> None:
+    day(tmp_path, dataset_src).drop(columns=[schema.TRANSACTION_ID]).to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DatasetError, match=r"^gs://b/d.parquet: missing column\(s\) \['TRANSACTION_ID'\]"):
+        read_ids(tmp_path / "d.parquet", "gs://b/d.parquet")
+
+
+def test_a_dataset_without_training_days_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    root = tmp_path / "d"
+    shutil.copytree(dataset_src / "testing", root / "testing")
+    with pytest.raises(DatasetError, match=f"^{root}: no training/ files; a dataset has training/ and testing/"):
+        write_manifest(root)
+
+
+def test_read_ids_of_a_published_parquet_reads_that_column_alone(tmp_path: Path, dataset_src: Path) -> None:
+    """Whole-dataset checks need only the IDs of files validated when published: no other column is read
+    (here the amounts would be refused by a full read)."""
+    frame = day(tmp_path, dataset_src).assign(TX_AMOUNT=-1.0)
+    frame.to_parquet(tmp_path / "2018-04-02.Parquet")
+    assert np.array_equal(read_ids(tmp_path / "2018-04-02.Parquet", "x"), frame[schema.TRANSACTION_ID].to_numpy())
+
+
+def test_the_read_cache_holds_up_to_cache_rows_transactions(tmp_path: Path, dataset_src: Path) -> None:
+    days = [f"training/2018-04-0{d}.parquet" for d in (1, 2)]
+    rows = sum(len(read_transactions(dataset_src / d)) for d in days)
+    data = Dataset(dataset_src, cache_rows=rows)
+    data.compute_features(days[1])  # its window: days 1 and 2, exactly cache_rows transactions
+    assert list(data._cache) == days
+
+
+def test_a_history_day_exactly_lookback_days_before_is_in_the_window(tmp_path: Path, dataset_src: Path) -> None:
+    """Day 1's window starts LOOKBACK_DAYS before it, at midnight: a history file of that very day is read."""
+    root = _copy(dataset_src, tmp_path / "d")
+    first = read_transactions(root / "training" / "2018-04-01.parquet")
+    back = pd.Timedelta(days=features.LOOKBACK_DAYS)
+    old = first.assign(TX_DATETIME=first[schema.TX_DATETIME] - back,
+                       TRANSACTION_ID=first[schema.TRANSACTION_ID] + 10**6)
+    (root / "history").mkdir()
+    old.to_parquet(root / "history" / "old.parquet")
+    write_manifest(root)
+    whole = pd.concat([old, first], ignore_index=True)
+    expected = features.compute(whole, np.r_[np.zeros(len(old), dtype=bool), np.ones(len(first), dtype=bool)])
+    got = Dataset(root).compute_features("training/2018-04-01.parquet")
+    alone = features.compute(first, np.ones(len(first), dtype=bool))
+    assert not np.array_equal(alone["x"], expected["x"])  # the history day does change day 1's features
+    np.testing.assert_array_equal(got["x"], expected["x"])

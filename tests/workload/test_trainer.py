@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+import workload
 from workload.hparams import default_seed, parse_runs
-from workload.trainer import HParams, Normalizer, Trainer
+from workload.trainer import HParams, Normalizer, Trainer, _shard_seed
 
 
 def test_features_constant_so_far_are_left_unscaled() -> None:
@@ -146,3 +147,217 @@ def test_bad_sweeps_name_the_source_and_the_run(specs, message: str) -> None:
     with pytest.raises(ValueError) as err:
         parse_runs(specs, "config runs")
     assert message in str(err.value) and str(err.value).startswith("config runs")
+
+
+# --- numerics checked against their definitions, not against snapshots ------------------------------------
+
+
+def _numpy_standardised(seen: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(x - mean) / std over every row seen, numpy's population std; a feature with std < 1e-3 unscaled."""
+    std = seen.std(0)
+    return (x - seen.mean(0)) / np.where(std < 1e-3, 1.0, std)
+
+
+def test_the_normaliser_standardises_like_numpy_whatever_the_chunking() -> None:
+    rng = np.random.default_rng(3)
+    days = [np.c_[rng.normal(5, 0.01, 40), rng.normal(-2, 30, 40), np.full(40, 7.0)] for _ in range(3)]
+    whole = np.concatenate(days)
+    for chunk in (1, 7, 1 << 16):
+        norm = Normalizer(3)
+        for part in days:
+            norm.update(part, chunk=chunk)
+        assert int(norm.count) == len(whole)
+        np.testing.assert_allclose(norm.mean.numpy(), whole.mean(0), rtol=1e-12)
+        out = norm.apply(whole[:5])
+        np.testing.assert_allclose(out.numpy(), _numpy_standardised(whole, whole[:5]), rtol=1e-4, atol=1e-5)
+    day32 = whole[:5].astype(np.float32)
+    norm.apply(day32)
+    np.testing.assert_array_equal(day32, whole[:5].astype(np.float32))  # the caller's day is left as it was
+    # Before any shard, nothing is known: values pass through as they are.
+    np.testing.assert_array_equal(Normalizer(3).apply(whole[:2]).numpy(), whole[:2].astype(np.float32))
+
+
+def test_the_model_stacks_the_hidden_layers_and_gives_one_logit_per_row() -> None:
+    hp = HParams(hidden=(8, 4), seed=1)
+    trainer = Trainer("r", hp, ("a", "b", "c"), torch.device("cpu"))
+    shapes = [tuple(p.shape) for p in trainer.model.parameters()]
+    assert shapes == [(8, 3), (8,), (4, 8), (4,), (1, 4), (1,)]
+    assert trainer.model(torch.zeros(5, 3)).shape == (5,)
+    assert trainer.model(torch.zeros(1, 3)).shape == (1,)
+    relu = torch.nn.ReLU
+    assert [type(m) for m in trainer.model.net] == [torch.nn.Linear, relu, torch.nn.Linear, relu, torch.nn.Linear]
+
+
+def _weighted_bce(z: np.ndarray, y: np.ndarray, w: float) -> float:
+    p = 1 / (1 + np.exp(-z))
+    return float(np.mean(-(w * y * np.log(p) + (1 - y) * np.log(1 - p))))
+
+
+@pytest.mark.parametrize(("positives", "cap", "weight"), [
+    (20, 25.0, 9.0),  # 180 negatives / 20 frauds: weighted 9x
+    (4, 25.0, 25.0),  # 196 / 4 = 49x, capped at pos_weight_cap
+    (4, 40.0, 40.0),  # the cap is the run's own
+    (150, 25.0, 1.0),  # more frauds than not: never weighted below 1
+    (0, 25.0, 1.0),  # a day without fraud
+])
+def test_the_loss_is_class_weighted_bce_and_accuracy_counts_the_last_epoch(positives: int, cap: float,
+                                                                          weight: float) -> None:
+    """One batch per epoch, logistic regression: the last epoch's loss and accuracy are those of the weights
+    after the first step, computed here by hand over the standardised day."""
+    rng = np.random.default_rng(positives)
+    n = 200
+    y = np.zeros(n, dtype=np.float32)
+    y[rng.choice(n, positives, replace=False)] = 1
+    x = rng.normal(size=(n, 3)) + y[:, None]
+    hp = HParams(hidden=(), epochs=2, batch_size=n, pos_weight_cap=cap, seed=2)
+    trainer = Trainer("r", hp, ("a", "b", "c"), torch.device("cpu"))
+    trainer.begin_shard("d1", x)
+    snapshots = []
+    assert trainer.last_epoch_loss() is None
+    assert trainer.train_shard(x, y, lambda: snapshots.append(
+        {k: v.double().numpy().copy() for k, v in trainer.model.state_dict().items()}) or True)
+    first = snapshots[0]
+    z = _numpy_standardised(x, x) @ first["net.0.weight"][0] + first["net.0.bias"][0]
+    assert trainer.last_epoch_loss() == pytest.approx(_weighted_bce(z, y, weight), rel=1e-5)
+    assert trainer.train_accuracy(n) == np.mean((z >= 0) == (y >= 0.5))
+    assert np.isnan(trainer.train_accuracy(0))
+    trainer.finish_shard({"shard": "d1"})
+    assert trainer.last_epoch_loss() is None and np.isnan(trainer.train_accuracy(n)) and trainer.progress is None
+
+
+def test_the_first_step_is_adam_with_the_runs_learning_rate_and_weight_decay() -> None:
+    """Adam's first step moves every weight by lr against the sign of its gradient; a weight on a feature
+    that is always 0 gets only weight decay's gradient, so it moves by lr towards 0 (without decay: not at all)."""
+    rng = np.random.default_rng(4)
+    y = (rng.random(300) < 0.2).astype(np.float32)
+    x = np.c_[rng.normal(size=300) + y, np.zeros(300)]
+    hp = HParams(hidden=(), epochs=1, batch_size=300, lr=0.01, weight_decay=0.5, seed=3)
+    trainer = Trainer("r", hp, ("a", "zero"), torch.device("cpu"))
+    before = trainer.model.net[0].weight.detach().clone()
+    trainer.begin_shard("d1", x)
+    assert trainer.train_shard(x, y, lambda: True)
+    step = (trainer.model.net[0].weight.detach() - before)[0]
+    assert abs(float(step[0])) == pytest.approx(0.01, rel=1e-4)
+    assert float(step[1]) == pytest.approx(-0.01 * float(np.sign(before[0, 1].item())), rel=1e-4)
+
+
+def test_the_averaged_weights_are_the_warmed_up_moving_average_of_the_raw_ones() -> None:
+    """avg <- d * avg + (1 - d) * raw after every step, d = min(ema_decay, (1 + t) / (10 + t)) with t the
+    run's step count (across shards), starting from the initial weights; computed here in float64."""
+    hp = HParams(hidden=(3,), epochs=2, batch_size=16, ema_decay=0.5, seed=5)
+    trainer = Trainer("r", hp, ("a", "b"), torch.device("cpu"))
+    expected = {k: v.double().numpy().copy() for k, v in trainer.model.state_dict().items()}
+    t = 0
+    for i, shard in enumerate(("d1", "d2")):
+        x, y = _day(10 + i, n=60)
+        x = x[:, :2]
+
+        def after_step() -> bool:
+            nonlocal t
+            d = min(0.5, (1 + t) / (10 + t))
+            for k, v in trainer.model.state_dict().items():
+                expected[k] = d * expected[k] + (1 - d) * v.double().numpy()
+            t += 1
+            return True
+
+        trainer.begin_shard(shard, x)
+        assert trainer.train_shard(x, y, after_step)
+        trainer.finish_shard({"shard": shard})
+    assert t == trainer.steps == 2 * 2 * 4  # 8 steps a shard: past the warm-up (d reaches 0.5 at t = 8)
+    assert not any(p.requires_grad for p in trainer.averaged.parameters())  # averaged, never trained
+    for k, v in trainer.averaged.state_dict().items():
+        np.testing.assert_allclose(v.double().numpy(), expected[k], rtol=1e-5, atol=1e-6)
+
+
+def _quick() -> Trainer:
+    """Two small days, one epoch each: a lineage with history, for tests that need one and not its numbers."""
+    trainer = Trainer("r", HParams(hidden=(4,), epochs=1, batch_size=32, seed=6), ("a", "b", "c", "d"),
+                      torch.device("cpu"), feature_version="v")
+    for i, shard in enumerate(("d1", "d2")):
+        x, y = _day(20 + i, n=100)
+        trainer.begin_shard(shard, x)
+        assert trainer.train_shard(x, y, lambda: True)
+        trainer.finish_shard({"shard": shard, "train_accuracy": trainer.train_accuracy(len(y))})
+    return trainer
+
+
+def test_scoring_in_batches_is_scoring_at_once() -> None:
+    trainer = _quick()
+    x, _ = _day(8, n=50)
+    whole = trainer.score(x)
+    assert whole.shape == (50,) and whole.dtype == np.float32
+    np.testing.assert_allclose(trainer.score(x, batch=7), whole, rtol=1e-6)
+    empty = trainer.score(x[:0])
+    assert empty.shape == (0,) and empty.dtype == np.float32
+
+
+def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> None:
+    trainer = _quick()
+    state = trainer.state_dict()
+    again = Trainer.from_state(state, torch.device("cpu"))
+    assert (again.run, again.hp, again.feature_version) == ("r", trainer.hp, "v")
+    assert again.feature_names == ("a", "b", "c", "d")
+    assert again.applied == ["d1", "d2"] and again.history == trainer.history and again.steps == trainer.steps
+    assert again.progress is None and again.state_dict()["progress"] is None
+    assert torch.equal(again.norm.mean, trainer.norm.mean) and torch.equal(again.norm.m2, trainer.norm.m2)
+    assert state["format"] == 2 and state["code_version"] == workload.__version__
+    with pytest.raises(ValueError, match=r"^checkpoint hparams: lr=2.0 is not allowed"):
+        Trainer.from_state({**state, "hparams": {**state["hparams"], "lr": 2.0}}, torch.device("cpu"))
+    for bad in (1, None):
+        with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(expected 2\\)"):
+            Trainer.from_state({**state, "format": bad}, torch.device("cpu"))
+
+
+def test_batch_order_depends_on_seed_shard_and_epoch() -> None:
+    seeds = {_shard_seed(s, shard, e) for s in (0, 1) for shard in ("d1", "d2") for e in (0, 1)}
+    assert len(seeds) == 8 and all(0 <= s < 2**63 for s in seeds)
+    assert _shard_seed(3, "d1", 2) == _shard_seed(3, "d1", 2)
+
+
+def test_a_trainer_picks_cuda_when_there_is_one() -> None:
+    trainer = Trainer("r", HParams(hidden=(2,)), ("a",))
+    assert trainer.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert next(trainer.model.parameters()).device.type == trainer.device.type
+
+
+def test_a_cpu_trainer_leaves_torchs_global_determinism_setting_alone() -> None:
+    """Deterministic kernels are switched on for CUDA only: on CPU the process's setting stays as it was."""
+    was = torch.are_deterministic_algorithms_enabled()
+    Trainer("r", HParams(hidden=(2,)), ("a",), torch.device("cpu"))
+    assert torch.are_deterministic_algorithms_enabled() == was
+
+
+def test_batch_order_ignores_the_processs_global_random_state() -> None:
+    """Whatever else the process drew from torch's global generator (a library, another run's dropout), a
+    shard trains the same: its batch order comes from (seed, shard, epoch) alone."""
+    weights = []
+    for draws in (0, 7):
+        trainer = Trainer("r", HParams(hidden=(), epochs=2, batch_size=16, seed=8), ("a", "b"), torch.device("cpu"))
+        torch.rand(draws)
+        x, y = _day(30, n=64)
+        trainer.begin_shard("d1", x[:, :2])
+        assert trainer.train_shard(x[:, :2], y, lambda: True)
+        weights.append(trainer.model.net[0].weight.detach().clone())
+    assert torch.equal(weights[0], weights[1])
+
+
+def test_a_std_of_exactly_the_threshold_is_scaled() -> None:
+    """Features with a std below 1e-3 pass unscaled; at 1e-3 itself they are standardised."""
+    norm = Normalizer(1)
+    norm.update(np.array([[-0.001], [0.001]]))  # population std: exactly 1e-3 in float64
+    np.testing.assert_allclose(norm.apply(np.array([[0.001]])).numpy(), [[1.0]], rtol=1e-6)
+
+
+def test_a_probability_of_exactly_one_half_counts_as_fraud() -> None:
+    """Accuracy reads p >= 0.5 as fraud: with all-zero weights every logit is 0, so every row is called fraud
+    and the accuracy is the share of frauds."""
+    rng = np.random.default_rng(9)
+    y = (rng.random(50) < 0.3).astype(np.float32)
+    x = rng.normal(size=(50, 2))
+    trainer = Trainer("r", HParams(hidden=(), epochs=1, batch_size=50, seed=1), ("a", "b"), torch.device("cpu"))
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.zero_()
+    trainer.begin_shard("d1", x)
+    assert trainer.train_shard(x, y, lambda: True)
+    assert trainer.train_accuracy(50) == int(y.sum()) / 50

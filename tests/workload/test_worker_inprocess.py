@@ -1,0 +1,728 @@
+"""The worker driven in the pytest process, against a real Redis and real files on a share folder.
+
+The fault tests (test_worker_faults.py, test_infra_faults.py) prove the worker under real signals,
+as `python -m workload` subprocesses; mutation testing cannot see into those, so these tests drive
+the same code here: exit codes, exactly-once and in-order application, acks only after promotion,
+dead letters with their error, infrastructure faults that cost no attempt, heartbeats and lost
+leases, hyperparameters from the share or Redis, a wiped queue restored from the share. The dataset
+is tiny (three days of a few dozen rows) and a day trains in one epoch, so the module runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from workload import dataset as ds
+from workload import faults, features, featurestore, metrics, plan, plots, simulator
+from workload.checkpoint import CheckpointStore
+from workload.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
+from workload.hparams import HParams
+from workload.paths import METRICS_PNG
+from workload.queue import Item, QueueUnavailable, WorkQueue, connect
+from workload.redis_server import RedisServer
+from workload.report import rendered_from as report_source
+from workload.trainer import Trainer
+from workload.worker import Heartbeat, Outcome, Worker, WorkerConfig, check_finite
+
+pytestmark = pytest.mark.timeout(60)
+
+SPEC = simulator.SimulationSpec(customers=100, terminals=80, train_days=3, test_days=1, start_date="2018-04-01",
+                                seed=11)
+QUICK = {"epochs": 1, "batch_size": 256, "hidden": [8]}
+assert plots  # matplotlib imported with the tests, not in each (mutation) run
+DAYS = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3)]
+
+
+_TMP = tempfile.TemporaryDirectory(prefix="worker-inprocess-")  # removed when the process ends
+
+
+def _small_dataset() -> Path:
+    """Three training days and one test day, features stored as seed stores them."""
+    root = Path(_TMP.name) / "fraud"
+    simulator.generate(root, SPEC)
+    ds.write_manifest(root)
+    featurestore.ensure(ds.Dataset(root))
+    return root
+
+
+# Made when the module is collected: mutation testing forks each mutant's run from a process that has
+# collected the tests, so no run pays for the simulation again.
+SMALL_DATASET = _small_dataset()
+
+
+@dataclass
+class Share:
+    """One real Redis and one share folder, seeded in-process the way `python -m workload seed` does."""
+
+    server: RedisServer
+    share: Path
+    src: Path
+
+    def client_queue(self, retry_for_s: float = 5.0) -> WorkQueue:
+        return WorkQueue(connect(self.server.url, self.server.password), retry_for_s=retry_for_s)
+
+    def seed(self, runs: dict[str, dict] | None = None, queue: WorkQueue | None = None,
+             drawn: bool = True) -> WorkQueue:
+        """`drawn`: each run's pictures were just drawn (by a peer, say), so only a run's last day redraws
+        them: drawing two PNGs costs more than training these days, and only the first test looks at them."""
+        target = self.share / "datasets" / "fraud"
+        if not target.exists():
+            shutil.copytree(self.src, target)
+        queue = queue or self.client_queue()
+        for run, hp in (runs or {"main": QUICK}).items():
+            plan.record(self.share, plan.RunSpec(run=run, dataset="fraud", hparams=hp))
+            queue.put_spec(run, hp)
+            if drawn:
+                (self.share / "output" / run).mkdir(parents=True, exist_ok=True)
+                (self.share / "output" / run / METRICS_PNG).touch()  # the worker reads only its age
+        queue.enqueue(plan.items(self.share))
+        queue.mark_seeded()
+        return queue
+
+    def config(self, **kw: object) -> WorkerConfig:
+        base: dict[str, object] = dict(share=self.share, redis_url=self.server.url,
+                                       redis_password=self.server.password, worker_id="w1", lease_ttl_s=10,
+                                       checkpoint_interval_s=600, idle_poll_s=0.05, plot_interval_s=3600)
+        return WorkerConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+    def state(self, run: str = "main") -> dict:
+        loaded = CheckpointStore(self.share / "output" / run).load()
+        assert loaded is not None, f"run {run} has no checkpoint"
+        return loaded.state
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Share]:
+    server = RedisServer(tmp_path / "redis").start()
+    share = tmp_path / "share"
+    share.mkdir()
+    try:
+        yield Share(server, share, SMALL_DATASET)
+    finally:
+        server.kill()
+
+
+def dead(queue: WorkQueue, run: str = "main") -> dict:
+    return queue.snapshot()["runs"][run]["dead"]
+
+
+# -- the whole loop ------------------------------------------------------------------------------------
+def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: Share) -> None:
+    """A seeded queue: exit 0, the checkpoint records the days in order, the report and metrics are
+    written (pictures after the run's last day), and each ack happens when the promoted checkpoint
+    already records that day and no later one."""
+    queue = env.seed(drawn=False)
+    seen_at_ack: list[tuple[str, list[str]]] = []
+    real_ack = queue.ack
+
+    def observed_ack(lease):  # an observer on the real queue: what the share holds when the ack goes out
+        seen_at_ack.append((lease.item.shard, list(env.state()["applied"])))
+        return real_ack(lease)
+
+    queue.ack = observed_ack  # type: ignore[method-assign]
+    worker = Worker(env.config(), queue)
+    assert worker.run() == EXIT_DONE
+    assert seen_at_ack == [(d, DAYS[: i + 1]) for i, d in enumerate(DAYS)]
+    state = env.state()
+    assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS
+    assert state["progress"] is None
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.dead, c.total) == (0, 0, 3, 0, 3)
+    run_dir = env.share / "output" / "main"
+    report = (run_dir / "report.txt").read_text()
+    assert report.count("training dataset: ") == 3
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["shard"] for m in lines] == DAYS
+    data = ds.Dataset(env.share / "datasets" / "fraud")
+    for entry, day in zip(state["history"], DAYS, strict=True):
+        examples = data.examples([day])
+        assert entry["train_rows"] == len(examples.y) > 0
+        assert entry["train_frauds"] == int(examples.y.sum())
+        assert entry["first_day"] == entry["last_day"] == day[9:19]
+        assert entry["train_seconds"] >= 0 and 0 <= entry["train_accuracy"] <= 1
+        assert entry["checkpoint"].startswith("ckpt-") and entry["checkpoint"].endswith(".pt")
+        assert (run_dir / "checkpoints" / entry["checkpoint"]).exists() or entry is not state["history"][-1]
+    assert (run_dir / METRICS_PNG).stat().st_size > 0, "the pictures are drawn"
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", h["time"]) for h in state["history"])
+    seq, token = re.fullmatch(r"ckpt-(\d{8})-t(\d+)\.pt", state["history"][-1]["checkpoint"]).groups()
+    assert report_source(run_dir) == (int(token), int(seq)), "the report names the checkpoint it shows"
+    test = data.test_examples()
+    scores = Trainer.from_state(state).score(test.x)
+    expected = metrics.evaluate(scores, test.y, test.day, test.card)
+    assert {k: state["history"][-1][k] for k in expected} == pytest.approx(expected, nan_ok=True)
+    assert Worker(env.config(worker_id="w2"), queue).run() == EXIT_DONE, "a drained queue: exit 0 at once"
+
+
+def test_an_idle_worker_waits_for_a_leased_item_and_takes_it_when_the_lease_expires(env: Share) -> None:
+    """Nothing pending, one item leased by a peer that then vanishes: no exit 0 (Kubernetes would start
+    no other pod), the item is claimed after the lease expires and applied."""
+    queue = env.seed()
+    first = queue.claim("gone", ttl_s=30)
+    assert first is not None and first.item.shard == DAYS[0]
+    done = threading.Event()
+    result: list[int] = []
+
+    def run() -> None:
+        result.append(Worker(env.config(), queue).run())
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert not done.wait(0.8), f"exited {result} while a peer held a lease"
+    # The peer dies: its lease expires (shortened here rather than waited for).
+    queue.redis.zadd(queue.keys.leases, {"main": 0})
+    assert done.wait(30), "the worker never took the expired lease"
+    assert result == [EXIT_DONE]
+    assert env.state()["applied"] == DAYS
+
+
+# -- item faults: dead letters ------------------------------------------------------------------------------
+def test_item_faults_are_dead_lettered_at_once_with_their_error(env: Share) -> None:
+    """Bad hyperparameters on the share, and an item naming another dataset than its run's record: each
+    is dead-lettered on its first attempt with a one-line error naming the fault; the good run trains;
+    the worker exits 4."""
+    queue = env.seed({"main": QUICK, "bad": {**QUICK, "epochs": 0}})
+    shutil.copytree(env.src, env.share / "datasets" / "other")
+    stray = Item(run="second", shard=DAYS[0], dataset="other", seq=0)
+    queue.enqueue([stray])
+    queue.put_spec("second", QUICK)
+    plan.record(env.share, plan.RunSpec(run="second", dataset="fraud", hparams=QUICK))
+    assert Worker(env.config(), queue).run() == EXIT_DEAD_LETTERS
+    bad = dead(queue, "bad")
+    assert set(bad) == {f"bad/{d}" for d in DAYS}
+    for entry in bad.values():
+        assert entry["attempts"] == 1
+        assert entry["error"].startswith("run 'bad' hyperparameters: epochs") and "\n" not in entry["error"]
+    entry = dead(queue, "second")[stray.id]
+    assert entry["attempts"] == 1
+    assert entry["error"] == (f"item {stray.id} names dataset 'other', but run 'second' trains on 'fraud' "
+                              f"({env.share}/runs/second.json)")
+    assert env.state()["applied"] == DAYS
+    assert not (env.share / "output" / "bad" / "checkpoints").exists()
+
+
+def test_hyperparameters_come_from_redis_when_the_share_has_no_record(env: Share) -> None:
+    """An older queue: the run is not recorded on the share; Redis's spec trains it. A run with neither
+    is dead-lettered with the reason, unquoted."""
+    queue = env.seed()
+    shutil.rmtree(env.share / "runs")
+    queue.put_spec("legacy", {**QUICK, "hidden": [4]})
+    queue.enqueue([Item(run="legacy", shard=DAYS[0], dataset="fraud", seq=0),
+                   Item(run="nospec", shard=DAYS[0], dataset="fraud", seq=0)])
+    worker = Worker(env.config(), queue)
+    assert worker.run() == EXIT_DEAD_LETTERS
+    assert env.state("legacy")["hparams"]["hidden"] == [4]
+    assert env.state("main")["hparams"]["hidden"] == [8]
+    entry = dead(queue, "nospec")[f"nospec/{DAYS[0]}"]
+    assert entry["error"] == "run 'nospec' has no hyperparameters in Redis (seed it first)"
+
+
+def test_a_share_record_wins_over_redis_for_hyperparameters(env: Share) -> None:
+    queue = env.seed({"main": {**QUICK, "hidden": [6]}})
+    queue.redis.hset(queue.keys.specs, "main", json.dumps({**QUICK, "hidden": [5]}))
+    lease = queue.claim("w1", 10)
+    assert lease is not None
+    assert Worker(env.config(), queue).hparams(lease) == HParams.from_dict({**QUICK, "hidden": [6]})
+
+
+def test_a_checkpoint_of_other_features_is_refused_permanently(env: Share) -> None:
+    """A run whose checkpoint was trained on other features cannot warm-start: dead-lettered, nothing promoted."""
+    queue = env.seed()
+    assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    loaded = store.load()
+    state = {**loaded.state, "feature_version": "v0-old"}
+    token = loaded.token + 100
+    queue.raise_token(token)
+    assert store.save(state, path=store.next_path(loaded.token), may_promote=lambda: True) is not None
+    lease = queue.claim("w1", 10)
+    assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
+    entry = dead(queue)[lease.item.id]
+    assert entry["attempts"] == 1
+    assert "version 'v0-old'" in entry["error"] and "start a new run" in entry["error"]
+    assert f"version {features.FEATURE_VERSION!r}" in entry["error"]
+
+
+def test_check_finite_names_what_is_not_finite() -> None:
+    hp = HParams.from_dict(QUICK)
+    trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    check_finite(trainer, "main/x", loss=0.5, scores=np.array([0.1, 0.9]))
+    check_finite(trainer, "main/x")
+    with pytest.raises(NonFinite, match=r"^main/x: the training loss is inf; nothing was promoted$"):
+        check_finite(trainer, "main/x", loss=math.inf)
+    with pytest.raises(NonFinite, match=r"^main/x: the training loss is nan"):
+        check_finite(trainer, "main/x", loss=math.nan)
+    with pytest.raises(NonFinite, match=r"^main/x: the model's test scores are non-finite"):
+        check_finite(trainer, "main/x", scores=np.array([0.1, np.nan]))
+    with torch.no_grad():
+        next(iter(trainer.averaged.parameters())).view(-1)[0] = math.inf
+    with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite averaged weights "):
+        check_finite(trainer, "main/x")
+    trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    with torch.no_grad():
+        next(iter(trainer.model.parameters())).view(-1)[0] = math.nan
+    with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite weights "):
+        check_finite(trainer, "main/x")
+    trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    key, value = next(iter(trainer.norm.state().items()))
+    value.view(-1)[0] = math.nan
+    trainer.norm.load({**trainer.norm.state(), key: value})
+    with pytest.raises(NonFinite, match=rf"^main/x: training produced non-finite feature normaliser {key} "):
+        check_finite(trainer, "main/x")
+
+
+def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: Share) -> None:
+    """A lineage whose weights went non-finite: the next day trains to NaN, is dead-lettered with the
+    reason, and no checkpoint of that day is promoted."""
+    queue = env.seed()
+    assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    loaded = store.load()
+    model = {k: v.clone() for k, v in loaded.state["model"].items()}
+    next(iter(model.values())).view(-1)[0] = math.nan
+    assert store.save({**loaded.state, "model": model}, path=store.next_path(loaded.token),
+                      may_promote=lambda: True) is not None
+    files = set((store.dir).glob("ckpt-*.pt"))
+    lease = queue.claim("w1", 10)
+    assert Worker(env.config(checkpoint_interval_s=0.001), queue).process(lease) is Outcome.FAILED
+    entry = dead(queue)[lease.item.id]
+    assert entry["attempts"] == 1 and entry["error"].startswith(f"{lease.item.id}: training produced non-finite ")
+    assert "nothing was promoted" in entry["error"]
+    assert set(store.dir.glob("ckpt-*.pt")) == files, "no mid-day checkpoint of NaN weights either"
+    assert store.load().state["applied"] == DAYS[:1]
+
+
+def test_a_checkpoint_that_does_not_load_costs_one_attempt_and_is_retried(env: Share) -> None:
+    """An error that is neither the item's nor the platform's (here a checkpoint missing a layer): one
+    attempt is charged, with the error, and the item goes back to pending for a retry."""
+    queue = env.seed()
+    assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    loaded = store.load()
+    model = dict(loaded.state["model"])
+    model.pop(next(iter(model)))
+    assert store.save({**loaded.state, "model": model}, path=store.next_path(loaded.token),
+                      may_promote=lambda: True) is not None
+    lease = queue.claim("w1", 10)
+    assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
+    snap = queue.snapshot()["runs"]["main"]
+    assert snap["attempts"] == {lease.item.id: 1} and not snap["dead"]
+    assert snap["errors"][lease.item.id].startswith("RuntimeError: "), snap["errors"]
+    assert lease.item.id in snap["pending"]
+
+
+def test_a_worker_frozen_past_its_lease_promotes_nothing(env: Share) -> None:
+    """Lease 1 expires and a peer takes the day (lease 2) before lease 1's holder starts; its heartbeat
+    has not noticed. Nothing of lease 1's is promoted, the peer applies the day; lease 1's holder,
+    waking again once the peer has fenced the run, gives up without touching the queue's token."""
+    queue = env.seed()
+    stale = queue.claim("stale", ttl_s=0.2)
+    time.sleep(0.4)
+    fresh = queue.claim("peer", ttl_s=30)
+    assert fresh.item == stale.item and fresh.token > stale.token
+    worker = Worker(env.config(worker_id="stale", lease_ttl_s=30, heartbeat_s=10), queue)
+    assert worker.process(stale) is Outcome.LOST
+    ckpts = env.share / "output" / "main" / "checkpoints"
+    assert not list(ckpts.glob(f"ckpt-*-t{stale.token}.pt"))
+    assert not (env.share / "output" / "main" / "report.txt").exists()
+    assert Worker(env.config(worker_id="peer"), queue).process(fresh) is Outcome.DONE
+    token = int(queue.redis.get(queue.keys.token))
+    assert worker.process(stale) is Outcome.LOST
+    assert int(queue.redis.get(queue.keys.token)) == token
+    assert env.state()["applied"] == [stale.item.shard]
+
+
+# -- infrastructure faults ----------------------------------------------------------------------------
+def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
+    """Writes beyond RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored): every checkpoint write fails. The
+    item is released at no cost each time, the worker backs off and exits 3 once the fault has lasted
+    infra_give_up_s; nothing is dead-lettered and nothing promoted."""
+    queue = env.seed()
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    calls: list[float] = []
+    worker = Worker(env.config(infra_give_up_s=0.6, infra_backoff_s=0.2), queue)
+    real = worker.process
+
+    def observed(lease):
+        calls.append(time.monotonic())
+        return real(lease)
+
+    worker.process = observed  # type: ignore[method-assign]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, old_limit[1]))
+    try:
+        code = worker.run()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert code == EXIT_INFRA
+    snap = queue.snapshot()["runs"]["main"]
+    assert not snap["dead"] and not snap.get("attempts"), snap
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.dead) == (3, 0, 0, 0)
+    assert CheckpointStore(env.share / "output" / "main").load() is None
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    assert len(calls) >= 2 and gaps[0] >= 0.2, f"no back-off between attempts: {gaps}"
+    if len(gaps) > 1:
+        assert gaps[1] >= 0.4, f"the back-off doubles: {gaps}"
+
+
+def test_a_success_between_infrastructure_faults_starts_the_give_up_clock_again(env: Share) -> None:
+    """Disk full, then a day that succeeds (and takes longer than infra_give_up_s), then disk full again:
+    the success proves the platform recovered, so the new fault gets its own give-up window (more tries)
+    instead of exiting 3 at once."""
+    queue = env.seed()
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    worker = Worker(env.config(infra_give_up_s=0.5, infra_backoff_s=0.2), queue)
+    real = worker.process
+    outcomes: list[Outcome] = []
+
+    def observed(lease):
+        healthy = len(outcomes) == 1  # the second try finds the disk fixed, the others full
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit if healthy else (2048, old_limit[1]))
+        outcomes.append(real(lease))
+        if healthy:
+            time.sleep(0.6)  # a long day: past infra_give_up_s since the first fault
+        return outcomes[-1]
+
+    worker.process = observed  # type: ignore[method-assign]
+    try:
+        code = worker.run()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert code == EXIT_INFRA
+    assert outcomes[:3] == [Outcome.INFRA, Outcome.DONE, Outcome.INFRA] and len(outcomes) >= 4, outcomes
+    assert not queue.snapshot()["runs"]["main"]["attempts"]
+
+
+def test_the_back_off_doubles_until_the_fault_has_lasted_too_long_and_success_resets_it(env: Share) -> None:
+    worker = Worker(env.config(infra_give_up_s=0.5, infra_backoff_s=0.2), env.client_queue())
+    waits = []
+    for _ in range(2):
+        started = time.monotonic()
+        assert worker._back_off() is None
+        waits.append(time.monotonic() - started)
+    assert waits[0] >= 0.2 and waits[1] >= 0.4, waits
+    started = time.monotonic()
+    assert worker._back_off() == EXIT_INFRA, "0.6 s after the first fault, past 0.5 s: give up"
+    assert time.monotonic() - started < 0.35, "giving up does not wait first"
+
+
+def test_the_back_off_is_capped_at_30_seconds(env: Share) -> None:
+    worker = Worker(env.config(infra_give_up_s=1000, infra_backoff_s=5), env.client_queue())
+    worker.stop.set()  # waits return at once; the next pause is what is left
+    worker._back_off()
+    assert worker._infra_backoff == 10.0, "each pause doubles the last"
+    worker._back_off()
+    assert worker._infra_backoff == 20.0
+    worker._back_off()
+    assert worker._infra_backoff == 30.0
+    worker._back_off()
+    assert worker._infra_backoff == 30.0
+
+
+def test_a_dataset_folder_that_leads_outside_the_share_is_refused(env: Share, tmp_path: Path) -> None:
+    env.seed()
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(env.src, outside)
+    (env.share / "datasets" / "sneaky").symlink_to(outside)
+    worker = Worker(env.config(), env.client_queue())
+    with pytest.raises(ds.DatasetError, match=r"^dataset name 'sneaky' is not a folder name under "):
+        worker.dataset("sneaky")
+    assert worker.dataset("fraud") is worker.dataset("fraud"), "a dataset is opened once"
+    for name in ("..", "a/b", ""):
+        with pytest.raises(ds.DatasetError, match=rf"^dataset {name!r} is not allowed: use "):
+            worker.dataset(name)
+
+
+# -- leases and heartbeats -------------------------------------------------------------------------------
+def test_heartbeats_keep_a_short_lease_alive_and_notice_a_takeover(env: Share) -> None:
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=0.6)
+    beat = Heartbeat(queue, lease, ttl_s=0.6, interval_s=0.15)
+    # The beat loop runs here, in the test's thread (mutation testing maps only this thread's calls to
+    # tests); a timer stops it after two TTLs.
+    stopper = threading.Timer(1.5, beat.stop)
+    stopper.start()
+    beat.run()
+    stopper.join()
+    assert queue.holds(lease) and not beat.lost.is_set(), "renewed past two TTLs"
+    time.sleep(0.8)
+    peer = queue.claim("w2", ttl_s=10)
+    assert peer is not None and peer.item == lease.item
+    assert beat.beat() is False and beat.lost.is_set()
+    assert beat.confirm() is False
+
+
+def test_a_heartbeat_rides_out_a_redis_restart_while_the_lease_is_valid(env: Share) -> None:
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=5)
+    beat = Heartbeat(queue, lease, ttl_s=5, interval_s=1)
+    assert beat.beat() is True
+    env.server.kill()
+    assert beat.beat() is None and not beat.lost.is_set(), "Redis silent, lease still valid: not lost"
+    env.server.start()  # same port and data (append-only file): the lease is still there
+    assert beat.confirm() is True, "ownership confirmed once Redis is back"
+    assert not beat.lost.is_set()
+
+
+def test_a_heartbeat_without_redis_loses_the_lease_when_its_validity_runs_out(env: Share) -> None:
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=0.5)
+    beat = Heartbeat(queue, lease, ttl_s=0.5, interval_s=0.1)
+    env.server.kill()
+    started = time.monotonic()
+    assert beat.confirm() is False and beat.lost.is_set()
+    assert time.monotonic() - started < 3
+    beat.lost.clear()
+    stopper = threading.Timer(3, beat.stop)  # a bound, should the loop never see the lease lost
+    stopper.start()
+    beat.run()
+    stopper.cancel()
+    assert beat.lost.is_set(), "the beat loop gives up too"
+
+
+def test_the_watchdog_gives_the_lease_up_at_no_cost_and_exits_5(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No progress for stall_s: the lease is released (no attempt charged) and the process exits 5.
+    os._exit is recorded here instead of ending pytest (test_infra_faults.py proves the real exit)."""
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=10)
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    stuck_since = time.monotonic()
+    beat = Heartbeat(queue, lease, ttl_s=10, interval_s=0.1, progress=lambda: stuck_since, stall_s=0.3)
+    stopper = threading.Timer(5, beat.stop)  # a bound; the loop ends by itself once the lease is released
+    stopper.start()
+    beat.run()  # in the test's thread: the recorded os._exit returns, and the next beat finds the lease gone
+    stopper.cancel()
+    assert exits and exits[0] == 5
+    assert time.monotonic() - stuck_since >= 0.3
+    c = queue.counts()
+    assert (c.pending, c.leased) == (3, 0)
+    assert not queue.snapshot()["runs"]["main"].get("attempts")
+
+
+def test_a_worker_stuck_in_a_read_gives_its_lease_up_and_exits_5(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The day's read never returns (the `hang` fault: a hung share): the worker's watchdog sees no progress
+    for stall_s, releases the lease at no cost and exits 5 (recorded here; the stuck thread stays stuck)."""
+    queue = env.seed()
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    monkeypatch.setenv("WORKLOAD_FAULT", "read")
+    monkeypatch.setenv("WORKLOAD_FAULT_ACTION", "hang")
+    monkeypatch.setattr(faults, "_hits", {})
+    worker = Worker(env.config(stall_s=0.5, heartbeat_s=0.1), queue)
+    lease = queue.claim("w1", 10)
+    threading.Thread(target=worker.process, args=(lease,), daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exits == [5]
+    c = queue.counts()
+    assert (c.pending, c.leased) == (3, 0) and not queue.snapshot()["runs"]["main"]["attempts"]
+
+
+def test_progress_keeps_the_watchdog_quiet(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=10)
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    first = queue.redis.zscore(queue.keys.leases, "main")
+    beat = Heartbeat(queue, lease, ttl_s=10, interval_s=0.1, stall_s=0.3)  # progress: now, always
+    stopper = threading.Timer(0.8, beat.stop)
+    stopper.start()
+    beat.run()
+    stopper.join()
+    assert not exits and queue.holds(lease)
+    assert queue.redis.zscore(queue.keys.leases, "main") > first, "the beats went on, extending the lease"
+
+
+# -- fencing, restore, preemption ---------------------------------------------------------------------
+def test_a_queue_behind_the_share_raises_its_token_and_the_applied_day_is_acked_not_retrained(env: Share) -> None:
+    """Redis lost its data and was seeded again (not restored): the share holds a higher lease token than
+    Redis hands out. The worker raises the counter, claims again, finds the day applied, re-renders the
+    report and acks; nothing is trained twice."""
+    queue = env.seed()
+    for _ in range(2):
+        assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
+    high = CheckpointStore(env.share / "output" / "main").highest_token()
+    queue.redis.flushall()
+    queue = env.seed(queue=queue)
+    lease = queue.claim("w1", 10)
+    assert lease.token < high
+    worker = Worker(env.config(), queue)
+    assert worker.process(lease) is Outcome.RELEASED
+    assert not queue.snapshot()["runs"]["main"].get("attempts")
+    again = queue.claim("w1", 10)
+    assert again.item == lease.item and again.token > high
+    (env.share / "output" / "main" / "report.txt").unlink()
+    assert worker.process(again) is Outcome.DONE
+    assert (env.share / "output" / "main" / "report.txt").exists(), "the report is re-rendered"
+    assert worker.run() == EXIT_DONE
+    assert env.state()["applied"] == DAYS
+
+
+def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis lost everything: the worker refills the queue from the share (the applied day marked done,
+    not retrained), finishes the run, redraws the pictures only for its last day, and exports the run to
+    $OUTPUT_URI after acking that day."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    exported = tmp_path / "exported"
+    monkeypatch.setenv("OUTPUT_URI", str(exported))
+    png = env.share / "output" / "main" / METRICS_PNG
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    assert png.stat().st_size == 0 and not exported.exists(), "not the last day: no pictures, no export"
+    queue.redis.flushall()
+    assert worker.run() == EXIT_DONE
+    assert png.stat().st_size > 0, "the run's last day redraws the pictures"
+    assert any(exported.rglob("*")), "the finished run is exported"
+    assert env.state()["applied"] == DAYS
+    c = queue.counts()
+    assert (c.done, c.total) == (3, 3)
+
+
+def test_an_empty_never_seeded_queue_with_no_runs_on_the_share_exits_3(env: Share) -> None:
+    assert Worker(env.config(), env.client_queue()).run() == EXIT_INFRA
+
+
+def test_a_stop_before_training_releases_the_day_at_no_cost(env: Share) -> None:
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    worker.stop.set()
+    lease = queue.claim("w1", 10)
+    assert worker.process(lease) is Outcome.RELEASED
+    assert queue.counts().pending == 3 and not queue.snapshot()["runs"]["main"].get("attempts")
+    assert worker.run() == EXIT_TERMINATED
+
+
+def test_a_stop_mid_day_checkpoints_releases_and_a_peer_resumes_it(env: Share) -> None:
+    """SIGTERM's flag set at a batch boundary: a final mid-day checkpoint, the day released at no cost;
+    the next worker resumes it from there and applies it once."""
+    queue = env.seed({"main": {**QUICK, "epochs": 2, "batch_size": 8}})
+    worker = Worker(env.config(), queue)
+    steps = 0
+    real_touch = worker.touch
+
+    def touch() -> None:  # the third batch boundary: preemption
+        nonlocal steps
+        steps += 1
+        if steps == 4:
+            worker.stop.set()
+        real_touch()
+
+    worker.touch = touch  # type: ignore[method-assign]
+    lease = queue.claim("w1", 10)
+    assert worker.process(lease) is Outcome.RELEASED
+    mid = env.state()
+    assert mid["applied"] == [] and mid["progress"]["shard"] == DAYS[0]
+    assert not queue.snapshot()["runs"]["main"].get("attempts")
+    assert Worker(env.config(worker_id="w2"), queue).run() == EXIT_DONE
+    assert env.state()["applied"] == DAYS
+
+
+def test_mid_day_checkpoints_are_written_every_interval(env: Share) -> None:
+    queue = env.seed({"main": {**QUICK, "batch_size": 8}})
+    worker = Worker(env.config(checkpoint_interval_s=0.001, keep_checkpoints=50), queue)
+    lease = queue.claim("w1", 10)
+    assert worker.process(lease) is Outcome.DONE
+    kept = list((env.share / "output" / "main" / "checkpoints").glob("ckpt-*.pt"))
+    assert len(kept) > 2, kept
+
+
+def test_sigterm_sets_the_stop_flag_and_the_worker_exits_143(env: Share) -> None:
+    queue = env.seed()
+    worker = Worker(env.config(term_grace_s=3600), queue)
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    before = set(threading.enumerate())
+    try:
+        worker.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not worker.stop.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal changes nothing
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+        timers = [t for t in threading.enumerate() if t not in before and isinstance(t, threading.Timer)]
+        for t in timers:
+            t.cancel()  # the hour-long grace timer: not left behind in the test process
+    assert len(timers) == 1, "the second signal starts no second timer"
+    assert worker.stop.is_set() and queue.interrupt.is_set()
+    assert worker.run() == EXIT_TERMINATED
+    assert queue.counts().pending == 3
+
+
+def test_a_worker_still_running_after_the_grace_period_exits_143(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM starts a daemon timer (it must not hold the process open) that exits 143 after term_grace_s.
+    os._exit is recorded here instead of ending pytest (test_worker_faults.py proves the real exit)."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    worker = Worker(env.config(term_grace_s=0.2), env.client_queue())
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    before = set(threading.enumerate())
+    try:
+        worker.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGTERM)
+        timers = [t for t in threading.enumerate() if t not in before]
+        assert not exits, "no exit before the grace period"
+        for t in timers:
+            t.join(5)  # before any assertion: a timer left running would end pytest itself after monkeypatch
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+    assert exits == [EXIT_TERMINATED]
+    assert len(timers) == 1 and timers[0].daemon, "one daemon timer: it must not hold the process open"
+
+
+def test_a_signal_while_redis_is_unreachable_exits_143_and_a_long_outage_raises(env: Share) -> None:
+    queue = env.seed()
+    env.server.kill()
+    queue.interrupt.set()
+    assert Worker(env.config(), queue).run() == EXIT_TERMINATED
+    short = WorkQueue(connect(env.server.url, env.server.password), retry_for_s=0.1)
+    with pytest.raises(QueueUnavailable):
+        Worker(env.config(), short).run()
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key, value", [("lease_ttl_s", 0), ("checkpoint_interval_s", 0), ("max_attempts", 0),
+                                        ("keep_checkpoints", 0), ("term_grace_s", 0), ("infra_give_up_s", 0),
+                                        ("infra_backoff_s", 0), ("stall_s", 0)])
+def test_a_config_value_that_is_not_positive_is_refused_by_name(key: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{key}=0 is not allowed: it must be positive$"):
+        WorkerConfig(share=Path("/s"), redis_url="redis://x", **{key: value})
+
+
+def test_config_bounds_and_the_heartbeat_default() -> None:
+    ok = WorkerConfig(share=Path("/s"), redis_url="redis://x", lease_ttl_s=0.1, checkpoint_interval_s=0.1,
+                      max_attempts=1, keep_checkpoints=1, term_grace_s=0.1, infra_give_up_s=0.1,
+                      infra_backoff_s=0.1, stall_s=0.1)
+    assert ok.heartbeat_interval == pytest.approx(0.1 / 3)
+    assert WorkerConfig(share=Path("/s"), redis_url="redis://x", lease_ttl_s=9, heartbeat_s=2).heartbeat_interval == 2
+    for bad in (0, 9, 10, -1):
+        with pytest.raises(ValueError, match=rf"^heartbeat_s={bad} must be > 0 and below lease_ttl_s=9$"):
+            WorkerConfig(share=Path("/s"), redis_url="redis://x", lease_ttl_s=9, heartbeat_s=bad)
+    assert "secret" not in repr(WorkerConfig(share=Path("/s"), redis_url="redis://x", redis_password="secret"))
+    assert WorkerConfig(share=Path("/s"), redis_url="redis://x").worker_id.endswith(f"-{os.getpid()}")
+
