@@ -58,11 +58,16 @@ class Group:
 
 
 GROUPS: tuple[Group, ...] = (
-    Group("queue", ("workload/queue.py",), ("tests/workload/test_queue.py",)),
+    Group(
+        "queue",
+        ("workload/queue.py",),
+        ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py"),
+    ),
     Group(
         "checkpoint",
         ("workload/checkpoint.py", "workload/fsutil.py"),
-        ("tests/workload/test_checkpoint.py", "tests/workload/test_atomic_writes.py"),
+        ("tests/workload/test_checkpoint.py", "tests/workload/test_atomic_writes.py",
+         "tests/workload/test_stale_tmp.py"),
     ),
     Group(
         "worker",
