@@ -66,8 +66,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "checkpoint",
         ("workload/checkpoint.py", "workload/fsutil.py"),
-        ("tests/workload/test_checkpoint.py", "tests/workload/test_atomic_writes.py",
-         "tests/workload/test_stale_tmp.py"),
+        ("tests/workload/test_checkpoint.py", "tests/workload/test_checkpoint_rules.py",
+         "tests/workload/test_atomic_writes.py", "tests/workload/test_stale_tmp.py"),
     ),
     Group(
         "worker",
