@@ -295,3 +295,44 @@ def test_stale_temp_files_are_swept_and_fresh_ones_kept(tmp_path: Path) -> None:
     save(store, 2)
     left = sorted(p.name for p in store.dir.iterdir() if "tmp" in p.name.lower())
     assert left == [".dangling.tmp", ".manifest.fresh.tmp", "notes.TMP"]
+
+
+@pytest.mark.parametrize("lease_held", [False, True])
+def test_a_newer_lease_pruning_the_stale_file_first_is_no_error(tmp_path: Path, lease_held: bool) -> None:
+    """Lease 5 wrote its file and checks its lease; meanwhile lease 6 promotes and its retention deletes
+    that unnamed file. Lease 5 then discards a file that is already gone: a None, not a crash."""
+    store = CheckpointStore(tmp_path)
+    assert store.fence(5)
+    stale = store.next_path(5)
+    newer = CheckpointStore(tmp_path)
+
+    def lease_check() -> bool:
+        assert newer.fence(6)
+        save(newer, 2, token=6)  # its retention runs now
+        assert not stale.exists()
+        return lease_held
+
+    assert store.save(state(1), path=stale, may_promote=lease_check) is None
+    assert store.load().token == 6
+
+
+def test_retention_racing_another_collector_is_no_error(tmp_path: Path, monkeypatch) -> None:
+    """Two writers' retention runs at once: what one lists, the other may have deleted already."""
+    store = CheckpointStore(tmp_path, keep=1)
+    for token in (1, 2, 3, 4):
+        assert store.fence(token)
+        save(store, token, token=token)
+    listed = store.manifests()
+    gone_manifest = (0, store.manifest_path(0))  # listed, then deleted by the other collector
+    monkeypatch.setattr(store, "manifests", lambda: [*listed, gone_manifest])
+    real_iterdir = Path.iterdir
+
+    def iterdir(self: Path):
+        yield from real_iterdir(self)
+        if self == store.dir:
+            yield self / "ckpt-00000001-t0.pt"  # listed, then deleted by the other collector
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    store._collect(4)
+    assert not store.manifest_path(1).exists()  # beyond the newest three, below our token: pruned
+    assert store.load().token == 4
