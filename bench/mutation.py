@@ -149,6 +149,8 @@ TIES = "ties are merged afterwards (summed per distinct score, or given their me
 LAST_PIECE = "the last piece of a split from the right is the same whatever the split limit"
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
+MANIFEST_JSON = "the manifest's whitespace: every reader parses it as JSON"
+NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -165,6 +167,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+    # checkpoint:
+    Equivalent("workload/checkpoint.py", "if t < token:", "if t <= token:",
+               "manifests past the newest three are all below our token: ours is the newest, else _collect returned"),
+    Equivalent("workload/checkpoint.py", "indent=1)", "indent=None)", MANIFEST_JSON),
+    Equivalent("workload/checkpoint.py", "indent=1)", "indent=2)", MANIFEST_JSON),
+    Equivalent("workload/checkpoint.py", "indent=1)", ")", MANIFEST_JSON),
+    Equivalent("workload/checkpoint.py", "if found and found[0][0] == token:", "if found and found[0][1] == token:",
+               "re-fencing then rewrites its own manifest with the entries it already holds: the same bytes"),
+    Equivalent("workload/checkpoint.py", "found = self.manifests()", "found = None",
+               "fence's check after writing gives the same answer (higher: take it back; same: same entries)"),
+    Equivalent("workload/checkpoint.py", "if self.dir.exists() else []", "if (self.dir.exists()) or True else []",
+               "globbing a folder that does not exist yields nothing, as the empty list does"),
+    Equivalent("workload/checkpoint.py", '"sha256": None}', '"XXsha256XX": None}', NO_HASH),
+    Equivalent("workload/checkpoint.py", '"sha256": None}', '"SHA256": None}', NO_HASH),
+    Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = os.umask(1)",
+               "the umask read back is the one before either call; the next line restores it"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

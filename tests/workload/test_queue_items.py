@@ -57,6 +57,9 @@ def test_the_shown_text_is_clipped_at_80_characters() -> None:
     exactly = "[" + "1," * 38 + "11]"
     assert len(exactly) == 80
     assert refusal(exactly).endswith(f"got {exactly!r}")
+    one_more = "[" + "1," * 39 + "1]"
+    assert len(one_more) == 81
+    assert refusal(one_more).endswith(f"got {one_more[:80] + '...'!r}")
     longer = "[" + "1," * 40 + "1]"
     assert refusal(longer).endswith(f"got {longer[:80] + '...'!r}")
     assert refusal(longer.encode()).endswith(f"got {longer[:80] + '...'!r}")
