@@ -150,6 +150,9 @@ LAST_PIECE = "the last piece of a split from the right is the same whatever the 
 TRUTH = "only the value's truth is read (`if not ok`): None and False alike"
 TEMP = "the except branch runs only while the temp file exists: the rename is the last call of its try block"
 MANIFEST_JSON = "the manifest's whitespace: every reader parses it as JSON"
+AT_IMPORT = ("_umask runs once, at import, where mutmut activates no mutant (it picks one per call, in a test); "
+             "FILE_MODE, its result, is checked by test_files_on_the_share_are_readable_by_the_group")
+PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
@@ -183,6 +186,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/checkpoint.py", '"sha256": None}', '"SHA256": None}', NO_HASH),
     Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = os.umask(1)",
                "the umask read back is the one before either call; the next line restores it"),
+    Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = None", AT_IMPORT),
+    Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = os.umask(None)", AT_IMPORT),
+    Equivalent("workload/fsutil.py", "os.umask(mask)", "os.umask(None)", AT_IMPORT),
+    # queue:
+    Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) >= 1 else 0", PAIRS),
+    Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) > 2 else 0", PAIRS),
+    Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if (len(args) > 1) or True else 0", PAIRS),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

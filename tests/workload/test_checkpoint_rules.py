@@ -336,3 +336,21 @@ def test_retention_racing_another_collector_is_no_error(tmp_path: Path, monkeypa
     store._collect(4)
     assert not store.manifest_path(1).exists()  # beyond the newest three, below our token: pruned
     assert store.load().token == 4
+
+
+def test_a_fence_taken_back_after_a_collector_removed_it_is_no_error(tmp_path: Path, monkeypatch) -> None:
+    """Overtaken while writing its manifest, lease 5 takes it back; a newer lease's retention may have
+    pruned it already (it is below that lease's token): still a plain False."""
+    store = CheckpointStore(tmp_path)
+    assert store.fence(4)
+    real_manifests = CheckpointStore.manifests
+
+    def manifests(self: CheckpointStore) -> list:
+        if store.manifest_path(5).exists():  # lease 5's write just landed: lease 6 fences, then prunes it
+            store.manifest_path(5).unlink()
+            assert CheckpointStore(tmp_path).fence(6)
+        return real_manifests(self)
+
+    monkeypatch.setattr(CheckpointStore, "manifests", manifests)
+    assert store.fence(5) is False
+    assert real_manifests(store)[0][0] == 6
