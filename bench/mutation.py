@@ -152,6 +152,7 @@ TEMP = "the except branch runs only while the temp file exists: the rename is th
 MANIFEST_JSON = "the manifest's whitespace: every reader parses it as JSON"
 AT_IMPORT = ("_umask runs once, at import, where mutmut activates no mutant (it picks one per call, in a test); "
              "FILE_MODE, its result, is checked by test_files_on_the_share_are_readable_by_the_group")
+ERROR_MODE = "the release script fails the item for every mode but 'preempted' and 'dead': 'error' is no keyword"
 PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
@@ -193,6 +194,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) >= 1 else 0", PAIRS),
     Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) > 2 else 0", PAIRS),
     Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if (len(args) > 1) or True else 0", PAIRS),
+    Equivalent("workload/queue.py", '("error" if error', '("XXerrorXX" if error', ERROR_MODE),
+    Equivalent("workload/queue.py", '("error" if error', '("ERROR" if error', ERROR_MODE),
+    Equivalent("workload/queue.py", "max(owners, key=len)", "max(owners, key=None)",
+               "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -141,7 +141,9 @@ def test_release_modes_and_a_refused_release(redis_server: RedisServer, caplog) 
     with caplog.at_level(logging.WARNING, logger="workload.queue"):
         assert q.release(lease, permanent=True) == "dead"  # permanent without text: still dead at once
         assert q.release(lease, error="late") is None
-    assert f"release of {lease.item.id} refused: token {lease.token} no longer holds the lease" in caplog.text
+    assert (f"release of {lease.item.id} refused: token {lease.token} no longer holds the lease"
+            in [r.getMessage() for r in caplog.records])
+    assert q.snapshot()["runs"]["a"]["dead"][lease.item.id]["error"] == ""  # permanent, and no text was given
 
 
 def test_heartbeat_moves_the_deadline_on(redis_server: RedisServer) -> None:
@@ -151,8 +153,9 @@ def test_heartbeat_moves_the_deadline_on(redis_server: RedisServer) -> None:
     assert lease
     now = q.snapshot()["now_ms"]
     assert now - 1000 <= lease.deadline_ms - 1000 <= now  # claimed within the last second, for 1 s
-    deadline = q.heartbeat(lease, 60)
-    assert deadline and deadline >= lease.deadline_ms + 59_000
+    deadline = q.heartbeat(lease, 3600)
+    after = q.snapshot()["now_ms"]
+    assert deadline and now + 3_600_000 <= deadline <= after + 3_600_000  # ttl counted from the server's now
     assert int(q.snapshot()["runs"]["a"]["lease"]["deadline"]) == deadline
 
 
@@ -313,3 +316,22 @@ def test_status_shows_ids_that_are_not_utf8(redis_server: RedisServer) -> None:
     assert list(snap["dead"]) == ["a/\ufffd"] and snap["total"] == 3
     assert snap["attempts"] == {"a/\ufffd.parquet": 1, "a/\ufffd": 1}
     assert snap["errors"]["a/\ufffd.parquet"] == "disk \ufffd"
+
+
+def test_status_places_dead_letters_of_runs_named_like_paths(redis_server: RedisServer) -> None:
+    """Runs in a hand-made queue may be named `team` and `team/a`: an item is shown under the run its JSON
+    names when that run has a queue, else under the longest run its id starts with, and an id no run
+    owns does not break `status`."""
+    raw = connect(redis_server.url, redis_server.password)
+    q = make_queue(redis_server)
+    planted = {"team/a/x": ("team/a", b"not json"), "team/a/y": ("team/a", b'{"run": "team"}'),
+               "team/z": ("team", b"[]"), "ghost/w": ("team", b"{}")}
+    for i, (item_id, (run, text)) in enumerate(planted.items()):
+        raw.hset("t:items", item_id, text)
+        raw.sadd("t:runs", run)
+        raw.zadd(f"t:pending:{run}", {item_id: i})
+    assert q.claim("w1", 30) is None  # every one is malformed: all dead-lettered
+    runs = q.snapshot()["runs"]
+    assert sorted(runs["team/a"]["dead"]) == ["team/a/x"]
+    assert sorted(runs["team"]["dead"]) == ["team/a/y", "team/z"]
+    assert runs["team"]["total"] + runs["team/a"]["total"] == 3 and q.counts().dead == 4
