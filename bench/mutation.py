@@ -153,6 +153,8 @@ MANIFEST_JSON = "the manifest's whitespace: every reader parses it as JSON"
 AT_IMPORT = ("_umask runs once, at import, where mutmut activates no mutant (it picks one per call, in a test); "
              "FILE_MODE, its result, is checked by test_files_on_the_share_are_readable_by_the_group")
 ERROR_MODE = "the release script fails the item for every mode but 'preempted' and 'dead': 'error' is no keyword"
+PREFIXES = "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"
+FIRST_PIECE = "the first piece of a split is the same whatever the split limit"
 PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
@@ -196,8 +198,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if (len(args) > 1) or True else 0", PAIRS),
     Equivalent("workload/queue.py", '("error" if error', '("XXerrorXX" if error', ERROR_MODE),
     Equivalent("workload/queue.py", '("error" if error', '("ERROR" if error', ERROR_MODE),
-    Equivalent("workload/queue.py", "max(owners, key=len)", "max(owners, key=None)",
-               "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"),
+    Equivalent("workload/queue.py", "max(owners, key=len)", "max(owners, key=None)", PREFIXES),
+    Equivalent("workload/queue.py", "max(owners, key=len)", "max(owners, )", PREFIXES),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("/", None)[0]', FIRST_PIECE),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("/", )[0]', FIRST_PIECE),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("/", 2)[0]', FIRST_PIECE),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.rsplit("/", 1)[0]',
+               "with no run prefixing the id, no piece of it before a '/' is a run either: only the whole id can be"),
+    Equivalent("workload/fsutil.py", "_idle_s(path) > idle_s:", "_idle_s(path) >= idle_s:",
+               "idle time is a float of the wall clock read now: equal to the limit to the last bit never happens"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

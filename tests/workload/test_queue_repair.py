@@ -325,7 +325,8 @@ def test_status_places_dead_letters_of_runs_named_like_paths(redis_server: Redis
     raw = connect(redis_server.url, redis_server.password)
     q = make_queue(redis_server)
     planted = {"team/a/x": ("team/a", b"not json"), "team/a/y": ("team/a", b'{"run": "team"}'),
-               "team/z": ("team", b"[]"), "ghost/w": ("team", b"{}")}
+               "team/z": ("team", b"[]"), "ghost/w": ("team", b"{}"), "team": ("team", b"{}"),
+               "team x": ("team", b"{}")}
     for i, (item_id, (run, text)) in enumerate(planted.items()):
         raw.hset("t:items", item_id, text)
         raw.sadd("t:runs", run)
@@ -333,5 +334,5 @@ def test_status_places_dead_letters_of_runs_named_like_paths(redis_server: Redis
     assert q.claim("w1", 30) is None  # every one is malformed: all dead-lettered
     runs = q.snapshot()["runs"]
     assert sorted(runs["team/a"]["dead"]) == ["team/a/x"]
-    assert sorted(runs["team"]["dead"]) == ["team/a/y", "team/z"]
-    assert runs["team"]["total"] + runs["team/a"]["total"] == 3 and q.counts().dead == 4
+    assert sorted(runs["team"]["dead"]) == ["team", "team/a/y", "team/z"]  # an id that is the run's own name
+    assert runs["team"]["total"] + runs["team/a"]["total"] == 4 and q.counts().dead == 6

@@ -209,3 +209,23 @@ def test_a_writer_of_another_user_counts_as_alive() -> None:
         assert os.waitstatus_to_exitcode(status) == 0 and theirs.is_dir()
     finally:
         shutil.rmtree(base)
+
+
+def test_a_folder_the_share_cannot_delete_yet_does_not_stop_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS a file still open elsewhere becomes `.nfsXXXX` and refuses deletion (EBUSY) until closed:
+    the sweep leaves what it cannot delete for a later run and goes on."""
+    pid = dead_pid()
+    busy = folder(tmp_path, f".a.tmp-{HOST}-{pid}", files={".nfs000000001": 0})
+    other = folder(tmp_path, f".b.tmp-{HOST}-{pid}", files={"x": 0})
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).startswith(".nfs") or Path(str(path)).name.startswith(".nfs"):
+            raise OSError(16, "Device or resource busy", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert sorted(clean_stale_tmp(tmp_path)) == sorted([busy, other])
+    assert not other.exists() and (busy / ".nfs000000001").exists()
