@@ -90,7 +90,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "metrics",
         ("workload/metrics.py",),
-        ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py"),
+        ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py",
+         "tests/model/test_logistic_baseline.py"),
     ),
     Group(
         "trainer",
@@ -173,6 +174,75 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/metrics.py", 'np.argsort(-scores, kind="mergesort")', "np.argsort(-scores, )", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, kind=None)", TIES),
     Equivalent("workload/metrics.py", 'np.argsort(values, kind="mergesort")', "np.argsort(values, )", TIES),
+    # metrics:
+    *(Equivalent("workload/metrics.py", f"np.asarray({name}, dtype=np.float64)", f"np.asarray({name}, {kw})",
+                 "labels are only compared with 0.5: any numeric or boolean dtype compares as its float64 value")
+      for name in ("labels", "y_train") for kw in ("dtype=None", "")),
+    Equivalent("workload/metrics.py", "> 0.5)", ">= 0.5)",
+               "labels are 0 or 1 (dataset.py refuses any other TX_FRAUD): only a label of exactly 0.5 differs"),
+    *(Equivalent("workload/metrics.py", "np.empty(len(values), dtype=np.float64)", f"np.empty(len(values), {kw})",
+                 "np.empty's default dtype is float64") for kw in ("dtype=None", "")),
+    Equivalent("workload/metrics.py", "seed: int = 0", "seed: int = 1",
+               "the baseline deletes seed unread (documented)"),
+    *(Equivalent("workload/metrics.py", "np.asarray(x_test, dtype=np.float64)", f"np.asarray(x_test, {kw})",
+                 "x_test is first subtracted from a float64 mean: numpy casts any numeric array to float64 the same")
+      for kw in ("dtype=None", "")),
+    Equivalent("workload/metrics.py", "mean = x.mean(axis=0)", "mean = x.mean(axis=None)",
+               "centring on any constant is absorbed by the intercept, which is not shrunk: same coefficients"),
+    Equivalent("workload/metrics.py", "std[std == 0] = 1.0", "std[std == 0] = 2.0",
+               "a std of 0 means every centred value is 0: 0/1 and 0/2 are both 0"),
+    Equivalent("workload/metrics.py", "range(50)", "range(51)",
+               "a safety cap: Newton's method stops on a step below 1e-8 within ten or so iterations"),
+    Equivalent("workload/metrics.py", "hessian + 1e-9 * np.eye", "hessian - 1e-9 * np.eye",
+               "the jitter only shapes the step of a positive-definite system; the fit stops where the gradient is 0"),
+    Equivalent("workload/metrics.py", "max() < 1e-8:", "max() <= 1e-8:",
+               "a step of exactly 1e-8 only ends the fit one step sooner, already converged to 1e-8"),
+    *(Equivalent("workload/metrics.py", "@ coef, -30, 30)", f"@ coef, {bounds})",
+                 "the clip keeps exp() finite; its bound only moves probabilities already within 1e-13 of 0 or 1")
+      for bounds in ("-31, 30", "-30, 31")),
+    *(Equivalent("workload/metrics.py", "np.clip(design @ coef, -30, 30)", f"np.clip(design @ coef, {bounds})",
+                 "in the fit, clipping a logit past +-30 or not moves its p and p(1 - p) by under 1e-13")
+      for bounds in ("None, 30", "-30, None")),
+    # features:
+    *(Equivalent("workload/features.py", before, after, why) for before, after, why in (
+        *((f"np.cumsum({v}, dtype=np.float64)", f"np.cumsum({v}, {kw})",
+           "the summed array is float64 already (cast on reading the frame): cumsum keeps its dtype")
+          for v in ("amount[order]", "fraud[np.argsort(position)]") for kw in ("dtype=None", "")),
+        *((before, after, "_search's `by` only orders the binary searches for the cache: any order, or none, "
+           "answers the same") for before, after in (
+            (", by_key)", ", None)"), ("by_key = np.argsort(end)", "by_key = None"),
+            ('by_key = np.argsort(position[rows], kind="stable")', "by_key = None"))),
+        *(('np.argsort(position[rows], kind="stable")', f"np.argsort(position[rows], {kw})",
+           "positions are distinct (a permutation): no ties for the sort kind to order")
+          for kw in ("kind=None", "", 'kind="STABLE"')),
+        *((before, after, "block_start only has to lie between the previous group's last key and this group's "
+           "lowest (group * span - 1 .. group * span + shift): nothing of the group is below it")
+          for before, after in (("SECONDS_PER_DAY) - 1", "SECONDS_PER_DAY) + 1"),
+                                ("LOOKBACK_DAYS * SECONDS_PER_DAY) - 1", "LOOKBACK_DAYS / SECONDS_PER_DAY) - 1"))),
+        ("+ shift + 1", "+ shift + 2", "any span above the largest shifted second keeps groups apart"),
+        ("(seconds + shift)", "(seconds - shift)",
+         "moves every key by the same -2 * shift (block_start with them): no window changes"),
+        *(("target = np.asarray(target, dtype=bool)", f"target = np.asarray(target, {kw})",
+           "compute reads target only by len() and np.nonzero(), alike for a boolean or 0/1 mask")
+          for kw in ("dtype=None", "")),
+        ("(seconds=1)).to_numpy(dtype=np.int64)", "(seconds=1)).to_numpy(dtype=None)",
+         "floor division of timedeltas by a Timedelta is int64 already"),
+        ("(when - origin) // pd.Timedelta", "(when - origin) / pd.Timedelta",
+         "times are never before the origin, so the int64 cast truncates the quotient as // floors it"),
+        ("to_numpy(dtype=np.float64), AMOUNT_CAP)", "to_numpy(dtype=None), AMOUNT_CAP)",
+         "dataset.py casts TX_AMOUNT to float64, and np.minimum with a float cap makes an int column float64"),
+        ("[0].astype(np.int64)", "[0].astype(None)",
+         "factorize codes as float64 keep every key (group x span, far below 2**53) the same exact integer"),
+        ("fraud = frame[schema.TX_FRAUD].to_numpy(dtype=np.float64)",
+         "fraud = frame[schema.TX_FRAUD].to_numpy(dtype=None)",
+         "fraud only enters a cumsum with dtype=np.float64, and 0/1 are exact in any dtype"),
+        *(("zip(term_frauds, term_counts, strict=True)", f"zip(term_frauds, term_counts, {kw})",
+           "both lists have one entry per window of WINDOWS_DAYS: strict never fires")
+          for kw in ("strict=None", "strict=False", "")),
+        *((f"{cond}, dtype=np.float64)", f"{cond}, {kw})",
+           "np.stack promotes the boolean column with the float64 ones, and the result is cast to float32")
+          for cond in (">= 5", "< NIGHT_END_HOUR") for kw in ("dtype=None", "")),
+    )),
     # checkpoint:
     Equivalent("workload/checkpoint.py", "if t < token:", "if t <= token:",
                "manifests past the newest three are all below our token: ours is the newest, else _collect returned"),

@@ -230,3 +230,25 @@ def test_features_stay_finite_for_any_finite_amount() -> None:
             ("2018-04-01 12:00", 1, 100, 0.0, 0), ("2018-04-09 12:00", 1, 100, 5.0, 0)]
     x = features.compute_features(_frame(rows), np.ones(4, dtype=bool))
     assert np.isfinite(x).all()
+
+
+def test_what_compute_returns_for_some_rows_and_for_none() -> None:
+    """The documented arrays, named and typed as the feature store keeps them, also when no row is targeted;
+    IDs typed as floats (as files give them) come back as integers."""
+    typed = HAND.astype({schema.CUSTOMER_ID: np.float64, schema.TRANSACTION_ID: np.float64})
+    mask = np.array([0, 1, 0, 0, 1, 1])  # a 0/1 mask selects like a boolean one
+    for target, n in ((mask, 3), (np.zeros(len(HAND), dtype=bool), 0)):
+        out = features.compute(typed, target)
+        assert set(out) == {"x", "y", "day", "card", "known", "ids"}
+        assert out["x"].shape == (n, len(NAMES)) and out["x"].dtype == np.float32
+        assert out["y"].dtype == np.float32 and out["known"].dtype == np.bool_ and out["known"].shape == (n,)
+        assert out["card"].dtype == np.int64 and out["ids"].dtype == np.int64
+        np.testing.assert_array_equal(out["y"], features.labels(typed, target))
+    np.testing.assert_array_equal(out["ids"], [])
+    np.testing.assert_array_equal(features.compute(typed, mask)["ids"], [1, 4, 5])
+    np.testing.assert_array_equal(features.labels(HAND, np.array([1, 0, 0, 0, 0, 0])), [1.0])
+
+
+def test_a_mask_of_the_wrong_length_is_refused_with_both_lengths() -> None:
+    with pytest.raises(ValueError, match=r"^target mask has 5 entries, frame has 6 rows$"):
+        features.compute(HAND, np.ones(5, dtype=bool))

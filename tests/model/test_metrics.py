@@ -200,3 +200,106 @@ def test_the_handbook_evaluation_removes_known_compromised_cards() -> None:
     plain = metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS)
     assert plain["n"] == 8.0
     assert plain["card_precision_top100"] == pytest.approx((3 / 100 + 2 / 100) / 2)
+
+
+def _same_figures(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+def test_integer_and_boolean_scores_rank_like_their_float_values() -> None:
+    """A rule's score counting red flags, kept as a small unsigned integer, or a yes/no rule as a boolean, is
+    ranked by its value (an unsigned -x wraps around; a boolean -x is refused)."""
+    labels = np.array([1, 0, 1, 0, 0, 1, 0, 0, 1, 0])
+    days = np.zeros(10)
+    flags = np.array([3, 0, 2, 1, 0, 1, 0, 2, 3, 0], dtype=np.uint8)
+    expected = metrics.evaluate(flags.astype(np.float64), labels, days)
+    assert expected["average_precision"] < 1.0
+    assert _same_figures(metrics.evaluate(flags, labels, days), expected)
+    rule = flags >= 2
+    assert _same_figures(metrics.evaluate(rule, labels, days), metrics.evaluate(rule.astype(np.float64), labels, days))
+
+
+def test_recall_reaches_one_only_at_the_lowest_scored_fraud() -> None:
+    precision, recall = metrics.pr_curve(np.array([0.9, 0.8, 0.1]), np.array([1, 0, 1]))
+    np.testing.assert_allclose(recall, [0, 0.5, 0.5, 1])
+    np.testing.assert_allclose(precision, [1, 1, 0.5, 2 / 3])
+
+
+@pytest.mark.filterwarnings("error")  # nan by rule, not by a 0/0 that prints a RuntimeWarning in the worker's log
+def test_degenerate_days_give_nan_quietly() -> None:
+    for labels in (np.zeros(3), np.ones(3)):
+        assert math.isnan(metrics.roc_auc(np.array([0.2, 0.5, 0.9]), labels))
+        assert math.isnan(metrics.recall_at_fpr(np.array([0.2, 0.5, 0.9]), labels))
+    empty = metrics.evaluate(np.array([]), np.array([]), np.array([]), np.array([]), np.array([], dtype=bool))
+    assert empty["n"] == 0.0 and all(math.isnan(empty[k]) for k in KEYS - {"n", "n_fraud"})
+
+
+def test_a_single_transaction_or_a_single_fraud_is_a_valid_test_set() -> None:
+    one = metrics.evaluate(np.array([0.7]), np.array([1]), np.array([0]), np.array([5]))
+    assert one["precision_top100"] == 1.0 and one["average_precision"] == 1.0 and one["accuracy"] == 1.0
+    assert one["card_precision_top100"] == pytest.approx(1 / 100)
+    # One fraud among three legit rows, ranked second: it beats two of three.
+    assert metrics.roc_auc(np.array([0.9, 0.8, 0.3, 0.1]), np.array([0, 1, 0, 0])) == pytest.approx(2 / 3)
+
+
+def test_accuracy_flags_scores_at_or_above_one_half() -> None:
+    scores = np.array([0.5, 0.49, 0.9, 0.1, 0.5])
+    labels = np.array([1, 0, 0, 0, 1])
+    # Flagged: both 0.5 (frauds, right) and the 0.9 (legit, wrong); the 0.49 and 0.1 are rightly left: 4 of 5.
+    assert metrics.evaluate(scores, labels, np.zeros(5))["accuracy"] == pytest.approx(4 / 5)
+
+
+def test_precision_top_k_ties_at_the_cut_go_to_the_earlier_row() -> None:
+    """300 rows of one day in no particular order: 50 clear alerts (legit), then 250 tied at 0.5 for the
+    remaining 50 places; the first 50 tied rows in row order are taken, and 20 of them are frauds."""
+    rng = np.random.default_rng(5)
+    scores = np.full(300, 0.5)
+    scores[rng.choice(300, 50, replace=False)] = 0.9
+    tied = np.flatnonzero(scores == 0.5)
+    labels = np.zeros(300)
+    labels[tied[:20]] = 1  # frauds among the earliest tied rows
+    labels[tied[60:100]] = 1  # and among later tied rows, which do not make the cut
+    assert metrics.precision_top_k(scores, labels, np.zeros(300)) == pytest.approx(20 / 100)
+
+
+def test_card_precision_ties_among_many_cards_go_to_the_lower_card_ids() -> None:
+    """300 cards, 50 with a clear alert (legit), 250 tied for the remaining 50 places: the 50 lowest tied ids
+    are taken (rows in no particular order), and 20 of them had fraud."""
+    rng = np.random.default_rng(6)
+    cards = np.arange(1000, 1300)
+    best = np.full(300, 0.5)
+    best[rng.choice(300, 50, replace=False)] = 0.9
+    tied = np.flatnonzero(best == 0.5)
+    fraud = np.zeros(300)
+    fraud[tied[:20]] = 1
+    fraud[tied[60:100]] = 1
+    rows = rng.permutation(300)
+    assert metrics.card_precision_top_k(best[rows], fraud[rows], np.zeros(300), cards[rows]) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("ids", [np.array([0, 1]), np.array([2**60 + 1, 2**60 + 2])],
+                         ids=["card 0", "64-bit tokens beyond float64's integers"])
+def test_a_detected_card_blocks_only_itself(ids: np.ndarray) -> None:
+    """Card ids are customer ids from 0 up, or 64-bit tokens: blocking card A (found on day 0) must not
+    block card B, and card 0 is a card like any other."""
+    a, b = ids
+    scores = np.array([0.9, 0.1, 0.9, 0.8])
+    labels = np.array([1, 0, 1, 1])
+    days = np.array([0, 0, 1, 1])
+    cards = np.array([a, b, a, b])
+    # Day 0: A found (1/1 with k=1). Day 1: A blocked, B is the top card and had fraud: 1/1.
+    assert metrics.card_precision_top_k(scores, labels, days, cards, k=1, drop_detected=True) == 1.0
+
+
+def test_the_known_flag_may_come_as_zeros_and_ones() -> None:
+    """A known flag read back from a file as 0.0/1.0 (an integer column typed as floats) removes the same rows."""
+    known = np.array([0, 0, 0, 0, 1, 0, 1, 0], dtype=bool)
+    as_bool = metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, known)
+    assert _same_figures(metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, known.astype(np.float64)), as_bool)
+    # Without cards, the handbook figures still come, card precision aside.
+    no_cards = metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, None, known)
+    assert math.isnan(no_cards["card_precision_top100"]) and no_cards["n"] == 6.0
+    with pytest.raises(ValueError, match="^scores has 8 values, known has 7$"):
+        metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, known[:7])
+    with pytest.raises(ValueError, match="^scores has 8 values, days 8, cards 7$"):
+        metrics.card_precision_top_k(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS[:7])

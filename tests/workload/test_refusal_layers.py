@@ -1,8 +1,9 @@
 """Each layer that refuses a pickle or a path escape holds on its own, checked by what it does.
 
-The layers overlap: ``check_suffix`` refuses pickle by name and anything off the allowlist;
-``read_transactions`` asks it before opening; ``Dataset.resolve`` refuses paths outside the dataset,
-then bad suffixes, then paths the manifest does not list. A test through the outer layers passes
+The layers overlap: the queue refuses, at claim, an item whose shard climbs out of its dataset;
+``check_suffix`` refuses pickle by name and anything off the allowlist; ``read_transactions`` asks it
+before opening; ``Dataset.resolve`` refuses paths outside the dataset, then bad suffixes, then paths
+the manifest does not list. A test through the outer layers passes
 with any one inner layer gone (the next one refuses too, with another message), so each case here
 gets past every layer but the one under test, and asserts the exception type (``DatasetError``:
 the item is dead-lettered, not retried as an ``OSError``) and that the file was never opened,
@@ -25,6 +26,8 @@ import pytest
 
 from workload import schema
 from workload.dataset import MANIFEST, Dataset, DatasetError, check_suffix, read_transactions
+from workload.queue import Item, MalformedItem, WorkQueue, connect
+from workload.redis_server import RedisServer
 
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz", ".PKL", ".Pickle")
 
@@ -89,6 +92,39 @@ def csv_day(dataset_src: Path, to: Path) -> Path:
     to.parent.mkdir(parents=True, exist_ok=True)
     pd.read_parquet(dataset_src / "training" / "2018-04-02.parquet").to_csv(to, index=False)
     return to
+
+
+# --- the claim: a shard climbing out of its dataset is never leased ---------------------------------------
+
+
+@pytest.mark.parametrize("shard", ["../../../../etc/passwd", "/etc/passwd", "training/../../other/day.parquet"])
+def test_the_claim_dead_letters_a_shard_climbing_out_without_leasing_it(redis_server: RedisServer, shard: str) -> None:
+    """The first layer, with nothing behind it: no worker is handed a lease on the item (so nothing opens the
+    path), it is dead-lettered on its first claim, and parsing it raises the queue's item fault."""
+    queue = WorkQueue(connect(redis_server.url, redis_server.password), prefix="t")
+    bad = Item(run="hostile", shard=shard, dataset="fraud", seq=0)
+    assert queue.enqueue([bad]) == 1
+    assert queue.claim("w1", 30) is None, "the item was leased"
+    dead = queue.snapshot()["runs"]["hostile"]["dead"]
+    assert set(dead) == {bad.id} and dead[bad.id]["attempts"] == 1, dead
+    with pytest.raises(Exception) as err:
+        Item.parse(bad.to_json(), bad.id, bad.run)
+    assert err.type is MalformedItem
+
+
+@pytest.mark.parametrize("name", ["..", "../outside", "/etc", "a/b", ".hidden"])
+def test_the_claim_dead_letters_a_bad_dataset_name_without_leasing_it(redis_server: RedisServer, name: str) -> None:
+    """The claim's own check of the dataset name (the worker re-checks it, with the same message, so only
+    the lease tells the layers apart): the item is never leased, and is dead-lettered on its first claim."""
+    queue = WorkQueue(connect(redis_server.url, redis_server.password), prefix="t")
+    bad = Item(run="hostile", shard="training/2018-04-02.parquet", dataset=name, seq=0)
+    assert queue.enqueue([bad]) == 1
+    assert queue.claim("w1", 30) is None, "the item was leased"
+    dead = queue.snapshot()["runs"]["hostile"]["dead"]
+    assert set(dead) == {bad.id} and dead[bad.id]["attempts"] == 1, dead
+    with pytest.raises(Exception) as err:
+        Item.parse(bad.to_json(), bad.id, bad.run)
+    assert err.type is MalformedItem
 
 
 # --- check_suffix: the pickle denylist and the allowlist, each alone -----------------------------------
