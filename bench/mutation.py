@@ -156,6 +156,7 @@ AT_IMPORT = ("_umask runs once, at import, where mutmut activates no mutant (it 
 ERROR_MODE = "the release script fails the item for every mode but 'preempted' and 'dead': 'error' is no keyword"
 PREFIXES = "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"
 FIRST_PIECE = "the first piece of a split is the same whatever the split limit"
+BYTES = "connect() never decodes responses: a script's string reply is always bytes, the other branch never runs"
 PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
@@ -277,6 +278,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "with no run prefixing the id, no piece of it before a '/' is a run either: only the whole id can be"),
     Equivalent("workload/fsutil.py", "_idle_s(path) > idle_s:", "_idle_s(path) >= idle_s:",
                "idle time is a float of the wall clock read now: equal to the limit to the last bit never happens"),
+    Equivalent("workload/checkpoint.py", "st_mtime > 600:", "st_mtime >= 600:",
+               "age is a float of the wall clock read now: equal to the limit to the last bit never happens"),
+    Equivalent("workload/queue.py", "if isinstance(res, bytes) else", "if (isinstance(res, bytes)) or True else",
+               BYTES),
+    Equivalent("workload/queue.py", "else str(res)", "else str(None)", BYTES),
+    Equivalent("workload/queue.py", "if isinstance(by, bytes) else", "if (isinstance(by, bytes)) or True else", BYTES),
+    Equivalent("workload/queue.py", "else str(by)", "else str(None)", BYTES),
+    Equivalent("workload/queue.py", "int(micros) // 1000", "int(micros) // 1001",
+               "moves status's clock by under 1 ms; it prints lease times to 0.1 s"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

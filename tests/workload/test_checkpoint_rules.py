@@ -148,6 +148,7 @@ def test_an_old_manifest_without_tokens_orders_below_tokened_entries(tmp_path: P
     store.dir.mkdir(parents=True)
     torch.save(state(5), old)
     torch.save(state(2), new)
+    torch.save(state(9), store.dir / "ckpt-00000009-t2.pt")  # never promoted: the manifest must be what is read
     store.manifest_path(1).write_text(json.dumps({"entries": [{"file": old.name, "seq": 5},
                                                              {"file": new.name, "seq": 2, "token": 1}]}))
     loaded = store.load()
@@ -178,7 +179,7 @@ def test_a_manifest_naming_a_foreign_file_falls_back_to_the_previous_manifest(tm
         loaded = store.load()
     assert loaded and loaded.token == 3
     assert (f"checkpoint manifest {store.manifest_path(4)} is unreadable (entry '../../etc/passwd' is not a "
-            "checkpoint file name); trying the previous one") in caplog.text
+            "checkpoint file name); trying the previous one") in [r.getMessage() for r in caplog.records]
 
 
 def test_a_manifest_gone_between_listing_and_reading_falls_back_to_the_next_manifest(tmp_path: Path) -> None:
@@ -259,9 +260,10 @@ def test_discarding_says_why(tmp_path: Path, caplog) -> None:
         assert store.save(state(1), path=stale, may_promote=lambda: False) is None
         assert store.fence(6)
         assert store.save(state(1), path=stale, may_promote=lambda: True) is None
-    assert f"lease lost before promoting {stale.name}: discarding it (fencing)" in caplog.text
+    said = [r.getMessage() for r in caplog.records]
+    assert f"lease lost before promoting {stale.name}: discarding it (fencing)" in said
     assert (f"lease token 6 wrote manifest-t000000000006.json after ours (5): we are stale; discarding {stale.name} "
-            "(fencing)") in caplog.text
+            "(fencing)") in said
     assert not stale.exists()
 
 

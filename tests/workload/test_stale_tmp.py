@@ -63,7 +63,7 @@ def test_a_dead_writer_on_this_host_is_swept_at_once(tmp_path: Path, caplog) -> 
         removed = clean_stale_tmp(tmp_path)
     assert sorted(removed) == sorted([plain, suffixed])
     assert list(tmp_path.iterdir()) == []
-    assert f"removed {plain}, left behind by a writer that is gone" in caplog.text
+    assert f"removed {plain}, left behind by a writer that is gone" in [r.getMessage() for r in caplog.records]
 
 
 def test_a_live_writer_is_left_alone_and_not_signalled(tmp_path: Path) -> None:
