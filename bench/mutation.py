@@ -61,11 +61,16 @@ class Group:
 
 
 GROUPS: tuple[Group, ...] = (
-    Group("queue", ("workload/queue.py",), ("tests/workload/test_queue.py",)),
+    Group(
+        "queue",
+        ("workload/queue.py",),
+        ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py"),
+    ),
     Group(
         "checkpoint",
         ("workload/checkpoint.py", "workload/fsutil.py"),
-        ("tests/workload/test_checkpoint.py", "tests/workload/test_atomic_writes.py"),
+        ("tests/workload/test_checkpoint.py", "tests/workload/test_checkpoint_rules.py",
+         "tests/workload/test_atomic_writes.py", "tests/workload/test_stale_tmp.py"),
     ),
     # The fault tests run the worker as `python -m workload` subprocesses (mutmut cannot map those to
     # functions, and they take minutes each): test_worker_inprocess.py drives the same code in the pytest
@@ -172,6 +177,14 @@ SORT_BY_TWO = "pandas applies `kind` only to a sort by one column; this one sort
 NINE_COLUMNS = "the schema has nine columns: > 1, >= 1 and > 2 all hold"
 WINDOW_INDEX = "the window's index is dropped (reset_index(drop=True)) after sorting: the concat's index is never read"
 JSON_LAYOUT = "only the manifest's whitespace changes: every reader parses it as JSON"
+MANIFEST_JSON = "the manifest's whitespace: every reader parses it as JSON"
+AT_IMPORT = ("_umask runs once, at import, where mutmut activates no mutant (it picks one per call, in a test); "
+             "FILE_MODE, its result, is checked by test_files_on_the_share_are_readable_by_the_group")
+ERROR_MODE = "the release script fails the item for every mode but 'preempted' and 'dead': 'error' is no keyword"
+PREFIXES = "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"
+BYTES = "connect() never decodes responses: a script's string reply is always bytes, the other branch never runs"
+PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
+NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
@@ -410,6 +423,49 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("infra/redis.py", "length=32,", "length=33,",
                "a password one character longer: the guarantee is at least 32 random characters, and nothing reads "
                "its length"),
+    # checkpoint:
+    Equivalent("workload/checkpoint.py", "if t < token:", "if t <= token:",
+               "manifests past the newest three are all below our token: ours is the newest, else _collect returned"),
+    Equivalent("workload/checkpoint.py", "indent=1)", "indent=None)", MANIFEST_JSON),
+    Equivalent("workload/checkpoint.py", "indent=1)", "indent=2)", MANIFEST_JSON),
+    Equivalent("workload/checkpoint.py", "indent=1)", ")", MANIFEST_JSON),
+    Equivalent("workload/checkpoint.py", "if found and found[0][0] == token:", "if found and found[0][1] == token:",
+               "re-fencing then rewrites its own manifest with the entries it already holds: the same bytes"),
+    Equivalent("workload/checkpoint.py", "found = self.manifests()", "found = None",
+               "fence's check after writing gives the same answer (higher: take it back; same: same entries)"),
+    Equivalent("workload/checkpoint.py", "if self.dir.exists() else []", "if (self.dir.exists()) or True else []",
+               "globbing a folder that does not exist yields nothing, as the empty list does"),
+    Equivalent("workload/checkpoint.py", '"sha256": None}', '"XXsha256XX": None}', NO_HASH),
+    Equivalent("workload/checkpoint.py", '"sha256": None}', '"SHA256": None}', NO_HASH),
+    Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = os.umask(1)",
+               "the umask read back is the one before either call; the next line restores it"),
+    Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = None", AT_IMPORT),
+    Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = os.umask(None)", AT_IMPORT),
+    Equivalent("workload/fsutil.py", "os.umask(mask)", "os.umask(None)", AT_IMPORT),
+    # queue:
+    Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) >= 1 else 0", PAIRS),
+    Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) > 2 else 0", PAIRS),
+    Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if (len(args) > 1) or True else 0", PAIRS),
+    Equivalent("workload/queue.py", '("error" if error', '("XXerrorXX" if error', ERROR_MODE),
+    Equivalent("workload/queue.py", '("error" if error', '("ERROR" if error', ERROR_MODE),
+    Equivalent("workload/queue.py", "max(owners, key=len)", "max(owners, key=None)", PREFIXES),
+    Equivalent("workload/queue.py", "max(owners, key=len)", "max(owners, )", PREFIXES),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("/", None)[0]', FIRST_PIECE),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("/", )[0]', FIRST_PIECE),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("/", 2)[0]', FIRST_PIECE),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.rsplit("/", 1)[0]',
+               "with no run prefixing the id, no piece of it before a '/' is a run either: only the whole id can be"),
+    Equivalent("workload/fsutil.py", "_idle_s(path) > idle_s:", "_idle_s(path) >= idle_s:",
+               "idle time is a float of the wall clock read now: equal to the limit to the last bit never happens"),
+    Equivalent("workload/checkpoint.py", "st_mtime > 600:", "st_mtime >= 600:",
+               "age is a float of the wall clock read now: equal to the limit to the last bit never happens"),
+    Equivalent("workload/queue.py", "if isinstance(res, bytes) else", "if (isinstance(res, bytes)) or True else",
+               BYTES),
+    Equivalent("workload/queue.py", "else str(res)", "else str(None)", BYTES),
+    Equivalent("workload/queue.py", "if isinstance(by, bytes) else", "if (isinstance(by, bytes)) or True else", BYTES),
+    Equivalent("workload/queue.py", "else str(by)", "else str(None)", BYTES),
+    Equivalent("workload/queue.py", "int(micros) // 1000", "int(micros) // 1001",
+               "moves status's clock by under 1 ms; it prints lease times to 0.1 s"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -151,7 +151,6 @@ class CheckpointStore:
         if found and found[0][0] == token:
             return True
         entries = self._entries()
-        self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.manifest_path(token), json.dumps({"entries": entries}, indent=1) + "\n")
         if self.manifests()[0][0] > token:  # frozen while writing it, past the lease: take it back
             self.manifest_path(token).unlink(missing_ok=True)
@@ -172,7 +171,6 @@ class CheckpointStore:
         if path.parent != self.dir or not m:
             raise ValueError(f"{path} is not a checkpoint path of {self.dir}; use next_path()")
         token = int(m[2])
-        self.dir.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()

@@ -266,12 +266,6 @@ class Item:
         return json.dumps({"run": self.run, "shard": self.shard, "dataset": self.dataset, "seq": self.seq})
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Item:
-        data = json.loads(text)
-        return cls(run=str(data["run"]), shard=str(data["shard"]), dataset=str(data["dataset"]),
-                   seq=int(data["seq"]))
-
-    @classmethod
     def parse(cls, text: str | bytes, item_id: str, run: str) -> Item:
         """The item stored under `item_id` in `run`'s list, or MalformedItem naming what is wrong.
 

@@ -134,3 +134,46 @@ def test_text_writes_take_the_same_path(tmp_path: Path) -> None:
     before = target.stat().st_ino
     fsutil.atomic_write_text(target, '{"entries": []}\n')
     assert target.read_text() == '{"entries": []}\n' and target.stat().st_ino != before
+
+
+@pytest.mark.parametrize(("fault", "errno_", "strerror"), [
+    (OSError(28, "No space left on device"), 28, "No space left on device"),
+    (OSError("the disk went away"), None, "the disk went away"),  # no errno, no strerror: its text
+])
+def test_a_write_error_names_the_file_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: OSError, errno_: int | None, strerror: str
+) -> None:
+    """write()/fsync() errors carry no file name: the one raised names the target, so the user's one-line
+    error says which file could not be written (and the errno still classifies the fault)."""
+    target = tmp_path / "state.pt"
+
+    def failing(fd: int) -> None:
+        raise fault
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError) as caught:
+        fsutil.atomic_write_bytes(target, NEW)
+    assert (caught.value.errno, caught.value.strerror, caught.value.filename) == (errno_, strerror, str(target))
+    assert caught.value.__cause__ is fault and list(tmp_path.iterdir()) == []
+
+
+def test_an_error_that_names_its_files_is_passed_on_as_it_is(tmp_path: Path) -> None:
+    target = tmp_path / "state.pt"
+    (target / "busy").mkdir(parents=True)  # the rename cannot replace a folder
+    with pytest.raises(IsADirectoryError) as caught:
+        fsutil.atomic_write_bytes(target, NEW)
+    assert caught.value.filename2 == str(target) and Path(caught.value.filename).name.endswith(".tmp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+def test_an_interrupted_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "state.pt"
+    target.write_bytes(OLD)
+
+    def interrupted(name: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fsutil.faults, "point", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fsutil.atomic_write_bytes(target, NEW)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"] and target.read_bytes() == OLD
