@@ -57,3 +57,12 @@ def test_equivalent_mutants_are_recognised_by_their_text_only() -> None:
     assert not cast.explains("workload/metrics.py", line, "return tps.astype(None), fps.astype(None)")
     sort = next(e for e in mutation.EQUIVALENT if e.module == "workload/metrics.py")
     assert not sort.explains("workload/features.py", sort.before, sort.after)  # only where the reason holds
+
+
+def test_a_groups_own_patterns_add_to_the_shared_ones() -> None:
+    """A group's do_not_mutate_patterns leave the shared ones (log calls) in force."""
+    group = next(g for g in mutation.GROUPS if g.do_not_mutate_patterns)
+    original = (ROOT / "pyproject.toml").read_text()
+    staged = tomllib.loads(mutation.group_pyproject(original, group))["tool"]["mutmut"]["do_not_mutate_patterns"]
+    shared = mutation.base_config()["do_not_mutate_patterns"]
+    assert shared and staged == [*shared, *group.do_not_mutate_patterns]
