@@ -176,3 +176,18 @@ def test_survives_a_redis_restart(redis_server: RedisServer) -> None:
     assert q.holds(lease)
     assert q.ack(lease)
     assert q.counts().done == 1 and q.counts().pending == 1
+
+
+def test_the_keys_name_where_the_scripts_keep_each_record(redis_server: RedisServer) -> None:
+    """Keys is the map an operator (and `status`) reads the queue by: the Lua scripts build the same names
+    from the prefix, so a name there that drifts from theirs would point at nothing."""
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 2))
+    lease = q.claim("w1", ttl_s=30)
+    assert lease
+    r, keys = q.redis, q.keys
+    assert r.zscore(keys.leases, "a") is not None, "the lease deadline lives in keys.leases"
+    assert int(r.get(keys.token)) == lease.token, "the fencing counter lives in keys.token"
+    assert q.ack(lease)
+    assert r.hget(keys.acked_by, lease.item.id).decode() == "w1", "the acking owner lives in keys.acked_by"
+    assert r.sismember(keys.done, lease.item.id)
