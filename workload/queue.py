@@ -353,13 +353,17 @@ class QueueInterrupted(QueueUnavailable):
     """A stop was asked (SIGTERM) while waiting for an unreachable Redis: give up waiting at once."""
 
 
-def connect(url: str, password: str | None = None) -> redis.Redis:
-    """A client that rides out short blips itself; `WorkQueue` retries longer outages."""
+CALL_TIMEOUT_S = 10.0  # a frozen Redis (SIGSTOP, a stuck node) fails a call after this instead of hanging it
+
+
+def connect(url: str, password: str | None = None, *, timeout_s: float = CALL_TIMEOUT_S) -> redis.Redis:
+    """A client that rides out short blips itself (each call tried 4 times, `timeout_s` each); `WorkQueue`
+    retries longer outages."""
     return redis.Redis.from_url(
         url,
         password=password or None,
-        socket_timeout=10,
-        socket_connect_timeout=3,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=min(timeout_s, 3.0),
         health_check_interval=15,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],

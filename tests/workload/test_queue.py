@@ -191,3 +191,27 @@ def test_the_keys_name_where_the_scripts_keep_each_record(redis_server: RedisSer
     assert q.ack(lease)
     assert r.hget(keys.acked_by, lease.item.id).decode() == "w1", "the acking owner lives in keys.acked_by"
     assert r.sismember(keys.done, lease.item.id)
+
+
+def test_a_frozen_redis_fails_a_call_after_its_retries_instead_of_hanging(redis_server: RedisServer) -> None:
+    """A Redis that stops answering (SIGSTOP: a stuck node) must not hang the worker's call forever: each
+    try times out and is retried, then the call fails, for WorkQueue to classify as an infrastructure fault.
+    Once Redis answers again, the same client works."""
+    import os
+    import signal
+
+    import redis
+
+    timeout_s = 0.3
+    client = connect(redis_server.url, redis_server.password, timeout_s=timeout_s)
+    assert client.ping()
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            client.ping()
+        waited = time.monotonic() - started
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+    assert waited >= 4 * timeout_s, f"gave up after {waited:.2f}s: the call was not retried 3 times"
+    assert client.ping()
