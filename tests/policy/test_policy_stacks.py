@@ -94,8 +94,10 @@ def test_the_rule_tests_shapes_are_what_dev_renders(rendered: Callable[[str], Re
     for (type_, name), props in dev_stack.SHAPES.items():
         view = offline.stack_view(r.one(type_, name)).props
         assert _differences(props, view, f"{type_} {name}") == []
-    order = [(x.type, x.name) for x in r.resources if (x.type, x.name) in dev_stack.SHAPES]
-    assert list(dev_stack.SHAPES) == order  # the order the stack registers them
+    # Only which resources, not their order: the engine registers resources as their inputs resolve, and
+    # under load the Redis Deployment and the share-prep Job come in either order.
+    registered = {(x.type, x.name) for x in r.resources}
+    assert set(dev_stack.SHAPES) <= registered
 
 
 def test_the_offline_runner_feeds_engine_shaped_properties(rendered: Callable[[str], Rendered]) -> None:

@@ -91,10 +91,14 @@ def test_sigterm_releases_and_a_peer_resumes_at_once(cluster: Cluster, reference
         return queue.snapshot()["runs"]["main"]["lease"] or {}
 
     cluster.wait_for(lambda: "nothing to claim" in cluster.log("a") + cluster.log("b"), what="one worker idle")
-    holder = lease()["owner"]
+    # Either worker may train the third shard: the run's lease is free between an ack and the next claim,
+    # and on a loaded machine the idle worker's poll can win it.
+    cluster.wait_for(lambda: "warm start after 2 shard(s)" in cluster.log("a") + cluster.log("b"),
+                     what="third shard training")
+    cluster.wait_for(lambda: bool(lease()), what="the third shard's lease")
+    held = lease()
+    holder, shard = held["owner"], held["item"]
     peer = "b" if holder == "a" else "a"
-    cluster.wait_for(lambda: "warm start after 2 shard(s)" in cluster.log(holder), what="third shard training")
-    shard = lease()["item"]
     time.sleep(0.1)  # mid-shard (a shard trains ~1 s); the periodic checkpoint is a minute away
     workers[holder].send_signal(signal.SIGTERM)
     t0 = time.monotonic()
