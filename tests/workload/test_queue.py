@@ -214,4 +214,18 @@ def test_a_frozen_redis_fails_a_call_after_its_retries_instead_of_hanging(redis_
     finally:
         os.kill(redis_server.proc.pid, signal.SIGCONT)
     assert waited >= 4 * timeout_s, f"gave up after {waited:.2f}s: the call was not retried 3 times"
+    assert waited < 10, f"took {waited:.2f}s: the tries did not time out after {timeout_s}s each"
     assert client.ping()
+
+
+def test_a_claim_leases_for_exactly_its_ttl_on_the_servers_clock(redis_server: RedisServer) -> None:
+    """The lease deadline is the server's time plus the TTL, in milliseconds: a unit slip would hand a
+    dead worker's item to a peer late (or a live worker's early)."""
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 1))
+    secs, micros = q.redis.time()
+    before_ms = secs * 1000 + micros // 1000
+    lease = q.claim("w1", ttl_s=1000)
+    secs, micros = q.redis.time()
+    after_ms = secs * 1000 + micros // 1000
+    assert lease and before_ms + 1_000_000 <= lease.deadline_ms <= after_ms + 1_000_000
