@@ -577,15 +577,20 @@ def group_pyproject(text: str, group: Group) -> str:
     return "\n".join(kept).rstrip() + "\n\n" + "\n".join(table) + "\n"
 
 
-def stage(group: Group) -> Path:
-    """A fresh copy of the checkout's files (tracked and new, not ignored) for this group's run."""
-    where = STAGE / group.name
+def copy_checkout(where: Path) -> Path:
+    """A fresh copy of the checkout's files (tracked and new, not ignored) in `where` (also bench/planted.py's)."""
     shutil.rmtree(where, ignore_errors=True)
     for rel in _checkout_files():
         src = ROOT / rel
         if src.is_file():
             (where / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, where / rel)
+    return where
+
+
+def stage(group: Group) -> Path:
+    """A fresh copy of the checkout for this group's run, its mutmut settings narrowed to the group."""
+    where = copy_checkout(STAGE / group.name)
     (where / "pyproject.toml").write_text(group_pyproject((ROOT / "pyproject.toml").read_text(), group))
     return where
 

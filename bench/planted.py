@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.mutation import ROOT, _checkout_files
+from bench.mutation import ROOT, copy_checkout
 
 STAGE = ROOT / "build" / "planted"
 
@@ -169,14 +169,7 @@ def plant(where: Path, bug: Bug) -> None:
 
 def stage(name: str) -> Path:
     """A fresh copy of the checkout's files (tracked and new, not ignored) under build/planted/."""
-    where = STAGE / name
-    shutil.rmtree(where, ignore_errors=True)
-    for rel in _checkout_files():
-        src = ROOT / rel
-        if src.is_file():
-            (where / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, where / rel)
-    return where
+    return copy_checkout(STAGE / name)
 
 
 @dataclass

@@ -14,19 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_checkpoint import save, state  # one way to write a test checkpoint
 
 from workload import checkpoint as ckpt
 from workload.checkpoint import CheckpointStore
-
-
-def state(step: int, progress: dict | None = None) -> dict:
-    return {"model": {"w": torch.full((3,), float(step))}, "step": step, "progress": progress}
-
-
-def save(store: CheckpointStore, step: int, token: int = 1, progress: dict | None = None) -> Path:
-    path = store.save(state(step, progress), path=store.next_path(token), may_promote=lambda: True)
-    assert path is not None
-    return path
 
 
 def entries(store: CheckpointStore, token: int) -> list[dict]:
