@@ -69,9 +69,12 @@ def test_a_dead_writer_on_this_host_is_swept_at_once(tmp_path: Path, caplog) -> 
 def test_a_live_writer_is_left_alone_and_not_signalled(tmp_path: Path) -> None:
     """Liveness is asked with signal 0: a live writer (here a real child process) is neither removed nor hit."""
     # SIGHUP may be ignored where the tests run (a nohup'ed CI step); the writer takes any signal's default.
-    writer = "import signal, time; signal.signal(signal.SIGHUP, signal.SIG_DFL); time.sleep(60)"
-    child = subprocess.Popen([sys.executable, "-c", writer])
+    # It says when it is ready: a signal that arrived before SIG_DFL was set could be ignored, unseen.
+    writer = ("import signal, time; signal.signal(signal.SIGHUP, signal.SIG_DFL); print('ready', flush=True); "
+              "time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "ready"
         mine = folder(tmp_path, f".fraud.tmp-{HOST}-{os.getpid()}", files={"a": 0})
         theirs = folder(tmp_path, f".fraud.tmp-{HOST}-{child.pid}", files={"a": 0})
         assert clean_stale_tmp(tmp_path) == []
