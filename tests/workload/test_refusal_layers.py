@@ -97,34 +97,30 @@ def csv_day(dataset_src: Path, to: Path) -> Path:
 # --- the claim: a shard climbing out of its dataset is never leased ---------------------------------------
 
 
-@pytest.mark.parametrize("shard", ["../../../../etc/passwd", "/etc/passwd", "training/../../other/day.parquet"])
-def test_the_claim_dead_letters_a_shard_climbing_out_without_leasing_it(redis_server: RedisServer, shard: str) -> None:
-    """The first layer, with nothing behind it: no worker is handed a lease on the item (so nothing opens the
-    path), it is dead-lettered on its first claim, and parsing it raises the queue's item fault."""
+def _refused_at_claim(redis_server: RedisServer, bad: Item) -> None:
+    """`bad` is never leased, is dead-lettered on its first claim, and parsing it raises the item fault."""
     queue = WorkQueue(connect(redis_server.url, redis_server.password), prefix="t")
-    bad = Item(run="hostile", shard=shard, dataset="fraud", seq=0)
     assert queue.enqueue([bad]) == 1
     assert queue.claim("w1", 30) is None, "the item was leased"
     dead = queue.snapshot()["runs"]["hostile"]["dead"]
     assert set(dead) == {bad.id} and dead[bad.id]["attempts"] == 1, dead
     with pytest.raises(Exception) as err:
         Item.parse(bad.to_json(), bad.id, bad.run)
-    assert err.type is MalformedItem
+    assert err.type is MalformedItem  # exactly the queue's item fault
+
+
+@pytest.mark.parametrize("shard", ["../../../../etc/passwd", "/etc/passwd", "training/../../other/day.parquet"])
+def test_the_claim_dead_letters_a_shard_climbing_out_without_leasing_it(redis_server: RedisServer, shard: str) -> None:
+    """The first layer, with nothing behind it: no worker is handed a lease on the item (so nothing opens the
+    path), it is dead-lettered on its first claim, and parsing it raises the queue's item fault."""
+    _refused_at_claim(redis_server, Item(run="hostile", shard=shard, dataset="fraud", seq=0))
 
 
 @pytest.mark.parametrize("name", ["..", "../outside", "/etc", "a/b", ".hidden"])
 def test_the_claim_dead_letters_a_bad_dataset_name_without_leasing_it(redis_server: RedisServer, name: str) -> None:
     """The claim's own check of the dataset name (the worker re-checks it, with the same message, so only
     the lease tells the layers apart): the item is never leased, and is dead-lettered on its first claim."""
-    queue = WorkQueue(connect(redis_server.url, redis_server.password), prefix="t")
-    bad = Item(run="hostile", shard="training/2018-04-02.parquet", dataset=name, seq=0)
-    assert queue.enqueue([bad]) == 1
-    assert queue.claim("w1", 30) is None, "the item was leased"
-    dead = queue.snapshot()["runs"]["hostile"]["dead"]
-    assert set(dead) == {bad.id} and dead[bad.id]["attempts"] == 1, dead
-    with pytest.raises(Exception) as err:
-        Item.parse(bad.to_json(), bad.id, bad.run)
-    assert err.type is MalformedItem
+    _refused_at_claim(redis_server, Item(run="hostile", shard="training/2018-04-02.parquet", dataset=name, seq=0))
 
 
 # --- check_suffix: the pickle denylist and the allowlist, each alone -----------------------------------

@@ -10,6 +10,7 @@ is tiny (three days of a few dozen rows) and a day trains in one epoch, so the m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -349,13 +350,24 @@ def test_a_worker_frozen_past_its_lease_promotes_nothing(env: Share) -> None:
 
 
 # -- infrastructure faults ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def writes_may_fail() -> Iterator[tuple[int, int]]:
+    """SIGXFSZ ignored, so writes beyond RLIMIT_FSIZE fail with EFBIG instead of killing pytest; the limit
+    and the handler are restored after. Yields the limit as it was."""
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        yield old_limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
 def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
     """Writes beyond RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored): every checkpoint write fails. The
     item is released at no cost each time, the worker backs off and exits 3 once the fault has lasted
     infra_give_up_s; nothing is dead-lettered and nothing promoted."""
     queue = env.seed()
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     calls: list[float] = []
     worker = Worker(env.config(infra_give_up_s=0.6, infra_backoff_s=0.2), queue)
     real = worker.process
@@ -365,12 +377,9 @@ def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
         return real(lease)
 
     worker.process = observed  # type: ignore[method-assign]
-    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, old_limit[1]))
-    try:
+    with writes_may_fail() as old_limit:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, old_limit[1]))
         code = worker.run()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
     assert code == EXIT_INFRA
     snap = queue.snapshot()["runs"]["main"]
     assert not snap["dead"] and not snap.get("attempts"), snap
@@ -389,7 +398,6 @@ def test_a_success_between_infrastructure_faults_starts_the_give_up_clock_again(
     instead of exiting 3 at once."""
     queue = env.seed()
     old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     worker = Worker(env.config(infra_give_up_s=0.5, infra_backoff_s=0.2), queue)
     real = worker.process
     outcomes: list[Outcome] = []
@@ -403,11 +411,8 @@ def test_a_success_between_infrastructure_faults_starts_the_give_up_clock_again(
         return outcomes[-1]
 
     worker.process = observed  # type: ignore[method-assign]
-    try:
+    with writes_may_fail():
         code = worker.run()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
     assert code == EXIT_INFRA
     assert outcomes[:3] == [Outcome.INFRA, Outcome.DONE, Outcome.INFRA] and len(outcomes) >= 4, outcomes
     assert not queue.snapshot()["runs"]["main"]["attempts"]
