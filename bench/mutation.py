@@ -430,6 +430,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     # checkpoint:
     Equivalent("workload/checkpoint.py", "if t < token:", "if t <= token:",
                "manifests past the newest three are all below our token: ours is the newest, else _collect returned"),
+    *(Equivalent("workload/checkpoint.py", "unlink(missing_ok=True)  # left by a writer killed mid-write",
+                 f"unlink(missing_ok={v})  # left by a writer killed mid-write",
+                 "the FileNotFoundError a missing file raises here is caught by the except around it, which "
+                 "only continues the loop, as missing_ok would") for v in ("None", "False")),
     Equivalent("workload/checkpoint.py", "indent=1)", "indent=None)", MANIFEST_JSON),
     Equivalent("workload/checkpoint.py", "indent=1)", "indent=2)", MANIFEST_JSON),
     Equivalent("workload/checkpoint.py", "indent=1)", ")", MANIFEST_JSON),
