@@ -323,6 +323,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "midnight, is outside every target's window"),
     Equivalent("workload/dataset.py", "(days < end))", "(days <= end))",
                "a row at `end` is later than every target row, and features only look back"),
+    Equivalent("workload/dataset.py", "out = pd.DataFrame(index=range(len(frame)))", "out = pd.DataFrame(index=None)",
+               "the first column set, TRANSACTION_ID, is an array of len(frame) values: it gives an index-less frame "
+               "the same RangeIndex"),
+    Equivalent("workload/dataset.py", "to_numpy(dtype=np.float64)  # whole", "to_numpy(dtype=None)  # whole",
+               "here numbers are floats (or booleans) of some width: whole, below 2**63 and their int64 cast read the "
+               "same in their own dtype as in float64, which holds every narrower float exactly"),
+    Equivalent("workload/dataset.py", "cache_rows: int = 10_000_000", "cache_rows: int = 10000001",
+               "the default memory bound moved by one row in ten million: when the cache drops a file, never what a "
+               "read returns"),
+    *(Equivalent("workload/dataset.py", "frame.reset_index(drop=True)", f"frame.reset_index(drop={v})",
+                 "the old index becomes an extra column, 'index': features.compute, the window's only reader, reads "
+                 "the schema's columns by name")
+      for v in ("None", "False")),
+    Equivalent("workload/dataset.py", 'pop("_target").to_numpy(dtype=bool)', 'pop("_target").to_numpy(dtype=None)',
+               "_target is made of Python bools (assign(_target=is_target)), so the column is bool already; "
+               "features.compute casts the mask to bool again"),
     # metrics:
     *(Equivalent("workload/metrics.py", f"np.asarray({name}, dtype=np.float64)", f"np.asarray({name}, {kw})",
                  "labels are only compared with 0.5: any numeric or boolean dtype compares as its float64 value")
