@@ -626,3 +626,14 @@ def test_a_history_day_the_share_cannot_open_fails_the_shard_not_its_features(
     assert err.value.errno == errno.EMFILE and err.value.filename == str(root / "history" / "h.parquet")
     assert "out of feature history" not in caplog.text
     assert len(data.compute_features("training/2018-04-01.parquet")["y"]) == len(history)
+
+
+def test_the_same_day_in_training_and_testing_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    """One export copied into both folders: two files with the very same first and last instant."""
+    root = _copy(dataset_src, tmp_path / "d")
+    shutil.copy(root / "training" / "2018-04-06.parquet", root / "testing" / "2018-04-06.parquet")
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == ("testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06) overlaps "
+                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
+                              "history, training or testing, never two of them")
