@@ -177,6 +177,8 @@ CLOCK = "a monotonic float clock equals the bound exactly with nil probability: 
 THREAD_NAME = "nothing reads the thread's name (the log format has none)"
 WAITING_LOG = "the flag only decides whether the idle worker's waiting message is logged again"
 CPU_ONLY = "runs only where CUDA is present: untestable on the suite's CPU-only machines"
+STATS_ZEROS = ("zeros are exact in float32 too: the first merge (a float64 batch) promotes mean and m2 to float64 "
+               "bit for bit, and apply() reads them as float32 before it")
 SORT_BY_TWO = "pandas applies `kind` only to a sort by one column; this one sorts by two (time, then the unique ID)"
 NINE_COLUMNS = "the schema has nine columns: > 1, >= 1 and > 2 all hold"
 WINDOW_INDEX = "the window's index is dropped (reset_index(drop=True)) after sorting: the concat's index is never read"
@@ -292,6 +294,25 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "every parameter gets a gradient at each backward: zeroed or None before it, the same gradient after"),
     Equivalent("workload/trainer.py", "(target >= 0.5)", "(target > 0.5)",
                "labels are exactly 0 or 1 (validated TX_FRAUD): >= 0.5 and > 0.5 agree on both"),
+    Equivalent("workload/trainer.py", "hp.hidden).to(self.device)", "hp.hidden).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", 'tuple(state["feature_names"]), device, str(',
+               'tuple(state["feature_names"]), None, str(', CPU_ONLY),
+    Equivalent("workload/trainer.py", 'pop("correct")), device=trainer.device)', 'pop("correct")), device=None)',
+               CPU_ONLY),
+    Equivalent("workload/trainer.py", "self.norm.apply(x, self.device)", "self.norm.apply(x, None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "dtype=np.float32)).to(self.device)", "dtype=np.float32)).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "generator=gen).to(self.device)", "generator=gen).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "torch.tensor(pos_weight, device=self.device)",
+               "torch.tensor(pos_weight, device=None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", '.to(device or "cpu", copy=True)', ".to(copy=True)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "torch.zeros(n_features, dtype=torch.float64)",
+               "torch.zeros(n_features, dtype=None)", STATS_ZEROS),
+    Equivalent("workload/trainer.py", "torch.zeros(n_features, dtype=torch.float64)", "torch.zeros(n_features, )",
+               STATS_ZEROS),
+    Equivalent("workload/trainer.py", "if positives else 1.0", "if positives else 2.0",
+               "a day without fraud has no y = 1 term for BCE's pos_weight to scale: any weight, the same loss"),
+    Equivalent("workload/trainer.py", "zero_grad(set_to_none=True)", "zero_grad(set_to_none=None)",
+               "torch reads only the flag's truth: None zeroes the gradients as False does (explained above)"),
     # dataset:
     Equivalent("workload/dataset.py", "io.BytesIO(_read_bytes(path, where))", "io.BytesIO(_read_bytes(path, None))",
                "`where` only names the file in _read_bytes' refusal, a ValueError there: read_ids then falls back to "
