@@ -726,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows: list[tuple[ModuleResult, str]] = []
     problems: list[str] = []
+    walls: list[str] = ["| group | mutants | wall |", "|---|---|---|"]
     for group in groups:
         if group.pending:
             print(f"{group.name}: not measured: {group.pending}", flush=True)
@@ -741,8 +742,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             problems.append(f"{group.name}: {problem}")
         if not args.no_run:
-            print(f"{group.name}: {sum(sum(r.statuses.values()) for r in results)} mutants in {wall / 60:.1f} min"
-                  + (f"; {problem}" if problem else ""), flush=True)
+            mutants = sum(sum(r.statuses.values()) for r in results)
+            walls.append(f"| {group.name} | {mutants} | {wall / 60:.1f} min |")
+            print(f"{group.name}: {mutants} mutants in {wall / 60:.1f} min" + (f"; {problem}" if problem else ""),
+                  flush=True)
     wall = time.monotonic() - started
 
     measured = [r for r, pending in rows if not pending]
@@ -756,6 +759,9 @@ def main(argv: list[str] | None = None) -> int:
     survivors = [s for s in total.survivors if not s.why]
     equivalent = [s for s in total.survivors if s.why]
     lines = table(rows) + table([(total, "")])[2:]
+    if len(walls) > 2:  # a run, not a re-report: what each group took
+        walls.append(f"| all | {sum(sum(r.statuses.values()) for r in measured)} | {wall / 60:.1f} min |")
+        lines = [*walls, "", *lines]
     lines += ["", f"Survivors ({len(survivors)}): each is a bug the tests let through, or an equivalent mutant to "
               "explain in `EQUIVALENT` (bench/mutation.py)."]
     lines += [f"- `{s.name}`: `{s.before}` -> `{s.after}`" for s in survivors]
@@ -771,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_docs(["## Mutation testing", "",
                     f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `make mutation` "
-                    f"(mutmut, {os.cpu_count()} cores). {summary}", "", *lines, *problems])
+                    f"(mutmut, {os.cpu_count()} cores; load average over the last 15 min at the end "
+                    f"{os.getloadavg()[2]:.1f}). {summary}", "", *lines, *problems])
         print(f"wrote {DOCS.relative_to(ROOT)}")
     return 0 if verdict == "holds" else 1
 
