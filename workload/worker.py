@@ -529,8 +529,8 @@ def check_finite(trainer: Trainer, where: str, loss: float | None = None, scores
     if loss is not None and not np.isfinite(loss):
         raise NonFinite(f"{where}: the training loss is {loss}; nothing was promoted")
     if scores is not None and not np.isfinite(scores).all():
-        raise NonFinite(f"{where}: the model's test scores are non-finite (NaN or infinity), the features of "
-                        "the test days are: nothing was promoted; check the data for extreme values")
+        raise NonFinite(f"{where}: the model's test scores are non-finite (NaN or infinity); nothing was "
+                        "promoted: check the test days' data for extreme values")
 
 
 __all__ = ["EXIT_TERMINATED", "Heartbeat", "InfraFault", "LeaseLost", "PermanentError",
