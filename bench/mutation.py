@@ -259,6 +259,19 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", 'name="heartbeat"', "name=None", THREAD_NAME),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
+    Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
+    Equivalent("workload/worker.py", "waiting_logged = True", "waiting_logged = None", WAITING_LOG),
+    Equivalent("workload/worker.py", "waiting_logged = True", "waiting_logged = False", WAITING_LOG),
+    *(Equivalent("workload/worker.py", 'elif res.state == "already-done":', after,
+                 "both branches only log (log lines are not mutated): it picks which warning an ack refused, "
+                 "or already done by a peer, is logged with; the queue is not touched either way")
+      for after in ('elif res.state != "already-done":', 'elif res.state == "XXalready-doneXX":',
+                    'elif res.state == "ALREADY-DONE":')),
+    Equivalent("workload/worker.py", "pr = None", 'pr = ""',
+               "without `draw` report.write never reads the curve; with it, pr is assigned the model's curve"),
+    Equivalent("workload/worker.py", "if test_scores is None else", "if (test_scores is None) or True else",
+               "the scores passed in are this trainer's scores of the same test days, computed just before: "
+               "scoring again gives the same values, only later"),
     # trainer:
     Equivalent("workload/trainer.py", "torch.cuda.is_available() else", "(torch.cuda.is_available()) and False else",
                CPU_ONLY),
