@@ -177,6 +177,8 @@ CLOCK = "a monotonic float clock equals the bound exactly with nil probability: 
 THREAD_NAME = "nothing reads the thread's name (the log format has none)"
 WAITING_LOG = "the flag only decides whether the idle worker's waiting message is logged again"
 CPU_ONLY = "runs only where CUDA is present: untestable on the suite's CPU-only machines"
+STATS_ZEROS = ("zeros are exact in float32 too: the first merge (a float64 batch) promotes mean and m2 to float64 "
+               "bit for bit, and apply() reads them as float32 before it")
 SORT_BY_TWO = "pandas applies `kind` only to a sort by one column; this one sorts by two (time, then the unique ID)"
 NINE_COLUMNS = "the schema has nine columns: > 1, >= 1 and > 2 all hold"
 WINDOW_INDEX = "the window's index is dropped (reset_index(drop=True)) after sorting: the concat's index is never read"
@@ -257,6 +259,19 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", 'name="heartbeat"', "name=None", THREAD_NAME),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
+    Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
+    Equivalent("workload/worker.py", "waiting_logged = True", "waiting_logged = None", WAITING_LOG),
+    Equivalent("workload/worker.py", "waiting_logged = True", "waiting_logged = False", WAITING_LOG),
+    *(Equivalent("workload/worker.py", 'elif res.state == "already-done":', after,
+                 "both branches only log (log lines are not mutated): it picks which warning an ack refused, "
+                 "or already done by a peer, is logged with; the queue is not touched either way")
+      for after in ('elif res.state != "already-done":', 'elif res.state == "XXalready-doneXX":',
+                    'elif res.state == "ALREADY-DONE":')),
+    Equivalent("workload/worker.py", "pr = None", 'pr = ""',
+               "without `draw` report.write never reads the curve; with it, pr is assigned the model's curve"),
+    Equivalent("workload/worker.py", "if test_scores is None else", "if (test_scores is None) or True else",
+               "the scores passed in are this trainer's scores of the same test days, computed just before: "
+               "scoring again gives the same values, only later"),
     # trainer:
     Equivalent("workload/trainer.py", "torch.cuda.is_available() else", "(torch.cuda.is_available()) and False else",
                CPU_ONLY),
@@ -292,6 +307,25 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "every parameter gets a gradient at each backward: zeroed or None before it, the same gradient after"),
     Equivalent("workload/trainer.py", "(target >= 0.5)", "(target > 0.5)",
                "labels are exactly 0 or 1 (validated TX_FRAUD): >= 0.5 and > 0.5 agree on both"),
+    Equivalent("workload/trainer.py", "hp.hidden).to(self.device)", "hp.hidden).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", 'tuple(state["feature_names"]), device, str(',
+               'tuple(state["feature_names"]), None, str(', CPU_ONLY),
+    Equivalent("workload/trainer.py", 'pop("correct")), device=trainer.device)', 'pop("correct")), device=None)',
+               CPU_ONLY),
+    Equivalent("workload/trainer.py", "self.norm.apply(x, self.device)", "self.norm.apply(x, None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "dtype=np.float32)).to(self.device)", "dtype=np.float32)).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "generator=gen).to(self.device)", "generator=gen).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "torch.tensor(pos_weight, device=self.device)",
+               "torch.tensor(pos_weight, device=None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", '.to(device or "cpu", copy=True)', ".to(copy=True)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "torch.zeros(n_features, dtype=torch.float64)",
+               "torch.zeros(n_features, dtype=None)", STATS_ZEROS),
+    Equivalent("workload/trainer.py", "torch.zeros(n_features, dtype=torch.float64)", "torch.zeros(n_features, )",
+               STATS_ZEROS),
+    Equivalent("workload/trainer.py", "if positives else 1.0", "if positives else 2.0",
+               "a day without fraud has no y = 1 term for BCE's pos_weight to scale: any weight, the same loss"),
+    Equivalent("workload/trainer.py", "zero_grad(set_to_none=True)", "zero_grad(set_to_none=None)",
+               "torch reads only the flag's truth: None zeroes the gradients as False does (explained above)"),
     # dataset:
     Equivalent("workload/dataset.py", "io.BytesIO(_read_bytes(path, where))", "io.BytesIO(_read_bytes(path, None))",
                "`where` only names the file in _read_bytes' refusal, a ValueError there: read_ids then falls back to "
@@ -721,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows: list[tuple[ModuleResult, str]] = []
     problems: list[str] = []
+    walls: list[str] = ["| group | mutants | wall |", "|---|---|---|"]
     for group in groups:
         if group.pending:
             print(f"{group.name}: not measured: {group.pending}", flush=True)
@@ -736,8 +771,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             problems.append(f"{group.name}: {problem}")
         if not args.no_run:
-            print(f"{group.name}: {sum(sum(r.statuses.values()) for r in results)} mutants in {wall / 60:.1f} min"
-                  + (f"; {problem}" if problem else ""), flush=True)
+            mutants = sum(sum(r.statuses.values()) for r in results)
+            walls.append(f"| {group.name} | {mutants} | {wall / 60:.1f} min |")
+            print(f"{group.name}: {mutants} mutants in {wall / 60:.1f} min" + (f"; {problem}" if problem else ""),
+                  flush=True)
     wall = time.monotonic() - started
 
     measured = [r for r, pending in rows if not pending]
@@ -751,6 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     survivors = [s for s in total.survivors if not s.why]
     equivalent = [s for s in total.survivors if s.why]
     lines = table(rows) + table([(total, "")])[2:]
+    if len(walls) > 2:  # a run, not a re-report: what each group took
+        walls.append(f"| all | {sum(sum(r.statuses.values()) for r in measured)} | {wall / 60:.1f} min |")
+        lines = [*walls, "", *lines]
     lines += ["", f"Survivors ({len(survivors)}): each is a bug the tests let through, or an equivalent mutant to "
               "explain in `EQUIVALENT` (bench/mutation.py)."]
     lines += [f"- `{s.name}`: `{s.before}` -> `{s.after}`" for s in survivors]
@@ -766,7 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_docs(["## Mutation testing", "",
                     f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `make mutation` "
-                    f"(mutmut, {os.cpu_count()} cores). {summary}", "", *lines, *problems])
+                    f"(mutmut, {os.cpu_count()} cores; load average over the last 15 min at the end "
+                    f"{os.getloadavg()[2]:.1f}). {summary}", "", *lines, *problems])
         print(f"wrote {DOCS.relative_to(ROOT)}")
     return 0 if verdict == "holds" else 1
 

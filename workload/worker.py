@@ -356,7 +356,10 @@ class Worker:
     # -- one item ----------------------------------------------------------------------------------
     def _apply(self, lease: Lease, beat: Heartbeat) -> Outcome:
         item = lease.item
-        check_name(item.run, "run")  # validated at claim too: a run name becomes a folder on the share
+        try:  # validated at claim too: a run name becomes a folder on the share
+            check_name(item.run, "run")
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None  # no attempt can fix a name: dead-letter it now
         dataset = self.dataset(item.dataset)
         dataset.resolve(item.shard)  # refuses paths outside the dataset and pickle files
         hp = self.hparams(lease)
@@ -529,8 +532,8 @@ def check_finite(trainer: Trainer, where: str, loss: float | None = None, scores
     if loss is not None and not np.isfinite(loss):
         raise NonFinite(f"{where}: the training loss is {loss}; nothing was promoted")
     if scores is not None and not np.isfinite(scores).all():
-        raise NonFinite(f"{where}: the model's test scores are non-finite (NaN or infinity), the features of "
-                        "the test days are: nothing was promoted; check the data for extreme values")
+        raise NonFinite(f"{where}: the model's test scores are non-finite (NaN or infinity); nothing was "
+                        "promoted: check the test days' data for extreme values")
 
 
 __all__ = ["EXIT_TERMINATED", "Heartbeat", "InfraFault", "LeaseLost", "PermanentError",

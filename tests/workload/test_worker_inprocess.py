@@ -11,6 +11,7 @@ is tiny (three days of a few dozen rows) and a day trains in one epoch, so the m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -34,12 +35,12 @@ from workload import faults, features, featurestore, metrics, plan, plots, simul
 from workload.checkpoint import CheckpointStore
 from workload.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
 from workload.hparams import HParams
-from workload.paths import METRICS_PNG
+from workload.paths import METRICS_PNG, PR_CURVE_PNG
 from workload.queue import Item, QueueUnavailable, WorkQueue, connect
 from workload.redis_server import RedisServer
 from workload.report import rendered_from as report_source
 from workload.trainer import Trainer
-from workload.worker import Heartbeat, Outcome, Worker, WorkerConfig, check_finite
+from workload.worker import Heartbeat, LeaseLost, Outcome, PermanentError, Worker, WorkerConfig, check_finite
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -269,7 +270,8 @@ def test_check_finite_names_what_is_not_finite() -> None:
         check_finite(trainer, "main/x", loss=math.inf)
     with pytest.raises(NonFinite, match=r"^main/x: the training loss is nan"):
         check_finite(trainer, "main/x", loss=math.nan)
-    with pytest.raises(NonFinite, match=r"^main/x: the model's test scores are non-finite"):
+    with pytest.raises(NonFinite, match=r"^main/x: the model's test scores are non-finite \(NaN or infinity\); "
+                       r"nothing was promoted: check the test days' data for extreme values$"):
         check_finite(trainer, "main/x", scores=np.array([0.1, np.nan]))
     with torch.no_grad():
         next(iter(trainer.averaged.parameters())).view(-1)[0] = math.inf
@@ -349,6 +351,39 @@ def test_a_worker_frozen_past_its_lease_promotes_nothing(env: Share) -> None:
     assert env.state()["applied"] == [stale.item.shard]
 
 
+def test_a_report_from_a_checkpoint_a_newer_lease_superseded_is_not_written(env: Share) -> None:
+    """The lease still confirms, but a newer lease (a higher token) has promoted a checkpoint of the run
+    since: the report is that lease's to render. Ours raises LeaseLost and leaves report.txt alone."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    ours = store.load()
+    lease = queue.claim("w1", 10)
+    assert store.save(ours.state, path=store.next_path(lease.token + 1), may_promote=lambda: True) is not None
+    report = env.share / "output" / "main" / "report.txt"
+    report.write_text("the newer lease's report\n")
+    beat = Heartbeat(queue, lease, ttl_s=10, interval_s=1)
+    assert beat.confirm(), "our lease still holds"
+    with pytest.raises(LeaseLost):
+        worker._report(store, lease, beat, ours, Trainer.from_state(ours.state), worker.dataset("fraud"),
+                       draw=False)
+    assert report.read_text() == "the newer lease's report\n"
+
+
+@pytest.mark.parametrize("run", ["a/b", "..", "/etc"])
+def test_the_worker_refuses_a_bad_run_name_on_its_own_as_an_item_fault(env: Share, run: str) -> None:
+    """The second layer, without the claim-time check in front of it: a run name that cannot name a folder
+    on the share is an item fault (dead-lettered at once, not retried), named by the rule."""
+    queue = env.seed()
+    lease = queue.claim("w1", 10)
+    bad = dataclasses.replace(lease, item=dataclasses.replace(lease.item, run=run))
+    beat = Heartbeat(queue, lease, ttl_s=10, interval_s=1)
+    with pytest.raises(PermanentError, match=rf"^run {re.escape(repr(run))} is not allowed: use "):
+        Worker(env.config(), queue)._apply(bad, beat)
+    assert {p.name for p in (env.share / "output").iterdir()} == {"main"}, "nothing written for the bad run"
+
+
 # -- infrastructure faults ----------------------------------------------------------------------------
 @contextlib.contextmanager
 def writes_may_fail() -> Iterator[tuple[int, int]]:
@@ -363,7 +398,7 @@ def writes_may_fail() -> Iterator[tuple[int, int]]:
         signal.signal(signal.SIGXFSZ, old_handler)
 
 
-def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
+def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share, caplog: pytest.LogCaptureFixture) -> None:
     """Writes beyond RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored): every checkpoint write fails. The
     item is released at no cost each time, the worker backs off and exits 3 once the fault has lasted
     infra_give_up_s; nothing is dead-lettered and nothing promoted."""
@@ -381,6 +416,9 @@ def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (2048, old_limit[1]))
         code = worker.run()
     assert code == EXIT_INFRA
+    # What the operator reads as the worker exits 3: how long, and the last fault with its item and errno.
+    assert any(r.message.startswith("infrastructure fault for ") and ", giving up: main/training/2018-04-0" in r.message
+               and "EFBIG" in r.message for r in caplog.records), [r.message for r in caplog.records]
     snap = queue.snapshot()["runs"]["main"]
     assert not snap["dead"] and not snap.get("attempts"), snap
     c = queue.counts()
@@ -561,7 +599,8 @@ def test_progress_keeps_the_watchdog_quiet(env: Share, monkeypatch: pytest.Monke
 
 
 # -- fencing, restore, preemption ---------------------------------------------------------------------
-def test_a_queue_behind_the_share_raises_its_token_and_the_applied_day_is_acked_not_retrained(env: Share) -> None:
+def test_a_queue_behind_the_share_raises_its_token_and_the_applied_day_is_acked_not_retrained(env: Share,
+                                                                                            tmp_path: Path) -> None:
     """Redis lost its data and was seeded again (not restored): the share holds a higher lease token than
     Redis hands out. The worker raises the counter, claims again, finds the day applied, re-renders the
     report and acks; nothing is trained twice."""
@@ -578,9 +617,18 @@ def test_a_queue_behind_the_share_raises_its_token_and_the_applied_day_is_acked_
     assert not queue.snapshot()["runs"]["main"].get("attempts")
     again = queue.claim("w1", 10)
     assert again.item == lease.item and again.token > high
-    (env.share / "output" / "main" / "report.txt").unlink()
+    run_dir = env.share / "output" / "main"
+    for name in ("report.txt", METRICS_PNG, PR_CURVE_PNG):
+        (run_dir / name).unlink(missing_ok=True)
     assert worker.process(again) is Outcome.DONE
-    assert (env.share / "output" / "main" / "report.txt").exists(), "the report is re-rendered"
+    assert (run_dir / "report.txt").exists(), "the report is re-rendered"
+    # ...with its pictures, the precision-recall one drawn from the checkpoint's model on the test days
+    state, test = env.state(), ds.Dataset(env.share / "datasets" / "fraud").test_examples()
+    expected = tmp_path / "expected"
+    plots.write_plots(expected, state["history"], metrics.pr_curve(Trainer.from_state(state).score(test.x), test.y),
+                      run="main", hparams=state["hparams"])
+    assert (run_dir / PR_CURVE_PNG).read_bytes() == (expected / PR_CURVE_PNG).read_bytes()
+    assert (run_dir / METRICS_PNG).stat().st_size > 0
     assert worker.run() == EXIT_DONE
     assert env.state()["applied"] == DAYS
 
@@ -591,7 +639,7 @@ def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
     not retrained), finishes the run, redraws the pictures only for its last day, and exports the run to
     $OUTPUT_URI after acking that day."""
     queue = env.seed()
-    worker = Worker(env.config(), queue)
+    worker = Worker(env.config(keep_checkpoints=1), queue)
     exported = tmp_path / "exported"
     monkeypatch.setenv("OUTPUT_URI", str(exported))
     png = env.share / "output" / "main" / METRICS_PNG
@@ -600,10 +648,20 @@ def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
     queue.redis.flushall()
     assert worker.run() == EXIT_DONE
     assert png.stat().st_size > 0, "the run's last day redraws the pictures"
-    assert any(exported.rglob("*")), "the finished run is exported"
+    jsonl = list(exported.rglob("metrics.jsonl"))
+    assert len(jsonl) == 1 and len(jsonl[0].read_text().splitlines()) == len(DAYS), \
+        "the run is exported once it is finished, with all its days"
     assert env.state()["applied"] == DAYS
     c = queue.counts()
     assert (c.done, c.total) == (3, 3)
+    # One checkpoint kept: the report says which days' checkpoints the manifest no longer keeps.
+    lines = [line for line in (png.parent / "report.txt").read_text().splitlines() if "model checkpoint:" in line]
+    kept = CheckpointStore(png.parent, keep=1).retained()
+    assert len(lines) == len(DAYS) and kept
+    for line, entry in zip(lines, env.state()["history"], strict=True):
+        assert line.endswith(entry["checkpoint"]) if entry["checkpoint"] in kept else \
+            line.endswith(f"{entry['checkpoint']} (pruned: only the newest checkpoints are kept)"), line
+    assert any("pruned" in line for line in lines)
 
 
 def test_an_empty_never_seeded_queue_with_no_runs_on_the_share_exits_3(env: Share) -> None:
