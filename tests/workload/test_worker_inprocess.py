@@ -11,6 +11,7 @@ is tiny (three days of a few dozen rows) and a day trains in one epoch, so the m
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -142,6 +143,7 @@ def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: 
     assert worker.run() == EXIT_DONE
     assert seen_at_ack == [(d, DAYS[: i + 1]) for i, d in enumerate(DAYS)]
     state = env.state()
+    assert state["run"] == "main"
     assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS
     assert state["progress"] is None
     c = queue.counts()
@@ -257,7 +259,7 @@ def test_a_checkpoint_of_other_features_is_refused_permanently(env: Share) -> No
     assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
     entry = dead(queue)[lease.item.id]
     assert entry["attempts"] == 1
-    assert "version 'v0-old'" in entry["error"] and "start a new run" in entry["error"]
+    assert "version 'v0-old'" in entry["error"] and entry["error"].endswith(": start a new run")
     assert f"version {features.FEATURE_VERSION!r}" in entry["error"]
 
 
@@ -382,6 +384,34 @@ def test_the_worker_refuses_a_bad_run_name_on_its_own_as_an_item_fault(env: Shar
     with pytest.raises(PermanentError, match=rf"^run {re.escape(repr(run))} is not allowed: use "):
         Worker(env.config(), queue)._apply(bad, beat)
     assert {p.name for p in (env.share / "output").iterdir()} == {"main"}, "nothing written for the bad run"
+
+
+def test_a_checkpoint_mid_way_through_another_day_is_not_resumed_from(env: Share) -> None:
+    """Day 2 was checkpointed mid-way, then dead-lettered, and the run moved on: day 3 warm-starts from the
+    last day boundary (the model after day 1), bit for bit, not from half of day 2."""
+    queue = env.seed({"main": {**QUICK, "batch_size": 8}})
+    worker = Worker(env.config(), queue)
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    boundary = store.load()
+    data = ds.Dataset(env.share / "datasets" / "fraud")
+    day2, day3 = data.examples([DAYS[1]]), data.examples([DAYS[2]])
+    lease = queue.claim("w1", 10)
+    half = Trainer.from_state(copy.deepcopy(boundary.state))  # training updates the optimizer's tensors in place
+    half.begin_shard(DAYS[1], day2.x)
+    assert not half.train_shard(day2.x, day2.y, lambda: False), "stopped after its first batch"
+    assert store.save(half.state_dict(), path=store.next_path(lease.token), may_promote=lambda: True) is not None
+    assert queue.release(lease, error="a bad day", permanent=True) == "dead"
+    lease = queue.claim("w1", 10)
+    assert lease.item.shard == DAYS[2]
+    assert worker.process(lease) is Outcome.DONE
+    state = env.state()
+    assert state["applied"] == [DAYS[0], DAYS[2]] and state["progress"] is None
+    expected = Trainer.from_state(boundary.state)
+    expected.begin_shard(DAYS[2], day3.x)
+    assert expected.train_shard(day3.x, day3.y, lambda: True)
+    got = Trainer.from_state(state).model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in expected.model.state_dict().items())
 
 
 # -- infrastructure faults ----------------------------------------------------------------------------
