@@ -499,6 +499,12 @@ def test_compute_class_puts_workers_on_spot_gpus_and_on_demand_only_when_asked()
         b = build(_gpu, gpuCapacity="computeClass", onDemandFallback=fallback, gpuType="nvidia-l4", gpuCount=2)
         cc = b.one("kubernetes:cloud.google.com/v1:ComputeClass").inputs
         names_are_dns_labels(b)
+        # No offline schema for the ComputeClass kind, but its metadata is an ObjectMeta like any object's:
+        # checked strictly as one (an unknown key is refused by the API server's strict field validation).
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": cc["metadata"]}, KUBERNETES_VERSION, strict=True
+        )
+        assert cc["metadata"]["labels"] == {contract.NAME_LABEL: contract.APP}  # `kubectl get -l` finds the stack's
         gpu = {"type": "nvidia-l4", "count": 2, "driverVersion": "latest"}
         assert cc["spec"]["priorities"] == [{"gpu": gpu, "spot": True}] + (
             [{"gpu": gpu, "spot": False}] if fallback else []
