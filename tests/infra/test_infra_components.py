@@ -314,6 +314,9 @@ def test_redis_is_reachable_through_its_service_at_its_url() -> None:
     (container_port,) = c["ports"]
     assert port["port"] == container_port["containerPort"] == contract.REDIS_PORT
     assert port["targetPort"] == container_port["name"]
+    # The API server refuses a Service port name that is not a DNS label (pkg/apis/core/validation,
+    # validateServicePort: ValidateDNS1123Label); the schema leaves it a plain string.
+    assert DNS_LABEL.match(port["name"]), port
     assert b.resolved["url"] == (
         f"redis://{r.service_name}.{b.cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}/0"
     )
