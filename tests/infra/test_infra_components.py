@@ -637,6 +637,9 @@ def test_the_share_preparation_runs_as_root_only_in_its_own_baseline_namespace()
     assert not pod_security_violations(spec, "baseline")
     assert pod_security_violations(spec, "restricted")  # which is why it has a namespace of its own
     assert spec["securityContext"]["runAsUser"] == 0 and spec["automountServiceAccountToken"] is False
+    # root:root: with every capability but CHOWN dropped, root is held to the file modes (no DAC override),
+    # and a new share's root directory is root:root, so the group is part of what lets the script in.
+    assert spec["securityContext"]["runAsGroup"] == 0
     c = container(job)
     assert c["image"] == IMAGE and c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
