@@ -177,6 +177,8 @@ CLOCK = "a monotonic float clock equals the bound exactly with nil probability: 
 THREAD_NAME = "nothing reads the thread's name (the log format has none)"
 WAITING_LOG = "the flag only decides whether the idle worker's waiting message is logged again"
 CPU_ONLY = "runs only where CUDA is present: untestable on the suite's CPU-only machines"
+STATS_ZEROS = ("zeros are exact in float32 too: the first merge (a float64 batch) promotes mean and m2 to float64 "
+               "bit for bit, and apply() reads them as float32 before it")
 SORT_BY_TWO = "pandas applies `kind` only to a sort by one column; this one sorts by two (time, then the unique ID)"
 NINE_COLUMNS = "the schema has nine columns: > 1, >= 1 and > 2 all hold"
 WINDOW_INDEX = "the window's index is dropped (reset_index(drop=True)) after sorting: the concat's index is never read"
@@ -305,6 +307,25 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "every parameter gets a gradient at each backward: zeroed or None before it, the same gradient after"),
     Equivalent("workload/trainer.py", "(target >= 0.5)", "(target > 0.5)",
                "labels are exactly 0 or 1 (validated TX_FRAUD): >= 0.5 and > 0.5 agree on both"),
+    Equivalent("workload/trainer.py", "hp.hidden).to(self.device)", "hp.hidden).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", 'tuple(state["feature_names"]), device, str(',
+               'tuple(state["feature_names"]), None, str(', CPU_ONLY),
+    Equivalent("workload/trainer.py", 'pop("correct")), device=trainer.device)', 'pop("correct")), device=None)',
+               CPU_ONLY),
+    Equivalent("workload/trainer.py", "self.norm.apply(x, self.device)", "self.norm.apply(x, None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "dtype=np.float32)).to(self.device)", "dtype=np.float32)).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "generator=gen).to(self.device)", "generator=gen).to(None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "torch.tensor(pos_weight, device=self.device)",
+               "torch.tensor(pos_weight, device=None)", CPU_ONLY),
+    Equivalent("workload/trainer.py", '.to(device or "cpu", copy=True)', ".to(copy=True)", CPU_ONLY),
+    Equivalent("workload/trainer.py", "torch.zeros(n_features, dtype=torch.float64)",
+               "torch.zeros(n_features, dtype=None)", STATS_ZEROS),
+    Equivalent("workload/trainer.py", "torch.zeros(n_features, dtype=torch.float64)", "torch.zeros(n_features, )",
+               STATS_ZEROS),
+    Equivalent("workload/trainer.py", "if positives else 1.0", "if positives else 2.0",
+               "a day without fraud has no y = 1 term for BCE's pos_weight to scale: any weight, the same loss"),
+    Equivalent("workload/trainer.py", "zero_grad(set_to_none=True)", "zero_grad(set_to_none=None)",
+               "torch reads only the flag's truth: None zeroes the gradients as False does (explained above)"),
     # dataset:
     Equivalent("workload/dataset.py", "io.BytesIO(_read_bytes(path, where))", "io.BytesIO(_read_bytes(path, None))",
                "`where` only names the file in _read_bytes' refusal, a ValueError there: read_ids then falls back to "
@@ -336,6 +357,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "midnight, is outside every target's window"),
     Equivalent("workload/dataset.py", "(days < end))", "(days <= end))",
                "a row at `end` is later than every target row, and features only look back"),
+    Equivalent("workload/dataset.py", "out = pd.DataFrame(index=range(len(frame)))", "out = pd.DataFrame(index=None)",
+               "the first column set, TRANSACTION_ID, is an array of len(frame) values: it gives an index-less frame "
+               "the same RangeIndex"),
+    Equivalent("workload/dataset.py", "to_numpy(dtype=np.float64)  # whole", "to_numpy(dtype=None)  # whole",
+               "here numbers are floats (or booleans) of some width: whole, below 2**63 and their int64 cast read the "
+               "same in their own dtype as in float64, which holds every narrower float exactly"),
+    Equivalent("workload/dataset.py", "cache_rows: int = 10_000_000", "cache_rows: int = 10000001",
+               "the default memory bound moved by one row in ten million: when the cache drops a file, never what a "
+               "read returns"),
+    *(Equivalent("workload/dataset.py", "frame.reset_index(drop=True)", f"frame.reset_index(drop={v})",
+                 "the old index becomes an extra column, 'index': features.compute, the window's only reader, reads "
+                 "the schema's columns by name")
+      for v in ("None", "False")),
+    Equivalent("workload/dataset.py", 'pop("_target").to_numpy(dtype=bool)', 'pop("_target").to_numpy(dtype=None)',
+               "_target is made of Python bools (assign(_target=is_target)), so the column is bool already; "
+               "features.compute casts the mask to bool again"),
     # metrics:
     *(Equivalent("workload/metrics.py", f"np.asarray({name}, dtype=np.float64)", f"np.asarray({name}, {kw})",
                  "labels are only compared with 0.5: any numeric or boolean dtype compares as its float64 value")

@@ -47,6 +47,7 @@ ROLES = (HISTORY, TRAINING, TESTING)  # the folders of a dataset; history/ is op
 REQUIRED_ROLES = (TRAINING, TESTING)
 _PICKLE_SUFFIXES = {".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz"}
 _SEPARATORS = {";": "';'", "\t": "a tab", "|": "'|'"}
+_NANOSECOND_TIMES = (pd.Timestamp.min.tz_localize("UTC"), pd.Timestamp.max.tz_localize("UTC"))  # what we store
 _TIMESTAMP_EXAMPLES = "2018-04-01 00:00:31, 2018-04-01T00:00:31Z, 2018-04-01 00:00:31+02:00, 2018-04-01 00:00:31 UTC"
 
 
@@ -124,11 +125,9 @@ def _position(first_line: int | None) -> Callable[[int], str]:
 
 
 def _numbers(values: pd.Series, column: str, where: str, at: Callable[[int], str]) -> pd.Series:
-    """`values` as numbers; text columns are converted, and the first text that is no number is shown."""
-    if pd.api.types.is_bool_dtype(values):
-        return values.astype(np.int64)
-    if pd.api.types.is_numeric_dtype(values):
-        return values
+    """`values` as numbers; text columns are converted, and the first text that is no number is shown.
+
+    Numbers (booleans too) come back as they are: `validate` checks that an integer column's values are whole."""
     if pd.api.types.is_datetime64_any_dtype(values) or pd.api.types.is_timedelta64_dtype(values):
         raise DatasetError(f"{where}: column {column} must hold numbers, saw dtype {values.dtype}")
     converted = pd.to_numeric(values, errors="coerce")
@@ -142,7 +141,7 @@ def _numbers(values: pd.Series, column: str, where: str, at: Callable[[int], str
 def _timestamps(values: pd.Series, where: str, at: Callable[[int], str]) -> pd.Series:
     """Timestamps in UTC without a zone; naive ones are taken as UTC, aware ones (Z, +02:00, UTC) converted."""
     column = schema.TX_DATETIME
-    if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+    if pd.api.types.is_numeric_dtype(values):  # booleans too
         raise DatasetError(f"{where}: column {column} holds numbers ({at(0)}: {_shown(values.iloc[0])}); "
                            f"it must hold timestamps such as {_TIMESTAMP_EXAMPLES}")
     try:
@@ -153,10 +152,11 @@ def _timestamps(values: pd.Series, where: str, at: Callable[[int], str]) -> pd.S
         return parsed.dt.tz_convert(None).astype("datetime64[ns]")
     except (ValueError, TypeError, OverflowError):
         pass
+    # Unparseable (NaT), or parsed but beyond what nanoseconds hold (an export's "never", 9999-12-31).
     parsed = pd.to_datetime(values, utc=True, format="mixed", errors="coerce")
-    bad = np.flatnonzero(parsed.isna().to_numpy())
-    i = int(bad[0]) if len(bad) else 0
-    raise DatasetError(f"{where}: column {column} has an unparseable timestamp {_shown(values.iloc[i])} ({at(i)}); "
+    i = int(np.flatnonzero(~parsed.between(*_NANOSECOND_TIMES).to_numpy())[0])
+    what = "an unparseable" if pd.isna(parsed.iloc[i]) else "an out-of-range"
+    raise DatasetError(f"{where}: column {column} has {what} timestamp {_shown(values.iloc[i])} ({at(i)}); "
                        f"write timestamps such as {_TIMESTAMP_EXAMPLES}") from None
 
 
@@ -184,7 +184,7 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None) -> 
             if pd.api.types.is_integer_dtype(numbers):
                 out[column] = numbers.to_numpy(dtype=np.int64)
                 continue
-            real = numbers.to_numpy(dtype=np.float64)
+            real = numbers.to_numpy(dtype=np.float64)  # whole and below 2**63, or refused
             lossy = ~np.isfinite(real) | (np.floor(real) != real) | (np.abs(real) >= 2.0**63)
             if lossy.any():
                 i = int(np.flatnonzero(lossy)[0])

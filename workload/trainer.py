@@ -201,8 +201,6 @@ class Trainer:
             last_epoch = epoch == hp.epochs - 1
             gen = torch.Generator().manual_seed(_shard_seed(hp.seed, shard, epoch))
             order = torch.randperm(n, generator=gen).to(self.device)  # one copy per epoch, indexed there
-            if last_epoch and self._correct is None:
-                self._correct = torch.zeros((), dtype=torch.int64, device=self.device)
             for b in range(self.progress["batch"], batches):
                 idx = order[b * hp.batch_size:(b + 1) * hp.batch_size]
                 self.optimizer.zero_grad(set_to_none=True)
@@ -213,8 +211,10 @@ class Trainer:
                 self.optimizer.step()
                 average(averaged, params, decay_at(hp.ema_decay, self.steps))
                 self.steps += 1
-                if self._correct is not None:  # training accuracy from logits already computed: no extra pass
-                    self._correct += ((logits.detach() >= 0) == (target >= 0.5)).sum()
+                if last_epoch:  # training accuracy from logits already computed: no extra pass
+                    # An integer count (a sum of booleans is int64): a float32 one would stop at 2**24 rows.
+                    hits = ((logits.detach() >= 0) == (target >= 0.5)).sum()
+                    self._correct = hits if self._correct is None else self._correct + hits
                     self._loss_sum = loss.detach() + (0 if self._loss_sum is None else self._loss_sum)
                 self.progress = {"shard": shard, "epoch": epoch, "batch": b + 1}
                 if not after_step():

@@ -356,7 +356,10 @@ class Worker:
     # -- one item ----------------------------------------------------------------------------------
     def _apply(self, lease: Lease, beat: Heartbeat) -> Outcome:
         item = lease.item
-        check_name(item.run, "run")  # validated at claim too: a run name becomes a folder on the share
+        try:  # validated at claim too: a run name becomes a folder on the share
+            check_name(item.run, "run")
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None  # no attempt can fix a name: dead-letter it now
         dataset = self.dataset(item.dataset)
         dataset.resolve(item.shard)  # refuses paths outside the dataset and pickle files
         hp = self.hparams(lease)

@@ -164,6 +164,15 @@ def test_an_exported_day_reads_as_the_canonical_one(tmp_path: Path, dataset_src:
     pd.testing.assert_frame_equal(read_transactions(tmp_path / "d.parquet"), expected, check_exact=True)
 
 
+def _styled(frame: pd.DataFrame) -> pd.DataFrame:
+    """TX_DATETIME written row by row in the four styles the error messages suggest, two of them zoned."""
+    when = frame[schema.TX_DATETIME]
+    styles = [when.dt.strftime("%Y-%m-%d %H:%M:%S"), when.dt.strftime("%Y-%m-%dT%H:%M:%SZ"),
+              (when + pd.Timedelta(hours=2)).dt.strftime("%Y-%m-%d %H:%M:%S+02:00"),
+              when.dt.strftime("%Y-%m-%d %H:%M:%S UTC")]
+    return frame.assign(TX_DATETIME=[styles[i % 4].iloc[i] for i in range(len(frame))])
+
+
 def _csv(frame: pd.DataFrame, **kwargs) -> bytes:
     return frame.to_csv(index=False, **kwargs).encode()
 
@@ -198,6 +207,18 @@ def _at(frame: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
     (lambda f: _csv(_at(f, 1, schema.TERMINAL_ID, "inf")), ": column TERMINAL_ID must hold integers: line 3 has inf"),
     (lambda f: _csv(_at(f, 3, schema.TRANSACTION_ID, f[schema.TRANSACTION_ID].iloc[7])),
      ": TRANSACTION_ID 684 appears more than once; transaction IDs must be unique across the dataset"),
+    # Unix time where a timestamp belongs: the message shows the first row's own value.
+    (lambda f: _csv(f.assign(TX_DATETIME=f[schema.TX_TIME_SECONDS])),
+     ": column TX_DATETIME holds numbers (line 2: 87090); it must hold timestamps such as 2018-04-01 00:00:31, "),
+    # An export's "never": parsed, but later than nanoseconds since 1970 reach.
+    (lambda f: _csv(_at(f, 2, schema.TX_DATETIME, "9999-12-31 23:59:59")),
+     ": column TX_DATETIME has an out-of-range timestamp '9999-12-31 23:59:59' (line 4); write timestamps such as "),
+    # Rows in the four documented styles, one of them no date at all: the bad row is named, not a restyled one.
+    (lambda f: _csv(_at(_styled(f), 7, schema.TX_DATETIME, "2018-02-30 10:00:00")),
+     ": column TX_DATETIME has an unparseable timestamp '2018-02-30 10:00:00' (line 9); write timestamps such as "),
+    # Excel's "Unicode text" export: UTF-16 with a byte-order mark.
+    (lambda f: f.to_csv(index=False).encode("utf-16"),
+     ": not a readable CSV file ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"),
 ])
 def test_a_bad_csv_is_refused_in_one_line_naming_the_users_file_and_line(
         tmp_path: Path, dataset_src: Path, make, message: str) -> None:
@@ -218,6 +239,8 @@ def test_a_bad_csv_is_refused_in_one_line_naming_the_users_file_and_line(
      "column TX_DATETIME holds numbers (row 1: False); it must hold timestamps such as 2018-04-01 00:00:31"),
     (lambda f: f.assign(TX_AMOUNT=f[schema.TX_AMOUNT].where(f.index != 4)), "column TX_AMOUNT has a missing value "
      "(row 5)"),
+    (lambda f: f.assign(TX_TIME_SECONDS=pd.to_timedelta(f[schema.TX_TIME_SECONDS], unit="s")),
+     "column TX_TIME_SECONDS must hold numbers, saw dtype timedelta64["),
 ])
 def test_a_bad_parquet_is_refused_naming_the_row(tmp_path: Path, dataset_src: Path, mutate, message: str) -> None:
     path = tmp_path / "bad.parquet"
@@ -499,3 +522,118 @@ def test_a_history_day_exactly_lookback_days_before_is_in_the_window(tmp_path: P
     alone = features.compute(first, np.ones(len(first), dtype=bool))
     assert not np.array_equal(alone["x"], expected["x"])  # the history day does change day 1's features
     np.testing.assert_array_equal(got["x"], expected["x"])
+
+
+# --- more files as exports write them ---------------------------------------------------------------------
+
+
+def test_timestamps_in_every_documented_style_in_one_file_read_as_utc(tmp_path: Path, dataset_src: Path) -> None:
+    canonical = day(tmp_path, dataset_src)
+    (tmp_path / "d.csv").write_bytes(_csv(_styled(canonical)))
+    pd.testing.assert_frame_equal(read_transactions(tmp_path / "d.csv"), canonical, check_exact=True)
+
+
+@pytest.mark.filterwarnings("ignore:Parsing dates in %d/%m/%Y:UserWarning")  # pandas notes it inferred day first
+def test_day_first_dates_read_as_the_first_row_shows_them(tmp_path: Path, dataset_src: Path) -> None:
+    """A European export, latest day first: 13/04/2018 can only be day/month, so 12/04/2018 is 12 April too."""
+    days = [day(tmp_path, dataset_src, f"testing/2018-04-0{d}.parquet") for d in (8, 7)]
+    frame = pd.concat(days, ignore_index=True)
+    frame[schema.TX_DATETIME] += pd.Timedelta(days=5)
+    export = frame.assign(TX_DATETIME=frame[schema.TX_DATETIME].dt.strftime("%d/%m/%Y %H:%M:%S"))
+    (tmp_path / "test_dataset.csv").write_bytes(_csv(export))
+    got = read_transactions(tmp_path / "test_dataset.csv")
+    assert export[schema.TX_DATETIME].iloc[0].startswith("13/04/2018 ")
+    expected = frame.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], ignore_index=True)
+    pd.testing.assert_frame_equal(got, expected, check_exact=True)
+    assert str(got[schema.TX_DATETIME].iloc[0].date()) == "2018-04-12"
+
+
+def test_narrow_and_wide_parquet_types_read_exactly_as_int64_and_float64(tmp_path: Path, dataset_src: Path) -> None:
+    """Spark writes int32 and float32 columns; a warehouse's 64-bit IDs exceed what a float holds exactly."""
+    canonical = day(tmp_path, dataset_src)
+    big = canonical[schema.TRANSACTION_ID] + 2**62  # snowflake-style IDs: float64 would round them
+    export = canonical.assign(TRANSACTION_ID=big, CUSTOMER_ID=canonical[schema.CUSTOMER_ID].astype(np.int32),
+                              TX_AMOUNT=canonical[schema.TX_AMOUNT].astype(np.float32))
+    export.to_parquet(tmp_path / "d.parquet")
+    got = read_transactions(tmp_path / "d.parquet")
+    expected = canonical.assign(TRANSACTION_ID=big,
+                                TX_AMOUNT=canonical[schema.TX_AMOUNT].astype(np.float32).astype(np.float64))
+    pd.testing.assert_frame_equal(got, expected, check_exact=True)
+    assert int(got[schema.TRANSACTION_ID].iloc[0]) == 2**62 + 677
+
+
+def test_a_refused_file_type_is_named_as_the_user_wrote_it(tmp_path: Path) -> None:
+    for name, problem in (("day.json", "unsupported file type '.json'"), ("day.pkl", ".pkl files are never read")):
+        (tmp_path / name).write_bytes(b"{}")
+        with pytest.raises(DatasetError) as err:
+            read_transactions(tmp_path / name, where=f"gs://bucket/exports/{name}")
+        assert str(err.value).startswith(f"gs://bucket/exports/{name}: {problem}")
+
+
+def test_two_roles_starting_at_the_same_instant_are_refused(tmp_path: Path, dataset_src: Path) -> None:
+    """A test export that begins with the last training day's first transaction."""
+    root = _copy(dataset_src, tmp_path / "d")
+    train = read_transactions(root / "training" / "2018-04-06.parquet")
+    test = read_transactions(root / "testing" / "2018-04-07.parquet")
+    test.loc[0, schema.TX_DATETIME] = train[schema.TX_DATETIME].min()
+    (root / "testing" / "2018-04-07.parquet").unlink()
+    test.to_csv(root / "testing" / "export-7.csv", index=False)
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps "
+                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
+                              "history, training or testing, never two of them")
+
+
+def test_an_overlap_behind_a_later_file_of_the_other_role_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    """A multi-day test export (04-06 noon to 04-08) reaches into the last training day, past a test day (04-07)
+    that lies wholly between them: the training day ends before 04-07 starts, yet overlaps the export."""
+    root = _copy(dataset_src, tmp_path / "d")
+    test = read_transactions(root / "testing" / "2018-04-08.parquet")
+    test.loc[0, schema.TX_DATETIME] = pd.Timestamp("2018-04-06 12:00:00")
+    (root / "testing" / "2018-04-08.parquet").unlink()
+    test.to_csv(root / "testing" / "test_dataset.csv", index=False)
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == ("testing/test_dataset.csv (testing, 2018-04-06..2018-04-08) overlaps "
+                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
+                              "history, training or testing, never two of them")
+
+
+def test_a_history_day_the_share_cannot_open_fails_the_shard_not_its_features(
+        tmp_path: Path, dataset_src: Path, caplog) -> None:
+    """Out of file descriptors (EMFILE) is the platform's fault: the shard is retried later, never trained
+    on a window silently missing that day."""
+    import errno
+    import resource
+
+    root = _copy(dataset_src, tmp_path / "d")
+    history = read_transactions(root / "training" / "2018-04-01.parquet")
+    (root / "history").mkdir()
+    history.assign(TX_DATETIME=history[schema.TX_DATETIME] - pd.Timedelta(days=1),
+                   TRANSACTION_ID=history[schema.TRANSACTION_ID] + 10**6).to_parquet(root / "history" / "h.parquet")
+    write_manifest(root)
+    data = Dataset(root)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no new file descriptor can be opened
+    try:
+        with pytest.raises(OSError) as err:
+            data.compute_features("training/2018-04-01.parquet")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert err.value.errno == errno.EMFILE and err.value.filename == str(root / "history" / "h.parquet")
+    assert "out of feature history" not in caplog.text
+    assert len(data.compute_features("training/2018-04-01.parquet")["y"]) == len(history)
+
+
+def test_the_same_day_in_training_and_testing_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    """One export copied into both folders: two files with the very same first and last instant."""
+    root = _copy(dataset_src, tmp_path / "d")
+    shutil.copy(root / "training" / "2018-04-06.parquet", root / "testing" / "2018-04-06.parquet")
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == ("testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06) overlaps "
+                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
+                              "history, training or testing, never two of them")

@@ -241,10 +241,11 @@ def test_the_first_step_is_adam_with_the_runs_learning_rate_and_weight_decay() -
     assert float(step[1]) == pytest.approx(-0.01 * float(np.sign(before[0, 1].item())), rel=1e-4)
 
 
-def test_the_averaged_weights_are_the_warmed_up_moving_average_of_the_raw_ones() -> None:
+@pytest.mark.parametrize("ema_decay", [0.5, 0.999])  # past the warm-up by the end (d reaches 0.5 at t = 8); in it
+def test_the_averaged_weights_are_the_warmed_up_moving_average_of_the_raw_ones(ema_decay: float) -> None:
     """avg <- d * avg + (1 - d) * raw after every step, d = min(ema_decay, (1 + t) / (10 + t)) with t the
     run's step count (across shards), starting from the initial weights; computed here in float64."""
-    hp = HParams(hidden=(3,), epochs=2, batch_size=16, ema_decay=0.5, seed=5)
+    hp = HParams(hidden=(3,), epochs=2, batch_size=16, ema_decay=ema_decay, seed=5)
     trainer = Trainer("r", hp, ("a", "b"), torch.device("cpu"))
     expected = {k: v.double().numpy().copy() for k, v in trainer.model.state_dict().items()}
     t = 0
@@ -254,7 +255,7 @@ def test_the_averaged_weights_are_the_warmed_up_moving_average_of_the_raw_ones()
 
         def after_step() -> bool:
             nonlocal t
-            d = min(0.5, (1 + t) / (10 + t))
+            d = min(ema_decay, (1 + t) / (10 + t))
             for k, v in trainer.model.state_dict().items():
                 expected[k] = d * expected[k] + (1 - d) * v.double().numpy()
             t += 1
@@ -263,7 +264,7 @@ def test_the_averaged_weights_are_the_warmed_up_moving_average_of_the_raw_ones()
         trainer.begin_shard(shard, x)
         assert trainer.train_shard(x, y, after_step)
         trainer.finish_shard({"shard": shard})
-    assert t == trainer.steps == 2 * 2 * 4  # 8 steps a shard: past the warm-up (d reaches 0.5 at t = 8)
+    assert t == trainer.steps == 2 * 2 * 4  # 8 steps a shard
     assert not any(p.requires_grad for p in trainer.averaged.parameters())  # averaged, never trained
     for k, v in trainer.averaged.state_dict().items():
         np.testing.assert_allclose(v.double().numpy(), expected[k], rtol=1e-5, atol=1e-6)
@@ -361,3 +362,97 @@ def test_a_probability_of_exactly_one_half_counts_as_fraud() -> None:
     trainer.begin_shard("d1", x)
     assert trainer.train_shard(x, y, lambda: True)
     assert trainer.train_accuracy(50) == int(y.sum()) / 50
+
+
+def test_training_before_begin_shard_is_refused() -> None:
+    """train_shard continues what begin_shard started (the shard's statistics folded in, progress at its start)."""
+    trainer = Trainer("r", HParams(hidden=(), seed=1), ("a",), torch.device("cpu"))
+    x, y = np.zeros((4, 1)), np.zeros(4, dtype=np.float32)
+    with pytest.raises(AssertionError, match=r"^begin_shard first$"):
+        trainer.train_shard(x, y, lambda: True)
+    assert trainer.state_dict()["progress"] is None and trainer.steps == 0
+
+
+def test_a_trainer_given_no_feature_version_records_none() -> None:
+    """export.load_model rebuilds a trainer without one: its state must not claim a version it never saw."""
+    state = Trainer("r", HParams(hidden=(), seed=1), ("a",), torch.device("cpu")).state_dict()
+    assert state["feature_version"] == ""
+    assert Trainer.from_state(state, torch.device("cpu")).feature_version == ""
+
+
+def test_the_statistics_of_a_float32_day_are_numpys_float64_ones() -> None:
+    """Days arrive as float32; their mean and variance are accumulated in float64, as numpy computes them in
+    float64, even where float32 sums would lose digits (large values with a small spread, like amounts)."""
+    rng = np.random.default_rng(12)
+    day = np.c_[rng.normal(5e4, 3.0, 3000), rng.normal(0, 1, 3000)].astype(np.float32)
+    norm = Normalizer(2)
+    norm.update(day, chunk=1000)
+    exact = day.astype(np.float64)
+    np.testing.assert_allclose(norm.mean.numpy(), exact.mean(0), rtol=1e-12)
+    np.testing.assert_allclose((norm.m2 / norm.count).numpy(), exact.var(0), rtol=1e-9)
+
+
+def _rows_in_training_order(seed: int, shard: str, n: int = 24) -> list[list[int]]:
+    """The rows (by index) a two-epoch training of a day fed to the model, epoch by epoch: column 0 is the row's
+    own index, recovered from the standardised input the model received (a forward hook records it)."""
+    x = np.c_[np.arange(n, dtype=np.float64), np.random.default_rng(0).normal(size=n)]
+    y = (np.arange(n) % 4 == 0).astype(np.float32)
+    trainer = Trainer("r", HParams(hidden=(), epochs=2, batch_size=5, seed=seed), ("row", "b"), torch.device("cpu"))
+    fed: list[torch.Tensor] = []
+    trainer.model.register_forward_pre_hook(lambda _module, args: fed.append(args[0][:, 0].clone()))
+    trainer.begin_shard(shard, x)
+    assert trainer.train_shard(x, y, lambda: True)
+    index = {float(v): i for i, v in enumerate(trainer.norm.apply(x)[:, 0])}
+    rows = [index[float(v)] for v in torch.cat(fed)]
+    return [rows[:n], rows[n:]]
+
+
+def test_batch_order_is_a_shuffle_of_the_day_set_by_seed_shard_and_epoch() -> None:
+    """Every epoch feeds each row once, in an order of its own; the same (seed, shard) trains in the same order
+    (what bit-for-bit resume rests on) and another seed or another day shuffles differently."""
+    first, second = _rows_in_training_order(1, "training/2018-04-01.parquet")
+    assert sorted(first) == sorted(second) == list(range(24))
+    assert first != list(range(24)) and first != second
+    assert _rows_in_training_order(1, "training/2018-04-01.parquet") == [first, second]
+    assert _rows_in_training_order(2, "training/2018-04-01.parquet")[0] != first
+    assert _rows_in_training_order(1, "training/2018-04-02.parquet")[0] != first
+
+
+def test_the_batch_order_seeds_are_fixed_across_releases() -> None:
+    """A mid-shard checkpoint written by an earlier image resumes on the order that image began (the Job's
+    image changes with the code, the share's checkpoints stay): the seed of a (seed, shard, epoch) never
+    changes, nor depends on the process (no str hash). Known answers, recorded when it was introduced."""
+    assert _shard_seed(0, "training/2018-04-01.parquet", 0) == 2046178966538794369
+    assert _shard_seed(7, "d1", 3) == 9028276728440724230
+
+
+def test_accuracy_and_loss_sum_every_batch_of_the_last_epoch() -> None:
+    """Four batches an epoch, two epochs, weights fixed in effect (lr 1e-6 moves no logit by more than ~1e-5):
+    the model says fraud iff x > 0, with logit 2x and x = +-1. Accuracy is the share of rows whose sign agrees
+    with the label over the last epoch; the loss is the sum of the four batch means (equal batches: the sum
+    of every row's loss / 20), whatever order the rows came in."""
+    x = np.repeat([1.0, 1.0, -1.0, -1.0], [30, 10, 10, 30])[:, None]  # already standardised: mean 0, std 1
+    y = np.repeat([1, 0, 1, 0], [30, 10, 10, 30]).astype(np.float32)  # 40 of 80 frauds: pos_weight 1
+    trainer = Trainer("r", HParams(hidden=(), epochs=2, batch_size=20, lr=1e-6, seed=3), ("x",), torch.device("cpu"))
+    with torch.no_grad():
+        trainer.model.net[0].weight.fill_(2.0)
+        trainer.model.net[0].bias.zero_()
+    trainer.begin_shard("d1", x)
+    assert trainer.train_shard(x, y, lambda: True)
+    assert trainer.train_accuracy(80) == 60 / 80
+    right, wrong = np.log1p(np.exp(-2.0)), np.log1p(np.exp(2.0))
+    assert trainer.last_epoch_loss() == pytest.approx((60 * right + 20 * wrong) / 20, rel=1e-4)
+
+
+def test_integer_labels_train_like_float_ones() -> None:
+    """TX_FRAUD is an integer column in the files: labels given as int64 train exactly as their float32 copy."""
+    x, y = _day(40, n=90)
+    weights = []
+    for labels in (y, y.astype(np.int64)):
+        trainer = Trainer("r", HParams(hidden=(3,), epochs=1, batch_size=32, seed=4), tuple("abcd"),
+                          torch.device("cpu"))
+        trainer.begin_shard("d1", x)
+        assert trainer.train_shard(x, labels, lambda: True)
+        weights.append(trainer.state_dict()["model"])
+        assert trainer.train_accuracy(90) > 0
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -11,6 +11,7 @@ is tiny (three days of a few dozen rows) and a day trains in one epoch, so the m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from workload.queue import Item, QueueUnavailable, WorkQueue, connect
 from workload.redis_server import RedisServer
 from workload.report import rendered_from as report_source
 from workload.trainer import Trainer
-from workload.worker import Heartbeat, LeaseLost, Outcome, Worker, WorkerConfig, check_finite
+from workload.worker import Heartbeat, LeaseLost, Outcome, PermanentError, Worker, WorkerConfig, check_finite
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -370,6 +371,19 @@ def test_a_report_from_a_checkpoint_a_newer_lease_superseded_is_not_written(env:
     assert report.read_text() == "the newer lease's report\n"
 
 
+@pytest.mark.parametrize("run", ["a/b", "..", "/etc"])
+def test_the_worker_refuses_a_bad_run_name_on_its_own_as_an_item_fault(env: Share, run: str) -> None:
+    """The second layer, without the claim-time check in front of it: a run name that cannot name a folder
+    on the share is an item fault (dead-lettered at once, not retried), named by the rule."""
+    queue = env.seed()
+    lease = queue.claim("w1", 10)
+    bad = dataclasses.replace(lease, item=dataclasses.replace(lease.item, run=run))
+    beat = Heartbeat(queue, lease, ttl_s=10, interval_s=1)
+    with pytest.raises(PermanentError, match=rf"^run {re.escape(repr(run))} is not allowed: use "):
+        Worker(env.config(), queue)._apply(bad, beat)
+    assert {p.name for p in (env.share / "output").iterdir()} == {"main"}, "nothing written for the bad run"
+
+
 # -- infrastructure faults ----------------------------------------------------------------------------
 @contextlib.contextmanager
 def writes_may_fail() -> Iterator[tuple[int, int]]:
@@ -384,7 +398,7 @@ def writes_may_fail() -> Iterator[tuple[int, int]]:
         signal.signal(signal.SIGXFSZ, old_handler)
 
 
-def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
+def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share, caplog: pytest.LogCaptureFixture) -> None:
     """Writes beyond RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored): every checkpoint write fails. The
     item is released at no cost each time, the worker backs off and exits 3 once the fault has lasted
     infra_give_up_s; nothing is dead-lettered and nothing promoted."""
@@ -402,6 +416,9 @@ def test_a_full_disk_costs_no_attempt_backs_off_and_exits_3(env: Share) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (2048, old_limit[1]))
         code = worker.run()
     assert code == EXIT_INFRA
+    # What the operator reads as the worker exits 3: how long, and the last fault with its item and errno.
+    assert any(r.message.startswith("infrastructure fault for ") and ", giving up: main/training/2018-04-0" in r.message
+               and "EFBIG" in r.message for r in caplog.records), [r.message for r in caplog.records]
     snap = queue.snapshot()["runs"]["main"]
     assert not snap["dead"] and not snap.get("attempts"), snap
     c = queue.counts()
