@@ -848,6 +848,8 @@ def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
     b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}})
     cm = b.one("kubernetes:core/v1:ConfigMap")
     assert cm.inputs["immutable"] is True and cm.delete_before_replace
+    # Labelled as its Job is: `kubectl -l app.kubernetes.io/component=loader` (docs/cloud.md) finds it too.
+    assert cm.inputs["metadata"]["labels"] == contract.labels(contract.LOADER)
     assert json.loads(cm.inputs["data"][contract.RUNS_KEY]) == json.loads(b.cfg.jobs.runs_json)
     loader = b.one(JOB, "loader")
     c = container(loader)
