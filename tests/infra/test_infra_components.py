@@ -310,6 +310,11 @@ def test_redis_is_reachable_through_its_service_at_its_url() -> None:
     assert service["metadata"]["name"] == r.service_name and service["spec"]["type"] == "ClusterIP"
     assert _selects({"matchLabels": service["spec"]["selector"]}, deployment["spec"]["template"]["metadata"]["labels"])
     assert _selects(deployment["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    # The app's other pods share its name label: a selector matching them would make the loader and the
+    # workers Redis endpoints (the Service) or Deployment replicas.
+    for component in (contract.LOADER, contract.WORKER, contract.SHARE_PREP):
+        assert not _selects({"matchLabels": service["spec"]["selector"]}, contract.labels(component)), component
+        assert not _selects(deployment["spec"]["selector"], contract.labels(component)), component
     (port,) = service["spec"]["ports"]
     (container_port,) = c["ports"]
     assert port["port"] == container_port["containerPort"] == contract.REDIS_PORT
