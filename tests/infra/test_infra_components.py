@@ -36,6 +36,7 @@ from infra.identity import READ_OBJECTS, WORKLOAD_IDENTITY_USER, WRITE_OBJECTS, 
 from infra.network import Network
 from infra.redis import RedisQueue
 from infra.render import Registered
+from policy import rules
 from tests.infra.job_controller import FailedPod, JobController
 from tests.infra.pod_security import pod_security_violations
 from workload.redis_server import find_redis_server, free_port
@@ -645,6 +646,9 @@ def test_the_share_preparation_runs_as_root_only_in_its_own_baseline_namespace()
     # root:root: with every capability but CHOWN dropped, root is held to the file modes (no DAC override),
     # and a new share's root directory is root:root, so the group is part of what lets the script in.
     assert spec["securityContext"]["runAsGroup"] == 0
+    # The policy pack admits this one root container by its share-prep component label (and CHOWN alone).
+    assert job.inputs["spec"]["template"]["metadata"]["labels"] == contract.labels(contract.SHARE_PREP)
+    assert rules.containers_run_as_non_root(JOB, job.inputs, rules.StackFacts(stack=b.cfg.stack)) == []
     c = container(job)
     assert c["image"] == IMAGE and c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
