@@ -30,6 +30,17 @@ class JobController:
     reason: str | None = None  # the Failed condition's reason, once the Job failed
     log: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        """What the API server refuses in a podFailurePolicy (kubernetes pkg/apis/batch/validation/
+        validation.go: supportedPodFailurePolicyActions, ...OnExitCodesOperator, ...OnPodConditionsStatus):
+        such a Job is never created, so no judgement below would ever apply to it."""
+        for rule in (self.spec.get("podFailurePolicy") or {}).get("rules", []):
+            assert rule["action"] in ("Count", "FailIndex", "FailJob", "Ignore"), rule
+            if "onExitCodes" in rule:
+                assert rule["onExitCodes"]["operator"] in ("In", "NotIn"), rule
+            for condition in rule.get("onPodConditions", []):
+                assert condition.get("status", "True") in ("True", "False", "Unknown"), rule
+
     def _matches(self, rule: dict[str, Any], pod: FailedPod) -> bool:
         if "onPodConditions" in rule:
             wanted = rule["onPodConditions"]

@@ -36,6 +36,7 @@ from infra.identity import READ_OBJECTS, WORKLOAD_IDENTITY_USER, WRITE_OBJECTS, 
 from infra.network import Network
 from infra.redis import RedisQueue
 from infra.render import Registered
+from policy import rules
 from tests.infra.job_controller import FailedPod, JobController
 from tests.infra.pod_security import pod_security_violations
 from workload.redis_server import find_redis_server, free_port
@@ -310,10 +311,18 @@ def test_redis_is_reachable_through_its_service_at_its_url() -> None:
     assert service["metadata"]["name"] == r.service_name and service["spec"]["type"] == "ClusterIP"
     assert _selects({"matchLabels": service["spec"]["selector"]}, deployment["spec"]["template"]["metadata"]["labels"])
     assert _selects(deployment["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    # The app's other pods share its name label: a selector matching them would make the loader and the
+    # workers Redis endpoints (the Service) or Deployment replicas.
+    for component in (contract.LOADER, contract.WORKER, contract.SHARE_PREP):
+        assert not _selects({"matchLabels": service["spec"]["selector"]}, contract.labels(component)), component
+        assert not _selects(deployment["spec"]["selector"], contract.labels(component)), component
     (port,) = service["spec"]["ports"]
     (container_port,) = c["ports"]
     assert port["port"] == container_port["containerPort"] == contract.REDIS_PORT
     assert port["targetPort"] == container_port["name"]
+    # The API server refuses a Service port name that is not a DNS label (pkg/apis/core/validation,
+    # validateServicePort: ValidateDNS1123Label); the schema leaves it a plain string.
+    assert DNS_LABEL.match(port["name"]), port
     assert b.resolved["url"] == (
         f"redis://{r.service_name}.{b.cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}/0"
     )
@@ -499,6 +508,12 @@ def test_compute_class_puts_workers_on_spot_gpus_and_on_demand_only_when_asked()
         b = build(_gpu, gpuCapacity="computeClass", onDemandFallback=fallback, gpuType="nvidia-l4", gpuCount=2)
         cc = b.one("kubernetes:cloud.google.com/v1:ComputeClass").inputs
         names_are_dns_labels(b)
+        # No offline schema for the ComputeClass kind, but its metadata is an ObjectMeta like any object's:
+        # checked strictly as one (an unknown key is refused by the API server's strict field validation).
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": cc["metadata"]}, KUBERNETES_VERSION, strict=True
+        )
+        assert cc["metadata"]["labels"] == {contract.NAME_LABEL: contract.APP}  # `kubectl get -l` finds the stack's
         gpu = {"type": "nvidia-l4", "count": 2, "driverVersion": "latest"}
         assert cc["spec"]["priorities"] == [{"gpu": gpu, "spot": True}] + (
             [{"gpu": gpu, "spot": False}] if fallback else []
@@ -628,6 +643,12 @@ def test_the_share_preparation_runs_as_root_only_in_its_own_baseline_namespace()
     assert not pod_security_violations(spec, "baseline")
     assert pod_security_violations(spec, "restricted")  # which is why it has a namespace of its own
     assert spec["securityContext"]["runAsUser"] == 0 and spec["automountServiceAccountToken"] is False
+    # root:root: with every capability but CHOWN dropped, root is held to the file modes (no DAC override),
+    # and a new share's root directory is root:root, so the group is part of what lets the script in.
+    assert spec["securityContext"]["runAsGroup"] == 0
+    # The policy pack admits this one root container by its share-prep component label (and CHOWN alone).
+    assert job.inputs["spec"]["template"]["metadata"]["labels"] == contract.labels(contract.SHARE_PREP)
+    assert rules.containers_run_as_non_root(JOB, job.inputs, rules.StackFacts(stack=b.cfg.stack)) == []
     c = container(job)
     assert c["image"] == IMAGE and c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -836,6 +857,8 @@ def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
     b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}})
     cm = b.one("kubernetes:core/v1:ConfigMap")
     assert cm.inputs["immutable"] is True and cm.delete_before_replace
+    # Labelled as its Job is: `kubectl -l app.kubernetes.io/component=loader` (docs/cloud.md) finds it too.
+    assert cm.inputs["metadata"]["labels"] == contract.labels(contract.LOADER)
     assert json.loads(cm.inputs["data"][contract.RUNS_KEY]) == json.loads(b.cfg.jobs.runs_json)
     loader = b.one(JOB, "loader")
     c = container(loader)
@@ -886,6 +909,12 @@ def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
         jobs.seed_inputs(config.load(render.stack_config("dev", DATA), stack="dev"), IMAGE),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
+    # Deployed stacks carry this value: an encoding that changed (keys, order, length) would replace both
+    # Jobs of every stack at its next `pulumi up` with nothing new to seed, rerunning the loader and
+    # restarting the workers. The same inputs keep the value their stacks were deployed with.
+    pinned = {"runs": {"main": {}, "wide": {"hidden": [128, 64]}}, "datasetPreset": "small", "datasetName": "fraud"}
+    deployed = config.load(render.stack_config("dev", pinned), stack="dev")
+    assert jobs.seed_inputs(deployed, "reg/img@sha256:" + "0" * 64) == "60cc4f7ce852a905"
     b = workloads()
     for name in ("loader", "training"):
         notes = b.one(JOB, name).inputs["spec"]["template"]["metadata"]["annotations"]
