@@ -260,6 +260,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
     Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
+    Equivalent("workload/worker.py", "save_cost < self.cfg.term_budget_s:", "save_cost <= self.cfg.term_budget_s:",
+               "a save's measured duration, a float of the monotonic clock, equals the budget exactly with nil "
+               "probability: < and <= act alike"),
+    Equivalent("workload/worker.py", "- last_save >= self.cfg.checkpoint_interval_s:",
+               "- last_save > self.cfg.checkpoint_interval_s:", CLOCK),
+    Equivalent("workload/worker.py", "save_cost = 1.0", "save_cost = 2.0",
+               "the guessed cost of a day's first save, before one is measured: 1 s or 2 s, both far below the "
+               "8 s budget of the 15 s spot notice (a tuning value; no guarantee rests on it)"),
     Equivalent("workload/worker.py", "if trainer.hp != hp:", "if trainer.hp == hp:",
                "the branch only logs that the checkpoint's hyperparameters win; the trainer is the same either way"),
     Equivalent("workload/worker.py", "resumed = trainer.progress", "resumed = None",

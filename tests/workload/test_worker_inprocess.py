@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +141,10 @@ def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: 
 
     queue.ack = observed_ack  # type: ignore[method-assign]
     worker = Worker(env.config(), queue)
-    assert worker.run() == EXIT_DONE
+    started, wall = datetime.now(UTC).replace(microsecond=0), time.monotonic()
+    with local_time_zone("Asia/Kolkata"):  # UTC+05:30: a local time in the history would show
+        assert worker.run() == EXIT_DONE
+    wall, ended = time.monotonic() - wall, datetime.now(UTC)
     assert seen_at_ack == [(d, DAYS[: i + 1]) for i, d in enumerate(DAYS)]
     state = env.state()
     assert state["run"] == "main"
@@ -159,7 +163,9 @@ def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: 
         assert entry["train_rows"] == len(examples.y) > 0
         assert entry["train_frauds"] == int(examples.y.sum())
         assert entry["first_day"] == entry["last_day"] == day[9:19]
-        assert entry["train_seconds"] >= 0 and 0 <= entry["train_accuracy"] <= 1
+        assert 0 <= entry["train_seconds"] <= wall and 0 <= entry["train_accuracy"] <= 1
+        when = datetime.strptime(entry["time"], "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+        assert started <= when <= ended, (entry["time"], started, ended)
         assert entry["checkpoint"].startswith("ckpt-") and entry["checkpoint"].endswith(".pt")
         assert (run_dir / "checkpoints" / entry["checkpoint"]).exists() or entry is not state["history"][-1]
     assert (run_dir / METRICS_PNG).stat().st_size > 0, "the pictures are drawn"
@@ -292,9 +298,11 @@ def test_check_finite_names_what_is_not_finite() -> None:
         check_finite(trainer, "main/x")
 
 
-def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: Share) -> None:
+@pytest.mark.parametrize("interval_s", [0.001, 600], ids=["at-a-mid-day-checkpoint", "at-the-end-of-the-day"])
+def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: Share, interval_s: float) -> None:
     """A lineage whose weights went non-finite: the next day trains to NaN, is dead-lettered with the
-    reason, and no checkpoint of that day is promoted."""
+    reason (found before a mid-day checkpoint, or at the end of the day), and no checkpoint of that day
+    is promoted."""
     queue = env.seed()
     assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
     store = CheckpointStore(env.share / "output" / "main")
@@ -305,7 +313,7 @@ def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: 
                       may_promote=lambda: True) is not None
     files = set((store.dir).glob("ckpt-*.pt"))
     lease = queue.claim("w1", 10)
-    assert Worker(env.config(checkpoint_interval_s=0.001), queue).process(lease) is Outcome.FAILED
+    assert Worker(env.config(checkpoint_interval_s=interval_s), queue).process(lease) is Outcome.FAILED
     entry = dead(queue)[lease.item.id]
     assert entry["attempts"] == 1 and entry["error"].startswith(f"{lease.item.id}: training produced non-finite ")
     assert "nothing was promoted" in entry["error"]
@@ -407,6 +415,7 @@ def test_a_checkpoint_mid_way_through_another_day_is_not_resumed_from(env: Share
     assert worker.process(lease) is Outcome.DONE
     state = env.state()
     assert state["applied"] == [DAYS[0], DAYS[2]] and state["progress"] is None
+    assert state["history"][-1]["checkpoint"].startswith("ckpt-00000003-"), "day 3: no mid-day checkpoint"
     expected = Trainer.from_state(boundary.state)
     expected.begin_shard(DAYS[2], day3.x)
     assert expected.train_shard(day3.x, day3.y, lambda: True)
@@ -415,6 +424,22 @@ def test_a_checkpoint_mid_way_through_another_day_is_not_resumed_from(env: Share
 
 
 # -- infrastructure faults ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def local_time_zone(name: str) -> Iterator[None]:
+    """The process's local time zone set to `name` (TZ and tzset), restored after."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = name
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
 @contextlib.contextmanager
 def writes_may_fail() -> Iterator[tuple[int, int]]:
     """SIGXFSZ ignored, so writes beyond RLIMIT_FSIZE fail with EFBIG instead of killing pytest; the limit
@@ -708,18 +733,20 @@ def test_a_stop_before_training_releases_the_day_at_no_cost(env: Share) -> None:
     assert worker.run() == EXIT_TERMINATED
 
 
-def test_a_stop_mid_day_checkpoints_releases_and_a_peer_resumes_it(env: Share) -> None:
-    """SIGTERM's flag set at a batch boundary: a final mid-day checkpoint, the day released at no cost;
-    the next worker resumes it from there and applies it once."""
+@pytest.mark.parametrize("interval_s", [600, 0.001], ids=["first-save", "after-interval-saves"])
+def test_a_stop_mid_day_checkpoints_releases_and_a_peer_resumes_it(env: Share, interval_s: float) -> None:
+    """SIGTERM's flag set at a batch boundary: a final mid-day checkpoint (also when interval checkpoints
+    came before it, whose measured cost decides there is time for it), the day released at no cost; the
+    next worker resumes it from there and applies it once."""
     queue = env.seed({"main": {**QUICK, "epochs": 2, "batch_size": 8}})
-    worker = Worker(env.config(), queue)
+    worker = Worker(env.config(checkpoint_interval_s=interval_s, keep_checkpoints=50), queue)
     steps = 0
     real_touch = worker.touch
 
-    def touch() -> None:  # the third batch boundary: preemption
+    def touch() -> None:  # three touches before training, then one per batch: preemption after batch 3
         nonlocal steps
         steps += 1
-        if steps == 4:
+        if steps == 6:
             worker.stop.set()
         real_touch()
 
@@ -728,6 +755,7 @@ def test_a_stop_mid_day_checkpoints_releases_and_a_peer_resumes_it(env: Share) -
     assert worker.process(lease) is Outcome.RELEASED
     mid = env.state()
     assert mid["applied"] == [] and mid["progress"]["shard"] == DAYS[0]
+    assert (mid["progress"]["epoch"], mid["progress"]["batch"]) == (0, 3), "the final checkpoint is at the stop"
     assert not queue.snapshot()["runs"]["main"].get("attempts")
     assert Worker(env.config(worker_id="w2"), queue).run() == EXIT_DONE
     assert env.state()["applied"] == DAYS
