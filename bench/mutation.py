@@ -260,6 +260,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
     Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
+    *(Equivalent("workload/worker.py", f'str(examples.day.{f}()) if len(examples.day) else ""', after,
+                 "a shard's examples are every row of its file, and a file without rows is refused when the "
+                 "dataset is read: the empty branch never runs")
+      for f in ("min", "max") for after in (f'str(examples.day.{f}()) if (len(examples.day)) or True else ""',
+                                            f'str(examples.day.{f}()) if len(examples.day) else "XXXX"')),
+    Equivalent("workload/worker.py", "Loaded(state=state, path=path,", "Loaded(state=state, path=None,",
+               "_report reads the promoted checkpoint's state, token and seq, never its path"),
+    Equivalent("workload/worker.py", "seq=int(path.name[5:13])", "seq=int(path.name[6:13])",
+               "seq is 8 digits with leading zeros (ckpt-00000003-...): the first is 0 below ten million "
+               "checkpoints of one run, and a run writes a few a day"),
     Equivalent("workload/worker.py", "save_cost < self.cfg.term_budget_s:", "save_cost <= self.cfg.term_budget_s:",
                "a save's measured duration, a float of the monotonic clock, equals the budget exactly with nil "
                "probability: < and <= act alike"),

@@ -164,6 +164,7 @@ def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: 
         assert entry["train_frauds"] == int(examples.y.sum())
         assert entry["first_day"] == entry["last_day"] == day[9:19]
         assert 0 <= entry["train_seconds"] <= wall and 0 <= entry["train_accuracy"] <= 1
+        assert type(entry["train_seconds"]) is float and entry["train_seconds"] == round(entry["train_seconds"], 3)
         when = datetime.strptime(entry["time"], "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
         assert started <= when <= ended, (entry["time"], started, ended)
         assert entry["checkpoint"].startswith("ckpt-") and entry["checkpoint"].endswith(".pt")
@@ -703,6 +704,8 @@ def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
     queue.redis.flushall()
     assert worker.run() == EXIT_DONE
     assert png.stat().st_size > 0, "the run's last day redraws the pictures"
+    last = png.parent / "checkpoints" / env.state()["history"][-1]["checkpoint"]
+    assert png.stat().st_mtime_ns >= last.stat().st_mtime_ns, "...after that day's checkpoint, not before"
     jsonl = list(exported.rglob("metrics.jsonl"))
     assert len(jsonl) == 1 and len(jsonl[0].read_text().splitlines()) == len(DAYS), \
         "the run is exported once it is finished, with all its days"
