@@ -322,6 +322,29 @@ def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: 
     assert store.load().state["applied"] == DAYS[:1]
 
 
+@pytest.mark.parametrize(("weights", "scale", "error"), [
+    ("model", 1e19, "the training loss is inf; nothing was promoted"),
+    ("averaged", 1e30, "the model's test scores are non-finite (NaN or infinity); nothing was promoted"),
+], ids=["loss-overflows", "test-scores-overflow"])
+def test_finite_but_huge_weights_that_overflow_are_dead_lettered(env: Share, weights: str, scale: float,
+                                                                  error: str) -> None:
+    """Weights that are finite but huge (a lineage gone astray): the raw ones overflow the day's loss to
+    infinity, though every weight stays finite (its gradient is bounded); the averaged ones, which score,
+    overflow the test scores. Each is caught on its own and dead-lettered; nothing is promoted."""
+    queue = env.seed()
+    assert Worker(env.config(), queue).process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    loaded = store.load()
+    huge = {k: v.clone() * scale for k, v in loaded.state[weights].items()}
+    assert store.save({**loaded.state, weights: huge}, path=store.next_path(loaded.token),
+                      may_promote=lambda: True) is not None
+    lease = queue.claim("w1", 10)
+    assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
+    entry = dead(queue)[lease.item.id]
+    assert entry["attempts"] == 1 and entry["error"].startswith(f"{lease.item.id}: {error}"), entry["error"]
+    assert store.load().state["applied"] == DAYS[:1]
+
+
 def test_a_checkpoint_that_does_not_load_costs_one_attempt_and_is_retried(env: Share) -> None:
     """An error that is neither the item's nor the platform's (here a checkpoint missing a layer): one
     attempt is charged, with the error, and the item goes back to pending for a retry."""
