@@ -44,6 +44,16 @@ def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
             found.append(f"volume {volume['name']!r} is of type {kind}")
     if pod_ctx.get("seccompProfile", {}).get("type") == "Unconfined":
         found.append("pod seccomp profile is Unconfined")
+    if level == "restricted":
+        # A pod-level value the containers override still refuses the pod (pod-security-admission's
+        # check_runAsNonRoot.go and check_seccompProfile_restricted.go: "pod must not set
+        # securityContext.runAsNonRoot=false"; a pod-level seccompProfile.type other than RuntimeDefault or
+        # Localhost is a bad setter). It also reaches containers added later without their own, like
+        # `kubectl debug`'s ephemeral ones.
+        if pod_ctx.get("runAsNonRoot") is False:
+            found.append("pod sets runAsNonRoot false")
+        if "seccompProfile" in pod_ctx and pod_ctx["seccompProfile"].get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"pod seccomp profile is {pod_ctx['seccompProfile'].get('type')!r}")
     for c in _containers(pod):
         ctx = c.get("securityContext", {})
         name = c["name"]

@@ -11,6 +11,7 @@ every other component in it, so a mutant elsewhere meets its own component's che
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -964,6 +965,22 @@ def test_every_workload_object_is_valid_and_admitted(stack: str, overrides: dict
         assert not pod_security_violations(pod(job), level), job.name
         assert pod(job)["restartPolicy"] == "Never"  # a Job's podFailurePolicy requires it
         assert pod(job)["automountServiceAccountToken"] is bool(pod(job).get("serviceAccountName"))
+
+
+@pytest.mark.parametrize(("setting", "violation"), [
+    ({"runAsNonRoot": False}, "pod sets runAsNonRoot false"),
+    ({"seccompProfile": {"type": "runtimedefault"}}, "pod seccomp profile is 'runtimedefault'"),
+])
+def test_a_pod_level_setting_the_containers_override_still_keeps_the_pod_out(setting: dict[str, Any],
+                                                                             violation: str) -> None:
+    """The restricted level judges the pod's own securityContext too, not only what each container ends up
+    with: a workload pod with one pod-level field changed is refused, though its container sets both."""
+    jobs = workloads("dev").of_type(JOB)
+    job = next(j for j in jobs if not j.inputs["metadata"]["name"].endswith(contract.SHARE_PREP))
+    spec = copy.deepcopy(pod(job))
+    assert not pod_security_violations(spec, "restricted")
+    spec["securityContext"].update(setting)
+    assert violation in pod_security_violations(spec, "restricted")
 
 
 def test_service_account_ids_stay_valid_for_long_stack_names() -> None:
