@@ -465,6 +465,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
           for cond in (">= 5", "< NIGHT_END_HOUR") for kw in ("dtype=None", "")),
     )),
     # infra:
+    Equivalent("infra/jobs.py", "(contract.LOADER, ref, args, {}, cfg,", "(contract.LOADER, ref, args, None, cfg,",
+               "the one-off pod's container resources are popped right after (kubectl run sets none): {} or None"),
     *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)
       for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
                            ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),

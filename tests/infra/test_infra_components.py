@@ -908,6 +908,9 @@ def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
         jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetPreset": other_preset}), stack="dev"), IMAGE),
         jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetName": "other"}), stack="dev"), IMAGE),
         jobs.seed_inputs(config.load(render.stack_config("dev", DATA), stack="dev"), IMAGE),
+        # the same dataset name (the last folder) at a new location: new data to load
+        jobs.seed_inputs(config.load(render.stack_config("dev", {**DATA, "datasetUri": "gs://acme-fraud-2/exports"}),
+                                     stack="dev"), IMAGE),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
     # Deployed stacks carry this value: an encoding that changed (keys, order, length) would replace both
@@ -940,6 +943,9 @@ def test_one_off_pods_run_like_the_loader_and_pass_the_namespaces_checks() -> No
     assert not pod_security_violations(spec["spec"], "restricted")
     (c,) = spec["spec"]["containers"]
     assert c["name"] == "status" and c["args"] == contract.STATUS_ARGS and "resources" not in c
+    # kubectl applies --overrides as a JSON merge patch over the pod it generates: a null image would
+    # delete the image --image set, and the API server refuses a container without one.
+    assert c["image"] == IMAGE
     assert "command" not in c and "serviceAccountName" not in spec["spec"]
     assert env(c)[contract.ENV_REDIS_URL] == b.resolved["redis_url"]
     _, export = _kubectl_run(b.resolved["export"])
