@@ -260,6 +260,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
     Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
+    *(Equivalent("workload/worker.py", "self._report(store, lease, beat, promoted, trainer, dataset, test_scores,",
+                 after, "_report scores the test days with the trainer only when no scores are passed; these are that "
+                 "trainer's scores of the same days, computed just before: the same values either way")
+      for after in ("self._report(store, lease, beat, promoted, None, dataset, test_scores,",
+                    "self._report(store, lease, beat, promoted, trainer, dataset, None,",
+                    "self._report(store, lease, beat, promoted, trainer, dataset,")),
+    Equivalent("workload/worker.py", "dataset, test_scores, / draw=", "dataset, draw=",
+               "the scores argument dropped: _report then scores the test days with the same trainer: the same values"),
+    Equivalent("workload/worker.py", """.strip('"')""", """.strip('XX"XX')""",
+               "the messages stripped here begin with a quote or 'run ' and end with a quote, a bracket, a brace, "
+               "a digit or a rule's closing words (workload/hparams.py, WorkQueue.spec): never with an X"),
     *(Equivalent("workload/worker.py", f'str(examples.day.{f}()) if len(examples.day) else ""', after,
                  "a shard's examples are every row of its file, and a file without rows is refused when the "
                  "dataset is read: the empty branch never runs")
