@@ -260,6 +260,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
     Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
+    Equivalent("workload/worker.py", "self._progress_at = time.monotonic()", "self._progress_at = None",
+               "the constructor's value is never read: process() touches (sets it) before its heartbeat starts, "
+               "and only the heartbeat reads it"),
+    Equivalent("workload/worker.py", "self._infra_since: float | None = None", 'self._infra_since: float | None = ""',
+               "only read as `self._infra_since or now`: '' and None are both false"),
     *(Equivalent("workload/worker.py", "self._report(store, lease, beat, promoted, trainer, dataset, test_scores,",
                  after, "_report scores the test days with the trainer only when no scores are passed; these are that "
                  "trainer's scores of the same days, computed just before: the same values either way")
