@@ -260,7 +260,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent("workload/worker.py", "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
     Equivalent("workload/worker.py", "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
-    Equivalent("workload/worker.py", "self._progress_at = time.monotonic()", "self._progress_at = None",
+    Equivalent("workload/worker.py", "self._progress_at = time.monotonic()  # set again by process()",
+               "self._progress_at = None  # set again by process()",
                "the constructor's value is never read: process() touches (sets it) before its heartbeat starts, "
                "and only the heartbeat reads it"),
     Equivalent("workload/worker.py", "self._infra_since: float | None = None", 'self._infra_since: float | None = ""',

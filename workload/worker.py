@@ -187,7 +187,7 @@ class Worker:
         self.datasets_dir, self.output_dir = share_paths(cfg.share)
         self.stop = threading.Event()
         self._datasets: dict[str, Dataset] = {}
-        self._progress_at = time.monotonic()
+        self._progress_at = time.monotonic()  # set again by process() before its heartbeat reads it
         self._infra_since: float | None = None
         self._infra_backoff = cfg.infra_backoff_s
         self._last_infra = ""
