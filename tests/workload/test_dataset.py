@@ -304,18 +304,28 @@ def test_the_manifest_records_each_files_role_span_and_counts_in_order(tmp_path:
     assert not featurestore.paths(root, "history/b-early.csv")[0].exists()
 
 
-def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Path, dataset_src: Path) -> None:
-    root = _copy(dataset_src, tmp_path / "d")
-    train_end = read_transactions(root / "training" / "2018-04-06.parquet")[schema.TX_DATETIME].max()
+def _test_export_starting_at(root: Path, when: pd.Timestamp) -> str:
+    """The test day's file rewritten as a user's CSV export whose first row is at `when`; the one-line
+    error write_manifest gives for it (it must refuse)."""
     test = read_transactions(root / "testing" / "2018-04-07.parquet")
-    test.loc[0, schema.TX_DATETIME] = train_end  # the test file starts at the very instant training ends
+    test.loc[0, schema.TX_DATETIME] = when
     (root / "testing" / "2018-04-07.parquet").unlink()
     test.to_csv(root / "testing" / "export-7.csv", index=False)
     with pytest.raises(DatasetError) as err:
         write_manifest(root)
-    assert str(err.value) == ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps "
-                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
-                              "history, training or testing, never two of them")
+    return str(err.value)
+
+
+OVERLAP_7_ON_6 = ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps training/2018-04-06.parquet "
+                  "(training, 2018-04-06..2018-04-06) in time; a day is history, training or testing, never two "
+                  "of them")
+
+
+def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    train_end = read_transactions(root / "training" / "2018-04-06.parquet")[schema.TX_DATETIME].max()
+    # the test file starts at the very instant training ends
+    assert _test_export_starting_at(root, train_end) == OVERLAP_7_ON_6
     assert not (root / MANIFEST).exists()
 
 
@@ -574,15 +584,7 @@ def test_two_roles_starting_at_the_same_instant_are_refused(tmp_path: Path, data
     """A test export that begins with the last training day's first transaction."""
     root = _copy(dataset_src, tmp_path / "d")
     train = read_transactions(root / "training" / "2018-04-06.parquet")
-    test = read_transactions(root / "testing" / "2018-04-07.parquet")
-    test.loc[0, schema.TX_DATETIME] = train[schema.TX_DATETIME].min()
-    (root / "testing" / "2018-04-07.parquet").unlink()
-    test.to_csv(root / "testing" / "export-7.csv", index=False)
-    with pytest.raises(DatasetError) as err:
-        write_manifest(root)
-    assert str(err.value) == ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps "
-                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
-                              "history, training or testing, never two of them")
+    assert _test_export_starting_at(root, train[schema.TX_DATETIME].min()) == OVERLAP_7_ON_6
 
 
 def test_an_overlap_behind_a_later_file_of_the_other_role_is_refused(tmp_path: Path, dataset_src: Path) -> None:
