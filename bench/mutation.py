@@ -482,6 +482,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
           for cond in (">= 5", "< NIGHT_END_HOUR") for kw in ("dtype=None", "")),
     )),
     # infra:
+    Equivalent("infra/jobs.py", "namespace, skip_await=False)", "namespace, skip_await=None)",
+               "_job_metadata only asks `if skip_await:`: None and False alike"),
     Equivalent("infra/jobs.py", "(contract.LOADER, ref, args, {}, cfg,", "(contract.LOADER, ref, args, None, cfg,",
                "the one-off pod's container resources are popped right after (kubectl run sets none): {} or None"),
     *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)

@@ -445,6 +445,7 @@ def test_a_created_network_has_the_ranges_the_cluster_names_and_nat_for_private_
     assert nat["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
     assert nat["logConfig"] == {"enable": True, "filter": "ERRORS_ONLY"}
     assert b.resolved["name"] == b.one("gcp:compute/network:Network").outputs["name"]
+    assert b.resolved["subnet"] == b.one("gcp:compute/subnetwork:Subnetwork").id, "the cluster's subnet is this one"
     public = build(_network, privateNodes=False)
     assert not public.of_type("gcp:compute/router:Router") and not public.of_type("gcp:compute/routerNat:RouterNat")
 
@@ -475,6 +476,7 @@ def test_the_share_is_one_filestore_bound_to_exactly_one_claim(stack: str, tier:
     assert instance.inputs["tier"] == tier and instance.inputs["project"] == b.cfg.project_id
     assert instance.inputs["location"] == (b.cfg.zone if fs.zonal else b.cfg.region)
     assert instance.inputs["fileShares"] == {"name": fs.share, "capacityGb": capacity}
+    assert b.made["share"].share == fs.share, "the share's name, as the stack exports it (filestoreShare)"
     (net,) = instance.inputs["networks"]
     assert net == {"network": "network", "modes": ["MODE_IPV4"], "connectMode": "DIRECT_PEERING"}
     assert instance.inputs["labels"] == b.cfg.labels.as_dict()
