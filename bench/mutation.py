@@ -482,6 +482,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
           for cond in (">= 5", "< NIGHT_END_HOUR") for kw in ("dtype=None", "")),
     )),
     # infra:
+    *(Equivalent("infra/redis.py", f'"{word}",', f'"{word.upper()}",',
+                 "redis-server reads config names and their yes/no and enum values in any letter case (config.c "
+                 "lowercases the name and compares values with strcasecmp); test_redis_started_from_its_rendered_"
+                 "arguments runs the server from these very arguments")
+      for word in ("--appendonly", "yes", "--appendfsync", "always", "--dir", "--port")),
     Equivalent("infra/jobs.py", "namespace, skip_await=False)", "namespace, skip_await=None)",
                "_job_metadata only asks `if skip_await:`: None and False alike"),
     Equivalent("infra/jobs.py", "(contract.LOADER, ref, args, {}, cfg,", "(contract.LOADER, ref, args, None, cfg,",
