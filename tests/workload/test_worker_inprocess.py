@@ -622,6 +622,101 @@ def test_a_heartbeat_without_redis_loses_the_lease_when_its_validity_runs_out(en
     assert beat.lost.is_set(), "the beat loop gives up too"
 
 
+class _WatchedHeartbeat(Heartbeat):
+    """The real heartbeat, noting each beat's end and answer; `on_miss` runs after a beat Redis did not answer,
+    so a test can bring Redis back at a known moment instead of racing the beats with a timer."""
+
+    def __init__(self, *args: object, on_miss: object = None, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.beats: list[tuple[float, bool | None]] = []
+        self.on_miss = on_miss
+
+    def beat(self) -> bool | None:
+        ok = super().beat()
+        self.beats.append((time.monotonic(), ok))
+        if ok is None and callable(self.on_miss):
+            self.on_miss()
+        return ok
+
+
+def test_confirm_rides_out_an_outage_shorter_than_the_lease_and_answers_soon_after_redis_is_back(env: Share) -> None:
+    """Redis comes back right after confirm()'s first unanswered beat (restarted in this thread: a server
+    started from another thread dies with that thread, RedisServer asks for PR_SET_PDEATHSIG, which follows
+    the starting thread). confirm() tries again within 0.2 s, so it proves ownership well inside the lease."""
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=5)
+    back: list[float] = []
+
+    def restart() -> None:
+        if not back:
+            env.server.start()
+            back.append(time.monotonic())
+
+    beat = _WatchedHeartbeat(queue, lease, ttl_s=5, interval_s=1, on_miss=restart)
+    env.server.kill()
+    assert beat.confirm() is True, "the lease outlived the outage: ownership confirmed"
+    answered = time.monotonic()
+    assert back and [ok for _, ok in beat.beats] == [None, True]
+    assert answered - back[0] < 0.7, f"confirmed {answered - back[0]:.2f}s after Redis was back (retries every 0.2 s)"
+    assert not beat.lost.is_set() and queue.holds(lease)
+
+
+def test_confirm_keeps_trying_until_the_lease_runs_out_and_answers_false_soon_after(env: Share) -> None:
+    """Redis stays down past the lease: confirm() retries while the lease may still be ours (giving it up
+    earlier would throw away valid work), and answers False soon after its validity has run out."""
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=1.5)
+    env.server.kill()
+    started = time.monotonic()
+    beat = _WatchedHeartbeat(queue, lease, ttl_s=1.5, interval_s=0.5)
+    assert beat.confirm() is False and beat.lost.is_set()
+    took = time.monotonic() - started
+    assert took >= 1.5, f"gave the lease up after {took:.2f}s, while it was still valid"
+    # One unanswered beat costs the client's own retries (about 0.7 s), then confirm() waits 0.2 s at most.
+    assert took < 3.0, f"answered {took - 1.5:.2f}s after the lease ran out"
+    assert len(beat.beats) >= 2 and beat.beats[0][1] is None, "tried again while the lease was valid"
+
+
+def test_the_beat_loop_retries_a_missed_beat_within_half_a_second_and_keeps_the_lease(env: Share) -> None:
+    """The loop as Worker.process runs it, in its own thread: a beat Redis did not answer is retried every
+    0.5 s (not one interval later, when the lease may have run out), so the lease is renewed as soon as Redis
+    is back and stays ours; stop() ends the loop, and the thread never holds the process's exit up."""
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=5)
+    missed = threading.Event()
+    beat = _WatchedHeartbeat(queue, lease, ttl_s=5, interval_s=1.2, on_miss=missed.set)
+    env.server.kill()
+    beat.start()
+    try:
+        assert beat.daemon, "a daemon: a worker whose main thread has finished exits without waiting for a beat"
+        assert missed.wait(5), "the loop beat within its interval"
+        env.server.start()  # here: a server started from the heartbeat's thread would die with it
+        back = time.monotonic()
+        deadline = back + 3
+        while not any(ok for at, ok in beat.beats if at > back) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        renewed = [at for at, ok in beat.beats if ok and at > back]
+        assert renewed, f"no renewal in 3 s after Redis was back: {beat.beats}"
+        assert renewed[0] - back < 0.9, f"renewed {renewed[0] - back:.2f}s after Redis was back (retry every 0.5 s)"
+        assert not beat.lost.is_set() and queue.holds(lease)
+    finally:
+        beat.stop()
+        beat.join(3)
+    assert not beat.is_alive(), "stop() ends the loop"
+
+
+def test_the_beat_loop_renews_the_lease_once_an_interval(env: Share) -> None:
+    queue = env.seed()
+    lease = queue.claim("w1", ttl_s=10)
+    beat = _WatchedHeartbeat(queue, lease, ttl_s=10, interval_s=0.1)
+    stopper = threading.Timer(1.05, beat.stop)
+    stopper.start()
+    beat.run()
+    stopper.join()
+    assert all(ok for _, ok in beat.beats)
+    assert 7 <= len(beat.beats) <= 10, f"{len(beat.beats)} renewals in 1 s at a 0.1 s interval"
+
+
 def test_the_watchdog_gives_the_lease_up_at_no_cost_and_exits_5(env: Share, monkeypatch: pytest.MonkeyPatch) -> None:
     """No progress for stall_s: the lease is released (no attempt charged) and the process exits 5.
     os._exit is recorded here instead of ending pytest (test_infra_faults.py proves the real exit)."""
