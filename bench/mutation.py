@@ -270,6 +270,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "self._progress_at = None  # set again by process()",
                "the constructor's value is never read: process() touches (sets it) before its heartbeat starts, "
                "and only the heartbeat reads it"),
+    *(Equivalent("workload/worker.py", 'self._last_infra = ""', f"self._last_infra = {after}",
+                 "only the give-up and back-off logs read it, and _back_off runs only after process() returned "
+                 "Outcome.INFRA, which it does right after setting it")
+      for after in ("None", '"XXXX"')),
     Equivalent("workload/worker.py", "self._infra_since: float | None = None", 'self._infra_since: float | None = ""',
                "only read as `self._infra_since or now`: '' and None are both false"),
     *(Equivalent("workload/worker.py", "self._report(store, lease, beat, promoted, trainer, dataset, test_scores,",
