@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -410,9 +411,35 @@ def test_redis_started_from_its_rendered_arguments_requires_the_password_and_fsy
         assert client.config_get("dir")["dir"] == str(folders["/data"].resolve())
         with pytest.raises(redis_py.AuthenticationError):
             redis_py.Redis(port=port, socket_timeout=5).ping()
+        # The readiness probe, as the kubelet runs it in the container: its own command, with the container's
+        # env (the password from the Secret it names). It passes on this Redis; without the password or with
+        # Redis gone it fails (the pod leaves the Service's endpoints).
+        probe = c["readinessProbe"]["exec"]["command"]
+        container_env = {}
+        for var in c["env"]:
+            ref = var["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == b.made["redis"].secret_name
+            container_env[var["name"]] = secret["stringData"][ref["key"]]
+        assert probe_passes(probe, port, tmp_path, container_env)
+        assert not probe_passes(probe, port, tmp_path, {})
     finally:
         proc.kill()
         proc.wait()
+    assert not probe_passes(probe, port, tmp_path, container_env)
+
+
+def probe_passes(command: list[str], port: int, tmp_path: Path, env: dict[str, str]) -> bool:
+    """Run an exec probe's command as the kubelet would, in the Redis image's shell with redis-cli on PATH. The
+    Redis under test listens on a free port rather than the pod's 6379: the `redis-cli` found first on PATH is
+    the real one (the binary next to redis-server) told that port."""
+    bin_dir = tmp_path / "probe-bin"
+    bin_dir.mkdir(exist_ok=True)
+    cli = Path(find_redis_server()).with_name("redis-cli")
+    cli = cli if cli.is_file() else Path(shutil.which("redis-cli") or "redis-cli")
+    (bin_dir / "redis-cli").write_text(f'#!/bin/sh\nexec {shlex.quote(str(cli))} -p {port} "$@"\n')
+    (bin_dir / "redis-cli").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.run(command, env={"PATH": path, **env}, timeout=30, capture_output=True).returncode == 0
 
 
 # --- the network, the share, the GPUs, the identities ------------------------------------------------------
