@@ -196,6 +196,9 @@ ERROR_MODE = "the release script fails the item for every mode but 'preempted' a
 PREFIXES = "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"
 BYTES = "connect() never decodes responses: a script's string reply is always bytes, the other branch never runs"
 PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
+LAST_SLEEP = ("confirm() waits 0.2 s between tries either way except in the lease's last 0.2 s, where it waits to "
+              "the deadline: the next try comes after the deadline in both cases (the same tries, the same answer), "
+              "at most 0.2 s later")
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
@@ -270,6 +273,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "self._progress_at = None  # set again by process()",
                "the constructor's value is never read: process() touches (sets it) before its heartbeat starts, "
                "and only the heartbeat reads it"),
+    Equivalent("workload/worker.py", "max(0.0, self._valid_until - time.monotonic())",
+               "max(1.0, self._valid_until - time.monotonic())", LAST_SLEEP),
+    Equivalent("workload/worker.py", "max(0.0, self._valid_until - time.monotonic())",
+               "max(0.0, self._valid_until + time.monotonic())", LAST_SLEEP),
+    Equivalent("workload/worker.py", "if stuck > self.stall_s:", "if stuck >= self.stall_s:", CLOCK),
+    Equivalent("workload/worker.py", 'daemon=True, name="heartbeat")', "daemon=True, )", THREAD_NAME),
     *(Equivalent("workload/worker.py", 'self._last_infra = ""', f"self._last_infra = {after}",
                  "only the give-up and back-off logs read it, and _back_off runs only after process() returned "
                  "Outcome.INFRA, which it does right after setting it")

@@ -38,7 +38,11 @@ _PR_SET_PDEATHSIG = 1
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     """A `preexec_fn`: the child asks Linux to send it `sig` when its parent dies, so a server or
     worker never outlives the `make local` that started it (a double Ctrl-C, a closed terminal, a
-    SIGKILL). Elsewhere than Linux it does nothing."""
+    SIGKILL). Elsewhere than Linux it does nothing.
+
+    Linux ties the signal to the parent's *thread* that started the child (prctl(2), PR_SET_PDEATHSIG):
+    start servers and workers from a thread that lives as long as they should (the main thread does); one
+    started from a short-lived thread (a threading.Timer) is signalled when that thread ends."""
     parent = os.getpid()
 
     def arm() -> None:
