@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections import Counter
@@ -62,6 +63,8 @@ class Group:
     # restart, sleeps between retries): the worker's in-process tests used 1.05 cores of 2 at --jobs 2, and
     # 34 of its mutants took 83 s at 2 at once, 57 s at 4 (the same verdicts), 57 s at 6.
     jobs_per_core: int = 1
+    # CPU minutes of the group's last whole run (2 cores): only orders the groups, the longest first.
+    cpu_minutes: float = 1.0
 
 
 GROUPS: tuple[Group, ...] = (
@@ -69,13 +72,15 @@ GROUPS: tuple[Group, ...] = (
         "queue",
         ("workload/queue.py",),
         ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py"),
-        jobs_per_core=2,  # leases expire in real time: 10.6 s of tests use 5.4 s of CPU, most of it imports
+        jobs_per_core=3,  # leases expire in real time: 10.6 s of tests use 5.4 s of CPU, most of it imports
+        cpu_minutes=5.3,
     ),
     Group(
         "checkpoint",
         ("workload/checkpoint.py", "workload/fsutil.py"),
         ("tests/workload/test_checkpoint.py", "tests/workload/test_checkpoint_rules.py",
          "tests/workload/test_atomic_writes.py", "tests/workload/test_stale_tmp.py"),
+        cpu_minutes=2.3,
     ),
     # The fault tests run the worker as `python -m workload` subprocesses (mutmut cannot map those to
     # functions, and they take minutes each): test_worker_inprocess.py drives the same code in the pytest
@@ -87,6 +92,7 @@ GROUPS: tuple[Group, ...] = (
         ("tests/workload/test_worker_inprocess.py",),
         do_not_mutate_patterns=(r"^\s*faults\.point\(",),
         jobs_per_core=2,
+        cpu_minutes=31.4,
     ),
     Group(
         "features",
@@ -766,6 +772,51 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
     return results, run, problem
 
 
+Outcome = tuple[list[ModuleResult], Run, str]
+_COLLECTING = threading.Lock()  # collect() changes the working folder and mutmut's globals: one at a time
+_PRINTING = threading.Lock()
+
+
+def _say(text: str) -> None:
+    with _PRINTING:
+        print(text, flush=True)
+
+
+def run_groups(groups: list[Group], jobs: int, lanes: int) -> dict[str, Outcome]:
+    """Every group's run, ``lanes`` groups at a time. Two lanes: the groups whose tests mostly wait in one, the
+    others in the other, each list the longest first (the last group may run alone, on its lane's share); a
+    lane done with its own takes from the other's. Each lane has half of ``jobs``: a waiting group leaves
+    much of its share idle (the worker's tests: 1.05 cores of 2), and the other lane's group uses it."""
+    lists: list[list[Group]] = [sorted((g for g in groups if g.jobs_per_core > 1), key=lambda g: -g.cpu_minutes),
+                                sorted((g for g in groups if g.jobs_per_core == 1), key=lambda g: -g.cpu_minutes)]
+    lists = lists if lanes > 1 else [lists[0] + lists[1]]
+    lock = threading.Lock()
+    active = [min(lanes, len(lists))]  # lanes; a lane leaves when both lists are empty
+    outcomes: dict[str, Outcome] = {}
+
+    def lane(own: int) -> None:
+        while True:
+            with lock:
+                todo = next((lst for lst in (lists[own], *lists) if lst), None)
+                if todo is None:
+                    active[0] -= 1
+                    return
+                group, share = todo.pop(0), max(1, jobs // len(lists))
+            _say(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}")
+            results, run, problem = outcomes[group.name] = run_group(group, share)
+            mutants = sum(sum(r.statuses.values()) for r in results)
+            _say("\n".join([*table([(r, "") for r in results])[2:],
+                            f"{group.name}: {mutants} mutants in {run.wall / 60:.1f} min, {run.jobs} at once, "
+                            f"{run.cpu / 60:.1f} CPU min" + (f"; {problem}" if problem else "")]))
+
+    threads = [threading.Thread(target=lane, args=(i,), name=f"lane-{i}") for i in range(active[0])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
 def collect(where: Path, group: Group) -> list[ModuleResult]:
     """Read mutmut's verdicts (``mutants/<module>.meta``) and the diff of every survivor; a module with no
     verdicts (no run yet, or mutmut failed before testing) comes back empty and scores nan."""
@@ -776,7 +827,7 @@ def collect(where: Path, group: Group) -> list[ModuleResult]:
     from mutmut.stats import status_by_exit_code
 
     results = []
-    with contextlib.chdir(where):  # mutmut reads its config and files from the working folder
+    with _COLLECTING, contextlib.chdir(where):  # mutmut reads its config and files from the working folder
         mutmut._reset_globals()
         for module in group.modules:
             result = ModuleResult(module)
@@ -832,7 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=[g.name for g in GROUPS], help="groups to run (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
-                        help="mutants tested at once (default: one per core), times a group's jobs_per_core")
+                        help="mutants tested at once (default: one per core), shared by the lanes running, times "
+                        "a group's jobs_per_core")
+    parser.add_argument("--lanes", type=int, default=2, help="groups run at once (1: one after the other)")
     parser.add_argument("--write", action="store_true", help="record the figures in docs/benchmarks.md")
     parser.add_argument("--floor", type=float, default=FLOOR, help="lowest acceptable score, percent")
     parser.add_argument("--no-run", action="store_true",
@@ -844,28 +897,26 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[ModuleResult, str]] = []
     problems: list[str] = []
     walls: list[str] = ["| group | mutants | at once | wall | CPU |", "|---|---|---|---|---|"]
-    cpu = 0.0
     for group in groups:
         if group.pending:
             print(f"{group.name}: not measured: {group.pending}", flush=True)
+    outcomes = {} if args.no_run else run_groups([g for g in groups if not g.pending], args.jobs, args.lanes)
+    cpu = sum(run.cpu for _, run, _ in outcomes.values())
+    for group in groups:
+        if group.pending:
             rows += [(ModuleResult(m), group.pending) for m in group.modules]
             continue
         if args.no_run:
             results, run, problem = collect(STAGE / group.name, group), Run(0.0, 0.0, 0), ""
+            print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
         else:
-            print(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}", flush=True)
-            results, run, problem = run_group(group, args.jobs)
-            cpu += run.cpu
-        rows += [(r, "") for r in results]
-        print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
-        if problem:
-            problems.append(f"{group.name}: {problem}")
-        if not args.no_run:
+            results, run, problem = outcomes[group.name]
             mutants = sum(sum(r.statuses.values()) for r in results)
             walls.append(f"| {group.name} | {mutants} | {run.jobs} | {run.wall / 60:.1f} min | "
                          f"{run.cpu / 60:.1f} min |")
-            print(f"{group.name}: {mutants} mutants in {run.wall / 60:.1f} min, {run.jobs} at once, "
-                  f"{run.cpu / 60:.1f} CPU min" + (f"; {problem}" if problem else ""), flush=True)
+        rows += [(r, "") for r in results]
+        if problem:
+            problems.append(f"{group.name}: {problem}")
     wall = time.monotonic() - started
 
     measured = [r for r, pending in rows if not pending]
@@ -893,7 +944,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "holds" if measured and total.score >= args.floor and not problems and not pending else "falls short"
     summary = (f"Mutation score {total.score:.1f} % over {len(measured)} module(s) (floor {args.floor:g} %): "
                f"{verdict}; {len(pending)} group(s) not measured; {wall / 60:.1f} min with {args.jobs} job(s) "
-               "per group (twice that where its tests mostly wait).")
+               f"shared by {args.lanes} lane(s).")
     print()
     print("\n".join(lines + problems + ["", summary]))
     if args.write:

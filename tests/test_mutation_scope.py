@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -66,3 +68,57 @@ def test_a_groups_own_patterns_add_to_the_shared_ones() -> None:
     staged = tomllib.loads(mutation.group_pyproject(original, group))["tool"]["mutmut"]["do_not_mutate_patterns"]
     shared = mutation.base_config()["do_not_mutate_patterns"]
     assert shared and staged == [*shared, *group.do_not_mutate_patterns]
+
+
+def test_lanes_keep_the_waiting_groups_apart_and_share_the_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two lanes: the waiting groups in one, the others longest first in the other, half the jobs each; a lane
+    done with its own list takes from the other's."""
+    started: list[tuple[str, int]] = []
+    release = {name: threading.Event() for name in "WwCcx"}
+
+    def run_group(group: mutation.Group, jobs: int) -> tuple[list[mutation.ModuleResult], mutation.Run, str]:
+        started.append((group.name, jobs))
+        assert release[group.name].wait(10)
+        return [], mutation.Run(0.0, 0.0, jobs * group.jobs_per_core), ""
+
+    monkeypatch.setattr(mutation, "run_group", run_group)
+    groups = [mutation.Group("c", (), (), cpu_minutes=2), mutation.Group("W", (), (), jobs_per_core=2, cpu_minutes=9),
+              mutation.Group("C", (), (), cpu_minutes=8), mutation.Group("x", (), (), cpu_minutes=1),
+              mutation.Group("w", (), (), jobs_per_core=2, cpu_minutes=3)]
+    done: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: done.update(mutation.run_groups(groups, 4, 2)))
+    runner.start()
+
+    def release_then_started(name: str) -> list[tuple[str, int]]:
+        """Let `name` finish; what has started once things settle."""
+        count = len(started)
+        if name:
+            release[name].set()
+        deadline = time.monotonic() + 5
+        while len(started) == count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # and nothing more
+        return sorted(started[count:])
+
+    assert release_then_started("") == [("C", 2), ("W", 2)]
+    assert release_then_started("W") == [("w", 2)]
+    assert release_then_started("w") == [("c", 2)]  # the waiting lane takes from the other's list
+    assert release_then_started("C") == [("x", 2)]
+    assert release_then_started("c") == []  # nothing left: that lane leaves
+    release["x"].set()
+    runner.join(10)
+    assert sorted(done) == ["C", "W", "c", "w", "x"]
+
+
+def test_one_lane_runs_the_groups_one_after_the_other_with_every_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[str, int]] = []
+
+    def run_group(group: mutation.Group, jobs: int) -> tuple[list[mutation.ModuleResult], mutation.Run, str]:
+        started.append((group.name, jobs))
+        return [], mutation.Run(0.0, 0.0, jobs), ""
+
+    monkeypatch.setattr(mutation, "run_group", run_group)
+    groups = [mutation.Group("a", (), (), cpu_minutes=1), mutation.Group("b", (), (), jobs_per_core=2),
+              mutation.Group("c", (), (), cpu_minutes=5)]
+    mutation.run_groups(groups, 2, 1)
+    assert started == [("b", 2), ("c", 2), ("a", 2)]
