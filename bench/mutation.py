@@ -98,22 +98,26 @@ GROUPS: tuple[Group, ...] = (
         "features",
         ("workload/features.py",),
         ("tests/model/test_features.py", "tests/model/test_feature_boundaries.py"),
+        cpu_minutes=1.1,
     ),
     Group(
         "dataset",
         ("workload/dataset.py",),
         ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py"),
+        cpu_minutes=10.0,
     ),
     Group(
         "metrics",
         ("workload/metrics.py",),
         ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py",
          "tests/model/test_logistic_baseline.py"),
+        cpu_minutes=1.4,
     ),
     Group(
         "trainer",
         ("workload/trainer.py",),
         ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py"),
+        cpu_minutes=12.0,
     ),
     # The infra components whose rendered specs carry the product's guarantees (Job failure rules and
     # security context, Redis password/AOF/NetworkPolicy, Workload Identity roles and conditions, the
@@ -134,6 +138,7 @@ GROUPS: tuple[Group, ...] = (
         # registration whatever its argument. program.py and the stack's exports read the components' Python
         # attributes: no resource depends on what is recorded.
         do_not_mutate_patterns=(r"^\s*self\.register_outputs\(",),
+        cpu_minutes=26.0,
     ),
     Group(
         "policy",
@@ -143,6 +148,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/policy/test_redis_admission.py",
             "tests/policy/test_policy_rules_dev_stack.py",
         ),
+        cpu_minutes=10.0,
     ),
 )
 

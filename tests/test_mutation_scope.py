@@ -89,22 +89,22 @@ def test_lanes_keep_the_waiting_groups_apart_and_share_the_jobs(monkeypatch: pyt
     runner = threading.Thread(target=lambda: done.update(mutation.run_groups(groups, 4, 2)))
     runner.start()
 
-    def release_then_started(name: str) -> list[tuple[str, int]]:
-        """Let `name` finish; what has started once things settle."""
-        count = len(started)
+    def release_then_started(name: str, count: int) -> list[tuple[str, int]]:
+        """Let `name` finish; the `count` groups that start next (and, a moment later, no more)."""
+        before = len(started)
         if name:
             release[name].set()
-        deadline = time.monotonic() + 5
-        while len(started) == count and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10
+        while len(started) < before + count and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.1)  # and nothing more
-        return sorted(started[count:])
+        time.sleep(0.1)
+        return sorted(started[before:])
 
-    assert release_then_started("") == [("C", 2), ("W", 2)]
-    assert release_then_started("W") == [("w", 2)]
-    assert release_then_started("w") == [("c", 2)]  # the waiting lane takes from the other's list
-    assert release_then_started("C") == [("x", 2)]
-    assert release_then_started("c") == []  # nothing left: that lane leaves
+    assert release_then_started("", 2) == [("C", 2), ("W", 2)]
+    assert release_then_started("W", 1) == [("w", 2)]
+    assert release_then_started("w", 1) == [("c", 2)]  # the waiting lane takes from the other's list
+    assert release_then_started("C", 1) == [("x", 2)]
+    assert release_then_started("c", 0) == []  # nothing left: that lane leaves
     release["x"].set()
     runner.join(10)
     assert sorted(done) == ["C", "W", "c", "w", "x"]
