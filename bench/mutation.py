@@ -59,11 +59,13 @@ class Group:
     # mutmut's do_not_mutate_patterns (regexes on source lines; the whole statement a match starts is left
     # alone): only for lines that cannot change behaviour a test could check, such as progress logging.
     do_not_mutate_patterns: tuple[str, ...] = ()
-    # Mutants tested at once per core. 2 for a group whose tests mostly wait (leases running out, a Redis
-    # restart, sleeps between retries): the worker's in-process tests used 1.05 cores of 2 at --jobs 2, and
-    # 34 of its mutants took 83 s at 2 at once, 57 s at 4 (the same verdicts), 57 s at 6.
+    # Mutants tested at once per job of its lane. More than 1 for a group whose tests mostly wait (leases
+    # running out, a Redis restart, sleeps between retries): the worker's in-process tests used 1.05 cores of 2
+    # at --jobs 2 (29.0 CPU min in 31.9 min at 2 at once in the whole run), and 34 of its mutants took 83 s at 2
+    # at once, 57 s at 4 (the same verdicts), 57 s at 6. Such a group runs in a lane of its own (run_groups).
     jobs_per_core: int = 1
-    # CPU minutes of the group's last whole run (2 cores): only orders the groups, the longest first.
+    # CPU minutes of the group's last whole run (2 cores, docs/benchmarks.md): only orders the groups, the
+    # longest first.
     cpu_minutes: float = 1.0
 
 
@@ -73,14 +75,14 @@ GROUPS: tuple[Group, ...] = (
         ("workload/queue.py",),
         ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py"),
         jobs_per_core=3,  # leases expire in real time: 10.6 s of tests use 5.4 s of CPU, most of it imports
-        cpu_minutes=5.3,
+        cpu_minutes=6.0,
     ),
     Group(
         "checkpoint",
         ("workload/checkpoint.py", "workload/fsutil.py"),
         ("tests/workload/test_checkpoint.py", "tests/workload/test_checkpoint_rules.py",
          "tests/workload/test_atomic_writes.py", "tests/workload/test_stale_tmp.py"),
-        cpu_minutes=2.3,
+        cpu_minutes=2.1,
     ),
     # The fault tests run the worker as `python -m workload` subprocesses (mutmut cannot map those to
     # functions, and they take minutes each): test_worker_inprocess.py drives the same code in the pytest
@@ -92,32 +94,32 @@ GROUPS: tuple[Group, ...] = (
         ("tests/workload/test_worker_inprocess.py",),
         do_not_mutate_patterns=(r"^\s*faults\.point\(",),
         jobs_per_core=2,
-        cpu_minutes=31.4,
+        cpu_minutes=29.0,
     ),
     Group(
         "features",
         ("workload/features.py",),
         ("tests/model/test_features.py", "tests/model/test_feature_boundaries.py"),
-        cpu_minutes=1.1,
+        cpu_minutes=1.2,
     ),
     Group(
         "dataset",
         ("workload/dataset.py",),
         ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py"),
-        cpu_minutes=10.0,
+        cpu_minutes=6.8,
     ),
     Group(
         "metrics",
         ("workload/metrics.py",),
         ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py",
          "tests/model/test_logistic_baseline.py"),
-        cpu_minutes=1.4,
+        cpu_minutes=1.3,
     ),
     Group(
         "trainer",
         ("workload/trainer.py",),
         ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py"),
-        cpu_minutes=12.0,
+        cpu_minutes=4.4,
     ),
     # The infra components whose rendered specs carry the product's guarantees (Job failure rules and
     # security context, Redis password/AOF/NetworkPolicy, Workload Identity roles and conditions, the
@@ -138,7 +140,7 @@ GROUPS: tuple[Group, ...] = (
         # registration whatever its argument. program.py and the stack's exports read the components' Python
         # attributes: no resource depends on what is recorded.
         do_not_mutate_patterns=(r"^\s*self\.register_outputs\(",),
-        cpu_minutes=26.0,
+        cpu_minutes=37.1,
     ),
     Group(
         "policy",
@@ -148,7 +150,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/policy/test_redis_admission.py",
             "tests/policy/test_policy_rules_dev_stack.py",
         ),
-        cpu_minutes=10.0,
+        cpu_minutes=3.9,
     ),
 )
 
