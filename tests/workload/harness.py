@@ -153,3 +153,9 @@ def same_weights(a: dict, b: dict) -> bool:
     """The trained weights and the averaged ones that score, bit for bit."""
     return all(a[part].keys() == b[part].keys() and all(torch.equal(a[part][k], b[part][k]) for k in a[part])
                for part in ("model", "averaged"))
+
+
+def interruptible() -> None:
+    """A `preexec_fn`: SIGINT back to its default in the child, as a terminal's Ctrl-C finds it. A test run
+    started as a shell's background job inherits SIGINT ignored, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

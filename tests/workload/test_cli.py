@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import HPARAMS, ROOT, Cluster
+from harness import HPARAMS, ROOT, Cluster, interruptible
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -126,7 +126,9 @@ def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Pat
     runs = tmp_path / "runs.json"
     runs.write_text(json.dumps({"main": {"epochs": 20}}))
     cmd = [sys.executable, "-m", "workload", "local", "--dir", str(base), "--runs-file", str(runs)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C as a terminal sends it, whatever this test run inherited (a shell's background job ignores SIGINT).
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while not list((base / "share" / "output").glob("*/checkpoints/manifest-t*.json")):
         assert time.monotonic() < deadline and proc.poll() is None

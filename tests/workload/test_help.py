@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ROOT
+from harness import ROOT, interruptible
 
 from workload import cli
 
@@ -77,7 +77,8 @@ def test_status_dir_reads_a_running_local_without_showing_its_password(tmp_path:
     runs.write_text(json.dumps({"main": {"epochs": 400}}))
     proc = subprocess.Popen([sys.executable, "-m", "workload", "local", "--dir", str(base), "--datasets",
                              str(dataset_src), "--runs-file", str(runs), "--workers", "1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=interruptible)  # Ctrl-C below, whatever this test run inherited
     try:
         connection = base / "redis" / "connection.json"
         deadline = time.monotonic() + 120
