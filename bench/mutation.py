@@ -811,7 +811,11 @@ def run_groups(groups: list[Group], jobs: int, lanes: int) -> dict[str, Outcome]
                     return
                 group, share = todo.pop(0), max(1, jobs // len(lists))
             _say(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}")
-            results, run, problem = outcomes[group.name] = run_group(group, share)
+            try:
+                results, run, problem = outcomes[group.name] = run_group(group, share)
+            except Exception as exc:  # noqa: BLE001 - reported with the group, and the other lane goes on
+                results, run, problem = outcomes[group.name] = (
+                    [ModuleResult(m) for m in group.modules], Run(0.0, 0.0, share), f"the run failed: {exc!r}")
             mutants = sum(sum(r.statuses.values()) for r in results)
             _say("\n".join([*table([(r, "") for r in results])[2:],
                             f"{group.name}: {mutants} mutants in {run.wall / 60:.1f} min, {run.jobs} at once, "
