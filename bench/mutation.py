@@ -799,15 +799,13 @@ def run_groups(groups: list[Group], jobs: int, lanes: int) -> dict[str, Outcome]
                                 sorted((g for g in groups if g.jobs_per_core == 1), key=lambda g: -g.cpu_minutes)]
     lists = lists if lanes > 1 else [lists[0] + lists[1]]
     lock = threading.Lock()
-    active = [min(lanes, len(lists))]  # lanes; a lane leaves when both lists are empty
     outcomes: dict[str, Outcome] = {}
 
     def lane(own: int) -> None:
         while True:
             with lock:
                 todo = next((lst for lst in (lists[own], *lists) if lst), None)
-                if todo is None:
-                    active[0] -= 1
+                if todo is None:  # both lists are empty: this lane is done
                     return
                 group, share = todo.pop(0), max(1, jobs // len(lists))
             _say(f"{group.name}: mutating {', '.join(group.modules)} against {', '.join(group.tests)}")
@@ -821,7 +819,7 @@ def run_groups(groups: list[Group], jobs: int, lanes: int) -> dict[str, Outcome]
                             f"{group.name}: {mutants} mutants in {run.wall / 60:.1f} min, {run.jobs} at once, "
                             f"{run.cpu / 60:.1f} CPU min" + (f"; {problem}" if problem else "")]))
 
-    threads = [threading.Thread(target=lane, args=(i,), name=f"lane-{i}") for i in range(active[0])]
+    threads = [threading.Thread(target=lane, args=(i,), name=f"lane-{i}") for i in range(len(lists))]
     for t in threads:
         t.start()
     for t in threads:

@@ -576,16 +576,20 @@ def test_a_dataset_folder_that_leads_outside_the_share_is_refused(env: Share, tm
 
 
 # -- leases and heartbeats -------------------------------------------------------------------------------
+def beat_for(beat: Heartbeat, seconds: float) -> None:
+    """Run the beat loop in the test's own thread (its calls are the test's, for tracebacks and coverage) until
+    a timer stops it after `seconds`."""
+    stopper = threading.Timer(seconds, beat.stop)
+    stopper.start()
+    beat.run()
+    stopper.join()
+
+
 def test_heartbeats_keep_a_short_lease_alive_and_notice_a_takeover(env: Share) -> None:
     queue = env.seed()
     lease = queue.claim("w1", ttl_s=0.6)
     beat = Heartbeat(queue, lease, ttl_s=0.6, interval_s=0.15)
-    # The beat loop runs here, in the test's thread (mutation testing maps only this thread's calls to
-    # tests); a timer stops it after two TTLs.
-    stopper = threading.Timer(1.5, beat.stop)
-    stopper.start()
-    beat.run()
-    stopper.join()
+    beat_for(beat, 1.5)  # two TTLs
     assert queue.holds(lease) and not beat.lost.is_set(), "renewed past two TTLs"
     time.sleep(0.8)
     peer = queue.claim("w2", ttl_s=10)
@@ -709,10 +713,7 @@ def test_the_beat_loop_renews_the_lease_once_an_interval(env: Share) -> None:
     queue = env.seed()
     lease = queue.claim("w1", ttl_s=10)
     beat = _WatchedHeartbeat(queue, lease, ttl_s=10, interval_s=0.1)
-    stopper = threading.Timer(1.05, beat.stop)
-    stopper.start()
-    beat.run()
-    stopper.join()
+    beat_for(beat, 1.05)
     assert all(ok for _, ok in beat.beats)
     assert 7 <= len(beat.beats) <= 10, f"{len(beat.beats)} renewals in 1 s at a 0.1 s interval"
 
