@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.workload.harness import HPARAMS, Cluster, make_dataset, same_weights
-from workload.checkpoint import CheckpointStore
-from workload.dataset import Dataset
-from workload.errors import EXIT_INFRA
-from workload.redis_server import RedisServer
+from workload.core.errors import EXIT_INFRA
+from workload.data.dataset import Dataset
+from workload.runtime.redis_server import RedisServer
+from workload.share.checkpoint import CheckpointStore
 
 DISTURBANCES = ("kill", "term", "stop", "full")
 

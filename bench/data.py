@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workload import dataset as ds
-from workload import featurestore, schema, simulator
+from workload.data import dataset as ds
+from workload.data import featurestore, schema, simulator
 
 CACHE = Path(__file__).resolve().parent.parent / "build" / "bench"
 # The handbook's population (the tutorial's datasets): ~9.7k transactions a day.
@@ -76,5 +76,5 @@ def place(src: Path, share: Path, name: str = "fraud") -> None:
 def seed_features(share: Path, name: str = "fraud") -> ds.Dataset:
     """What `seed` does once the dataset is on the share: every day's features, computed and stored."""
     data = ds.Dataset(share / "datasets" / name)
-    featurestore.ensure(data)
+    data.ensure_features()
     return data

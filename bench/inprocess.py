@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from workload import metrics, report, trainer
-from workload.checkpoint import CheckpointStore
-from workload.dataset import Dataset
-from workload.queue import Item, Lease, WorkQueue, connect
-from workload.redis_server import RedisServer
-from workload.trainer import HParams, Trainer
-from workload.worker import Worker, WorkerConfig
+from workload.data.dataset import Dataset
+from workload.model import metrics, report, trainer
+from workload.model.trainer import HParams, Trainer
+from workload.queue.workqueue import Item, Lease, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
+from workload.runtime.worker import Worker, WorkerConfig
+from workload.share.checkpoint import CheckpointStore
 
 # (owner, attribute, phase): what the worker does with an item besides claiming and acking it.
 PHASES: list[tuple[Any, str, str]] = [

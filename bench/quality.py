@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from bench.data import CACHE
-from workload import dataset as ds
-from workload import features, featurestore, metrics, simulator
-from workload.trainer import HParams, Trainer
+from workload.data import dataset as ds
+from workload.data import features, simulator
+from workload.model import metrics
+from workload.model.trainer import HParams, Trainer
 
 TEST = ("2018-08-08", "2018-08-14")
 PERIODS = {
@@ -93,7 +94,7 @@ def run(hp: HParams | None = None) -> tuple[list[Score], dict[str, float]]:
     hp = hp or HParams()
     root = cluster_dataset()
     started = time.perf_counter()
-    computed, _ = featurestore.ensure(ds.Dataset(root))
+    computed, _ = ds.Dataset(root).ensure_features()
     info = {"feature_days": float(computed), "feature_s": time.perf_counter() - started}
     data = ds.Dataset(root)
     test = data.examples(_days(data, *TEST))

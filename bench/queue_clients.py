@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 
-from workload.queue import Item, WorkQueue, connect
+from workload.queue.workqueue import Item, WorkQueue, connect
 
 RUNS = 16  # >= 2x the most clients: a run is leased to one worker at a time, so clients need runs
 

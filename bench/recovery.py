@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.workload.harness import Cluster
-from workload.checkpoint import CheckpointStore
-from workload.redis_server import RedisServer
+from workload.runtime.redis_server import RedisServer
+from workload.share.checkpoint import CheckpointStore
 
 _TRAINING = re.compile(r"^(\S+ \S+) INFO \S+ \[(\S+)\]: (\S+): training on \d+ rows, (warm|cold) start", re.M)
 _RESUMING = re.compile(r"(\S+): training on \d+ rows, resuming at epoch (\d+) batch (\d+)")

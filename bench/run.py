@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from bench import data, inprocess, mutation, queue_clients, recovery
-from workload.dataset import Dataset
-from workload.redis_server import RedisServer
-from workload.trainer import FraudMLP, HParams, Normalizer, average, decay_at
+from workload.data.dataset import Dataset
+from workload.model.trainer import FraudMLP, HParams, Normalizer, average, decay_at
+from workload.runtime.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -148,7 +148,7 @@ def efficiency(server: RedisServer, work: Path, device: torch.device, sizes: tup
 def overhead(server: RedisServer, work: Path, items: int = 12) -> tuple[list[Row], dict]:
     """Tutorial-sized daily shards deep enough into the run that each has its full feature history
     (LOOKBACK_DAYS of earlier days): the steady state of a run over the handbook's dataset."""
-    from workload.features import LOOKBACK_DAYS
+    from workload.data.features import LOOKBACK_DAYS
 
     src = data.daily(LOOKBACK_DAYS + items)
     share = work / "share-overhead"
@@ -181,8 +181,8 @@ def overhead(server: RedisServer, work: Path, items: int = 12) -> tuple[list[Row
 def sweep(server: RedisServer, work: Path, sizes: tuple[int, ...] = (1, 8), days: int = 3) -> tuple[list[Row], dict]:
     """Seed (which stores every day's features) then N runs over the same days, one in-process worker:
     the time spent computing features, wherever it is spent, for N runs over one run."""
-    from workload import features
-    from workload.features import LOOKBACK_DAYS
+    from workload.data import features
+    from workload.data.features import LOOKBACK_DAYS
 
     src = data.daily(LOOKBACK_DAYS + 12)  # the overhead benchmark's dataset
     spent: dict[int, dict[str, float]] = {}
@@ -247,7 +247,7 @@ def quality_bench() -> tuple[list[Row], dict]:
 def queue(work: Path, clients: tuple[int, ...] = (1, 2, 4, 8), seconds: float = 2.0) -> tuple[list[Row], dict]:
     """Client processes claim and ack as fast as they can, against the Redis server as the stack, `make local`
     and the tests run it: AOF with an fsync on every write (`appendfsync always`)."""
-    from workload.queue import WorkQueue, connect
+    from workload.queue.workqueue import WorkQueue, connect
 
     rows, points = [], {}
     for fsync in ("always",):

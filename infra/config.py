@@ -238,7 +238,7 @@ class JobConfig:
     loader_timeout_minutes: int
     dataset_preset: str
     # The stack's ``runs`` as canonical JSON ({run name: {hyperparameters}}, keys sorted): what the loader
-    # gets as its runs file, validated with the worker's own rules (workload.hparams.parse_runs).
+    # gets as its runs file, validated with the worker's own rules (workload.model.hparams.parse_runs).
     runs_json: str
     lease_ttl_seconds: int
     checkpoint_interval_seconds: int
@@ -508,7 +508,7 @@ def _jobs(r: _Reader) -> JobConfig:
 
 
 def _runs(r: _Reader) -> str:
-    """``runs``: a map of run name to hyperparameters, checked by ``workload.hparams.parse_runs`` (the
+    """``runs``: a map of run name to hyperparameters, checked by ``workload.model.hparams.parse_runs`` (the
     rules ``seed`` applies), so a typo fails ``pulumi preview`` instead of the loader Job."""
     value = r.raw("runs")
     try:
@@ -523,7 +523,7 @@ def _runs(r: _Reader) -> str:
         raise ConfigError("runs", specs, example)
     # The worker's own rules (stdlib only, no torch). Imported here, not at the top: the policy pack
     # imports this module for its constants from a virtualenv and a copy that hold no worker code.
-    from workload.hparams import parse_runs
+    from workload.model.hparams import parse_runs
 
     try:
         parse_runs(specs, where=f"{PROJECT}:runs")
@@ -574,7 +574,7 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
 
 def _data(r: _Reader) -> DataConfig:
     dataset = _gcs_uri(r, "datasetUri", need_prefix=False)
-    from workload.paths import NAME, NAME_RULE  # the share's folder-name rule (see _runs on the import)
+    from workload.share.paths import NAME, NAME_RULE  # the share's folder-name rule (see _runs on the import)
 
     name = r.raw("datasetName") or _dataset_name(dataset)
     if not NAME.match(name):

@@ -47,7 +47,7 @@ GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 # The image runs as this uid/gid (see workload/Dockerfile).
 WORKLOAD_UID = 10001
 
-# The worker's exit codes (workload/errors.py; tests/test_contract.py checks they agree).
+# The worker's exit codes (workload/core/errors.py; tests/test_contract.py checks they agree).
 # Bad configuration: retrying cannot help, so it counts and fails the Job fast.
 EXIT_BAD_CONFIG = 2
 # Drained with dead letters: counts, so the Job ends Failed (BackoffLimitExceeded) with the dead items
@@ -61,7 +61,7 @@ EXIT_INFRA = 3
 EXIT_STALLED = 5
 RETRYABLE_EXIT_CODES = (EXIT_INFRA, EXIT_STALLED, EXIT_TERMINATED)
 
-# Dataset presets the image's simulator knows (workload/simulator.py PRESETS; tests/test_contract.py
+# Dataset presets the image's simulator knows (workload/data/simulator.py PRESETS; tests/test_contract.py
 # checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.
 DATASET_PRESETS = ("small", "cluster")
 

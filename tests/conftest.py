@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workload.redis_server import RedisServer
+from workload.runtime.redis_server import RedisServer
 
 
 @pytest.fixture

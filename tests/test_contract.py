@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from infra import contract
-from workload import cli, simulator
+from workload import cli
+from workload.data import simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def test_the_runs_file_the_stack_mounts_is_what_seed_reads(tmp_path: Path) -> No
 
 def test_the_output_uri_the_training_pods_get_is_where_the_worker_exports(monkeypatch) -> None:
     """The training Job sets OUTPUT_URI; the worker's hook and `export --to` read that same variable."""
-    from workload import export
+    from workload.model import export
 
     assert export.OUTPUT_URI_ENV == contract.ENV_OUTPUT_URI
     monkeypatch.setenv(contract.ENV_OUTPUT_URI, "gs://acme-results/spot")
@@ -92,7 +93,7 @@ def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tm
     import json
 
     from infra import config, render
-    from workload.paths import check_name
+    from workload.share.paths import check_name
 
     runs = {"main": {}, "lr-small": {"lr": 1e-06, "epochs": 1, "hidden": []}, "r" * 63: {"seed": 0}}
     values = {"runs": json.dumps(runs), "leaseTtlSeconds": "5", "checkpointIntervalSeconds": "1",
@@ -116,7 +117,7 @@ def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tm
 
 def test_the_exit_codes_the_jobs_act_on_are_the_workers() -> None:
     """The podFailurePolicy retries, counts or fails on these codes: they must mean what the worker means."""
-    from workload import errors
+    from workload.core import errors
 
     assert contract.EXIT_BAD_CONFIG == errors.EXIT_BAD_CONFIG
     assert contract.EXIT_DEAD_LETTERS == errors.EXIT_DEAD_LETTERS

@@ -50,15 +50,15 @@ def test_a_groups_pyproject_narrows_mutmut_and_keeps_the_rest() -> None:
 
 def test_equivalent_mutants_are_recognised_by_their_text_only() -> None:
     nan = next(e for e in mutation.EQUIVALENT if e.before == 'float("nan")')
-    assert nan.explains("workload/metrics.py", 'return float("nan")', 'return float("NAN")')
-    assert not nan.explains("workload/metrics.py", 'return float("nan")', "return None")
-    assert not nan.explains("workload/metrics.py", "return 0.0", "return 1.0")
+    assert nan.explains("workload/model/metrics.py", 'return float("nan")', 'return float("NAN")')
+    assert not nan.explains("workload/model/metrics.py", 'return float("nan")', "return None")
+    assert not nan.explains("workload/model/metrics.py", "return 0.0", "return 1.0")
     cast = next(e for e in mutation.EQUIVALENT if e.before == ".astype(np.float64)")
     line = "return tps.astype(np.float64), fps.astype(np.float64)"
-    assert cast.explains("workload/metrics.py", line, "return tps.astype(np.float64), fps.astype(None)")
-    assert not cast.explains("workload/metrics.py", line, "return tps.astype(None), fps.astype(None)")
-    sort = next(e for e in mutation.EQUIVALENT if e.module == "workload/metrics.py")
-    assert not sort.explains("workload/features.py", sort.before, sort.after)  # only where the reason holds
+    assert cast.explains("workload/model/metrics.py", line, "return tps.astype(np.float64), fps.astype(None)")
+    assert not cast.explains("workload/model/metrics.py", line, "return tps.astype(None), fps.astype(None)")
+    sort = next(e for e in mutation.EQUIVALENT if e.module == "workload/model/metrics.py")
+    assert not sort.explains("workload/data/features.py", sort.before, sort.after)  # only where the reason holds
 
 
 def test_a_groups_own_patterns_add_to_the_shared_ones() -> None:

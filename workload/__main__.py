@@ -4,7 +4,7 @@ teardown.
 Why: pyarrow's Parquet thread pool can abort the process while the interpreter tears it down ("terminate
 called without an active exception", SIGABRT; apache/arrow#34314, open). Seen here once in CI: a seed that
 refused a bad file exited -6 instead of 2. The exit code is the product's contract with the Job (0: every
-item done; 2, 3, 4, 5: see workload/errors.py), so it must not depend on a race in a library's destructors.
+item done; 2, 3, 4, 5: see workload/core/errors.py), so it must not depend on a race in a library's destructors.
 By the time `main` returns, every file is closed and every temporary folder removed (context managers), so
 flushing the logs and the standard streams is all the teardown that matters.
 """

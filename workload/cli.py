@@ -3,7 +3,7 @@
 Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;
 `--help` on each command names them, with defaults and an example.
 The Redis password is read from REDIS_PASSWORD only: never a flag, never logged. Exit codes are
-workload.errors' (0 done, 2 bad configuration, 3 infrastructure, 4 dead letters, 5 stalled, 143 SIGTERM).
+workload.core.errors' (0 done, 2 bad configuration, 3 infrastructure, 4 dead letters, 5 stalled, 143 SIGTERM).
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from workload import dataset as ds
-from workload import plan, publish, report, simulator, source
-from workload.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED
-from workload.fsutil import clean_stale_tmp, tmp_dir_for
-from workload.hparams import HParams, parse_runs
-from workload.paths import NAME, REPORT_TXT, check_name, share_paths
-from workload.queue import QueueInterrupted, QueueUnavailable, WorkQueue, connect
+from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED
+from workload.data import dataset as ds
+from workload.data import publish, simulator, source
+from workload.model import report
+from workload.model.hparams import HParams, parse_runs
+from workload.queue import plan
+from workload.queue.workqueue import QueueInterrupted, QueueUnavailable, WorkQueue, connect
+from workload.share.fsutil import clean_stale_tmp, tmp_dir_for
+from workload.share.paths import NAME, REPORT_TXT, check_name, share_paths
 
 if TYPE_CHECKING:
-    from workload.worker import WorkerConfig
+    from workload.runtime.worker import WorkerConfig
 
 log = logging.getLogger("workload")
 
@@ -137,7 +139,7 @@ def simulated_source(spec: simulator.SimulationSpec) -> str:
 
 def place_dataset(args: argparse.Namespace, root: Path) -> None:
     """Publish the dataset from `--datasets` (a folder or gs://bucket/prefix) or simulate it (see
-    workload.publish for the rules: one source per dataset, immutable days, appended new days)."""
+    workload.data.publish for the rules: one source per dataset, immutable days, appended new days)."""
     if args.datasets:
         outcome = publish.publish(root, source.open_source(args.datasets))
         log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
@@ -165,10 +167,10 @@ def place_dataset(args: argparse.Namespace, root: Path) -> None:
 def store_features(root: Path) -> None:
     """Every training and testing day's features, computed here once (on the loader's CPU) and
     stored next to the day, so that no GPU worker of any run computes them."""
-    from workload import features, featurestore
+    from workload.data import features
 
     started = time.monotonic()
-    computed, kept = featurestore.ensure(ds.Dataset(root))
+    computed, kept = ds.Dataset(root).ensure_features()
     log.info("features (version %s): %d day(s) computed in %.1fs, %d already stored", features.FEATURE_VERSION,
              computed, time.monotonic() - started, kept)
 
@@ -204,7 +206,7 @@ def seed(args: argparse.Namespace) -> int:
 
 # -- worker -----------------------------------------------------------------------------------------
 def worker_config(args: argparse.Namespace) -> WorkerConfig:
-    from workload.worker import WorkerConfig, default_worker_id  # torch: only workers pay for it
+    from workload.runtime.worker import WorkerConfig, default_worker_id  # torch: only workers pay for it
 
     try:
         return WorkerConfig(
@@ -224,7 +226,7 @@ def worker(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from workload.worker import Worker
+    from workload.runtime.worker import Worker
 
     cfg = worker_config(args)
     setup_logging(cfg.worker_id)
@@ -240,7 +242,7 @@ STATUS_RETRY_S = 3.0  # status is for a person at a terminal: fail fast when Red
 def status(args: argparse.Namespace) -> int:
     password = None
     if args.dir:  # a running `make local`: its Redis and share, from the local folder
-        from workload.local import LocalNotRunning, read_connection
+        from workload.runtime.local import LocalNotRunning, read_connection
 
         try:
             conn = read_connection(args.dir)
@@ -301,7 +303,7 @@ def requeue(args: argparse.Namespace) -> int:
 
 # -- export, score ---------------------------------------------------------------------------------
 def export_cmd(args: argparse.Namespace) -> int:
-    from workload import export  # torch: only those who export pay for it
+    from workload.model import export  # torch: only those who export pay for it
 
     if not args.to:
         raise UsageError("--to is required (or env OUTPUT_URI): a folder, or gs://bucket/prefix")
@@ -316,7 +318,7 @@ def export_cmd(args: argparse.Namespace) -> int:
 
 
 def score_cmd(args: argparse.Namespace) -> int:
-    from workload import export, score  # torch: only those who score pay for it
+    from workload.model import export, score  # torch: only those who score pay for it
 
     try:
         score.score_dataset(args.model, args.datasets, args.out, args.days)
@@ -448,7 +450,7 @@ def parser() -> argparse.ArgumentParser:
                     help="seconds a lease lives without a heartbeat (no env; default 15)")
     lo.add_argument("--requeue", action="store_true",
                     help="put dead-lettered shards back first, after a fix (no env; default False)")
-    lo.set_defaults(fn=lambda a: __import__("workload.local", fromlist=["main"]).main(a))
+    lo.set_defaults(fn=lambda a: __import__("workload.runtime.local", fromlist=["main"]).main(a))
     return p
 
 

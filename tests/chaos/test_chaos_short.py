@@ -33,8 +33,8 @@ def test_the_verifier_catches_lost_duplicated_leased_and_drifted(tmp_path: Path)
 
     from bench.chaos import ChaosConfig, _cluster, run_specs, verify
     from tests.workload.harness import make_dataset
-    from workload.checkpoint import CheckpointStore
-    from workload.queue import Item
+    from workload.queue.workqueue import Item
+    from workload.share.checkpoint import CheckpointStore
 
     cfg = ChaosConfig(runs=1)
     cluster = _cluster(tmp_path / "c", make_dataset(tmp_path / "dataset"), cfg)

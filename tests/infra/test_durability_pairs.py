@@ -14,7 +14,7 @@ import pytest
 
 from infra import render
 from infra.render import Rendered
-from workload.redis_server import RedisServer
+from workload.runtime.redis_server import RedisServer
 
 STACKS = render.stack_names()
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"

@@ -41,7 +41,7 @@ from infra.render import Registered
 from policy import rules
 from tests.infra.job_controller import FailedPod, JobController
 from tests.infra.pod_security import pod_security_violations
-from workload.redis_server import find_redis_server, free_port
+from workload.runtime.redis_server import find_redis_server, free_port
 
 KUBERNETES_VERSION = "1.33"
 IMAGE = "us-central1-docker.pkg.dev/p/spot-trainer/trainer@" + render.IMAGE_DIGEST

@@ -96,7 +96,7 @@ BAD_VALUES = [
     ({"runs": {}}, "runs", "{}", "a map of run name to hyperparameters"),
     # The old list form is refused with its translation into the new one.
     ({"runs": ["main", "wide"]}, "runs", "['main', 'wide']", "the old list form is now a map: {main: {}, wide: {}}"),
-    # The worker's own rules (workload.hparams.parse_runs), with the run and the key named.
+    # The worker's own rules (workload.model.hparams.parse_runs), with the run and the key named.
     ({"runs": {"main": {}, "../x": {}}}, "runs", "{'main': {}, '../x': {}}", "run name '../x' is not allowed"),
     ({"runs": {"w": {"hidden": "64"}}}, "runs", "{'w': {'hidden': '64'}}", "run 'w': hidden='64' is not allowed"),
     ({"runs": {"e": {"epochs": 2.7}}}, "runs", "{'e': {'epochs': 2.7}}", "run 'e': epochs=2.7 is not allowed"),
@@ -199,7 +199,7 @@ def test_runs_are_a_map_checked_like_the_worker_checks_them() -> None:
     cfg = load("dev", runs={"main": {}, "wide": {"hidden": [128, 64]}, "lr3": {"lr": 0.003}})
     assert cfg.jobs.runs == ("lr3", "main", "wide")  # canonical: sorted, so key order changes nothing
     # Exactly what the loader's runs file holds; the worker parses it with the same function.
-    from workload.hparams import parse_runs
+    from workload.model.hparams import parse_runs
 
     parsed = parse_runs(json.loads(cfg.jobs.runs_json), where="runs file")
     assert parsed["wide"].hidden == (128, 64) and parsed["lr3"].lr == 0.003
@@ -396,7 +396,7 @@ def test_make_render_refuses_a_stack_name_unfit_for_pulumi(capsys) -> None:
 
 def test_preview_checks_runs_without_the_workers_heavy_dependencies() -> None:
     """`pulumi preview` installs infra/requirements.txt only: the worker rules config.py borrows
-    (workload.hparams, workload.paths) must load without torch, numpy or pandas."""
+    (workload.model.hparams, workload.share.paths) must load without torch, numpy or pandas."""
     import subprocess
     import sys
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import features, schema
+from workload.data import features, schema
 
 # (id, UTC datetime, customer, amount); the frame is sorted by (datetime, id) as the dataset sorts it.
 ROWS = [

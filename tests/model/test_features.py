@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import features, schema, simulator
+from workload.data import features, schema, simulator
 
 NAMES = features.FEATURE_NAMES
 

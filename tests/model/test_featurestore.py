@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workload import dataset as ds
-from workload import features, featurestore, simulator
+from workload.data import dataset as ds
+from workload.data import features, featurestore, simulator
 
 SPEC = simulator.SimulationSpec(customers=300, terminals=120, train_days=10, test_days=2, start_date="2018-04-01",
                                 seed=5)
@@ -46,14 +46,14 @@ def _forbid_computing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_seeded_features_are_stored_once_and_loaded_as_computed(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = _fresh(root)
-    assert featurestore.ensure(data) == (SPEC.train_days + SPEC.test_days, 0)
+    assert data.ensure_features() == (SPEC.train_days + SPEC.test_days, 0)
     days = data.training_shards()
     direct = {rel: data.compute_features(rel) for rel in days}
     for rel in days:
         arrays, entry = featurestore.paths(root, rel)
         assert arrays.is_file() and entry.is_file()
         assert arrays.parent == root / "features" / features.FEATURE_VERSION / "training"
-    assert featurestore.ensure(_fresh(root)) == (0, SPEC.train_days + SPEC.test_days)
+    assert _fresh(root).ensure_features() == (0, SPEC.train_days + SPEC.test_days)
 
     _forbid_computing(monkeypatch)  # from here on, every worker only loads
     loaded = _fresh(root)
@@ -72,7 +72,7 @@ def test_a_worker_computes_and_stores_missing_days(root: Path) -> None:
     rel = data.training_shards()[4]
     ex = data.examples([rel])
     assert featurestore.paths(root, rel)[0].is_file()
-    np.testing.assert_array_equal(featurestore.load(_fresh(root), rel)["x"], ex.x)
+    np.testing.assert_array_equal(_fresh(root).stored_features(rel)["x"], ex.x)
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate", "wrong checksum", "garbage entry"])
@@ -94,12 +94,12 @@ def test_a_damaged_stored_day_is_recomputed_never_trusted(root: Path, damage: st
     else:
         entry.write_text("{not json")
     with pytest.raises(featurestore.StaleFeatures):
-        featurestore.load(_fresh(root), rel)
-    with caplog.at_level(logging.WARNING, logger="workload.featurestore"):
+        _fresh(root).stored_features(rel)
+    with caplog.at_level(logging.WARNING, logger="workload.data.dataset"):
         again = _fresh(root).examples([rel]).x
     np.testing.assert_array_equal(again, good)
     assert f"recomputing the features of {rel}" in caplog.text
-    np.testing.assert_array_equal(featurestore.load(_fresh(root), rel)["x"], good)  # repaired on the share
+    np.testing.assert_array_equal(_fresh(root).stored_features(rel)["x"], good)  # repaired on the share
 
 
 def test_a_new_feature_version_never_reads_the_old_files(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,7 +108,7 @@ def test_a_new_feature_version_never_reads_the_old_files(root: Path, monkeypatch
     data.examples([rel])
     monkeypatch.setattr(features, "FEATURE_VERSION", "test-next")
     with pytest.raises(featurestore.StaleFeatures, match="missing"):
-        featurestore.load(_fresh(root), rel)
+        _fresh(root).stored_features(rel)
     # An entry claiming another version is refused even where the new version's files should be.
     (old_arrays,) = (root / "features").glob(f"*/training/{Path(rel).stem}.npy")
     new_arrays, new_entry = featurestore.paths(root, rel)
@@ -116,16 +116,16 @@ def test_a_new_feature_version_never_reads_the_old_files(root: Path, monkeypatch
     shutil.copyfile(old_arrays, new_arrays)
     shutil.copyfile(old_arrays.with_suffix(".json"), new_entry)
     with pytest.raises(featurestore.StaleFeatures, match="version"):
-        featurestore.load(_fresh(root), rel)
+        _fresh(root).stored_features(rel)
 
 
 def test_a_changed_history_day_makes_later_days_stale(root: Path) -> None:
     data = _fresh(root)
-    assert featurestore.ensure(data)[0] == SPEC.train_days + SPEC.test_days
+    assert data.ensure_features()[0] == SPEC.train_days + SPEC.test_days
     manifest = json.loads((root / ds.MANIFEST).read_text())
     manifest["files"][2]["frauds"] += 1  # as if day 3's file had been replaced by one with another label
     (root / ds.MANIFEST).write_text(json.dumps(manifest))
-    computed, kept = featurestore.ensure(_fresh(root))
+    computed, kept = _fresh(root).ensure_features()
     assert computed > 0 and kept >= 2  # days before it are untouched, days whose window reads it are redone
 
 
@@ -136,10 +136,10 @@ def test_days_appended_later_get_features_when_seeded(source: Path, tmp_path: Pa
     held = tmp_path / last.name
     shutil.move(last, held)
     ds.write_manifest(root)
-    assert featurestore.ensure(_fresh(root)) == (SPEC.train_days + SPEC.test_days - 1, 0)
+    assert _fresh(root).ensure_features() == (SPEC.train_days + SPEC.test_days - 1, 0)
     shutil.move(held, last)
     ds.write_manifest(root)
-    computed, kept = featurestore.ensure(_fresh(root))
+    computed, kept = _fresh(root).ensure_features()
     # The appended day, and the test days whose windows now read it.
     assert computed == 1 + SPEC.test_days and kept == SPEC.train_days - 1
 
@@ -157,17 +157,17 @@ def test_a_stored_file_holding_pickled_objects_is_refused_unread(root: Path) -> 
     meta = json.loads(entry.read_text())
     entry.write_text(json.dumps({**meta, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}))
     with pytest.raises(featurestore.StaleFeatures, match="dtype object, expected <f4"):
-        featurestore.load(_fresh(root), rel)
+        _fresh(root).stored_features(rel)
 
 
 def test_a_day_file_replaced_after_seeding_is_read_again_not_served_from_the_store(root: Path) -> None:
     """Features are bound to the bytes they came from: a day damaged after seeding fails as it would
     without the store (its item is dead-lettered), instead of training on what it used to hold."""
     data = _fresh(root)
-    featurestore.ensure(data)
+    data.ensure_features()
     rel = data.training_shards()[5]
     (root / rel).write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(featurestore.StaleFeatures, match="other dataset files than the share now holds"):
-        featurestore.load(_fresh(root), rel)
+        _fresh(root).stored_features(rel)
     with pytest.raises((OSError, ds.DatasetError), match="2018-04-06.parquet"):
         _fresh(root).examples([rel])

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from workload import metrics
+from workload.model import metrics
 
 
 def _problem(n: int, n_fraud: int, separation: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workload import metrics
+from workload.model import metrics
 
 N_LEGIT = 200  # 1% of 200 legit transactions: exactly 2 false positives are allowed
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from workload import metrics
+from workload.model import metrics
 
 KEYS = {
     "average_precision",

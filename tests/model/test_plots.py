@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workload import metrics, plots
+from workload.model import metrics, plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import features, schema, simulator
+from workload.data import features, schema, simulator
 
 TINY = simulator.SimulationSpec(
     customers=300, terminals=200, train_days=5, test_days=2, start_date="2018-04-01", seed=7

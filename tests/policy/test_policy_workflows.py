@@ -203,7 +203,7 @@ def _third_party_imports(folder: Path) -> set[str]:
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
             found |= {n.split(".")[0] for n in names}
     # workload: the worker package of the same checkout; infra.config imports its stdlib-only run and
-    # name rules (workload.hparams, workload.paths) inside the functions that need them.
+    # name rules (workload.model.hparams, workload.share.paths) inside the functions that need them.
     first_party = ("infra", "policy", "workload", "__future__")
     return {n for n in found if n not in sys.stdlib_module_names and n not in first_party}
 

@@ -12,7 +12,7 @@ import pytest
 import torch._dynamo  # noqa: F401
 from harness import Cluster, make_dataset
 
-from workload.redis_server import RedisServer
+from workload.runtime.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workload import schema
+from workload.data import schema
 
 INT_COLUMNS = [c for c, kind in schema.COLUMNS.items() if kind == "int"]
 DAY3 = "training/2018-04-03.parquet"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from workload import dataset as ds
-from workload import simulator
-from workload.checkpoint import CheckpointStore
-from workload.queue import Counts, WorkQueue, connect
-from workload.redis_server import RedisServer
+from workload.data import dataset as ds
+from workload.data import simulator
+from workload.queue.workqueue import Counts, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
+from workload.share.checkpoint import CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = simulator.SimulationSpec(customers=400, terminals=300, train_days=6, test_days=2,

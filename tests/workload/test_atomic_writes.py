@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from workload import fsutil
+from workload.share import fsutil
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD = b"old checkpoint " * 70_000  # ~1 MiB: big enough that a write is not one syscall's worth of luck
 NEW = b"new checkpoint!" * 90_000
 
-WRITER = "import sys; from pathlib import Path; from workload import fsutil; " \
+WRITER = "import sys; from pathlib import Path; from workload.share import fsutil; " \
          "fsutil.atomic_write_bytes(Path(sys.argv[1]), sys.stdin.buffer.read())"
 
 

@@ -17,8 +17,8 @@ import pytest
 from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
-from workload import dataset as ds
-from workload.hparams import default_seed
+from workload.data import dataset as ds
+from workload.model.hparams import default_seed
 
 pytestmark = pytest.mark.timeout(600)
 DAY6 = "training/2018-04-06.parquet"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workload.checkpoint import CheckpointStore
+from workload.share.checkpoint import CheckpointStore
 
 
 def state(step: int, progress: dict | None = None) -> dict:
@@ -145,7 +145,7 @@ def test_files_on_the_share_are_readable_by_the_group(tmp_path: Path) -> None:
 
 
 def test_a_report_from_an_older_checkpoint_does_not_overwrite_a_newer_one(tmp_path: Path) -> None:
-    from workload import report
+    from workload.model import report
 
     def st(n: int) -> dict:
         h = {"shard": "", "time": "t", "checkpoint": "", "train_accuracy": 1.0,

@@ -16,8 +16,8 @@ import pytest
 import torch
 from test_checkpoint import save, state  # one way to write a test checkpoint
 
-from workload import checkpoint as ckpt
-from workload.checkpoint import CheckpointStore
+from workload.share import checkpoint as ckpt
+from workload.share.checkpoint import CheckpointStore
 
 
 def entries(store: CheckpointStore, token: int) -> list[dict]:
@@ -57,7 +57,7 @@ def test_a_bit_flip_torch_reads_without_complaint_is_caught_by_the_hash(tmp_path
     assert data.count(seven) == 3
     latest.write_bytes(data.replace(seven, torch.tensor([8.0]).numpy().tobytes()))
     assert torch.load(latest, weights_only=True)["model"]["w"].tolist() == [8.0, 8.0, 8.0]  # torch cannot tell
-    with caplog.at_level(logging.WARNING, logger="workload.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         loaded = store.load()
     assert loaded and loaded.state["step"] == 1
     assert (f"checkpoint {latest} is unusable (sha256 does not match the manifest (torn or corrupted file)); "
@@ -71,7 +71,7 @@ def test_a_file_that_is_not_a_training_checkpoint_is_refused(tmp_path: Path, cap
     other = store.dir / "ckpt-00000009-t1.pt"
     torch.save(content, other)
     store.manifest_path(1).unlink()  # the folder scan finds it first
-    with caplog.at_level(logging.WARNING, logger="workload.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         loaded = store.load()
     assert loaded and loaded.state["step"] == 1
     assert f"checkpoint {other} is unusable (not a training checkpoint (no 'model' entry))" in caplog.text
@@ -95,7 +95,7 @@ def test_an_environment_asking_torch_to_unpickle_is_not_obeyed(
     marker = tmp_path / "pwned"
     evil = store.save({"model": {}, "x": Payload(str(marker))}, path=store.next_path(1), may_promote=lambda: True)
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    with caplog.at_level(logging.WARNING, logger="workload.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         loaded = store.load()
     assert not marker.exists(), "the checkpoint was unpickled"
     assert loaded and loaded.state["step"] == 1 and f"checkpoint {evil} is unusable" in caplog.text
@@ -153,7 +153,7 @@ def test_the_folder_scan_reads_seq_and_token_from_the_name(tmp_path: Path, caplo
     store.dir.mkdir(parents=True)
     torch.save(state(2), store.dir / "ckpt-00000002-t7.pt")
     torch.save(state(3), store.dir / "ckpt-00000003-t6.pt")
-    with caplog.at_level(logging.WARNING, logger="workload.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         loaded = store.load()
     assert (loaded.seq, loaded.token, loaded.state["step"]) == (2, 7, 2)  # the higher token wins
     assert f"no readable checkpoint manifest in {store.dir}; scanning the folder" in caplog.text
@@ -166,7 +166,7 @@ def test_a_manifest_naming_a_foreign_file_falls_back_to_the_previous_manifest(tm
     assert store.fence(3)
     save(store, 1, token=3)
     store.manifest_path(4).write_text(json.dumps({"entries": [{"file": "../../etc/passwd", "seq": 9}]}))
-    with caplog.at_level(logging.WARNING, logger="workload.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         loaded = store.load()
     assert loaded and loaded.token == 3
     assert (f"checkpoint manifest {store.manifest_path(4)} is unreadable (entry '../../etc/passwd' is not a "
@@ -247,7 +247,7 @@ def test_discarding_says_why(tmp_path: Path, caplog) -> None:
     store = CheckpointStore(tmp_path)
     assert store.fence(5)
     stale = store.next_path(5)
-    with caplog.at_level(logging.WARNING, logger="workload.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         assert store.save(state(1), path=stale, may_promote=lambda: False) is None
         assert store.fence(6)
         assert store.save(state(1), path=stale, may_promote=lambda: True) is None

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload import features, featurestore, schema
-from workload.dataset import (
+from workload.data import features, featurestore, schema
+from workload.data.dataset import (
     MANIFEST,
     Dataset,
     DatasetError,

@@ -19,10 +19,12 @@ import torch
 from harness import ROOT, Cluster
 from safetensors import safe_open
 
-from workload import cli, metrics, schema
-from workload.checkpoint import CheckpointStore
-from workload.export import HEADER_KEY, MODEL_FILE, load_model
-from workload.redis_server import free_port
+from workload import cli
+from workload.data import schema
+from workload.model import metrics
+from workload.model.export import HEADER_KEY, MODEL_FILE, load_model
+from workload.runtime.redis_server import free_port
+from workload.share.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,7 +74,7 @@ def emulator() -> Iterator[str]:
 def bucket(emulator: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
     """A fresh bucket on the emulator, and a client for it (this process talks to the emulator too)."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator)
-    from workload.export import storage_client
+    from workload.model.export import storage_client
 
     client = storage_client()
     name = re.sub(r"[^a-z0-9]", "-", request.node.name.lower())[:50].strip("-")
@@ -227,7 +229,7 @@ def test_score_refuses_a_model_from_other_features_or_another_tool(sweep: Path, 
                                                                   capsys) -> None:
     from safetensors.torch import save_file
 
-    from workload.export import model_bytes
+    from workload.model.export import model_bytes
 
     state = CheckpointStore(sweep / "share" / "output" / "main").load().state
     other = tmp_path / "other.safetensors"

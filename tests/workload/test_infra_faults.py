@@ -21,11 +21,11 @@ import torch
 from harness import ROOT, Cluster
 from test_worker_faults import assert_exactly_once
 
-from workload import features, featurestore
-from workload.checkpoint import CheckpointStore
-from workload.errors import EXIT_DEAD_LETTERS, EXIT_INFRA, EXIT_STALLED
-from workload.queue import WorkQueue, connect
-from workload.worker import Worker, WorkerConfig
+from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_INFRA, EXIT_STALLED
+from workload.data import features, featurestore
+from workload.queue.workqueue import WorkQueue, connect
+from workload.runtime.worker import Worker, WorkerConfig
+from workload.share.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -18,10 +18,10 @@ import pytest
 from harness import Cluster, JobSucceeded, is_stopped
 from test_worker_faults import assert_exactly_once
 
-from workload.dataset import DatasetError
-from workload.errors import EXIT_DEAD_LETTERS
-from workload.queue import Item
-from workload.worker import Outcome, Worker, WorkerConfig
+from workload.core.errors import EXIT_DEAD_LETTERS
+from workload.data.dataset import DatasetError
+from workload.queue.workqueue import Item
+from workload.runtime.worker import Outcome, Worker, WorkerConfig
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workload import features, metrics
-from workload.dataset import Dataset
-from workload.trainer import HParams, Trainer
+from workload.data import features
+from workload.data.dataset import Dataset
+from workload.model import metrics
+from workload.model.trainer import HParams, Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(420)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workload import plan
-from workload.paths import check_name, runs_dir
+from workload.queue import plan
+from workload.share.paths import check_name, runs_dir
 
 
 def _spec(run: str = "main", dataset: str = "fraud", **hp) -> plan.RunSpec:

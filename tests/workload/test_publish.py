@@ -16,9 +16,9 @@ import pytest
 from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant, real_export, shuffled
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
-from workload import dataset as ds
-from workload import features, publish, schema
-from workload.source import LocalSource
+from workload.data import dataset as ds
+from workload.data import features, publish, schema
+from workload.data.source import LocalSource
 
 pytestmark = pytest.mark.timeout(300)
 

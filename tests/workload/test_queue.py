@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from workload.queue import Item, WorkQueue, connect
-from workload.redis_server import RedisServer
+from workload.queue.workqueue import Item, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
 
 
 def make_queue(server: RedisServer, **kw) -> WorkQueue:

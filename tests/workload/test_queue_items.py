@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from workload.errors import ItemFault
-from workload.queue import Item, MalformedItem, WorkQueue, connect
-from workload.redis_server import RedisServer
+from workload.core.errors import ItemFault
+from workload.queue.workqueue import Item, MalformedItem, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
 
 GOOD = {"run": "main", "shard": "training/2018-04-01.parquet", "dataset": "fraud", "seq": 3}
 ID = "main/training/2018-04-01.parquet"

@@ -12,8 +12,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from workload.queue import Item, QueueInterrupted, QueueUnavailable, WorkQueue, connect
-from workload.redis_server import RedisServer
+from workload.queue.workqueue import Item, QueueInterrupted, QueueUnavailable, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
 
 
 def make_queue(server: RedisServer, **kw) -> WorkQueue:
@@ -138,7 +138,7 @@ def test_release_modes_and_a_refused_release(redis_server: RedisServer, caplog) 
     assert snap["attempts"] == {lease.item.id: 1} and snap["errors"] == {lease.item.id: "boom"}
     lease = q.claim("w1", 30)
     assert lease and lease.attempts == 1
-    with caplog.at_level(logging.WARNING, logger="workload.queue"):
+    with caplog.at_level(logging.WARNING, logger="workload.queue.workqueue"):
         assert q.release(lease, permanent=True) == "dead"  # permanent without text: still dead at once
         assert q.release(lease, error="late") is None
     assert (f"release of {lease.item.id} refused: token {lease.token} no longer holds the lease"
@@ -227,7 +227,7 @@ def down_queue(redis_server: RedisServer, retry_for_s: float, interrupt: threadi
 def test_an_outage_is_waited_out_with_doubling_backoff_until_sigterm(redis_server: RedisServer, caplog) -> None:
     backoff = Backoff(stop_after=8)
     q = down_queue(redis_server, retry_for_s=3600, interrupt=backoff)
-    with caplog.at_level(logging.WARNING, logger="workload.queue"), pytest.raises(QueueInterrupted) as caught:
+    with caplog.at_level(logging.WARNING, logger="workload.queue.workqueue"), pytest.raises(QueueInterrupted) as caught:
         q.claim("w1", 30)
     assert backoff.waits == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]  # capped at 5 s
     assert str(caught.value).startswith("stopped while Redis was unreachable (during claim): ")
@@ -271,7 +271,7 @@ def test_an_outage_names_the_call_it_stopped(redis_server: RedisServer) -> None:
         "mark_seeded": q.mark_seeded, "seeded": q.seeded, "pending_in_run": lambda: q.pending_in_run("a"),
         "counts": q.counts, "snapshot": q.snapshot,
     }
-    from workload.queue import Lease
+    from workload.queue.workqueue import Lease
     lease = Lease(item=items("a", 1)[0], token=1, owner="w1", deadline_ms=0, attempts=0)
     for what, call in calls.items():
         with pytest.raises(QueueUnavailable) as caught:

@@ -24,10 +24,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workload import schema
-from workload.dataset import MANIFEST, Dataset, DatasetError, check_suffix, read_transactions
-from workload.queue import Item, MalformedItem, WorkQueue, connect
-from workload.redis_server import RedisServer
+from workload.data import schema
+from workload.data.dataset import MANIFEST, Dataset, DatasetError, check_suffix, read_transactions
+from workload.queue.workqueue import Item, MalformedItem, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
 
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz", ".PKL", ".Pickle")
 

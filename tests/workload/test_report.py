@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from workload import report
+from workload.model import report
 
 
 def test_pictures_are_stale_when_missing_or_older_than_the_interval(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from workload import fsutil
-from workload.fsutil import STALE_TMP_IDLE_S, clean_stale_tmp, tmp_dir_for
+from workload.share import fsutil
+from workload.share.fsutil import STALE_TMP_IDLE_S, clean_stale_tmp, tmp_dir_for
 
 HOST = socket.gethostname()
 
@@ -60,7 +60,7 @@ def test_a_dead_writer_on_this_host_is_swept_at_once(tmp_path: Path, caplog) -> 
     pid = dead_pid()
     plain = folder(tmp_path, f".fraud.tmp-{HOST}-{pid}", files={"training/day.parquet": 0})
     suffixed = folder(tmp_path, f".other.tmp-{HOST}-{pid}-k3x_9", files={"x": 0})  # TemporaryDirectory's suffix
-    with caplog.at_level("WARNING", logger="workload.fsutil"):
+    with caplog.at_level("WARNING", logger="workload.share.fsutil"):
         removed = clean_stale_tmp(tmp_path)
     assert sorted(removed) == sorted([plain, suffixed])
     assert list(tmp_path.iterdir()) == []

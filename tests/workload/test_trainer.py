@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import workload
-from workload.hparams import default_seed, parse_runs
-from workload.trainer import HParams, Normalizer, Trainer, _shard_seed
+from workload.model.hparams import default_seed, parse_runs
+from workload.model.trainer import HParams, Normalizer, Trainer, _shard_seed
 
 
 def test_features_constant_so_far_are_left_unscaled() -> None:

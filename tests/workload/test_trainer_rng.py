@@ -13,8 +13,8 @@ import io
 import numpy as np
 import torch
 
-from workload import features
-from workload.trainer import HParams, Trainer
+from workload.data import features
+from workload.model.trainer import HParams, Trainer
 
 HP = HParams(hidden=(16,), epochs=2, batch_size=64, seed=11)
 SHARD = "training/2018-04-02.parquet"

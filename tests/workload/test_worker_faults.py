@@ -19,11 +19,11 @@ import pandas as pd
 import pytest
 from harness import ROOT, Cluster, is_stopped, same_weights
 
-from workload.checkpoint import CheckpointStore
-from workload.dataset import Dataset
-from workload.errors import EXIT_DEAD_LETTERS
-from workload.queue import Item
-from workload.report import rendered_from as report_source
+from workload.core.errors import EXIT_DEAD_LETTERS
+from workload.data.dataset import Dataset
+from workload.model.report import rendered_from as report_source
+from workload.queue.workqueue import Item
+from workload.share.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -32,17 +32,20 @@ import numpy as np
 import pytest
 import torch
 
-from workload import dataset as ds
-from workload import faults, features, featurestore, metrics, plan, plots, simulator
-from workload.checkpoint import CheckpointStore
-from workload.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
-from workload.hparams import HParams
-from workload.paths import METRICS_PNG, PR_CURVE_PNG
-from workload.queue import Item, QueueUnavailable, WorkQueue, connect
-from workload.redis_server import RedisServer
-from workload.report import rendered_from as report_source
-from workload.trainer import Trainer
-from workload.worker import Heartbeat, LeaseLost, Outcome, PermanentError, Worker, WorkerConfig, check_finite
+from workload.core import faults
+from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
+from workload.data import dataset as ds
+from workload.data import features, simulator
+from workload.model import metrics, plots
+from workload.model.hparams import HParams
+from workload.model.report import rendered_from as report_source
+from workload.model.trainer import Trainer
+from workload.queue import plan
+from workload.queue.workqueue import Item, QueueUnavailable, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
+from workload.runtime.worker import Heartbeat, LeaseLost, Outcome, PermanentError, Worker, WorkerConfig, check_finite
+from workload.share.checkpoint import CheckpointStore
+from workload.share.paths import METRICS_PNG, PR_CURVE_PNG
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,7 +64,7 @@ def _small_dataset() -> Path:
     root = Path(_TMP.name) / "fraud"
     simulator.generate(root, SPEC)
     ds.write_manifest(root)
-    featurestore.ensure(ds.Dataset(root))
+    ds.Dataset(root).ensure_features()
     return root
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workload import schema
-from workload.fsutil import atomic_write_bytes
+from workload.data import schema
+from workload.share.fsutil import atomic_write_bytes
 
 SECONDS_PER_DAY = 86400
 FRAUD_AMOUNT_THRESHOLD = 220.0

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from workload.fsutil import atomic_write_text
-from workload.paths import METRICS_JSONL, METRICS_PNG, REPORT_TXT
+from workload.share.fsutil import atomic_write_text
+from workload.share.paths import METRICS_JSONL, METRICS_PNG, REPORT_TXT
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -117,7 +117,7 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
     atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir, kept))
     atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history))
     if history and draw:
-        from workload import plots  # matplotlib: only writers pay for it
+        from workload.model import plots  # matplotlib: only writers pay for it
 
         plots.write_plots(run_dir, history, pr, run=state["run"], hparams=state["hparams"])
     if stamp is not None:

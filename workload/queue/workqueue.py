@@ -10,7 +10,7 @@ Every state transition is one Lua script, so each is atomic on the Redis server:
 
 Leases carry a fencing token (a global counter): only the holder of the current token can
 heartbeat, ack or release. The token is also written into what the holder puts on the share (see
-workload.checkpoint), so the share itself refuses a stale holder; `raise_token` keeps the counter
+workload.share.checkpoint), so the share itself refuses a stale holder; `raise_token` keeps the counter
 above every token on the share when Redis lost its data.
 
 Every item is validated when it is claimed: an item that is not valid JSON, lacks a field, has a
@@ -37,8 +37,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from workload.errors import ItemFault
-from workload.paths import check_name
+from workload.core.errors import ItemFault
+from workload.share.paths import check_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -21,10 +21,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workload import dataset as ds
-from workload import features, metrics, report, schema
-from workload.export import load_model
-from workload.fsutil import atomic_write_bytes
+from workload.data import dataset as ds
+from workload.data import features, schema
+from workload.model import metrics, report
+from workload.model.export import load_model
+from workload.share.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ local folder as the share, N worker processes as the Job's pods, a progress bar,
 
 Running it again resumes what was left, or trains nothing when everything is done. One `make local`
 per folder at a time (a lock); the Redis server and the workers die with it, however it ends. The
-exit code is the workers' verdict (workload.errors): 0 all done, 4 dead letters (listed), 3 or 5 an
+exit code is the workers' verdict (workload.core.errors): 0 all done, 4 dead letters (listed), 3 or 5 an
 infrastructure fault (the worker's last log lines are shown). While it runs,
 `python -m workload status --dir <dir>` reads the queue: the Redis address and password are in
 `<dir>/redis/connection.json` (owner-only, removed when Redis stops), so they never appear in a
@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workload import report
-from workload.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
-from workload.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_TXT, share_paths
-from workload.queue import WorkQueue, connect
-from workload.redis_server import RedisServer, die_with_parent
+from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
+from workload.model import report
+from workload.queue.workqueue import WorkQueue, connect
+from workload.runtime.redis_server import RedisServer, die_with_parent
+from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_TXT, share_paths
 
-log = logging.getLogger("workload.local")
+log = logging.getLogger("workload.runtime.local")
 
 CONNECTION = Path("redis") / "connection.json"  # under --dir
 

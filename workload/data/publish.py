@@ -8,7 +8,7 @@
 - **New days are appended.** Files new in the source are copied, validated together with the
   published ones (transaction IDs unique across the dataset, roles apart in time), moved in, and
   then the manifest is replaced: the manifest is the publishing point, so a worker never sees a
-  half-added day. ``seed`` then enqueues them for every run (see ``workload.plan``).
+  half-added day. ``seed`` then enqueues them for every run (see ``workload.queue.plan``).
 - **Nothing half-done.** Files are copied to a staging folder on the share first; a bad file, an
   unreachable bucket or a kill leaves the published dataset as it was.
 """
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workload import dataset as ds
-from workload import schema
-from workload.fsutil import fsync_dir
-from workload.source import Source, SourceFile
+from workload.data import dataset as ds
+from workload.data import schema
+from workload.data.source import Source, SourceFile
+from workload.share.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
 

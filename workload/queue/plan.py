@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workload.dataset import Dataset
-from workload.fsutil import FILE_MODE, fsync_dir
-from workload.paths import check_name, runs_dir, share_paths
-from workload.queue import Item, WorkQueue
+from workload.data.dataset import Dataset
+from workload.queue.workqueue import Item, WorkQueue
+from workload.share.fsutil import FILE_MODE, fsync_dir
+from workload.share.paths import check_name, runs_dir, share_paths
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
 
     Returns counts: runs, items enqueued anew, items marked done because the run's newest checkpoint
     already records them."""
-    from workload.checkpoint import CheckpointStore  # torch: only workers pay for it
+    from workload.share.checkpoint import CheckpointStore  # torch: only workers pay for it
 
     specs = runs(share)
     _, output_dir = share_paths(share)

@@ -15,8 +15,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from workload.fsutil import atomic_write_bytes
-from workload.paths import METRICS_PNG, PR_CURVE_PNG
+from workload.share.fsutil import atomic_write_bytes
+from workload.share.paths import METRICS_PNG, PR_CURVE_PNG
 
 CURVES = (
     ("average_precision", "average precision (AUPRC)"),

@@ -7,9 +7,9 @@ Mid-shard checkpoints every `checkpoint_interval_s` bound the work a hard kill l
 (spot preemption notice) stops at the next batch, checkpoints if that fits the budget, releases
 the lease so a peer resumes at once, and exits 143 within `term_grace_s` whatever it was waiting on.
 
-Failures are classified (workload.errors): an item fault is dead-lettered at once; an
+Failures are classified (workload.core.errors): an item fault is dead-lettered at once; an
 infrastructure fault releases the item at no cost, backs off, and exits `EXIT_INFRA` if it persists.
-Everything written to the share is fenced by the lease token (workload.checkpoint), so a worker
+Everything written to the share is fenced by the lease token (workload.share.checkpoint), so a worker
 frozen past its lease changes nothing when it wakes. A watchdog gives the lease up and exits
 `EXIT_STALLED` when the worker is stuck in I/O. The exit code says what happened:
 0 all done, 4 drained with dead letters, 3 a persistent infrastructure fault, 143 SIGTERM.
@@ -33,10 +33,8 @@ import numpy as np
 import redis
 import torch
 
-from workload import export, faults, features, metrics, plan, report
-from workload.checkpoint import CheckpointStore, Loaded
-from workload.dataset import Dataset, DatasetError
-from workload.errors import (
+from workload.core import faults
+from workload.core.errors import (
     EXIT_DEAD_LETTERS,
     EXIT_DONE,
     EXIT_INFRA,
@@ -48,9 +46,14 @@ from workload.errors import (
     describe,
     is_infra,
 )
-from workload.paths import check_name, share_paths
-from workload.queue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
-from workload.trainer import HParams, Trainer
+from workload.data import features
+from workload.data.dataset import Dataset, DatasetError
+from workload.model import export, metrics, report
+from workload.model.trainer import HParams, Trainer
+from workload.queue import plan
+from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
+from workload.share.checkpoint import CheckpointStore, Loaded
+from workload.share.paths import check_name, share_paths
 
 log = logging.getLogger(__name__)
 

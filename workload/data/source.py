@@ -2,7 +2,7 @@
 
 A source lists its files (``history/``, ``training/``, ``testing/`` directly under it) with what
 identifies their content: size and CRC32C (what Cloud Storage reports for every object, computed
-here for local files), plus the object generation for the record. ``workload.publish`` compares
+here for local files), plus the object generation for the record. ``workload.data.publish`` compares
 them with what is already on the share, so only new files are copied: the share is a cache in
 front of the bucket. Each copy is checked against the listed checksum, so an object replaced
 while it is copied is never published under the old one's identity.
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import google_crc32c
 
-from workload.dataset import ROLES, one_line
+from workload.data.dataset import ROLES, one_line
 
 log = logging.getLogger(__name__)
 

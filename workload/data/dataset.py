@@ -4,7 +4,7 @@ One file of transactions is read and checked here, whoever reads it (``seed`` be
 workers before training), and so are the rules that span a whole dataset: transaction IDs unique
 across all files, training and test days apart, how much history the features get.
 
-The manifest (written when a dataset is published, see ``workload.publish``) records each file's
+The manifest (written when a dataset is published, see ``workload.data.publish``) records each file's
 role, its first and last day and time, taken from ``TX_DATETIME`` (never from file names), and where
 it came from; workers pull feature history from earlier files through it. ``history/`` files only
 feed feature windows: never trained on, never evaluated.
@@ -35,9 +35,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from workload import features, featurestore, schema
-from workload.errors import ItemFault, is_infra
-from workload.fsutil import atomic_write_text
+from workload.core.errors import ItemFault, is_infra
+from workload.data import features, featurestore, schema
+from workload.share.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ def save_manifest(root: Path, entries: Iterable[dict[str, Any]], source: str | N
 def write_manifest(root: Path) -> list[dict[str, Any]]:
     """Validate a dataset folder laid out by hand or by the simulator, in place, and record it.
 
-    (``seed`` publishes through ``workload.publish``, which also records where files came from.)"""
+    (``seed`` publishes through ``workload.data.publish``, which also records where files came from.)"""
     entries, ids = [], {}
     for role in ROLES:
         folder = root / role
@@ -455,13 +455,67 @@ class Dataset:
         frame, target = self._window([rel])
         return features.compute(frame, target)
 
+    def feature_inputs(self, rel: str) -> list[dict[str, Any]]:
+        """The dataset files a day's feature window reads (itself and LOOKBACK_DAYS before it): their
+        manifest entries and their size and modification time on the share. If any of them changes (a
+        day replaced, damaged, or re-described), the day's stored features are stale: recomputing them
+        reads the files again, so a damaged day fails as it would have without the store."""
+        entry = self.entry(rel)
+        first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])
+        start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
+        keys = ("path", "rows", "frauds", "first", "last", "start", "end")
+        out = []
+        for f in self.files:
+            if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
+                try:
+                    st = (self.root / f["path"]).stat()
+                    seen: dict[str, Any] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+                except OSError as exc:
+                    seen = {"missing": exc.strerror or str(exc)}
+                out.append({**{k: f.get(k) for k in keys}, **seen})
+        return out
+
+    def stored_features(self, rel: str) -> dict[str, np.ndarray]:
+        """Day `rel`'s features from the feature store; ``featurestore.StaleFeatures`` if there are no
+        valid ones."""
+        return featurestore.load(self.root, rel, self.feature_inputs(rel))
+
+    def day_features(self, rel: str) -> dict[str, np.ndarray]:
+        """Day `rel`'s features: stored ones if valid, else computed now (on this CPU) and stored."""
+        try:
+            return self.stored_features(rel)
+        except featurestore.StaleFeatures as why:
+            if featurestore.paths(self.root, rel)[1].exists():  # a missing day is the normal first time
+                log.warning("recomputing the features of %s: %s", rel, why)
+        out = self.compute_features(rel)
+        try:
+            featurestore.store(self.root, rel, out, self.feature_inputs(rel))
+        except OSError as exc:  # a read-only or full share costs recomputation later, not this item
+            log.warning("could not store the features of %s (%s): they will be computed again", rel, exc)
+        return out
+
+    def ensure_features(self) -> tuple[int, int]:
+        """Compute and store the features of every training and testing day that lacks valid ones (what
+        seed runs once the dataset is published); returns (computed, already stored)."""
+        computed = kept = 0
+        for f in sorted(self.files, key=lambda f: (f["first"], f["path"])):
+            if f["role"] not in featurestore.STORED_ROLES:
+                continue
+            try:
+                self.stored_features(f["path"])
+                kept += 1
+            except featurestore.StaleFeatures:
+                self.day_features(f["path"])
+                computed += 1
+        return computed, kept
+
     def examples(self, targets: list[str]) -> Examples:
         """The target files' examples, each file's features from the feature store (computed and
         stored there first if no valid ones are)."""
         parts = []
         for rel in targets:
             if self.entry(rel)["role"] in featurestore.STORED_ROLES:
-                parts.append(featurestore.day_features(self, rel))
+                parts.append(self.day_features(rel))
             else:
                 parts.append(self.compute_features(rel))
         return Examples.concat(parts)

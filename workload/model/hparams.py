@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workload.paths import check_name
+from workload.share.paths import check_name
 
 # key -> (kind, what is allowed). "int": a whole number (not a bool, not 2.0); "number": int or float.
 _RULES: dict[str, tuple[str, str]] = {

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import workload
-from workload.hparams import HParams
+from workload.model.hparams import HParams
 
 FORMAT = 2  # 2: averaged weights, feature version, last-epoch accuracy in progress
 

@@ -10,7 +10,7 @@ only group rows into windows, timestamps only place them in windows, weekends an
 
 All windows are computed with sorted composite keys and cumulative sums (numpy ``searchsorted``), so
 a frame of ~40 days x ~10k rows takes a fraction of a second. Features are a property of the
-dataset, not of a run: ``workload.featurestore`` computes each day's once and keeps them on the share
+dataset, not of a run: ``workload.data.featurestore`` computes each day's once and keeps them on the share
 under ``FEATURE_VERSION``.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workload import schema
+from workload.data import schema
 
 WINDOWS_DAYS = (1, 7, 30)
 LABEL_DELAY_DAYS = 7

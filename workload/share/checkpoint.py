@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from workload import faults
-from workload.fsutil import atomic_write_bytes, atomic_write_text
+from workload.core import faults
+from workload.share.fsutil import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 

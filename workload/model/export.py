@@ -36,12 +36,12 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from workload import report
-from workload.checkpoint import CheckpointStore
-from workload.fsutil import atomic_write_bytes
-from workload.hparams import HParams
-from workload.paths import METRICS_JSONL, METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, check_name, share_paths
-from workload.trainer import Trainer
+from workload.model import report
+from workload.model.hparams import HParams
+from workload.model.trainer import Trainer
+from workload.share.checkpoint import CheckpointStore
+from workload.share.fsutil import atomic_write_bytes
+from workload.share.paths import METRICS_JSONL, METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, check_name, share_paths
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workload import faults
+from workload.core import faults
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ def share_paths(share: Path) -> tuple[Path, Path]:
 
 
 def runs_dir(share: Path) -> Path:
-    """Where `seed` records each run's spec (see workload.plan)."""
+    """Where `seed` records each run's spec (see workload.queue.plan)."""
     return Path(share) / "runs"
 
 

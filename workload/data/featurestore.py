@@ -5,6 +5,10 @@ times on GPU nodes. ``seed`` (the loader Job, CPU only) computes every training 
 features right after the dataset is published, and again for days appended later; a worker that
 finds a day without them (or with stale or damaged ones) computes and stores them itself.
 
+This module only stores and checks: the dataset (``workload.data.dataset``) decides what a day's
+features are computed from (its window's files, ``Dataset.feature_inputs``), asks here for stored ones
+and computes the rest. It never calls back into the dataset.
+
 Layout: ``datasets/<name>/features/<FEATURE_VERSION>/<role>/<day file stem>.npy``: six .npy arrays
 back to back (the float32 features ``[n, len(FEATURE_NAMES)]``, then labels, days, cards, the
 known-compromised flag and transaction IDs), read with one copy and viewed in place; never unpickled (only those plain
@@ -24,16 +28,12 @@ import json
 import logging
 import os
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from workload import features
-from workload.fsutil import atomic_write_bytes, atomic_write_text
-
-if TYPE_CHECKING:
-    from workload.dataset import Dataset
+from workload.data import features
+from workload.share.fsutil import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +52,6 @@ def paths(root: Path, rel: str) -> tuple[Path, Path]:
     rel_path = PurePosixPath(rel)
     base = Path(root) / FOLDER / features.FEATURE_VERSION / rel_path.parent / rel_path.stem
     return base.with_suffix(".npy"), base.with_suffix(".json")
-
-
-def inputs(dataset: Dataset, rel: str) -> list[dict[str, Any]]:
-    """The dataset files a day's feature window reads (itself and LOOKBACK_DAYS before it): their
-    manifest entries and their size and modification time on the share. If any of them changes (a
-    day replaced, damaged, or re-described), the day's stored features are stale: recomputing them
-    reads the files again, so a damaged day fails as it would have without the store."""
-    entry = dataset.entry(rel)
-    first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])
-    start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
-    keys = ("path", "rows", "frauds", "first", "last", "start", "end")
-    out = []
-    for f in dataset.files:
-        if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
-            try:
-                st = (dataset.root / f["path"]).stat()
-                seen: dict[str, Any] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-            except OSError as exc:
-                seen = {"missing": exc.strerror or str(exc)}
-            out.append({**{k: f.get(k) for k in keys}, **seen})
-    return out
 
 
 def _to_bytes(out: dict[str, np.ndarray]) -> bytes:
@@ -117,9 +96,10 @@ def _read(path: Path) -> bytearray:
     return data
 
 
-def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
-    """The stored features of day `rel`; `StaleFeatures` if missing, stale, or damaged."""
-    data_path, entry_path = paths(dataset.root, rel)
+def load(root: Path, rel: str, inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The stored features of day `rel` of the dataset at `root`; `StaleFeatures` if missing, stale
+    (computed from other `inputs` than the dataset's now), or damaged."""
+    data_path, entry_path = paths(root, rel)
     try:
         entry = json.loads(entry_path.read_text())
         data = _read(data_path)
@@ -133,7 +113,7 @@ def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
             "names") != list(features.FEATURE_NAMES):
         raise StaleFeatures(f"{entry_path}: features of version {entry.get('version')!r}, this code computes "
                             f"{features.FEATURE_VERSION!r}")
-    if entry.get("inputs") != inputs(dataset, rel):
+    if entry.get("inputs") != inputs:
         raise StaleFeatures(f"{entry_path}: computed from other dataset files than the share now holds")
     if entry.get("bytes") != len(data) or entry.get("sha256") != hashlib.sha256(data).hexdigest():
         raise StaleFeatures(f"{data_path}: checksum mismatch with {entry_path.name} (damaged or replaced)")
@@ -146,44 +126,14 @@ def load(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
     return out
 
 
-def store(dataset: Dataset, rel: str, out: dict[str, np.ndarray]) -> None:
-    """Write a day's features, then its entry (each atomically)."""
-    data_path, entry_path = paths(dataset.root, rel)
+def store(root: Path, rel: str, out: dict[str, np.ndarray], inputs: list[dict[str, Any]]) -> None:
+    """Write a day's features, then its entry (each atomically), recording the `inputs` they were
+    computed from."""
+    data_path, entry_path = paths(root, rel)
     data = _to_bytes(out)
     atomic_write_bytes(data_path, data)
     entry = {"version": features.FEATURE_VERSION, "layout": LAYOUT, "names": list(features.FEATURE_NAMES),
              "day_file": rel,
              "rows": int(len(out["y"])), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-             "inputs": inputs(dataset, rel)}
+             "inputs": inputs}
     atomic_write_text(entry_path, json.dumps(entry, indent=1) + "\n")
-
-
-def day_features(dataset: Dataset, rel: str) -> dict[str, np.ndarray]:
-    """Day `rel`'s features: stored ones if valid, else computed now (on this CPU) and stored."""
-    try:
-        return load(dataset, rel)
-    except StaleFeatures as why:
-        if paths(dataset.root, rel)[1].exists():  # a missing day is the normal first time: no warning
-            log.warning("recomputing the features of %s: %s", rel, why)
-    out = dataset.compute_features(rel)
-    try:
-        store(dataset, rel, out)
-    except OSError as exc:  # a read-only or full share costs recomputation later, not this item
-        log.warning("could not store the features of %s (%s): they will be computed again", rel, exc)
-    return out
-
-
-def ensure(dataset: Dataset) -> tuple[int, int]:
-    """Compute and store the features of every training and testing day that lacks valid ones (what
-    seed runs once the dataset is published); returns (computed, already stored)."""
-    computed = kept = 0
-    for f in sorted(dataset.files, key=lambda f: (f["first"], f["path"])):
-        if f["role"] not in STORED_ROLES:
-            continue
-        try:
-            load(dataset, f["path"])
-            kept += 1
-        except StaleFeatures:
-            day_features(dataset, f["path"])
-            computed += 1
-    return computed, kept

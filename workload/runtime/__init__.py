@@ -1,0 +1,1 @@
+"""What runs: the worker's protocol loop, local mode and the embedded Redis server."""
