@@ -126,3 +126,18 @@ def test_the_exit_codes_the_jobs_act_on_are_the_workers() -> None:
     # Every code that means "a new pod will do better" is retried free; success and item faults are not.
     assert set(contract.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
     assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(contract.RETRYABLE_EXIT_CODES)
+
+
+def test_the_pods_grace_period_and_the_workers_stop_budgets_are_one_constant(monkeypatch) -> None:
+    """The kubelet's SIGKILL comes terminationGracePeriodSeconds after SIGTERM: the worker's hard exit and
+    its final-checkpoint budget must fall inside it, by default and as the image's CLI sets them."""
+    from infra import jobs
+    from workload.core import preemption
+    from workload.runtime.config import WorkerConfig
+
+    assert jobs.TERMINATION_GRACE_SECONDS == preemption.GRACE_PERIOD_S
+    defaults = WorkerConfig(share=Path("/s"), redis_url="redis://x")
+    assert 0 < defaults.term_budget_s < defaults.term_grace_s < jobs.TERMINATION_GRACE_SECONDS
+    monkeypatch.delenv("TERM_GRACE_SECONDS", raising=False)
+    image = cli.worker_config(cli.parser().parse_args(contract.WORKER_ARGS))
+    assert (image.term_grace_s, image.term_budget_s) == (defaults.term_grace_s, defaults.term_budget_s)

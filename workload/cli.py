@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from workload.core import preemption
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED
 from workload.data import dataset as ds
 from workload.data import publish, simulator, source
@@ -216,7 +217,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
             max_attempts=args.max_attempts, redis_retry_s=env_seconds("REDIS_RETRY_SECONDS", 300),
             plot_interval_s=env_seconds("PLOT_INTERVAL_SECONDS", 30),
             infra_give_up_s=env_seconds("INFRA_GIVE_UP_SECONDS", 300),
-            stall_s=env_seconds("STALL_SECONDS", 300), term_grace_s=env_seconds("TERM_GRACE_SECONDS", 13))
+            stall_s=env_seconds("STALL_SECONDS", 300),
+            term_grace_s=env_seconds("TERM_GRACE_SECONDS", preemption.STOP_WITHIN_S))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workload.core import preemption
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -25,8 +27,8 @@ class WorkerConfig:
     max_attempts: int = 5
     idle_poll_s: float = 0.5
     keep_checkpoints: int = 3
-    term_budget_s: float = 8.0  # of the ~15 s spot notice: what a final checkpoint may use
-    term_grace_s: float = 13.0  # SIGTERM ends the process within this, whatever it waits on
+    term_budget_s: float = preemption.CHECKPOINT_BUDGET_S  # a final checkpoint after SIGTERM if the last took less
+    term_grace_s: float = preemption.STOP_WITHIN_S  # SIGTERM ends the process within this, whatever it waits on
     plot_interval_s: float = 30.0  # pictures are redrawn at most this often, and after a run's last shard
     redis_retry_s: float = 300.0
     infra_give_up_s: float = 300.0  # an infrastructure fault persisting this long: exit EXIT_INFRA

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workload.core import preemption
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
 from workload.model import report
 from workload.queue.workqueue import WorkQueue, connect
@@ -199,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
         for w in workers:
             if w.poll() is None:
                 w.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + preemption.GRACE_PERIOD_S  # as the kubelet waits for a pod
         for w in workers:
             try:
                 w.wait(max(0.1, deadline - time.monotonic()))
