@@ -344,7 +344,18 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="`python -m workload COMMAND --help` explains each command, with an example. "
                                        "LOG_LEVEL (default INFO) sets the log level of every command.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_seed(sub)
+    _add_worker(sub)
+    _add_status(sub)
+    _add_requeue(sub)
+    _add_export(sub)
+    _add_score(sub)
+    _add_local(sub)
+    return p
 
+
+def _add_seed(sub: Any) -> None:
+    """`seed`: the dataset source, the runs and the simulator's knobs."""
     s = _sub(sub, "seed", "put the dataset on the share and enqueue one item per (run, training day); idempotent",
              "python -m workload seed --runs-file sweep.json --datasets ./data --dataset fraud")
     add_share(s)
@@ -372,6 +383,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-seed", type=int, help="simulator seed (no env; default: the preset's)")
     s.set_defaults(fn=seed)
 
+
+def _add_worker(sub: Any) -> None:
+    """`worker`: the queue, the share and the lease and checkpoint timings."""
     w = _sub(sub, "worker", "drain the queue: claim, train, checkpoint, report, ack; exit 0 only when every item is "
              "done or dead-lettered",
              "REDIS_PASSWORD=... python -m workload worker --share /mnt/share --redis-url redis://redis:6379/0",
@@ -392,6 +406,9 @@ def parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (env TORCH_THREADS; default: torch's choice)")
     w.set_defaults(fn=worker)
 
+
+def _add_status(sub: Any) -> None:
+    """`status`: a queue's summary, from its address or a `make local` folder."""
     st = _sub(sub, "status", "the queue per run: pending, leased (by whom, until when), done, dead-lettered, "
               "latest test figures", "python -m workload status --dir local    # the Redis of a running `make local`")
     add_share(st)
@@ -401,6 +418,9 @@ def parser() -> argparse.ArgumentParser:
                          "and share instead of --redis-url/--share (no env; default none)")
     st.set_defaults(fn=status)
 
+
+def _add_requeue(sub: Any) -> None:
+    """`requeue`: dead letters back to pending, all or some."""
     rq = _sub(sub, "requeue", "put dead-lettered items back to pending with their attempts reset, and print them",
               "python -m workload requeue --run main    # after fixing the day files `status` named")
     add_redis(rq)
@@ -408,6 +428,9 @@ def parser() -> argparse.ArgumentParser:
     rq.add_argument("--item", help="only this item, <run>/<shard> as `status` prints it (no env; default: all)")
     rq.set_defaults(fn=requeue)
 
+
+def _add_export(sub: Any) -> None:
+    """`export`: a run's results to a folder or a bucket."""
     ex = _sub(sub, "export", "copy a run's report, metrics.jsonl, pictures and model (safetensors: weights, "
               "normalisation, feature names; no pickle) to FOLDER/RUN/ or gs://BUCKET/PREFIX/RUN/; idempotent",
               "python -m workload export --share local/share --run main --to gs://my-bucket/results")
@@ -418,6 +441,9 @@ def parser() -> argparse.ArgumentParser:
                          "(env OUTPUT_URI; no default)")
     ex.set_defaults(fn=export_cmd)
 
+
+def _add_score(sub: Any) -> None:
+    """`score`: an exported model applied to a dataset's days."""
     sc = _sub(sub, "score", "score transactions with an exported model (the worker's features and history "
               "windows) and write a Parquet of TRANSACTION_ID, score",
               "python -m workload score --model results/main/model.safetensors --datasets local/share/datasets/fraud "
@@ -434,6 +460,9 @@ def parser() -> argparse.ArgumentParser:
                          "(no env; default testing)")
     sc.set_defaults(fn=score_cmd)
 
+
+def _add_local(sub: Any) -> None:
+    """`local`: the whole system on this machine."""
     lo = _sub(sub, "local", "everything on this machine: an embedded Redis, a local folder as the share, N worker "
               "processes; run it again to resume",
               "python -m workload local --runs-file sweep.json --workers 3    # `make local ARGS=...`")
@@ -453,7 +482,6 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--requeue", action="store_true",
                     help="put dead-lettered shards back first, after a fix (no env; default False)")
     lo.set_defaults(fn=lambda a: __import__("workload.runtime.local", fromlist=["main"]).main(a))
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
