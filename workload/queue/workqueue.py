@@ -65,7 +65,7 @@ class Keys:
         self.acked_by = f"{prefix}:acked_by"  # hash  item id -> the owner whose ack made it done
         self.token = f"{prefix}:token"  # int   fencing token counter
         self.seeded = f"{prefix}:seeded"  # string  set by seed/restore: a queue without it was never filled
-        # Per-run keys are these stems + the run name. A script that walks the runs (claim, reap)
+        # Per-run keys are these stems + the run name. A script that walks the runs (claim, reap, counts)
         # only learns them inside Redis, so it gets the stem and appends the run (pending_key/lease_key).
         self.pending_of = f"{prefix}:pending:"  # zset  item id -> chronological seq
         self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, claimed_at, seq
