@@ -10,9 +10,9 @@ from __future__ import annotations
 GRACE_PERIOD_S = 15
 
 # After SIGTERM the worker ends its own process this long before the kubelet's SIGKILL would.
-EXIT_MARGIN_S = 2
+KILL_MARGIN_S = 2
 # SIGTERM ends the worker within this, whatever it waits on (WorkerConfig.term_grace_s).
-STOP_WITHIN_S = GRACE_PERIOD_S - EXIT_MARGIN_S
+STOP_WITHIN_S = GRACE_PERIOD_S - KILL_MARGIN_S
 
 # A final checkpoint after SIGTERM is started only if the last one took less than the budget, so one
 # that takes as long again still leaves this long to release the lease and exit.
