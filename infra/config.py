@@ -1,6 +1,7 @@
 """Stack configuration: read ``pulumi.Config`` once, validate it all, hand out frozen dataclasses.
 
-Components never read ``pulumi.Config`` themselves. Every check runs before the first resource is
+Components never read ``pulumi.Config`` themselves, nor this whole ``StackConfig``: ``infra.program`` hands
+each the typed slice it uses (``Site`` and its own section). Every check runs before the first resource is
 registered, so a typo fails ``pulumi preview`` in a second instead of half-way through ``pulumi up``.
 Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does ``infra.render``).
 """
@@ -130,6 +131,19 @@ class Labels:
 
     def as_dict(self) -> dict[str, str]:
         return {"env": self.env, "app": self.app, "team": self.team}
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a component's GCP resources go and how they are named and labelled: the slice of the stack
+    config that most components share (the rest get only their own section)."""
+
+    project_id: str
+    region: str
+    zone: str
+    stack: str
+    slug: str
+    labels: Labels
 
 
 @dataclass(frozen=True)
@@ -284,6 +298,10 @@ class StackConfig:
     def slug(self) -> str:
         """The stack name made safe for GCP and Kubernetes resource names (lowercase, digits, '-')."""
         return re.sub(r"[^a-z0-9-]+", "-", self.stack.lower()).strip("-") or "stack"
+
+    @property
+    def site(self) -> Site:
+        return Site(self.project_id, self.region, self.zone, self.stack, self.slug, self.labels)
 
 
 class _Reader:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import StackConfig
+from infra.config import FilestoreConfig, Site
 from infra.network import Network
+
+
+@dataclass(frozen=True)
+class FilestoreArgs:
+    """The share's slice of the stack: where it goes, its tier, size and name, and whether it is protected."""
+
+    site: Site
+    filestore: FilestoreConfig
+    protected: bool
 
 
 class FilestoreShare(pulumi.ComponentResource):
@@ -20,19 +31,18 @@ class FilestoreShare(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        args: FilestoreArgs,
         network: Network,
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("spot-trainer:storage:FilestoreShare", name, None, opts)
-        fs = cfg.filestore
-        protected = cfg.cluster.deletion_protection
+        site, fs, protected = args.site, args.filestore, args.protected
         self.instance = gcp.filestore.Instance(
             name,
-            project=cfg.project_id,
-            location=cfg.zone if fs.zonal else cfg.region,
+            project=site.project_id,
+            location=site.zone if fs.zonal else site.region,
             tier=fs.tier,
             file_shares=gcp.filestore.InstanceFileSharesArgs(name=fs.share, capacity_gb=fs.capacity_gb),
             networks=[
@@ -45,14 +55,15 @@ class FilestoreShare(pulumi.ComponentResource):
             # the create (terraform-provider-google issue 20311), so it is left out and `protect` (the
             # engine refuses to delete the resource) guards the instance instead.
             deletion_protection_enabled=protected if fs.api_deletion_protection else None,
-            labels=cfg.labels.as_dict(),
+            labels=site.labels.as_dict(),
             opts=pulumi.ResourceOptions(parent=self, protect=protected and not fs.api_deletion_protection),
         )
         self.ip = self.instance.networks.apply(lambda nets: nets[0].ip_addresses[0])
         self.share = fs.share
         self.path = f"/{fs.share}"
         self.claim_name = "share"
-        self._cfg, self._provider = cfg, provider
+        self._site, self._provider = site, provider
+        self.capacity_gb = fs.capacity_gb
         self.volume, self.claim = self.bind(name, namespace, self.claim_name, "share")
         self.register_outputs({"ip": self.ip, "share": self.share, "claim": self.claim_name})
 
@@ -61,13 +72,13 @@ class FilestoreShare(pulumi.ComponentResource):
     ) -> tuple[k8s.core.v1.PersistentVolume, k8s.core.v1.PersistentVolumeClaim]:
         """A PV for the share and a claim bound to it in ``namespace`` (a PV binds one claim, so each
         namespace that mounts the share gets its own pair, with the same NFS mount options)."""
-        cfg = self._cfg
+        site = self._site
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self._provider)
-        size = f"{cfg.filestore.capacity_gb}Gi"
+        size = f"{self.capacity_gb}Gi"
         volume = k8s.core.v1.PersistentVolume(
             name,
             metadata={
-                "name": f"{cfg.labels.app}-{cfg.slug}-{volume_suffix}",
+                "name": f"{site.labels.app}-{site.slug}-{volume_suffix}",
                 "labels": {contract.NAME_LABEL: contract.APP},
             },
             spec={

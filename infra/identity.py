@@ -26,7 +26,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import GcsUri, StackConfig
+from infra.config import GcsUri, Site
 
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
 READ_OBJECTS = "roles/storage.objectViewer"
@@ -69,7 +69,8 @@ class WorkloadIdentity(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        site: Site,
+        namespace_name: str,
         component: str,
         grants: list[BucketGrant],
         provider: k8s.Provider,
@@ -78,13 +79,13 @@ class WorkloadIdentity(pulumi.ComponentResource):
     ) -> None:
         super().__init__("spot-trainer:iam:WorkloadIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.ksa_name = f"{cfg.labels.app}-{component}"
+        self.ksa_name = f"{site.labels.app}-{component}"
         self.account = gcp.serviceaccount.Account(
             name,
-            project=cfg.project_id,
+            project=site.project_id,
             # 6-30 characters; the stack slug keeps dev and prod apart in one project.
-            account_id=f"{cfg.labels.app}-{cfg.slug}"[:23].rstrip("-") + f"-{component}"[:7],
-            display_name=f"{cfg.labels.app} {component} pods ({cfg.stack})",
+            account_id=f"{site.labels.app}-{site.slug}"[:23].rstrip("-") + f"-{component}"[:7],
+            display_name=f"{site.labels.app} {component} pods ({site.stack})",
             description=f"Workload Identity of the {component} pods; bucket roles only, no key",
             opts=child,
         )
@@ -105,7 +106,7 @@ class WorkloadIdentity(pulumi.ComponentResource):
             # The GSA's fully-qualified name (projects/<p>/serviceAccounts/<email>), as the SDK asks.
             service_account_id=self.account.name,
             role=WORKLOAD_IDENTITY_USER,
-            member=workload_member(cfg.project_id, cfg.namespace, self.ksa_name),
+            member=workload_member(site.project_id, namespace_name, self.ksa_name),
             opts=child,
         )
         self.grants = [

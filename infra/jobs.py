@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import StackConfig
+from infra.config import DataConfig, JobConfig
 from infra.filestore import FilestoreShare
 from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
@@ -37,6 +38,18 @@ AWAIT_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded")
 
 # Preemption or eviction: not the code's fault, retry without consuming backoffLimit.
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+
+
+@dataclass(frozen=True)
+class JobArgs:
+    """The Jobs' slice of the stack: their namespace, settings, data locations, GPUs per pod, and the
+    share's zone when pods are pinned to it (``None``: anywhere in the region)."""
+
+    namespace: str
+    jobs: JobConfig
+    data: DataConfig
+    gpu_count: int
+    share_zone: str | None
 
 
 def failure_policy(container: str) -> dict[str, Any]:
@@ -71,7 +84,7 @@ def failure_policy(container: str) -> dict[str, Any]:
     }
 
 
-def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
+def seed_inputs(args: JobArgs, image_ref: str) -> str:
     """A short hash of everything the loader seeds from (runs, data source) and the image that runs.
 
     Both Jobs carry it as a pod-template annotation. A Job's template is immutable, so the Kubernetes
@@ -79,13 +92,13 @@ def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
     ``.spec.template`` among a Job's force-new fields): a new run, a new dataset location or a new image
     replaces the loader, which seeds what is new, and the training Job, which trains it. The fixed
     ``dependsOn`` alone never re-ran a completed training Job."""
-    data = cfg.data.dataset.uri if cfg.data.dataset else f"preset:{cfg.jobs.dataset_preset}"
-    facts = {"runs": json.loads(cfg.jobs.runs_json), "data": data, "dataset": cfg.data.dataset_name, "image": image_ref}
+    data = args.data.dataset.uri if args.data.dataset else f"preset:{args.jobs.dataset_preset}"
+    runs = json.loads(args.jobs.runs_json)
+    facts = {"runs": runs, "data": data, "dataset": args.data.dataset_name, "image": image_ref}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
-    jobs = cfg.jobs
+def _env(jobs: JobConfig, redis: RedisQueue) -> list[dict[str, Any]]:
     return [
         {"name": contract.ENV_SHARE_DIR, "value": contract.SHARE_DIR},
         {"name": contract.ENV_REDIS_URL, "value": redis.url},
@@ -103,9 +116,9 @@ def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
 def _pod_template(
     component: str,
     image: pulumi.Input[str],
-    args: list[str],
+    argv: list[str],
     resources: dict[str, Any],
-    cfg: StackConfig,
+    args: JobArgs,
     redis: RedisQueue,
     share: FilestoreShare,
     node_selector: dict[str, str] | None = None,
@@ -133,8 +146,8 @@ def _pod_template(
             {
                 "name": component,
                 "image": image,
-                "args": args,
-                "env": _env(cfg, redis) + (env or []),
+                "args": argv,
+                "env": _env(args.jobs, redis) + (env or []),
                 "resources": resources,
                 "securityContext": contract.restricted_security_context(),
                 # The last log lines become the pod's termination message on a failure: the provider's
@@ -157,9 +170,9 @@ def _pod_template(
         # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
         # not reach Google APIs through Workload Identity). The account has no Kubernetes RBAC role.
         spec["automountServiceAccountToken"] = True
-    if cfg.filestore.pin_to_zone:
+    if args.share_zone:
         # The share lives in one zone: reading it from another costs inter-zone traffic on every read.
-        node_selector = {**(node_selector or {}), ZONE_LABEL: cfg.zone}
+        node_selector = {**(node_selector or {}), ZONE_LABEL: args.share_zone}
     if node_selector:
         spec["nodeSelector"] = node_selector
     if tolerations:
@@ -180,12 +193,12 @@ def _job_metadata(
 
 
 def one_off_pod(
-    cfg: StackConfig,
+    args: JobArgs,
     image: pulumi.Input[str],
     redis: RedisQueue,
     share: FilestoreShare,
     name: str,
-    args: list[str],
+    argv: list[str],
     command: list[str] | None = None,
     service_account: str | None = None,
 ) -> pulumi.Output[str]:
@@ -194,7 +207,7 @@ def one_off_pod(
     ``service_account``: run as that Workload Identity account (an export to the output bucket)."""
 
     def render(ref: str) -> str:
-        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share, service_account=service_account)
+        template = _pod_template(contract.LOADER, ref, argv, {}, args, redis, share, service_account=service_account)
         container = template["spec"]["containers"][0]
         container.pop("resources")
         container["name"] = name  # kubectl attaches to the container named like the pod
@@ -202,7 +215,7 @@ def one_off_pod(
             container["command"] = command
         overrides = {"apiVersion": "v1", "metadata": template["metadata"], "spec": template["spec"]}
         return (
-            f"kubectl -n {cfg.namespace} run {name} --rm -i --restart=Never --image={ref} "
+            f"kubectl -n {args.namespace} run {name} --rm -i --restart=Never --image={ref} "
             f"--overrides='{json.dumps(overrides, separators=(',', ':'))}'"
         )
 
@@ -222,7 +235,7 @@ class LoaderJob(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        args: JobArgs,
         image: pulumi.Input[str],
         redis: RedisQueue,
         share: FilestoreShare,
@@ -233,23 +246,24 @@ class LoaderJob(pulumi.ComponentResource):
         after: list[pulumi.Resource] | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
-        self.name = f"{cfg.labels.app}-{contract.LOADER}"
+        jobs = args.jobs
+        self.name = f"{contract.APP}-{contract.LOADER}"
         # The runs file `seed --runs-file` reads: the stack's `runs`, already checked by infra.config.
         self.runs = k8s.core.v1.ConfigMap(
             f"{name}-runs",
             metadata={
-                "name": f"{cfg.labels.app}-runs",
+                "name": f"{contract.APP}-runs",
                 "namespace": namespace,
                 "labels": contract.labels(contract.LOADER),
             },
-            data={contract.RUNS_KEY: cfg.jobs.runs_json},
+            data={contract.RUNS_KEY: jobs.runs_json},
             # Immutable: new runs mean a new ConfigMap (pulumi-kubernetes replaces an immutable ConfigMap
             # whatever its enableConfigMapMutable setting, provider/pkg/provider/diff.go), never a file
             # changing under a running loader. The name is fixed, so the old one goes first.
             immutable=True,
             opts=pulumi.ResourceOptions(parent=self, provider=provider, delete_before_replace=True),
         )
-        self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(cfg, ref))
+        self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(args, ref))
         runs_volume = (
             {"name": RUNS_VOLUME, "configMap": {"name": self.runs.metadata.name}},
             {"name": RUNS_VOLUME, "mountPath": contract.RUNS_DIR, "readOnly": True},
@@ -258,10 +272,10 @@ class LoaderJob(pulumi.ComponentResource):
             contract.LOADER,
             image,
             contract.loader_args(
-                cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri if cfg.data.dataset else None
+                args.data.dataset_name, jobs.dataset_preset, args.data.dataset.uri if args.data.dataset else None
             ),
             {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
-            cfg,
+            args,
             redis,
             share,
             service_account=identity.ksa_name if identity else None,
@@ -275,7 +289,7 @@ class LoaderJob(pulumi.ComponentResource):
                 # The first counted failure (bad config, a crash) fails the Job and `pulumi up` at once;
                 # preemptions and transient exits are retried (failure_policy) until the deadline.
                 "backoffLimit": 0,
-                "activeDeadlineSeconds": cfg.jobs.loader_timeout_minutes * 60,
+                "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
                 "podFailurePolicy": failure_policy(contract.LOADER),
                 "template": template,
             },
@@ -289,7 +303,7 @@ class LoaderJob(pulumi.ComponentResource):
                     *(identity.resources if identity else []), *(after or []),
                 ],  # fmt: skip
                 custom_timeouts=pulumi.CustomTimeouts(
-                    create=f"{cfg.jobs.loader_timeout_minutes}m", update=f"{cfg.jobs.loader_timeout_minutes}m"
+                    create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
                 ),
             ),
         )
@@ -305,7 +319,7 @@ class TrainingJob(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        args: JobArgs,
         image: pulumi.Input[str],
         redis: RedisQueue,
         share: FilestoreShare,
@@ -317,9 +331,9 @@ class TrainingJob(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:TrainingJob", name, None, opts)
-        jobs = cfg.jobs
-        self.name = f"{cfg.labels.app}-{contract.WORKER}"
-        gpus = str(cfg.gpu.count)
+        jobs = args.jobs
+        self.name = f"{contract.APP}-{contract.WORKER}"
+        gpus = str(args.gpu_count)
         template = _pod_template(
             contract.WORKER,
             image,
@@ -328,13 +342,13 @@ class TrainingJob(pulumi.ComponentResource):
                 "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
                 "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
             },
-            cfg,
+            args,
             redis,
             share,
             node_selector=capacity.node_selector,
             tolerations=capacity.tolerations,
             service_account=identity.ksa_name if identity else None,
-            env=[{"name": contract.ENV_OUTPUT_URI, "value": cfg.data.output.uri}] if cfg.data.output else None,
+            env=[{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else None,
             # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
             annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
         )

@@ -61,7 +61,7 @@ def test_the_step_can_write_a_root_owned_share_and_only_it_may(stack: str, rende
 
     namespaces = {n.inputs["metadata"]["name"]: n.inputs["metadata"]["labels"] for n in r.of_type(NAMESPACE)}
     prep_ns = _prep(r).inputs["metadata"]["namespace"]
-    assert prep_ns == share_prep.prep_namespace(r.config) != r.config.namespace
+    assert prep_ns == share_prep.prep_namespace(r.config.namespace) != r.config.namespace
     assert namespaces[prep_ns]["pod-security.kubernetes.io/enforce"] == "baseline"
     # The workloads' namespace still enforces restricted, and every pod in it passes restricted.
     assert namespaces[r.config.namespace]["pod-security.kubernetes.io/enforce"] == "restricted"

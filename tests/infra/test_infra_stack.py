@@ -320,7 +320,7 @@ def test_workload_namespace_enforces_the_restricted_pod_security_standard(
     namespaced = [
         m for m in r.manifests() if m["kind"] not in ("Namespace", "PersistentVolume", "ComputeClass")
     ]
-    prep = share_prep.prep_namespace(r.config)
+    prep = share_prep.prep_namespace(r.config.namespace)
     assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace, prep}
     # Only the share preparation (its Job and claim) lives in the other namespace.
     assert {(m["kind"], m["metadata"]["name"]) for m in namespaced if m["metadata"]["namespace"] == prep} == {
