@@ -121,6 +121,10 @@ class Cluster(pulumi.ComponentResource):
             self._standard_pools(name, args, cluster)
         self.cluster = cluster
         self.name = cluster.name
+        # The pool exists once the cluster does: Workload Identity bindings take it from here (identity.py).
+        self.workload_pool: pulumi.Output[str] = cluster.workload_identity_config.apply(
+            lambda wi: wi.workload_pool if wi else ""
+        )
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(
                 cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate

@@ -53,9 +53,10 @@ class BucketGrant:
         )
 
 
-def workload_member(project_id: str, namespace: str, ksa: str) -> str:
-    """The IAM principal of a Kubernetes service account in the project's workload identity pool."""
-    return f"serviceAccount:{project_id}.svc.id.goog[{namespace}/{ksa}]"
+def workload_member(pool: str, namespace: str, ksa: str) -> str:
+    """The IAM principal of a Kubernetes service account in the workload identity pool ``pool``
+    (``<project>.svc.id.goog``)."""
+    return f"serviceAccount:{pool}[{namespace}/{ksa}]"
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
@@ -71,12 +72,17 @@ class WorkloadIdentity(pulumi.ComponentResource):
         name: str,
         site: Site,
         namespace_name: str,
+        workload_pool: pulumi.Input[str],
         component: str,
         grants: list[BucketGrant],
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """``workload_pool``: the cluster's pool output, never the project's name typed in: the pool exists
+        only once the cluster does, and IAM refuses a binding to a member of a pool that does not exist
+        ("Identity Pool does not exist": terraform-google-modules/terraform-google-kubernetes-engine#916
+        fixed it the same way). The output carries the dependency on the cluster."""
         super().__init__("spot-trainer:iam:WorkloadIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.ksa_name = f"{site.labels.app}-{component}"
@@ -106,7 +112,9 @@ class WorkloadIdentity(pulumi.ComponentResource):
             # The GSA's fully-qualified name (projects/<p>/serviceAccounts/<email>), as the SDK asks.
             service_account_id=self.account.name,
             role=WORKLOAD_IDENTITY_USER,
-            member=workload_member(site.project_id, namespace_name, self.ksa_name),
+            member=pulumi.Output.from_input(workload_pool).apply(
+                lambda pool: workload_member(pool, namespace_name, self.ksa_name)
+            ),
             opts=child,
         )
         self.grants = [

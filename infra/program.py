@@ -86,14 +86,14 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     data = cfg.data
     loader_identity = (
         WorkloadIdentity(
-            "loader-identity", site, cfg.namespace, contract.LOADER,
+            "loader-identity", site, cfg.namespace, cluster.workload_pool, contract.LOADER,
             [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)], cluster.provider, ns, opts=on_gcp,
         )
         if data.dataset else None
     )  # fmt: skip
     worker_identity = (
         WorkloadIdentity(
-            "worker-identity", site, cfg.namespace, contract.WORKER,
+            "worker-identity", site, cfg.namespace, cluster.workload_pool, contract.WORKER,
             [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)], cluster.provider, ns, opts=on_gcp,
         )
         if data.output else None
