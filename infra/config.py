@@ -196,6 +196,16 @@ class FilestoreConfig:
         return self.tier in ZONAL_FILESTORE_TIERS
 
     @property
+    def claim_gb(self) -> int:
+        """What the share's claims request: the tier's smallest size, whatever the share's size. A claim
+        bound to a static PV (``storageClassName: ""``) cannot grow (the API server's resize admission
+        refuses: "only dynamically provisioned pvc can be resized"), and pulumi-kubernetes replaces a
+        claim whose request changes (provider/pkg/provider/diff.go), so a size-dependent request broke
+        every capacity change. The tier never changes (it replaces the instance), and binding only needs
+        the PV's capacity to be at least the request."""
+        return FILESTORE_TIERS[self.tier][0]
+
+    @property
     def api_deletion_protection(self) -> bool:
         """Whether the tier takes Filestore's own ``deletion_protection_enabled`` (BASIC tiers do not)."""
         return self.tier in DELETION_PROTECTION_TIERS

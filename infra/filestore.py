@@ -63,7 +63,7 @@ class FilestoreShare(pulumi.ComponentResource):
         self.path = f"/{fs.share}"
         self.claim_name = "share"
         self._site, self._provider = site, provider
-        self.capacity_gb = fs.capacity_gb
+        self.capacity_gb, self.claim_gb = fs.capacity_gb, fs.claim_gb
         self.volume, self.claim = self.bind(name, namespace, self.claim_name, "share")
         self.register_outputs({"ip": self.ip, "share": self.share, "claim": self.claim_name})
 
@@ -74,7 +74,8 @@ class FilestoreShare(pulumi.ComponentResource):
         namespace that mounts the share gets its own pair, with the same NFS mount options)."""
         site = self._site
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self._provider)
-        size = f"{self.capacity_gb}Gi"
+        # The PV shows the share's real size (a PV's capacity may change in place: only its volume source
+        # replaces it, diff.go); the claim's request stays fixed (FilestoreConfig.claim_gb).
         volume = k8s.core.v1.PersistentVolume(
             name,
             metadata={
@@ -82,7 +83,7 @@ class FilestoreShare(pulumi.ComponentResource):
                 "labels": {contract.NAME_LABEL: contract.APP},
             },
             spec={
-                "capacity": {"storage": size},
+                "capacity": {"storage": f"{self.capacity_gb}Gi"},
                 "accessModes": ["ReadWriteMany"],
                 # The data outlives the claim: deleting the PVC must not try to delete Filestore.
                 "persistentVolumeReclaimPolicy": "Retain",
@@ -100,7 +101,7 @@ class FilestoreShare(pulumi.ComponentResource):
                 # "" disables dynamic provisioning; volumeName binds to exactly our PV.
                 "storageClassName": "",
                 "volumeName": volume.metadata.name,
-                "resources": {"requests": {"storage": size}},
+                "resources": {"requests": {"storage": f"{self.claim_gb}Gi"}},
             },
             opts=k8s_opts,
         )
