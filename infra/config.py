@@ -64,8 +64,13 @@ CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
 JOB_AWAIT_MODES = ("wait", "skip")
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
-# The stack whose cluster and Filestore keep deletion protection by default (and the policy pack insists).
-PROTECTED_STACK = "prod"
+# The one setting that lifts the cluster's and the share's deletion protection, in any stack: its name
+# says what a destroy or a replacing change then costs (docs/cloud.md, "Day two").
+DATA_LOSS_KEY = "allowDataLoss"
+# Settings that no longer exist -> what to write instead (a plain "not a setting" would leave users guessing).
+RETIRED_KEYS = {
+    "deletionProtection": f"every stack is now protected; set {PROJECT}:{DATA_LOSS_KEY}=true to lift it",
+}
 
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -116,6 +121,8 @@ def check_keys(keys: Iterable[str], where: str = "") -> None:
             if not guess:
                 text += " (no setting is named like it; see Pulumi.yaml)"
             raise ConfigError(key, None, "", where, text)
+        if name in RETIRED_KEYS:
+            raise ConfigError(key, None, "", where, f"config key {key!r} was retired: {RETIRED_KEYS[name]}")
         if name not in declared:
             hint = f"did you mean {PROJECT}:{guess[0]}?" if guess else "see Pulumi.yaml for the settings"
             raise ConfigError(key, None, "", where, f"config key {key!r} is not a setting of {PROJECT}; {hint}")
@@ -413,7 +420,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         mode=r.str("clusterMode", CLUSTER_MODES),
         release_channel=r.str("releaseChannel", RELEASE_CHANNELS),
         private_nodes=r.bool("privateNodes"),
-        deletion_protection=_deletion_protection(r, stack),
+        deletion_protection=not r.bool(DATA_LOSS_KEY),
     )
     gpu = _gpu(r, cluster)
     network = _network(r)
@@ -434,13 +441,6 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         data=_data(r),
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
     )
-
-
-def _deletion_protection(r: _Reader, stack: str) -> bool:
-    """``auto`` means on for a stack named prod, off elsewhere (so dev stacks destroy cleanly)."""
-    if r.str("deletionProtection", ("auto", "true", "false")) == "auto":
-        return stack == PROTECTED_STACK
-    return r.bool("deletionProtection")
 
 
 def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:

@@ -66,7 +66,7 @@ def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
     assert cluster["releaseChannel"] == {"channel": r.config.cluster.release_channel}
     assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{r.config.project_id}.svc.id.goog"}
     assert cluster["privateClusterConfig"]["enablePrivateNodes"] is r.config.cluster.private_nodes
-    assert cluster["deletionProtection"] is (stack == "prod")
+    assert cluster["deletionProtection"] is True  # every stack (allowDataLoss lifts it)
     assert not r.of_type(NODE_POOL)
 
 
@@ -463,9 +463,10 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
         ("prod", {}, None, True),  # BASIC_SSD: no API protection, Pulumi's protect instead
         ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, False),
         ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, False),
-        ("dev", {}, None, False),
-        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, False, False),
-        ("dev", {"deletionProtection": True}, None, True),
+        ("dev", {}, None, True),
+        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, False),
+        ("dev", {"allowDataLoss": True}, None, False),
+        ("dev", {"allowDataLoss": True, "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, False, False),
     ],
     ids=str,
 )

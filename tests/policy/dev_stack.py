@@ -268,7 +268,7 @@ _CLUSTER: dict[str, Any] = {
     "subnetwork": "network-id",
     "workloadIdentityConfig": {"workloadPool": "spot-trainer-test.svc.id.goog"},
     "network": "network-id",
-    "deletionProtection": False,
+    "deletionProtection": True,
     "id": "cluster-id",
 }
 _FILESTORE: dict[str, Any] = {
