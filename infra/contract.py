@@ -60,6 +60,12 @@ EXIT_TERMINATED = 143
 EXIT_INFRA = 3
 EXIT_STALLED = 5
 RETRYABLE_EXIT_CODES = (EXIT_INFRA, EXIT_STALLED, EXIT_TERMINATED)
+# Given a GPU that CUDA cannot use (workload/runtime/gpu.py): every new pod lands on the same driver, so the
+# Job fails at once (FailJob) instead of re-creating GPU pods that train nothing.
+EXIT_GPU_UNUSABLE = 6
+# The training pods' GPU count, which the worker compares with what CUDA sees (the downward API cannot
+# expose an nvidia.com/gpu limit).
+ENV_EXPECTED_GPUS = "EXPECTED_GPUS"
 
 # Dataset presets the image's simulator knows (workload/data/simulator.py PRESETS; tests/test_contract.py
 # checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.

@@ -52,7 +52,7 @@ class JobArgs:
     share_zone: str | None
 
 
-def failure_policy(container: str) -> dict[str, Any]:
+def failure_policy(container: str, gpu: bool = False) -> dict[str, Any]:
     """podFailurePolicy of the loader and training Jobs (first matching rule wins):
 
     - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
@@ -80,7 +80,20 @@ def failure_policy(container: str) -> dict[str, Any]:
                 "action": "Count",
                 "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
             },
+            *([_fail_on_unusable_gpu(container)] if gpu else []),
         ]
+    }
+
+
+def _fail_on_unusable_gpu(container: str) -> dict[str, Any]:
+    """GPU pods only: a GPU that CUDA cannot use (exit 6) fails the Job at once, since every new pod gets
+    the same driver. FailJob ends the Job with reason PodFailurePolicy, which the provider's await does not
+    stop on (AWAIT_FAILURE_REASONS): with jobAwait=wait, `pulumi up` reports it at jobTimeoutMinutes, with
+    the pod's one-line error as its termination message. Counting instead would re-create GPU pods
+    backoffLimit more times, each failing the same way."""
+    return {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_GPU_UNUSABLE]},
     }
 
 
@@ -348,7 +361,10 @@ class TrainingJob(pulumi.ComponentResource):
             node_selector=capacity.node_selector,
             tolerations=capacity.tolerations,
             service_account=identity.ksa_name if identity else None,
-            env=[{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else None,
+            env=[
+                {"name": contract.ENV_EXPECTED_GPUS, "value": gpus},
+                *([{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else []),
+            ],
             # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
             annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
         )
@@ -364,7 +380,7 @@ class TrainingJob(pulumi.ComponentResource):
                 "parallelism": jobs.parallelism,
                 "backoffLimit": jobs.backoff_limit,
                 "activeDeadlineSeconds": jobs.active_deadline_seconds,
-                "podFailurePolicy": failure_policy(contract.WORKER),
+                "podFailurePolicy": failure_policy(contract.WORKER, gpu=True),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(

@@ -29,6 +29,12 @@ def test_every_env_var_the_jobs_set_is_read_by_the_cli(monkeypatch, name, verb, 
     assert getattr(cli.parser().parse_args([verb]), attr) == expected
 
 
+def test_the_gpu_count_the_training_job_sets_is_what_the_worker_checks() -> None:
+    from workload.runtime import gpu
+
+    assert contract.ENV_EXPECTED_GPUS == gpu.ENV_EXPECTED_GPUS
+
+
 def test_the_password_variable_is_the_one_the_queue_client_reads() -> None:
     assert f'env("{contract.ENV_REDIS_PASSWORD}")' in (ROOT / "workload" / "cli.py").read_text()
 
@@ -125,4 +131,21 @@ def test_the_exit_codes_the_jobs_act_on_are_the_workers() -> None:
         errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED)
     # Every code that means "a new pod will do better" is retried free; success and item faults are not.
     assert set(contract.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
+    assert contract.EXIT_GPU_UNUSABLE == errors.EXIT_GPU_UNUSABLE not in contract.RETRYABLE_EXIT_CODES
     assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(contract.RETRYABLE_EXIT_CODES)
+
+
+def test_the_image_takes_torch_for_the_nodes_driver_not_pypis_cuda_13_build() -> None:
+    """PyPI's linux torch needs driver R580; GKE's LATEST COS driver has been R570 (workload/Dockerfile):
+    the image installs the requirements' torch version from the PyTorch index of a CUDA 12 line, whose
+    minimum driver the worker's GPU check names."""
+    from workload.runtime import gpu
+
+    dockerfile = (ROOT / "workload" / "Dockerfile").read_text()
+    line = re.search(r"^ARG TORCH_CUDA=cu(\d+)$", dockerfile, re.MULTILINE)
+    assert line and line[1].startswith("12"), "the image's torch must be a CUDA 12 build (driver R525+)"
+    assert gpu.CUDA_MIN_DRIVER["12"] == "R525"
+    assert '--index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' in dockerfile
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "workload" / "requirements.txt").read_text(), re.MULTILINE)
+    assert pinned and "sed -n 's/^torch==//p' /app/requirements.txt" in dockerfile
+    assert dockerfile.index("TORCH_CUDA") < dockerfile.index("-r /app/requirements.txt")

@@ -194,3 +194,19 @@ def test_the_outputs_say_how_to_rerun_a_job(stack: str, rendered: Render) -> Non
     commands = r.outputs["commands"]
     assert commands["rerunLoader"] == f"pulumi up --replace '{r.one(JOB, 'loader').urn}'"
     assert commands["rerunTraining"] == f"pulumi up --replace '{r.one(JOB, 'training').urn}'"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_gpu_that_cuda_cannot_use_fails_training_on_its_first_pod(stack: str, rendered: Render) -> None:
+    """Every new pod lands on the same driver: exit 6 ends the Job at once (FailJob), instead of
+    re-creating GPU pods that would train on their CPUs or fail the same way backoffLimit times. A
+    preempted pod that exits 6 is still a preemption."""
+    r = rendered(stack)
+    job, name = _controller(r, "training")
+    assert job.pod_failed(FailedPod({name: contract.EXIT_GPU_UNUSABLE}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({name: contract.EXIT_GPU_UNUSABLE})) == "PodFailurePolicy"
+    assert job.counted == 0
+    (container,) = r.one(JOB, "training").inputs["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    limit = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert env[contract.ENV_EXPECTED_GPUS] == limit == str(r.config.gpu.count)  # what the worker checks

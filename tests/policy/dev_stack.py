@@ -208,6 +208,7 @@ _TRAINING = _runtime_job(
             "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"},
         },
         "args": ["worker"],
+        "env": [*_RUNTIME_ENV, {"value": "1", "name": "EXPECTED_GPUS"}],
     },
 )
 
