@@ -56,7 +56,11 @@ class FilestoreShare(pulumi.ComponentResource):
             # engine refuses to delete the resource) guards the instance instead.
             deletion_protection_enabled=protected if fs.api_deletion_protection else None,
             labels=site.labels.as_dict(),
-            opts=pulumi.ResourceOptions(parent=self, protect=protected and not fs.api_deletion_protection),
+            # After the subnet: the instance names only the VPC, and creating it beside the subnet raced the
+            # peering Filestore sets up on a network that was still being built.
+            opts=pulumi.ResourceOptions(
+                parent=self, protect=protected and not fs.api_deletion_protection, depends_on=network.ready
+            ),
         )
         self.ip = self.instance.networks.apply(lambda nets: nets[0].ip_addresses[0])
         self.share = fs.share

@@ -27,11 +27,14 @@ class Network(pulumi.ComponentResource):
     network_id: pulumi.Output[str]
     network_name: pulumi.Output[str]
     subnetwork_id: pulumi.Output[str]
+    # What must exist before anything is placed on the VPC (the created subnet); empty for an existing VPC.
+    ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spot-trainer:gcp:Network", name, None, opts)
         net = args.network
         child = pulumi.ResourceOptions(parent=self)
+        self.ready = []
         if not net.create:
             project, region = args.project_id, args.region
             self.network_name = pulumi.Output.from_input(net.existing_network)
@@ -85,4 +88,5 @@ class Network(pulumi.ComponentResource):
             self.network_name = vpc.name
             self.network_id = vpc.id
             self.subnetwork_id = subnet.id
+            self.ready = [subnet]
         self.register_outputs({"network_id": self.network_id, "subnetwork_id": self.subnetwork_id})

@@ -12,6 +12,10 @@ APIS = (
     "container.googleapis.com",
     "file.googleapis.com",
     "artifactregistry.googleapis.com",
+    # Service accounts (nodes, workloads) and their IAM bindings: a new project may not have it on.
+    "iam.googleapis.com",
+    # Project-level IAM members (the nodes' role) are read and written through Resource Manager.
+    "cloudresourcemanager.googleapis.com",
 )
 # With datasetUri or outputUri: pods call Cloud Storage as their own service account (calls are accounted
 # to that account's project), and the GKE metadata server mints its tokens through IAM Credentials.

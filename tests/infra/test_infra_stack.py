@@ -412,7 +412,7 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     services = r.of_type("gcp:projects/service:Service")
     assert {s.inputs["service"] for s in services} >= {
         "container.googleapis.com", "file.googleapis.com", "artifactregistry.googleapis.com",
-        "compute.googleapis.com",
+        "compute.googleapis.com", "iam.googleapis.com", "cloudresourcemanager.googleapis.com",
     }  # fmt: skip
     provider = r.one("pulumi:providers:gcp")
     assert set(provider.dependencies) == {s.urn for s in services}
@@ -477,3 +477,13 @@ def test_filestore_deletion_protection_only_where_the_tier_has_it(
     share = rendered(stack, **overrides).one(FILESTORE)
     assert share.inputs.get("deletionProtectionEnabled") is api
     assert share.protect is protect
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_share_is_created_after_the_subnet(stack: str, rendered: Render) -> None:
+    """The instance names only the VPC; without an explicit dependency it was created beside the subnet."""
+    r = rendered(stack)
+    subnet = r.one("gcp:compute/subnetwork:Subnetwork")
+    assert subnet.urn in r.one(FILESTORE).dependencies
+    existing = rendered(stack, network="shared-vpc", subnetwork="shared-subnet")
+    assert not existing.of_type("gcp:compute/subnetwork:Subnetwork") and existing.one(FILESTORE)
