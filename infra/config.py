@@ -287,6 +287,12 @@ class JobConfig:
         return max(0, self.parallelism - len(self.runs))
     worker_cpu: str
     worker_memory: str
+    # The run whose newest model scores the scoring/ days ('' = every run), with outputUri set.
+    score_run: str = ""
+
+    @property
+    def scored_runs(self) -> tuple[str, ...]:
+        return (self.score_run,) if self.score_run else self.runs
 
     @property
     def skip_await(self) -> bool:
@@ -518,6 +524,11 @@ def _filestore(r: _Reader) -> FilestoreConfig:
 
 def _jobs(r: _Reader) -> JobConfig:
     quantity = "a Kubernetes quantity such as 4, 500m or 16Gi"
+    runs_json = _runs(r)
+    score_run = r.raw("scoreRun")
+    names = tuple(json.loads(runs_json))
+    if score_run and score_run not in names:
+        raise ConfigError("scoreRun", score_run, "empty (every run) or one of the runs: " + ", ".join(names))
     return JobConfig(
         parallelism=r.int("parallelism", 1, 1000),
         backoff_limit=r.int("backoffLimit", 0),
@@ -526,12 +537,13 @@ def _jobs(r: _Reader) -> JobConfig:
         timeout_minutes=r.int("jobTimeoutMinutes", 1),
         loader_timeout_minutes=r.int("loaderTimeoutMinutes", 1),
         dataset_preset=r.str("datasetPreset", contract.DATASET_PRESETS),
-        runs_json=_runs(r),
+        runs_json=runs_json,
         lease_ttl_seconds=r.int("leaseTtlSeconds", 5),
         checkpoint_interval_seconds=r.int("checkpointIntervalSeconds", 1),
         max_attempts=r.int("maxAttempts", 1),
         worker_cpu=r.matching("workerCpu", _QUANTITY, quantity),
         worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
+        score_run=score_run,
     )
 
 

@@ -12,6 +12,8 @@ APP = "spot-trainer"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
+# The scoring Job's pods (CPU): score the scoring/ days with a run's newest model.
+SCORER = "scorer"
 # The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
 SHARE_PREP = "share-prep"
 
@@ -95,6 +97,16 @@ def loader_args(dataset: str, preset: str, dataset_uri: str | None) -> list[str]
 def export_args(run: str, to: str) -> list[str]:
     """``python -m workload export``: a run's report, metrics, plots and model to ``to``/<run>/."""
     return ["export", "--run", run, "--to", to]
+
+
+def score_args(run: str, dataset: str, output_uri: str) -> list[str]:
+    """``python -m workload score`` (the contract of issues 20 and 22): the run's newest promoted checkpoint
+    on the share scores the dataset's ``scoring/`` days, one Parquet per day under
+    ``<output_uri>/<run>/scores/``."""
+    return [
+        "score", "--model", f"{SHARE_DIR}/output/{run}", "--datasets", f"{SHARE_DIR}/datasets/{dataset}",
+        "--days", "scoring", "--out", f"{output_uri}/{run}/scores/",
+    ]
 
 
 WORKER_ARGS = ["worker"]

@@ -52,7 +52,7 @@ class JobArgs:
     share_zone: str | None
 
 
-def failure_policy(container: str, gpu: bool = False) -> dict[str, Any]:
+def failure_policy(container: str | None, gpu: bool = False) -> dict[str, Any]:
     """podFailurePolicy of the loader and training Jobs (first matching rule wins):
 
     - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
@@ -64,21 +64,21 @@ def failure_policy(container: str, gpu: bool = False) -> dict[str, Any]:
       the await reports at once with the pods' termination messages (the worker's one-line error). The
       loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the loader's first pod, before
       any GPU pod exists.
+
+    ``container``: the container whose exit codes the rules read; None for a pod of several containers
+    that all exit by the same codes (the scoring Job's, one per run).
     """
+    which = {"containerName": container} if container else {}
     return {
         "rules": [
             IGNORE_DISRUPTIONS,
             {
                 "action": "Ignore",
-                "onExitCodes": {
-                    "containerName": container,
-                    "operator": "In",
-                    "values": list(contract.RETRYABLE_EXIT_CODES),
-                },
+                "onExitCodes": {**which, "operator": "In", "values": list(contract.RETRYABLE_EXIT_CODES)},
             },
             {
                 "action": "Count",
-                "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+                "onExitCodes": {**which, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
             },
             *([_fail_on_unusable_gpu(container)] if gpu else []),
         ]
@@ -393,6 +393,73 @@ class TrainingJob(pulumi.ComponentResource):
                 # share, while ignore_changes would keep the first value forever (docs/cloud.md).
                 delete_before_replace=True,
                 depends_on=[loader.job, *capacity.resources, *(identity.resources if identity else [])],
+                custom_timeouts=timeouts,
+            ),
+        )
+        self.register_outputs({"name": self.name})
+
+
+class ScoringJob(pulumi.ComponentResource):
+    """With ``outputUri``: after training, each scored run's newest model (its newest promoted checkpoint
+    on the share, read-only) scores the dataset's ``scoring/`` days, and the scores go to
+    ``<outputUri>/<run>/scores/<day>.parquet``. On CPU (no GPU, no spot selector: a short Job that a
+    preemption would only delay), as the workers' Google identity (the one that may write there). One
+    container per run in one pod: the runs score side by side and the Job completes when all have."""
+
+    job: k8s.batch.v1.Job
+    name: str
+
+    def __init__(
+        self,
+        name: str,
+        args: JobArgs,
+        image: pulumi.Input[str],
+        redis: RedisQueue,
+        share: FilestoreShare,
+        training: TrainingJob,
+        loader: LoaderJob,
+        identity: WorkloadIdentity,
+        provider: k8s.Provider,
+        namespace: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("spot-trainer:k8s:ScoringJob", name, None, opts)
+        jobs, output = args.jobs, args.data.output
+        assert output is not None, "a scoring Job needs outputUri"
+        self.name = f"{contract.APP}-{contract.SCORER}"
+        resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+        runs = jobs.scored_runs
+        template = _pod_template(
+            contract.SCORER, image, [], resources, args, redis, share,
+            service_account=identity.ksa_name,
+            # Replaced with the Jobs it follows: new data or a new image scores again (see seed_inputs).
+            annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
+        )  # fmt: skip
+        (base,) = template["spec"]["containers"]
+        dataset = args.data.dataset_name
+        template["spec"]["containers"] = [  # container names are DNS labels; a run name need not be one
+            {**base, "name": f"{contract.SCORER}-{i}", "args": contract.score_args(run, dataset, output.uri)}
+            for i, run in enumerate(runs)
+        ]
+        timeouts = None if jobs.skip_await else pulumi.CustomTimeouts(
+            create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
+        )
+        self.job = k8s.batch.v1.Job(
+            name,
+            metadata=_job_metadata(self.name, contract.SCORER, namespace, skip_await=jobs.skip_await),
+            spec={
+                # A bad input (exit 2) fails the Job on its first pod, as the loader's; infra exits retry.
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
+                "podFailurePolicy": failure_policy(None),
+                "template": template,
+            },
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                delete_before_replace=True,
+                # After training (awaited with jobAwait=wait): the newest models are the trained ones.
+                depends_on=[training.job, *identity.resources],
                 custom_timeouts=timeouts,
             ),
         )

@@ -20,7 +20,7 @@ from infra.filestore import FilestoreArgs, FilestoreShare
 from infra.gpu import GpuCapacity
 from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, WorkloadIdentity
 from infra.image import TrainingImage
-from infra.jobs import JobArgs, LoaderJob, TrainingJob, one_off_pod
+from infra.jobs import JobArgs, LoaderJob, ScoringJob, TrainingJob, one_off_pod
 from infra.network import Network, NetworkArgs
 from infra.redis import RedisQueue
 from infra.services import ProjectServices, apis
@@ -107,6 +107,14 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "training", work, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns
     )
 
+    # With outputUri: the scoring/ days are scored by the newest models after training.
+    scoring = (
+        ScoringJob(
+            "scoring", work, image.ref, redis, share, training, loader, worker_identity, cluster.provider, ns
+        )
+        if worker_identity else None
+    )  # fmt: skip
+
     n = f"-n {cfg.namespace}"
     workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
     return {
@@ -118,6 +126,7 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "redisService": f"{redis.service_name}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}",
         "loaderJob": loader.name,
         "trainingJob": training.name,
+        "scoringJob": scoring.name if scoring else "",
         "datasetUri": data.dataset.uri if data.dataset else "",
         "outputUri": data.output.uri if data.output else "",
         "serviceAccounts": {

@@ -298,6 +298,11 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
             "action": "Count",
             "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
         },
+        # A GPU that CUDA cannot use fails the Job at once (workload/runtime/gpu.py).
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [6]},
+        },
     ]
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
