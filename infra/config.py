@@ -188,6 +188,8 @@ class GpuConfig:
     on_demand_fallback: bool
     max_nodes: int
     machine_type: str
+    # Read the project's GPU quota at `pulumi up` and fail at once when it cannot run the training pods.
+    check_quota: bool = True
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,8 @@ class JobConfig:
     worker_memory: str
     # The run whose newest model scores the scoring/ days ('' = every run), with outputUri set.
     score_run: str = ""
+    # How long a pod rides out an infrastructure fault before its exit 3 fails the Job.
+    infra_retry_budget_minutes: int = 30
 
     @property
     def scored_runs(self) -> tuple[str, ...]:
@@ -477,6 +481,7 @@ def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:
         on_demand_fallback=fallback,
         max_nodes=r.int("gpuMaxNodes", 1, 100),
         machine_type=machine_type,
+        check_quota=r.bool("checkGpuQuota"),
     )
 
 
@@ -544,6 +549,7 @@ def _jobs(r: _Reader) -> JobConfig:
         worker_cpu=r.matching("workerCpu", _QUANTITY, quantity),
         worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
         score_run=score_run,
+        infra_retry_budget_minutes=r.int("infraRetryBudgetMinutes", 1, 1440),
     )
 
 

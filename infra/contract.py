@@ -43,6 +43,8 @@ RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
 # A change to any of them changes both pod templates, and Kubernetes Job templates are immutable, so the
 # Kubernetes provider replaces both Jobs and the next `pulumi up` trains what is new.
 SEED_INPUTS_ANNOTATION = f"{APP}/seed-inputs"
+# The training Job's metadata (not its pods'): the GPU quota limits `pulumi up` read before creating it.
+GPU_QUOTA_ANNOTATION = f"{APP}/gpu-quota"
 # Workload Identity: the Kubernetes service account names the Google service account it acts as.
 GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 
@@ -59,9 +61,13 @@ EXIT_DEAD_LETTERS = 4
 # DisruptionTarget condition), a persistent infrastructure fault (share or Redis), or the watchdog giving
 # a stuck read's lease up (a hung mount). The Jobs retry these without counting them, up to the deadline.
 EXIT_TERMINATED = 143
-EXIT_INFRA = 3
 EXIT_STALLED = 5
-RETRYABLE_EXIT_CODES = (EXIT_INFRA, EXIT_STALLED, EXIT_TERMINATED)
+RETRYABLE_EXIT_CODES = (EXIT_STALLED, EXIT_TERMINATED)
+# An infrastructure fault (Redis, the share) that outlasted the pod's retry budget (ENV_REDIS_RETRY,
+# ENV_INFRA_GIVE_UP, from infraRetryBudgetMinutes): the Jobs fail on it instead of retrying for a day.
+EXIT_INFRA = 3
+ENV_REDIS_RETRY = "REDIS_RETRY_SECONDS"
+ENV_INFRA_GIVE_UP = "INFRA_GIVE_UP_SECONDS"
 # Given a GPU that CUDA cannot use (workload/runtime/gpu.py): every new pod lands on the same driver, so the
 # Job fails at once (FailJob) instead of re-creating GPU pods that train nothing.
 EXIT_GPU_UNUSABLE = 6

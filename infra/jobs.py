@@ -52,12 +52,16 @@ class JobArgs:
     share_zone: str | None
 
 
-def failure_policy(container: str | None, gpu: bool = False) -> dict[str, Any]:
+def failure_policy(container: str | None, gpu: bool = False, budget: bool = True) -> dict[str, Any]:
     """podFailurePolicy of the loader and training Jobs (first matching rule wins):
 
     - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
-    - a worker that exits 143 (SIGTERM without the condition) or 3 (Redis unreachable) is retried and
-      not counted: a new pod does better;
+    - a worker that exits 143 (SIGTERM without the condition) or 5 (a stuck read given up) is retried
+      and not counted: a new pod does better;
+    - ``budget``: exit 3 means an infrastructure fault (Redis, the share) persisted for the pod's whole
+      retry budget (``infraRetryBudgetMinutes``, handed to the worker as its Redis retry and give-up
+      times), so the Job fails (FailJob) with the worker's reason in the pod's last log lines, instead of
+      re-creating GPU pods for a day. Without a budget in the pod (the scoring Job), 3 is retried;
     - exit 2 (bad configuration) is counted, as is every other failure. Not FailJob: the Job would end
       with reason PodFailurePolicy, which the provider's await does not recognise, and `pulumi up` would
       wait out its whole timeout. Counted against ``backoffLimit`` it ends in BackoffLimitExceeded, which
@@ -69,17 +73,17 @@ def failure_policy(container: str | None, gpu: bool = False) -> dict[str, Any]:
     that all exit by the same codes (the scoring Job's, one per run).
     """
     which = {"containerName": container} if container else {}
+    retried = [*([] if budget else [contract.EXIT_INFRA]), *contract.RETRYABLE_EXIT_CODES]
     return {
         "rules": [
             IGNORE_DISRUPTIONS,
-            {
-                "action": "Ignore",
-                "onExitCodes": {**which, "operator": "In", "values": list(contract.RETRYABLE_EXIT_CODES)},
-            },
+            {"action": "Ignore", "onExitCodes": {**which, "operator": "In", "values": sorted(retried)}},
             {
                 "action": "Count",
                 "onExitCodes": {**which, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
             },
+            *([{"action": "FailJob", "onExitCodes": {**which, "operator": "In", "values": [contract.EXIT_INFRA]}}]
+              if budget else []),
             *([_fail_on_unusable_gpu(container)] if gpu else []),
         ]
     }
@@ -112,6 +116,7 @@ def seed_inputs(args: JobArgs, image_ref: str) -> str:
 
 
 def _env(jobs: JobConfig, redis: RedisQueue) -> list[dict[str, Any]]:
+    budget = str(jobs.infra_retry_budget_minutes * 60)
     return [
         {"name": contract.ENV_SHARE_DIR, "value": contract.SHARE_DIR},
         {"name": contract.ENV_REDIS_URL, "value": redis.url},
@@ -123,6 +128,9 @@ def _env(jobs: JobConfig, redis: RedisQueue) -> list[dict[str, Any]]:
         {"name": contract.ENV_LEASE_TTL, "value": str(jobs.lease_ttl_seconds)},
         {"name": contract.ENV_CHECKPOINT_INTERVAL, "value": str(jobs.checkpoint_interval_seconds)},
         {"name": contract.ENV_MAX_ATTEMPTS, "value": str(jobs.max_attempts)},
+        # How long a pod rides out Redis or the share failing before it exits 3, which fails the Job.
+        {"name": contract.ENV_REDIS_RETRY, "value": budget},
+        {"name": contract.ENV_INFRA_GIVE_UP, "value": budget},
     ]
 
 
@@ -202,6 +210,15 @@ def _job_metadata(
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": contract.labels(component)}
     if skip_await:
         metadata["annotations"] = {SKIP_AWAIT: "true"}
+    return metadata
+
+
+def _with_quota(metadata: dict[str, Any], quota: pulumi.Input[str] | None) -> dict[str, Any]:
+    """A mark on the Job's own metadata that depends on the quota check, so the Job waits for it. A constant
+    once the check passed: a raised limit must not touch the Job."""
+    if quota is not None:
+        passed = pulumi.Output.from_input(quota).apply(lambda _: "enough")
+        metadata["annotations"] = {**metadata.get("annotations", {}), contract.GPU_QUOTA_ANNOTATION: passed}
     return metadata
 
 
@@ -342,7 +359,9 @@ class TrainingJob(pulumi.ComponentResource):
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
+        quota: pulumi.Input[str] | None = None,
     ) -> None:
+        """``quota``: the GPU quota check's result (infra/quota.py); the Job is created only once it passed."""
         super().__init__("spot-trainer:k8s:TrainingJob", name, None, opts)
         jobs = args.jobs
         self.name = f"{contract.APP}-{contract.WORKER}"
@@ -374,7 +393,7 @@ class TrainingJob(pulumi.ComponentResource):
             timeouts = pulumi.CustomTimeouts(create=wait, update=wait)
         self.job = k8s.batch.v1.Job(
             name,
-            metadata=_job_metadata(self.name, contract.WORKER, namespace, skip_await=jobs.skip_await),
+            metadata=_with_quota(_job_metadata(self.name, contract.WORKER, namespace, jobs.skip_await), quota),
             spec={
                 # Work-queue Job: no completions; done when a pod exits 0 (queue drained) and none run.
                 "parallelism": jobs.parallelism,
@@ -451,7 +470,7 @@ class ScoringJob(pulumi.ComponentResource):
                 # A bad input (exit 2) fails the Job on its first pod, as the loader's; infra exits retry.
                 "backoffLimit": 0,
                 "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
-                "podFailurePolicy": failure_policy(None),
+                "podFailurePolicy": failure_policy(None, budget=False),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(

@@ -22,6 +22,7 @@ from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, WorkloadIde
 from infra.image import TrainingImage
 from infra.jobs import JobArgs, LoaderJob, ScoringJob, TrainingJob, one_off_pod
 from infra.network import Network, NetworkArgs
+from infra.quota import check as check_gpu_quota
 from infra.redis import RedisQueue
 from infra.services import ProjectServices, apis
 from infra.share_prep import SharePreparation
@@ -103,8 +104,14 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     loader = LoaderJob(
         "loader", work, image.ref, redis, share, loader_identity, cluster.provider, ns, after=[prepared.job]
     )
+    # Read before any GPU pod exists: the training Job waits on it, and a shortfall fails `pulumi up` here.
+    quota = check_gpu_quota(
+        cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,
+        pulumi.InvokeOutputOptions(provider=gcp_provider, depends_on=services.services),
+    ) if cfg.gpu.check_quota else None  # fmt: skip
     training = TrainingJob(
-        "training", work, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns
+        "training", work, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns,
+        quota=quota,
     )
 
     # With outputUri: the scoring/ days are scored by the newest models after training.
@@ -127,6 +134,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "loaderJob": loader.name,
         "trainingJob": training.name,
         "scoringJob": scoring.name if scoring else "",
+        # The GPU quota limits read at this `pulumi up` (checkGpuQuota).
+        "gpuQuota": quota if quota is not None else "not checked",
         "datasetUri": data.dataset.uri if data.dataset else "",
         "outputUri": data.output.uri if data.output else "",
         "serviceAccounts": {

@@ -16,6 +16,8 @@ APIS = (
     "iam.googleapis.com",
     # Project-level IAM members (the nodes' role) are read and written through Resource Manager.
     "cloudresourcemanager.googleapis.com",
+    # GPU quota read before any GPU pod is created (infra/quota.py).
+    "cloudquotas.googleapis.com",
 )
 # With datasetUri or outputUri: pods call Cloud Storage as their own service account (calls are accounted
 # to that account's project), and the GKE metadata server mints its tokens through IAM Credentials.

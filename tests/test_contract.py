@@ -129,8 +129,10 @@ def test_the_exit_codes_the_jobs_act_on_are_the_workers() -> None:
     assert contract.EXIT_DEAD_LETTERS == errors.EXIT_DEAD_LETTERS
     assert (contract.EXIT_INFRA, contract.EXIT_STALLED, contract.EXIT_TERMINATED) == (
         errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED)
+    # Exit 3 comes after the pod's whole retry budget: the Jobs fail on it instead of retrying.
+    assert contract.EXIT_INFRA not in contract.RETRYABLE_EXIT_CODES
     # Every code that means "a new pod will do better" is retried free; success and item faults are not.
-    assert set(contract.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
+    assert set(contract.RETRYABLE_EXIT_CODES) == {errors.EXIT_STALLED, errors.EXIT_TERMINATED}
     assert contract.EXIT_GPU_UNUSABLE == errors.EXIT_GPU_UNUSABLE not in contract.RETRYABLE_EXIT_CODES
     assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(contract.RETRYABLE_EXIT_CODES)
 
@@ -149,3 +151,12 @@ def test_the_image_takes_torch_for_the_nodes_driver_not_pypis_cuda_13_build() ->
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "workload" / "requirements.txt").read_text(), re.MULTILINE)
     assert pinned and "sed -n 's/^torch==//p' /app/requirements.txt" in dockerfile
     assert dockerfile.index("TORCH_CUDA") < dockerfile.index("-r /app/requirements.txt")
+
+
+def test_the_retry_budget_the_jobs_set_is_what_the_worker_rides_out(monkeypatch) -> None:
+    """infraRetryBudgetMinutes reaches the worker as its Redis retry and infrastructure give-up times: a
+    pod that exits 3 has seen the fault for the whole budget, and the Jobs fail on that exit."""
+    monkeypatch.setenv(contract.ENV_REDIS_RETRY, "1800")
+    monkeypatch.setenv(contract.ENV_INFRA_GIVE_UP, "1800")
+    cfg = cli.worker_config(cli.parser().parse_args(["worker", "--share", "/tmp/x"]))
+    assert cfg.redis_retry_s == cfg.infra_give_up_s == 1800.0

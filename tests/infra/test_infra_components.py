@@ -809,9 +809,10 @@ def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
     counted = JobController(spec)
     assert [counted.pod_failed(FailedPod({worker: 1})) for _ in range(limit + 1)][-1] == "BackoffLimitExceeded"
     rules = spec["podFailurePolicy"]["rules"]
-    # FailJob's reason is not awaited: only the GPU pods' exit 6 (a driver no new pod can fix) uses it.
+    # FailJob's reason is not awaited: only exits no new pod can fix use it, exit 3 (the infrastructure
+    # down for the pod's whole retry budget) and, on GPU pods, exit 6 (a driver CUDA cannot use).
     fail_job = [r["onExitCodes"]["values"] for r in rules if r["action"] == "FailJob"]
-    assert fail_job == ([[contract.EXIT_GPU_UNUSABLE]] if name == "training" else [])
+    assert fail_job == [[contract.EXIT_INFRA]] + ([[contract.EXIT_GPU_UNUSABLE]] if name == "training" else [])
     assert {r["action"] for r in rules} <= {"Ignore", "Count", "FailJob"}
     assert all(r.get("onExitCodes", {}).get("containerName", worker) == worker for r in rules)
 

@@ -210,3 +210,20 @@ def test_a_gpu_that_cuda_cannot_use_fails_training_on_its_first_pod(stack: str, 
     env = {e["name"]: e.get("value") for e in container["env"]}
     limit = container["resources"]["limits"]["nvidia.com/gpu"]
     assert env[contract.ENV_EXPECTED_GPUS] == limit == str(r.config.gpu.count)  # what the worker checks
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("name", ["loader", "training"])
+def test_an_infrastructure_fault_that_outlasts_the_budget_fails_the_job(
+    stack: str, name: str, rendered: Render
+) -> None:
+    """A pod exits 3 only after riding out Redis or the share failing for infraRetryBudgetMinutes (its
+    Redis retry and give-up times): the Job fails on that pod, instead of new GPU pods for a day. A
+    preemption in the meantime is still free."""
+    r = rendered(stack, infraRetryBudgetMinutes=45)
+    job, container = _controller(r, name)
+    assert job.pod_failed(FailedPod({container: contract.EXIT_INFRA}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({container: contract.EXIT_INFRA})) == "PodFailurePolicy"
+    (spec,) = r.one(JOB, name).inputs["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in spec["env"]}
+    assert env[contract.ENV_REDIS_RETRY] == env[contract.ENV_INFRA_GIVE_UP] == str(45 * 60)

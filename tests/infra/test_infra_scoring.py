@@ -60,6 +60,7 @@ def test_bad_input_fails_scoring_at_once_and_infra_faults_retry(stack: str, rend
     """The `score` contract: exit 2 is the user's file (a new pod cannot help), 3 the bucket or share."""
     spec = rendered(stack, runs=SWEEP, **OUTPUT).one(JOB, "scoring").inputs["spec"]
     job = JobController(spec)
+    # The scorer has no retry budget of its own: a bucket that does not answer is retried (to its deadline).
     assert job.pod_failed(FailedPod({"scorer-1": contract.EXIT_INFRA, "scorer-0": 0})) is None
     assert job.pod_failed(FailedPod({"scorer-0": 1}, ("DisruptionTarget",))) is None
     assert job.pod_failed(FailedPod({"scorer-0": 0, "scorer-1": contract.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"

@@ -292,11 +292,16 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {
             "action": "Ignore",
-            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3, 5, 143]},
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [5, 143]},
         },
         {
             "action": "Count",
             "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
+        },
+        # Redis or the share down for the pod's whole retry budget (infraRetryBudgetMinutes): fail.
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3]},
         },
         # A GPU that CUDA cannot use fails the Job at once (workload/runtime/gpu.py).
         {
@@ -388,7 +393,10 @@ def test_job_await_mode_is_chosen_by_config(mode: str, rendered: Render) -> None
         assert training.custom_timeouts == {"create": "45m", "update": "45m"}
         assert "pulumi.com/skipAwait" not in annotations
     else:
-        assert annotations == {"pulumi.com/skipAwait": "true"}
+        # (besides the GPU quota check's mark, tests/infra/test_infra_quota.py)
+        assert {k: v for k, v in annotations.items() if k != contract.GPU_QUOTA_ANNOTATION} == {
+            "pulumi.com/skipAwait": "true"
+        }
         assert training.custom_timeouts == {}
 
 

@@ -142,6 +142,8 @@ _RUNTIME_ENV = [
     {"value": "30", "name": "LEASE_TTL_SECONDS"},
     {"value": "10", "name": "CHECKPOINT_INTERVAL_SECONDS"},
     {"value": "5", "name": "MAX_ATTEMPTS"},
+    {"value": "1800", "name": "REDIS_RETRY_SECONDS"},
+    {"value": "1800", "name": "INFRA_GIVE_UP_SECONDS"},
 ]
 
 
