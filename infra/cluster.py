@@ -167,7 +167,8 @@ class Cluster(pulumi.ComponentResource):
             project=site.project_id,
             cluster=cluster.id,
             location=site.region,
-            # GPUs in the Filestore zone; spot capacity varies by zone, change `zone` if it is scarce.
+            # GPUs in the Filestore zone. Spot capacity varies by zone, but `zone` also places a zonal share:
+            # changing it REPLACES the share and its data (`make diff`, docs/cloud.md#day-two).
             node_locations=[site.zone],
             initial_node_count=0,
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
