@@ -51,28 +51,14 @@ GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 # The image runs as this uid/gid (see workload/Dockerfile).
 WORKLOAD_UID = 10001
 
-# The worker's exit codes (workload/core/errors.py; tests/test_contract.py checks they agree).
-# Bad configuration: retrying cannot help, so it counts and fails the Job fast.
-EXIT_BAD_CONFIG = 2
-# Drained with dead letters: counts, so the Job ends Failed (BackoffLimitExceeded) with the dead items
-# in the pods' last log lines, instead of reporting success for work that did not happen.
-EXIT_DEAD_LETTERS = 4
-# A worker that will do better on a new pod: SIGTERM (128 + 15, preemption or eviction without a
-# DisruptionTarget condition), a persistent infrastructure fault (share or Redis), or the watchdog giving
-# a stuck read's lease up (a hung mount). The Jobs retry these without counting them, up to the deadline.
-EXIT_TERMINATED = 143
-EXIT_STALLED = 5
-RETRYABLE_EXIT_CODES = (EXIT_STALLED, EXIT_TERMINATED)
-# An infrastructure fault (Redis, the share) that outlasted the pod's retry budget (ENV_REDIS_RETRY,
-# ENV_INFRA_GIVE_UP, from infraRetryBudgetMinutes): the Jobs fail on it instead of retrying for a day.
-EXIT_INFRA = 3
+# The worker's exit codes are defined once, in workload/core/errors.py (stdlib only); infra/jobs.py
+# reads them from there.
+# How long a pod rides out Redis or the share failing (infraRetryBudgetMinutes) before it exits
+# errors.EXIT_INFRA, which fails the Jobs (infra/jobs.py failure_policy).
 ENV_REDIS_RETRY = "REDIS_RETRY_SECONDS"
 ENV_INFRA_GIVE_UP = "INFRA_GIVE_UP_SECONDS"
-# Given a GPU that CUDA cannot use (workload/runtime/gpu.py): every new pod lands on the same driver, so the
-# Job fails at once (FailJob) instead of re-creating GPU pods that train nothing.
-EXIT_GPU_UNUSABLE = 6
-# The training pods' GPU count, which the worker compares with what CUDA sees (the downward API cannot
-# expose an nvidia.com/gpu limit).
+# The training pods' GPU count, which the worker compares with what CUDA sees (workload/runtime/gpu.py;
+# the downward API cannot expose an nvidia.com/gpu limit).
 ENV_EXPECTED_GPUS = "EXPECTED_GPUS"
 
 # Dataset presets the image's simulator knows (workload/data/simulator.py PRESETS; tests/test_contract.py

@@ -24,6 +24,7 @@ from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
 from infra.identity import WorkloadIdentity
 from infra.redis import RedisQueue
+from workload.core import errors  # stdlib only: the exit codes' one definition
 
 SKIP_AWAIT = "pulumi.com/skipAwait"
 # Spot nodes get ~15 s of notice; the worker releases its lease and exits well inside that.
@@ -56,33 +57,34 @@ def failure_policy(container: str | None, gpu: bool = False, budget: bool = True
     """podFailurePolicy of the loader and training Jobs (first matching rule wins):
 
     - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
-    - a worker that exits 143 (SIGTERM without the condition) or 5 (a stuck read given up) is retried
-      and not counted: a new pod does better;
+    - a worker that exits with one of ``errors.RETRYABLE_EXIT_CODES`` (143: SIGTERM without the
+      condition; 5: the stall watchdog gave a stuck read up) is retried and not counted: a new pod does
+      better;
     - ``budget``: exit 3 means an infrastructure fault (Redis, the share) persisted for the pod's whole
       retry budget (``infraRetryBudgetMinutes``, handed to the worker as its Redis retry and give-up
       times), so the Job fails (FailJob) with the worker's reason in the pod's last log lines, instead of
       re-creating GPU pods for a day. Without a budget in the pod (the scoring Job), 3 is retried;
-    - exit 2 (bad configuration) is counted, as is every other failure. Not FailJob: the Job would end
-      with reason PodFailurePolicy, which the provider's await does not recognise, and `pulumi up` would
-      wait out its whole timeout. Counted against ``backoffLimit`` it ends in BackoffLimitExceeded, which
-      the await reports at once with the pods' termination messages (the worker's one-line error). The
-      loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the loader's first pod, before
-      any GPU pod exists.
+    - ``errors.EXIT_BAD_CONFIG`` is counted, as is every other failure (dead letters included). Not
+      FailJob: the Job would end with reason PodFailurePolicy, which the provider's await does not
+      recognise, and `pulumi up` would wait out its whole timeout. Counted against ``backoffLimit`` it
+      ends in BackoffLimitExceeded, which the await reports at once with the pods' termination messages
+      (the worker's one-line error). The loader has ``backoffLimit: 0``, so a bad config fails `pulumi up`
+      on the loader's first pod, before any GPU pod exists.
 
     ``container``: the container whose exit codes the rules read; None for a pod of several containers
     that all exit by the same codes (the scoring Job's, one per run).
     """
     which = {"containerName": container} if container else {}
-    retried = [*([] if budget else [contract.EXIT_INFRA]), *contract.RETRYABLE_EXIT_CODES]
+    retried = [*([] if budget else [errors.EXIT_INFRA]), *errors.RETRYABLE_EXIT_CODES]
     return {
         "rules": [
             IGNORE_DISRUPTIONS,
             {"action": "Ignore", "onExitCodes": {**which, "operator": "In", "values": sorted(retried)}},
             {
                 "action": "Count",
-                "onExitCodes": {**which, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+                "onExitCodes": {**which, "operator": "In", "values": [errors.EXIT_BAD_CONFIG]},
             },
-            *([{"action": "FailJob", "onExitCodes": {**which, "operator": "In", "values": [contract.EXIT_INFRA]}}]
+            *([{"action": "FailJob", "onExitCodes": {**which, "operator": "In", "values": [errors.EXIT_INFRA]}}]
               if budget else []),
             *([_fail_on_unusable_gpu(container)] if gpu else []),
         ]
@@ -97,7 +99,7 @@ def _fail_on_unusable_gpu(container: str) -> dict[str, Any]:
     backoffLimit more times, each failing the same way."""
     return {
         "action": "FailJob",
-        "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_GPU_UNUSABLE]},
+        "onExitCodes": {"containerName": container, "operator": "In", "values": [errors.EXIT_GPU_UNUSABLE]},
     }
 
 

@@ -15,6 +15,7 @@ import pytest
 from infra import contract, jobs, render
 from infra.render import Registered, Rendered
 from tests.infra.job_controller import FailedPod, JobController
+from workload.core import errors
 
 STACKS = render.stack_names()
 JOB = "kubernetes:batch/v1:Job"
@@ -37,7 +38,7 @@ def test_the_await_reasons_are_the_providers() -> None:
 @pytest.mark.parametrize("stack", STACKS)
 def test_bad_config_fails_the_loader_on_its_first_pod_as_the_await_expects(stack: str, rendered: Render) -> None:
     job, name = _controller(rendered(stack), "loader")
-    reason = job.pod_failed(FailedPod({name: contract.EXIT_BAD_CONFIG}))
+    reason = job.pod_failed(FailedPod({name: errors.EXIT_BAD_CONFIG}))
     assert reason in jobs.AWAIT_FAILURE_REASONS  # `pulumi up` stops here, before any GPU pod exists
     assert job.counted == 1
 
@@ -48,7 +49,7 @@ def test_bad_config_fails_training_within_its_backoff_limit_as_the_await_expects
 ) -> None:
     r = rendered(stack)
     job, name = _controller(r, "training")
-    bad = FailedPod({name: contract.EXIT_BAD_CONFIG})
+    bad = FailedPod({name: errors.EXIT_BAD_CONFIG})
     reasons = [job.pod_failed(bad) for _ in range(r.config.jobs.backoff_limit + 1)]
     assert reasons[:-1] == [None] * r.config.jobs.backoff_limit
     assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS
@@ -60,7 +61,7 @@ def test_dead_letters_fail_training_within_its_backoff_limit(stack: str, rendere
     the await stops on, with the dead items in the pods' last log lines."""
     r = rendered(stack)
     job, name = _controller(r, "training")
-    dead = FailedPod({name: contract.EXIT_DEAD_LETTERS})
+    dead = FailedPod({name: errors.EXIT_DEAD_LETTERS})
     reasons = [job.pod_failed(dead) for _ in range(r.config.jobs.backoff_limit + 1)]
     assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS and job.counted == r.config.jobs.backoff_limit + 1
 
@@ -77,7 +78,7 @@ def test_preemptions_never_fail_a_job(stack: str, name: str, exit_code: int, ren
 
 
 @pytest.mark.parametrize("name", ["loader", "training"])
-@pytest.mark.parametrize("exit_code", contract.RETRYABLE_EXIT_CODES)
+@pytest.mark.parametrize("exit_code", errors.RETRYABLE_EXIT_CODES)
 def test_transient_exits_are_retried_without_counting(name: str, exit_code: int, rendered: Render) -> None:
     job, container = _controller(rendered("dev"), name)
     for _ in range(20):
@@ -203,8 +204,8 @@ def test_a_gpu_that_cuda_cannot_use_fails_training_on_its_first_pod(stack: str, 
     preempted pod that exits 6 is still a preemption."""
     r = rendered(stack)
     job, name = _controller(r, "training")
-    assert job.pod_failed(FailedPod({name: contract.EXIT_GPU_UNUSABLE}, ("DisruptionTarget",))) is None
-    assert job.pod_failed(FailedPod({name: contract.EXIT_GPU_UNUSABLE})) == "PodFailurePolicy"
+    assert job.pod_failed(FailedPod({name: errors.EXIT_GPU_UNUSABLE}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({name: errors.EXIT_GPU_UNUSABLE})) == "PodFailurePolicy"
     assert job.counted == 0
     (container,) = r.one(JOB, "training").inputs["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -222,8 +223,8 @@ def test_an_infrastructure_fault_that_outlasts_the_budget_fails_the_job(
     preemption in the meantime is still free."""
     r = rendered(stack, infraRetryBudgetMinutes=45)
     job, container = _controller(r, name)
-    assert job.pod_failed(FailedPod({container: contract.EXIT_INFRA}, ("DisruptionTarget",))) is None
-    assert job.pod_failed(FailedPod({container: contract.EXIT_INFRA})) == "PodFailurePolicy"
+    assert job.pod_failed(FailedPod({container: errors.EXIT_INFRA}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({container: errors.EXIT_INFRA})) == "PodFailurePolicy"
     (spec,) = r.one(JOB, name).inputs["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in spec["env"]}
     assert env[contract.ENV_REDIS_RETRY] == env[contract.ENV_INFRA_GIVE_UP] == str(45 * 60)

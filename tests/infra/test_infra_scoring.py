@@ -17,6 +17,7 @@ from infra import config, contract, render
 from infra.render import Rendered
 from policy import offline
 from tests.infra.job_controller import FailedPod, JobController
+from workload.core import errors
 
 Render = Callable[..., Rendered]
 JOB = "kubernetes:batch/v1:Job"
@@ -61,6 +62,6 @@ def test_bad_input_fails_scoring_at_once_and_infra_faults_retry(stack: str, rend
     spec = rendered(stack, runs=SWEEP, **OUTPUT).one(JOB, "scoring").inputs["spec"]
     job = JobController(spec)
     # The scorer has no retry budget of its own: a bucket that does not answer is retried (to its deadline).
-    assert job.pod_failed(FailedPod({"scorer-1": contract.EXIT_INFRA, "scorer-0": 0})) is None
+    assert job.pod_failed(FailedPod({"scorer-1": errors.EXIT_INFRA, "scorer-0": 0})) is None
     assert job.pod_failed(FailedPod({"scorer-0": 1}, ("DisruptionTarget",))) is None
-    assert job.pod_failed(FailedPod({"scorer-0": 0, "scorer-1": contract.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
+    assert job.pod_failed(FailedPod({"scorer-0": 0, "scorer-1": errors.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
