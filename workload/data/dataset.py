@@ -548,6 +548,10 @@ class Dataset:
             self._cache.popitem(last=False)
         return frame
 
+    def transactions(self, rel: str) -> pd.DataFrame:
+        """Dataset file `rel`, read and validated (time order, ties by ID); cached like every read."""
+        return self._read(rel)
+
     def _window(self, targets: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
         """Target files' rows plus LOOKBACK_DAYS of earlier days, sorted; and the mask of target rows.
 
