@@ -39,6 +39,10 @@ class SourceError(Exception):
     """The source cannot be read as given (bad URI, no such folder or bucket, no access, unreachable)."""
 
 
+class SourceUnreachable(SourceError):
+    """Cloud Storage did not answer (network, service errors): an infrastructure fault, not the user's input."""
+
+
 class _AccessPending(Exception):
     """A denial or missing credential that may be a grant or a pod identity not effective yet."""
 
@@ -195,8 +199,10 @@ class BucketSource:
             raise _AccessPending(SourceError(f"{self.uri}: no Google credentials ({one_line(exc)}); on GKE bind the "
                                              "pod's service account through Workload Identity, locally run "
                                              "`gcloud auth application-default login`")) from None
-        except (api.GoogleAPIError, auth.GoogleAuthError, OSError) as exc:
+        except (api.GoogleAPIError, auth.GoogleAuthError) as exc:
             raise SourceError(f"{self.uri}: cannot read Cloud Storage: {one_line(exc)}") from None
+        except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
+            raise SourceUnreachable(f"{self.uri}: cannot reach Cloud Storage: {one_line(exc)}") from None
 
     def files(self) -> list[SourceFile]:
         client = self.client()

@@ -111,7 +111,14 @@ def open_dataset(src: str, tmp: Path, reading: Reading) -> ds.Dataset:
             raise ScoreError(f"--datasets {src}: a dataset on the share is read as published "
                              f"({data.reading.describe()}); leave out --columns and --datetime-format")
         return data
-    outcome = publish.publish(tmp / "dataset", source.open_source(src), reading, required=())
+    publishing = logging.getLogger(publish.__name__)
+    level = publishing.level
+    publishing.setLevel(logging.WARNING)  # "published into <tmp>" would name the temporary copy
+    try:
+        outcome = publish.publish(tmp / "dataset", source.open_source(src), reading, required=())
+    finally:
+        publishing.setLevel(level)
+    log.info("read %d file(s) from %s", len(outcome.copied), src)
     return ds.Dataset(outcome.root, by_source=True)
 
 

@@ -137,6 +137,10 @@ def main(args: argparse.Namespace) -> int:
             seed_cmd += ["--runs-file", str(args.runs_file)]
         if args.datasets:
             seed_cmd += ["--datasets", str(args.datasets)]
+        if args.columns:
+            seed_cmd += ["--columns", str(args.columns)]
+        if args.datetime_format:
+            seed_cmd += ["--datetime-format", args.datetime_format]
         seeded = subprocess.run(seed_cmd, env=env, preexec_fn=die_with_parent())
         if seeded.returncode != 0:
             log.error("seeding failed (see above)")
