@@ -198,7 +198,7 @@ def _columns(frame: pd.DataFrame, where: str, reading: Reading, labels: bool) ->
     """`frame` under the schema's names (the user's mapped), required columns checked; extras named
     in ``attrs["ignored"]``. Unlabelled: the label column absent, or present with no value at all."""
     renames = reading.renames()
-    absent = [src for src, dst in renames.items() if src not in frame.columns and (labels or dst != schema.TX_FRAUD)]
+    absent = [src for src, dst in renames.items() if src not in frame.columns and dst not in schema.COLUMNS]
     if absent:
         raise DatasetError(f"{where}: column(s) {absent} of the column mapping ({reading.describe()}) are not in the "
                            f"file; it has {[str(c) for c in frame.columns][:20]}")
@@ -213,8 +213,9 @@ def _columns(frame: pd.DataFrame, where: str, reading: Reading, labels: bool) ->
     missing = [reading.source_of(c) for c in required if c not in frame.columns]
     if missing:
         need = [reading.source_of(c) for c in required]
+        label_only = labels and missing == [reading.source_of(schema.TX_FRAUD)]
         raise DatasetError(f"{where}: missing column(s) {missing}; a day needs {need}"
-                           + (" (unlabelled days go in scoring/)" if labels and missing == [schema.TX_FRAUD] else ""))
+                           + (" (unlabelled days go in scoring/)" if label_only else ""))
     frame.attrs["ignored"] = sorted(str(c) for c in frame.columns if c not in schema.KNOWN)
     return frame
 
@@ -430,7 +431,8 @@ def check_dataset(entries: list[dict[str, Any]], keys: dict[str, Keys], where: s
     check_training_before_testing(entries)
     names = {e["path"]: source_name(e) for e in entries}
     check_unique_ids({rel: k.ids for rel, k in keys.items()}, names)
-    check_not_resent({rel: k.rows for rel, k in keys.items()}, names, {e["path"]: e["rows"] for e in entries})
+    check_not_resent({e["path"]: keys[e["path"]].rows for e in entries if e["path"] in keys}, names,
+                     {e["path"]: e["rows"] for e in entries})
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
