@@ -366,6 +366,29 @@ def _sub(sub: Any, name: str, summary: str, example: str, more: str = "") -> arg
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def add_score(sub: Any) -> None:
+    """The `score` command: the contract the cloud's scoring Job calls (see workload.model.score)."""
+    sc = _sub(sub, "score", "score transactions with a trained model (the worker's features and history windows) "
+              "and write TRANSACTION_ID, TX_DATETIME, score and the rank within its day to Parquet",
+              "python -m workload score --model results/main/model.safetensors --datasets gs://acme/exports "
+              "--out gs://acme-results/scores/")
+    sc.add_argument("--model", type=Path, required=True,
+                    help="a model.safetensors written by `export`, or a run's output folder on the share "
+                         "(SHARE/output/RUN: its newest finished checkpoint, read only) (no env; required)")
+    sc.add_argument("--datasets", required=True,
+                    help="a folder laid out as for seed (scoring/ holds the unlabelled days), gs://bucket/prefix, "
+                         "or a dataset on the share (SHARE/datasets/NAME); every earlier day feeds the feature "
+                         "windows (no env; required)")
+    sc.add_argument("--out", default="scores.parquet",
+                    help="a .parquet file, or a folder ending in / for one file per scored day; local or gs:// "
+                         "(no env; default scores.parquet)")
+    sc.add_argument("--days", choices=("scoring", "testing", "all"), default="scoring",
+                    help="which days to score: scoring (the unlabelled scoring/ days), testing, or all "
+                         "(no env; default scoring)")
+    add_reading(sc)
+    sc.set_defaults(fn=score_cmd)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workload", description=__doc__.split("\n")[0],
                                 epilog="`python -m workload COMMAND --help` explains each command, with an example. "
@@ -446,25 +469,7 @@ def parser() -> argparse.ArgumentParser:
                          "(env OUTPUT_URI; no default)")
     ex.set_defaults(fn=export_cmd)
 
-    sc = _sub(sub, "score", "score transactions with a trained model (the worker's features and history windows) "
-              "and write TRANSACTION_ID, TX_DATETIME, score and the rank within its day to Parquet",
-              "python -m workload score --model results/main/model.safetensors --datasets gs://acme/exports "
-              "--out gs://acme-results/scores/")
-    sc.add_argument("--model", type=Path, required=True,
-                    help="a model.safetensors written by `export`, or a run's output folder on the share "
-                         "(SHARE/output/RUN: its newest finished checkpoint, read only) (no env; required)")
-    sc.add_argument("--datasets", required=True,
-                    help="a folder laid out as for seed (scoring/ holds the unlabelled days), gs://bucket/prefix, "
-                         "or a dataset on the share (SHARE/datasets/NAME); every earlier day feeds the feature "
-                         "windows (no env; required)")
-    sc.add_argument("--out", default="scores.parquet",
-                    help="a .parquet file, or a folder ending in / for one file per scored day; local or gs:// "
-                         "(no env; default scores.parquet)")
-    sc.add_argument("--days", choices=("scoring", "testing", "all"), default="scoring",
-                    help="which days to score: scoring (the unlabelled scoring/ days), testing, or all "
-                         "(no env; default scoring)")
-    add_reading(sc)
-    sc.set_defaults(fn=score_cmd)
+    add_score(sub)
 
     lo = _sub(sub, "local", "everything on this machine: an embedded Redis, a local folder as the share, N worker "
               "processes; run it again to resume",
