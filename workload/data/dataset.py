@@ -224,7 +224,7 @@ def _integers(numbers: pd.Series, values: pd.Series, column: str, where: str, at
     """An integer column as int64: whole numbers below 2**63, or refused naming the first that is not."""
     if pd.api.types.is_integer_dtype(numbers):
         return numbers.to_numpy(dtype=np.int64)
-    real = numbers.to_numpy(dtype=np.float64)
+    real = numbers.to_numpy(dtype=np.float64)  # whole and below 2**63, or refused
     lossy = ~np.isfinite(real) | (np.floor(real) != real) | (np.abs(real) >= 2.0**63)
     if lossy.any():
         i = int(np.flatnonzero(lossy)[0])
