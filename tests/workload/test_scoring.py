@@ -193,3 +193,25 @@ def test_a_model_from_a_runs_output_folder_scores_like_its_export(model: Path, d
     assert code == 0, err
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a.parquet"), pd.read_parquet(tmp_path / "b.parquet"))
     assert sorted(str(p) for p in (tmp_path / "output").rglob("*")) == before
+
+
+def test_an_unlabelled_days_features_read_every_earlier_day_with_the_label_delay(model: Path, dataset_src: Path,
+                                                                                 tmp_path: Path, capsys) -> None:
+    """Checked without the dataset's windows: every day's rows at once, the feature code alone, tomorrow's
+    labels unknown (zero). What `score` writes for tomorrow is that, bit for bit."""
+    from workload.model.export import load_model
+
+    frames = [ds.read_transactions(p) for p in sorted(dataset_src.glob("*/*.parquet"))]
+    everything = pd.concat(frames).sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], ignore_index=True)
+    tomorrow = everything[schema.TRANSACTION_ID].isin(pd.read_parquet(dataset_src / TOMORROW)[schema.TRANSACTION_ID])
+    everything.loc[tomorrow, schema.TX_FRAUD] = 0
+    computed = features.compute(everything, tomorrow.to_numpy())
+    expected = pd.DataFrame({schema.TRANSACTION_ID: computed["ids"], "score": load_model(model).score(computed["x"])})
+    export = bank_export(dataset_src, tmp_path / "export", role_of=tomorrow_as_scoring, label="absent")
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", str(export), "--columns",
+                    str(write_mapping(tmp_path / "columns.yaml")), "--out", str(tmp_path / "s.parquet"))
+    assert code == 0, err
+    got = pd.read_parquet(tmp_path / "s.parquet").sort_values(schema.TRANSACTION_ID, ignore_index=True)
+    expected = expected.sort_values(schema.TRANSACTION_ID, ignore_index=True)
+    np.testing.assert_array_equal(got[schema.TRANSACTION_ID], expected[schema.TRANSACTION_ID])
+    np.testing.assert_array_equal(got["score"].to_numpy(), expected["score"].to_numpy())
