@@ -504,9 +504,8 @@ class Dataset:
     """A validated dataset folder. Reads are cached per process (consecutive shards share history),
     up to `cache_rows` transactions (~80 bytes each in memory)."""
 
-    def __init__(self, root: Path, cache_rows: int = 10_000_000, by_source: bool = False) -> None:
+    def __init__(self, root: Path, cache_rows: int = 10_000_000) -> None:
         self.root = Path(root)
-        self._by_source = by_source  # name files only as the user knows them (score's temporary copy)
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
         self._cache_rows = cache_rows
         self._load()
@@ -543,7 +542,7 @@ class Dataset:
             return self._cache[rel]
         path = self.resolve(rel)
         source = source_name(self._by_path[rel])
-        where = source if self._by_source else f"{path} (from {source})" if source != rel else str(path)
+        where = f"{path} (from {source})" if source != rel else str(path)
         frame = read_transactions(path, where, self.reading, labelled(rel))
         self._cache[rel] = frame
         while len(self._cache) > 1 and sum(len(f) for f in self._cache.values()) > self._cache_rows:

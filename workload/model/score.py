@@ -119,7 +119,7 @@ def open_dataset(src: str, tmp: Path, reading: Reading) -> ds.Dataset:
     finally:
         publishing.setLevel(level)
     log.info("read %d file(s) from %s", len(outcome.copied), src)
-    return ds.Dataset(outcome.root, by_source=True)
+    return ds.Dataset(outcome.root)
 
 
 def score_days(trainer: Trainer, data: ds.Dataset, roles: tuple[str, ...], src: str) -> list[Scored]:
