@@ -167,9 +167,10 @@ def write(files: dict[str, bytes]) -> None:
 
 
 def _upload(uri: str, data: bytes) -> None:
-    from workload.model.export import ExportError, _google, parse_gs_uri, storage_client
+    from google.api_core import exceptions as gexc
 
-    _, gexc = _google()
+    from workload.model.export import ExportError, parse_gs_uri, storage_client
+
     try:
         bucket, name = parse_gs_uri(uri)
         storage_client().bucket(bucket).blob(name).upload_from_string(data, content_type="application/octet-stream")
