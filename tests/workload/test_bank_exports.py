@@ -102,7 +102,7 @@ def _resent(folder: Path) -> str:
     frame = pd.read_parquet(folder / "training" / "2018-04-03.parquet")
     frame[schema.TRANSACTION_ID] += 10**9
     frame.to_parquet(folder / "training" / "2018-04-03-resent.parquet", index=False)
-    return f"repeats {len(frame)} of the {len(frame)} transactions of {folder / 'training'}/2018-04-03"
+    return f"repeats {len(frame)} transactions of {folder / 'training'}/2018-04-03"
 
 
 def _mapping(folder: Path, text: str) -> list[str]:
@@ -154,11 +154,12 @@ def test_a_resent_day_is_refused_naming_both_files_and_honest_days_are_not(tmp_p
     resent.to_parquet(folder / "training" / "2018-04-03b.parquet", index=False)
     with pytest.raises(ds.DatasetError) as err:
         publish.publish(tmp_path / "share" / "honest", LocalSource(folder))
+    # 579 or so of the 584 rows: the few day 4 also holds pair with it first.
     assert re.fullmatch(
         re.escape(f"{folder / 'training' / '2018-04-03b.parquet'} repeats ") + r"5\d\d" + re.escape(
-            f" of the {len(resent)} transactions of {folder / 'training' / '2018-04-03.parquet'} (same card, terminal, "
-            "time and amount) under other transaction IDs: a day sent twice would be learned twice; remove one of "
-            "them"), str(err.value)), str(err.value)
+            f" transactions of {folder / 'training' / '2018-04-03.parquet'} (same card, terminal, time and amount) "
+            "under other transaction IDs: a day sent twice would be learned twice; remove one of them"),
+        str(err.value)), str(err.value)
     assert "training/2018-04-03b.parquet" not in (tmp_path / "share" / "honest" / ds.MANIFEST).read_text()
 
 

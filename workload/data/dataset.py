@@ -348,9 +348,9 @@ def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: 
     for (a, b), n in zip(pairs.T, counts, strict=True):
         smaller = min(sizes[rels[a]], sizes[rels[b]])
         if n >= max(RESENT_MIN_ROWS, RESENT_SHARE * smaller):
-            raise DatasetError(f"{names[rels[b]]} repeats {n} of the {smaller} transactions of {names[rels[a]]} "
-                               "(same card, terminal, time and amount) under other transaction IDs: a day sent "
-                               "twice would be learned twice; remove one of them")
+            raise DatasetError(f"{names[rels[b]]} repeats {n} transactions of {names[rels[a]]} (same card, terminal, "
+                               "time and amount) under other transaction IDs: a day sent twice would be learned "
+                               "twice; remove one of them")
 
 
 def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str]) -> None:
