@@ -49,7 +49,7 @@ local: $(LOCAL_STAMP)
 # in ~9 min instead of ~15. TEST_JOBS=0 runs it in this process (a debugger, -x).
 TEST_JOBS ?= 2
 test: $(ALL_STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 bench: $(ALL_STAMP)
 	$(PY) -m bench.run $(ARGS)
