@@ -445,7 +445,7 @@ def explain(res: Results) -> list[str]:
         out.append(
             "- **Per-item overhead** is claim-to-ack time minus time inside `Trainer.train_shard` (a checkpoint "
             "written from inside training counts as overhead), on tutorial-sized daily shards (the handbook's "
-            "5000 customers) deep enough into the run that each has its full 37-day feature history. Median "
+            "5000 customers) after 37 days in history/, so that each has its full feature history. Median "
             f"{ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms (the tail is the fresh worker's first item: test-day "
             "features are computed once per process). By phase (median ms): "
             + ", ".join(f"{k} {v:.0f}" for k, v in ph) + ". Features are no longer computed here: seed stores "
