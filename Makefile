@@ -1,7 +1,8 @@
 # The two commands: `make local` and `make test`. Both create .venv when it is missing.
 # `make local` installs only what the worker needs (requirements-local.txt); `make test` everything
 # (requirements.txt). `make bench` (figures -> docs/benchmarks.md) and `make chaos` (long fault run) are
-# not part of `make test`. `make preview STACK=dev` is `pulumi preview` with the policy pack.
+# not part of `make test`, but their miniatures are (tests/test_bench_mini.py, tests/chaos/), so neither
+# breaks unnoticed. `make preview STACK=dev` is `pulumi preview` with the policy pack.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
