@@ -114,7 +114,16 @@ def seed_inputs(args: JobArgs, image_ref: str) -> str:
     data = args.data.dataset.uri if args.data.dataset else f"preset:{args.jobs.dataset_preset}"
     runs = json.loads(args.jobs.runs_json)
     facts = {"runs": runs, "data": data, "dataset": args.data.dataset_name, "image": image_ref}
+    if args.data.columns_json or args.data.datetime_format:  # absent otherwise: existing stacks keep their hash
+        facts["reading"] = [args.data.columns_json, args.data.datetime_format]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def loader_env(data: DataConfig) -> list[dict[str, Any]] | None:
+    """How `seed` reads the stack's data: its column mapping and date format, when the stack sets them."""
+    env = [{"name": contract.ENV_DATASET_COLUMNS, "value": data.columns_json},
+           {"name": contract.ENV_DATASET_DATETIME_FORMAT, "value": data.datetime_format}]
+    return [e for e in env if e["value"]] or None
 
 
 def _env(jobs: JobConfig, redis: RedisQueue) -> list[dict[str, Any]]:
@@ -313,6 +322,7 @@ class LoaderJob(pulumi.ComponentResource):
             service_account=identity.ksa_name if identity else None,
             volumes=[runs_volume],
             annotations={contract.SEED_INPUTS_ANNOTATION: self.seed_inputs},
+            env=loader_env(args.data),
         )
         self.job = k8s.batch.v1.Job(
             name,
