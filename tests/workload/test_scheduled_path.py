@@ -14,21 +14,17 @@ import socket
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from exports import copy_files, real_export
+from exports import real_export
 from harness import HPARAMS, ROOT, Cluster
 
 from infra import contract
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skip(reason="waits for issue 20: `score --days scoring` and the dataset's scoring/ role "
-                            "(workload/model/score.py, workload/cli.py) are not on main yet"),
-]
+pytestmark = pytest.mark.timeout(600)
 LABELS = ("TX_FRAUD", "TX_FRAUD_SCENARIO")
 
 
@@ -54,10 +50,12 @@ def storage(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, object]]:
         server.stop()
 
 
-def _upload(client: object, folder: Path, prefix: str) -> None:
+def _upload(client: object, folder: Path, prefix: str, keep: Callable[[str], bool] = lambda rel: True) -> None:
     bucket = client.bucket("bank-data")
     for path in sorted(folder.glob("*/*")):
-        bucket.blob(f"{prefix}/{path.parent.name}/{path.name}").upload_from_filename(str(path))
+        rel = f"{path.parent.name}/{path.name}"
+        if keep(rel):
+            bucket.blob(f"{prefix}/{rel}").upload_from_filename(str(path))
 
 
 def _run(cluster: Cluster, host: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -73,8 +71,8 @@ def _load_and_train(cluster: Cluster, host: str, runs_file: Path) -> None:
     out = _run(cluster, host, seed)
     assert out.returncode == 0, out.stderr
     cluster.new_job()
-    cluster.start_worker("scheduled", **{contract.ENV_OUTPUT_URI: "gs://bank-results/spot-trainer"})
-    assert cluster.wait_all(timeout_s=400) == [0], cluster.log("scheduled")
+    pod = cluster.start_worker("scheduled", **{contract.ENV_OUTPUT_URI: "gs://bank-results/spot-trainer"})
+    assert pod.wait(400) == 0, cluster.log("scheduled")
 
 
 def test_a_new_day_is_loaded_trained_and_tomorrow_is_scored_into_the_bucket(
@@ -82,18 +80,16 @@ def test_a_new_day_is_loaded_trained_and_tomorrow_is_scored_into_the_bucket(
 ) -> None:
     host, client = storage
     export = real_export(cluster.dataset_src, tmp_path / "export")
-    days = sorted(export.glob("training/*"))
-    first = copy_files(export, tmp_path / "first", keep=lambda rel: rel != f"training/{days[-1].name}")
-    _upload(client, first, "exports")
+    new_day = f"training/{sorted(export.glob('training/*'))[-1].name}"
+    tomorrow = sorted(export.glob("testing/*"))[-1]  # scored, never tested: kept out of testing/
+    _upload(client, export, "exports", keep=lambda rel: rel not in (new_day, f"testing/{tomorrow.name}"))
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps({"main": HPARAMS}))
     _load_and_train(cluster, host, runs_file)
     before = cluster.final_state()["applied"]
 
     # The next day arrives, with tomorrow's transactions to score (the last testing day, unlabelled).
-    _upload(client, copy_files(export, tmp_path / "new", keep=lambda rel: rel == f"training/{days[-1].name}"),
-            "exports")
-    tomorrow = sorted(export.glob("testing/*"))[-1]
+    _upload(client, export, "exports", keep=lambda rel: rel == new_day)
     frame = pd.read_parquet(tomorrow) if tomorrow.suffix == ".parquet" else pd.read_csv(tomorrow)
     scoring = tmp_path / "scoring" / "scoring" / f"{tomorrow.stem}.parquet"
     scoring.parent.mkdir(parents=True)
