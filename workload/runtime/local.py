@@ -109,6 +109,18 @@ def verdict(codes: list[int]) -> int:
     return EXIT_DONE if all(c == EXIT_DONE for c in codes) else EXIT_FAILED
 
 
+def seed_command(args: argparse.Namespace) -> list[str]:
+    """`seed` with the data and runs `local` was given."""
+    cmd = [sys.executable, "-m", "workload", "seed", "--preset", args.preset]
+    for run in args.run or []:
+        cmd += ["--run", run]
+    for flag, value in (("--runs-file", args.runs_file), ("--datasets", args.datasets), ("--columns", args.columns),
+                        ("--datetime-format", args.datetime_format)):
+        if value:
+            cmd += [flag, str(value)]
+    return cmd
+
+
 def main(args: argparse.Namespace) -> int:
     base = args.dir.resolve()
     share, logs = base / "share", base / "logs"
@@ -161,14 +173,7 @@ def worker_env(args: argparse.Namespace, server: RedisServer, share: Path) -> di
 
 def seed(args: argparse.Namespace, env: dict[str, str]) -> int:
     """`python -m workload seed` as the loader Job runs it; its exit code."""
-    seed_cmd = [sys.executable, "-m", "workload", "seed", "--preset", args.preset]
-    for run in args.run or []:
-        seed_cmd += ["--run", run]
-    if args.runs_file:
-        seed_cmd += ["--runs-file", str(args.runs_file)]
-    if args.datasets:
-        seed_cmd += ["--datasets", str(args.datasets)]
-    return subprocess.run(seed_cmd, env=env, preexec_fn=die_with_parent()).returncode
+    return subprocess.run(seed_command(args), env=env, preexec_fn=die_with_parent()).returncode
 
 
 def requeue_and_count(args: argparse.Namespace, queue: WorkQueue, base: Path) -> Counts:
