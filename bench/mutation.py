@@ -170,14 +170,14 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "featurestore",
         ("workload/data/featurestore.py",),
-        ("tests/model/test_featurestore.py",),
+        ("tests/model/test_featurestore.py", "tests/workload/test_identity.py"),
     ),
     # source and publish are driven by `seed` in-process (publish.publish) and by the bucket tests, which run a
     # real Cloud Storage API server.
     Group(
         "publish",
         ("workload/data/source.py", "workload/data/publish.py"),
-        ("tests/workload/test_publish.py", "tests/workload/test_bucket.py"),
+        ("tests/workload/test_publish.py", "tests/workload/test_bucket.py", "tests/workload/test_identity.py"),
     ),
     Group(
         "simulator",
