@@ -213,11 +213,12 @@ GROUPS: tuple[Group, ...] = (
         ("tests/workload/test_cli.py", "tests/workload/test_help.py", "tests/workload/test_export.py"),
         jobs_per_core=2,
     ),
-    # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end.
+    # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end,
+    # test_local_verdict.py its verdict over real processes' exit statuses.
     Group(
         "local",
         ("workload/runtime/local.py", "workload/runtime/redis_server.py"),
-        ("tests/workload/test_local.py", "tests/workload/test_queue.py"),
+        ("tests/workload/test_local_verdict.py", "tests/workload/test_local.py", "tests/workload/test_queue.py"),
         jobs_per_core=2,
     ),
     Group(
