@@ -187,7 +187,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "plan",
         ("workload/queue/plan.py",),
-        ("tests/workload/test_plan.py",),
+        ("tests/workload/test_plan.py", "tests/workload/test_restore.py"),
     ),
     Group(
         "hparams",
