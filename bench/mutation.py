@@ -111,7 +111,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "dataset",
         ("workload/data/dataset.py",),
-        ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py"),
+        ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py", "tests/workload/test_identity.py",
+         "tests/workload/test_rare_paths.py"),
         cpu_minutes=6.8,
     ),
     Group(
@@ -177,7 +178,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "publish",
         ("workload/data/source.py", "workload/data/publish.py"),
-        ("tests/workload/test_publish.py", "tests/workload/test_bucket.py", "tests/workload/test_identity.py"),
+        ("tests/workload/test_publish.py", "tests/workload/test_bucket.py", "tests/workload/test_identity.py",
+         "tests/workload/test_rare_paths.py"),
     ),
     Group(
         "simulator",
@@ -204,7 +206,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "export",
         ("workload/model/export.py", "workload/model/score.py"),
-        ("tests/workload/test_export.py",),
+        ("tests/workload/test_export.py", "tests/workload/test_rare_paths.py"),
         jobs_per_core=2,  # its fixtures train a sweep against a real Redis server and wait on leases
     ),
     Group(
