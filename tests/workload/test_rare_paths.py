@@ -83,11 +83,13 @@ def test_an_export_while_the_newest_checkpoint_is_mid_day_takes_the_last_finishe
 
 def test_score_days_all_scores_every_training_and_testing_day(exported: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A dataset without scoring/ days: `--days all` scores every labelled day, each exactly once."""
     folder = user_folder(tmp_path)
     every, testing = tmp_path / "all.parquet", tmp_path / "testing.parquet"
     model = str(exported / MODEL_FILE)
     assert cli.main(["score", "--model", model, "--datasets", str(folder), "--out", str(every), "--days", "all"]) == 0
-    assert cli.main(["score", "--model", model, "--datasets", str(folder), "--out", str(testing)]) == 0
+    assert cli.main(["score", "--model", model, "--datasets", str(folder), "--out", str(testing), "--days",
+                     "testing"]) == 0
     capsys.readouterr()
     scored = pd.read_parquet(every)
     assert sorted(scored[schema.TRANSACTION_ID]) == ids_of(folder, "training", "testing")
