@@ -297,6 +297,7 @@ INFRA_REDIS = "infra/redis.py"
 INFRA_SHARE_PREP = "infra/share_prep.py"
 POLICY_RULES = "policy/rules.py"
 DATASET = "workload/data/dataset.py"
+ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
 TRAINER = "workload/model/trainer.py"
@@ -342,7 +343,13 @@ LAST_SLEEP = ("confirm() waits 0.2 s between tries either way except in the leas
               "the deadline: the next try comes after the deadline in both cases (the same tries, the same answer), "
               "at most 0.2 s later")
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
+KNOWN_ERRNO = ("infra_errno only returns codes of INFRA_ERRNOS (or EIO), every one named in errno.errorcode: the "
+               "fallback of .get is never read")
 EQUIVALENT: tuple[Equivalent, ...] = (
+    *(Equivalent(ERRORS, 'errno.errorcode.get(code, "")', f"errno.errorcode.get(code, {after})", KNOWN_ERRNO)
+      for after in ("None", "", '"XXXX"')),
+    *(Equivalent(ERRORS, "errno.errorcode.get(code, code)", f"errno.errorcode.get(code{after})", KNOWN_ERRNO)
+      for after in (", None", "", ", ")),
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
     Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),

@@ -200,15 +200,18 @@ def test_hang_blocks_the_calling_thread_only(fresh_points, monkeypatch) -> None:
         faults.point("read")
         returned.set()
 
-    threading.Thread(target=reader, daemon=True).start()
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
     assert entered.wait(10)
     assert not returned.wait(0.5)  # this thread goes on: the point holds the other one
+    assert thread.is_alive()  # held there, not ended by an error
 
 
 @pytest.mark.parametrize(("action", "signum"),
                          [("kill", signal.SIGKILL), ("stop", signal.SIGSTOP), ("", signal.SIGKILL)])
-def test_kill_and_stop_act_on_a_real_process(action: str, signum: int) -> None:
+def test_kill_and_stop_act_on_a_real_process(fresh_points, action: str, signum: int) -> None:
     """A real process reaching the point dies (kill, the default) or freezes (stop) there."""
+    faults.point("before-ack")  # inert here (unset); the call lets mutation testing map this test to point()
     env = {**os.environ, "WORKLOAD_FAULT": "before-ack", "PYTHONPATH": str(ROOT)}
     if action:
         env["WORKLOAD_FAULT_ACTION"] = action
