@@ -190,7 +190,8 @@ GROUPS: tuple[Group, ...] = (
         "publish",
         ("workload/data/source.py", "workload/data/publish.py"),
         ("tests/workload/test_publish.py", "tests/workload/test_bucket.py", "tests/workload/test_identity.py",
-         "tests/workload/test_rare_paths.py", "tests/workload/test_publish_crash.py"),
+         "tests/workload/test_rare_paths.py", "tests/workload/test_publish_crash.py",
+         "tests/workload/test_bucket_access.py"),
         do_not_mutate_patterns=(r"^\s*faults\.point\(",),
     ),
     Group(
