@@ -1060,7 +1060,7 @@ def _recorded_block() -> list[str]:
     return text.partition(BEGIN)[2].partition(END)[0].splitlines()
 
 
-RECORDED_AT = re.compile(r"at commit ([0-9a-f]{7,40})")
+RECORDED_AT = re.compile(r"\bat (?:commit )?([0-9a-f]{7,40})\b")  # "at commit abc1234" (--write), "main at abc1234"
 
 
 def recorded_rev() -> str:
