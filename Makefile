@@ -12,7 +12,7 @@ ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render preview clean-local bench chaos mutation planted
+.PHONY: local test lint check render diff preview clean-local bench chaos mutation planted
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -84,6 +84,13 @@ check: $(ALL_STAMP)
 STACK ?= dev
 render: $(INFRA_STAMP)
 	$(PY) -m policy.offline $(STACK) $(ARGS)
+
+# What a config change would replace, before `pulumi up`: the stack rendered as configured and with ARGS,
+# compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced
+# share, cluster or bucket grant is printed as DATA LOSS and exits 1. No credentials needed:
+# make diff STACK=dev ARGS='zone=us-central1-b'
+diff: $(INFRA_STAMP)
+	$(PY) -m infra.diff $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.
