@@ -160,6 +160,18 @@ GROUPS: tuple[Group, ...] = (
         ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py"),
         cpu_minutes=40.0,  # a guess until its first whole run
     ),
+    # quota: the GPU quota check that fails `pulumi up` early; replacements: which input changes replace a
+    # resource (the facts `make diff` reads; infra/diff.py, the preview itself, is tooling).
+    Group(
+        "quota",
+        ("infra/quota.py",),
+        ("tests/infra/test_infra_quota.py",),
+    ),
+    Group(
+        "replacements",
+        ("infra/replacements.py",),
+        ("tests/infra/test_infra_diff.py",),
+    ),
     Group(
         "config",
         ("infra/config.py",),
@@ -228,6 +240,12 @@ GROUPS: tuple[Group, ...] = (
         ("tests/workload/test_cli.py", "tests/workload/test_help.py", "tests/workload/test_export.py"),
         jobs_per_core=2,
     ),
+    # gpu: the worker's check that a GPU it was given is usable, before its first claim.
+    Group(
+        "gpu",
+        ("workload/runtime/gpu.py",),
+        ("tests/workload/test_gpu.py",),
+    ),
     # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end,
     # test_local_verdict.py its verdict over real processes' exit statuses.
     Group(
@@ -258,6 +276,7 @@ OUT_OF_SCOPE: dict[str, str] = {
     "infra/__main__.py": "entry point: `pulumi up` runs program.build, which the stack group mutates",
     "policy/__main__.py": "entry point: constructs the PolicyPack from pack.py (that never returns in a test)",
     "infra/render.py": "tooling: renders the mock-engine stack for kubernetes-validate and the offline policy run",
+    "infra/diff.py": "tooling: `make diff` prints what a config change would replace (its facts: replacements.py)",
     "policy/offline.py": "tooling: runs the rules over a rendered stack without the Pulumi CLI",
     "workload/__init__.py": NO_CODE,
     "workload/core/__init__.py": NO_CODE,

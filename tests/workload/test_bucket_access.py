@@ -29,7 +29,8 @@ HOP_BY_HOP = {"connection", "transfer-encoding", "keep-alive", "content-length",
 
 
 class DenyingProxy(ThreadingHTTPServer):
-    """Forwards every request to `upstream`, except the next `denials` ones, answered 403."""
+    """Forwards every request to `upstream`, except the next `denials` ones on objects, answered 403
+    (`requests` counts those on objects)."""
 
     daemon_threads = True
 
@@ -50,9 +51,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _any(self) -> None:
-        with self.server.lock:
-            self.server.requests += 1
-            deny = self.server.denials > 0
+        with self.server.lock:  # objects only (list, read): what the loader's grant is about
+            on_objects = "/o" in self.path.partition("?")[0]
+            self.server.requests += on_objects
+            deny = on_objects and self.server.denials > 0
             if deny:
                 self.server.denials -= 1
                 self.server.denied += 1
