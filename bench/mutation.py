@@ -279,6 +279,8 @@ OUT_OF_SCOPE: dict[str, str] = {
     "infra/render.py": "tooling: renders the mock-engine stack for kubernetes-validate and the offline policy run",
     "infra/diff.py": "tooling: `make diff` prints what a config change would replace (its facts: replacements.py)",
     "policy/offline.py": "tooling: runs the rules over a rendered stack without the Pulumi CLI",
+    "workload/core/preemption.py": ("constants only: the spot grace period and its margins, tuning values; "
+                                    "tests/test_contract.py checks the worker's budgets fit the pod's grace period"),
     "workload/__init__.py": NO_CODE,
     "workload/core/__init__.py": NO_CODE,
     "workload/share/__init__.py": NO_CODE,
