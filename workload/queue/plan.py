@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workload.data.dataset import Dataset
+from workload.data.dataset import MANIFEST, Dataset
 from workload.queue.workqueue import Item, WorkQueue
 from workload.share.fsutil import FILE_MODE, fsync_dir
 from workload.share.paths import check_name, runs_dir, share_paths
@@ -112,12 +112,28 @@ def runs(share: Path) -> dict[str, RunSpec]:
     return found
 
 
+def live(share: Path) -> dict[str, RunSpec]:
+    """The recorded runs whose dataset is published; each run whose dataset is gone is named, with what
+    to do, and skipped, so that one stale record never stops the healthy runs from seeding or training."""
+    datasets_dir, _ = share_paths(share)
+    found = {}
+    for name, rs in runs(share).items():
+        manifest = datasets_dir / rs.dataset / MANIFEST
+        if manifest.exists():
+            found[name] = rs
+        else:
+            log.warning("run %s is skipped: its dataset %r is gone from the share (%s is missing); publish it "
+                        "again (seed --dataset %s --datasets SOURCE) or retire the run by removing %s", name,
+                        rs.dataset, manifest, rs.dataset, runs_dir(share) / f"{name}.json")
+    return found
+
+
 def items(share: Path, only: dict[str, RunSpec] | None = None) -> list[Item]:
-    """The (run, training day) items of every recorded run (or of `only`), in chronological order."""
+    """The (run, training day) items of every live run (or of `only`), in chronological order."""
     datasets_dir, _ = share_paths(share)
     datasets: dict[str, Dataset] = {}
     out = []
-    for spec in (runs(share) if only is None else only).values():
+    for spec in (live(share) if only is None else only).values():
         if spec.dataset not in datasets:
             datasets[spec.dataset] = Dataset(datasets_dir / spec.dataset)
         shards = datasets[spec.dataset].training_shards()
@@ -132,7 +148,7 @@ def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
     already records them."""
     from workload.share.checkpoint import CheckpointStore  # torch: only workers pay for it
 
-    specs = runs(share)
+    specs = live(share)
     _, output_dir = share_paths(share)
     for rs in specs.values():
         try:
