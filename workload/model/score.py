@@ -72,6 +72,10 @@ def score_dataset(model_path: Path, src: Path, out: Path, days: str = "testing")
     if trainer.feature_names != features.FEATURE_NAMES:
         raise ScoreError(f"--model {model_path} was trained on features {list(trainer.feature_names)}; this code "
                          f"computes {list(features.FEATURE_NAMES)}: score with the code version that trained it")
+    if trainer.feature_version != features.FEATURE_VERSION:  # same names, other arithmetic: scores would be wrong
+        raise ScoreError(f"--model {model_path} was trained on feature version {trainer.feature_version!r}; this "
+                         f"code computes version {features.FEATURE_VERSION!r}: score with the code version that "
+                         "trained it")
     with tempfile.TemporaryDirectory(prefix="score-") as tmp:
         data = stage(Path(src), Path(tmp))
         roles = ("testing",) if days == "testing" else ("training", "testing")
