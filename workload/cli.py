@@ -278,6 +278,10 @@ def status(args: argparse.Namespace) -> int:
         if m:
             out.append(f"  latest: after {m['shard']}: {report.figures_line(m)}")
             out.append(f"  report: {output_dir / run / REPORT_TXT}")
+    try:
+        out.append(plan.gap(queue, args.share).line())
+    except (plan.PlanError, ds.DatasetError) as exc:
+        out.append(f"share vs queue: cannot read the share's plan: {exc}")
     if c.drained and not queue.seeded():
         out.append("the queue was never seeded (or Redis lost its data): a worker restores it from the share's "
                    "run records, or run `python -m workload seed`")

@@ -120,6 +120,26 @@ class Cluster:
             f.unlink()
         self.server.start()
 
+    def _aof(self) -> list[Path]:
+        """Redis's append-only file(s): one appendonly.aof, or appendonlydir/ (Redis 7)."""
+        return [p for p in self.server.data_dir.iterdir() if p.name == "appendonlydir" or p.suffix == ".aof"]
+
+    def copy_redis(self, to: Path) -> Path:
+        """Redis's AOF as it is now (every write is fsynced to it): a backup to restore later."""
+        to.mkdir(parents=True)
+        for p in self._aof():
+            (shutil.copytree if p.is_dir() else shutil.copyfile)(p, to / p.name)
+        return to
+
+    def restore_redis(self, backup: Path) -> None:
+        """Restart Redis from an older AOF copy (a volume restored from a backup): same port and password."""
+        self.server.kill()
+        for p in self._aof():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        for p in backup.iterdir():
+            (shutil.copytree if p.is_dir() else shutil.copyfile)(p, self.server.data_dir / p.name)
+        self.server.start()
+
     def outside_share(self) -> set[str]:
         """Every path under the test's folder that is not the share, Redis's data or a log: what a
         hostile item must never create."""

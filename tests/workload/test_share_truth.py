@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 from exports import copy_files
-from harness import ROOT, Cluster
+from harness import HPARAMS, ROOT, Cluster, same_weights
 from test_worker_faults import assert_exactly_once
 
+from workload.data.dataset import Dataset
+
 pytestmark = pytest.mark.timeout(300)
+
+QUICK = {"epochs": 2, "batch_size": 256, "hidden": [8]}  # a second run: its days train in a blink
 
 
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,3 +48,63 @@ def test_a_stale_run_record_is_named_and_the_healthy_run_trains(cluster: Cluster
     again = cli(cluster, "seed", "--runs-file", str(cluster.share.parent / "runs.json"))
     assert again.returncode == 0 and named in again.stderr, again.stderr
     assert f"or retire the run by removing {cluster.share / 'runs' / 'old.json'}" in again.stderr
+
+
+def seed_twice(cluster: Cluster, tmp_path: Path) -> Path:
+    """Seed run main on four days; copy Redis's AOF; append two days and add run second (12 items).
+    Returns the AOF copy: a Redis backup from before the second seed."""
+    late = ("training/2018-04-05.parquet", "training/2018-04-06.parquet")
+    folder = copy_files(cluster.dataset_src, tmp_path / "export", keep=lambda rel: rel not in late)
+    runs_file = tmp_path / "runs.json"
+    runs_file.write_text(json.dumps({"main": HPARAMS}))
+    assert cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file)).returncode == 0
+    backup = cluster.copy_redis(tmp_path / "aof-before")
+    copy_files(cluster.dataset_src, folder, keep=lambda rel: rel in late)
+    runs_file.write_text(json.dumps({"main": HPARAMS, "second": QUICK}))
+    out = cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file))
+    assert out.returncode == 0 and cluster.counts().total == 12, out.stderr
+    return backup
+
+
+def assert_share_plan_done(cluster: Cluster, reference: dict) -> None:
+    """Both runs hold every day once, in date order; main's weights are the undisturbed run's."""
+    shards = Dataset(cluster.share / "datasets" / "fraud").training_shards()
+    assert len(shards) == 6
+    for run in ("main", "second"):
+        assert cluster.final_state(run)["applied"] == shards, f"run {run}: every day applied once, in date order"
+    assert same_weights(cluster.final_state("main"), reference)
+    c = cluster.counts()
+    assert (c.total, c.done, c.dead, c.pending, c.leased) == (12, 12, 0, 0, 0)
+
+
+def test_a_redis_restored_from_before_a_second_seed_is_brought_up_to_the_share(cluster: Cluster, tmp_path: Path,
+                                                                             reference_state: dict) -> None:
+    """Redis comes back from an AOF copied before a second seed added a run and appended two days: the
+    worker adds what the share's plan holds and the queue lacks, trains it all, and only then exits 0."""
+    backup = seed_twice(cluster, tmp_path)
+    cluster.restore_redis(backup)
+    assert cluster.counts().total == 4
+    behind = cli(cluster, "status")
+    assert "share vs queue: the share's plan is 2 run(s), 12 item(s); the queue is BEHIND: it lacks 1 run(s) " \
+           "(second), 8 item(s) (main/training/2018-04-05.parquet, " in behind.stdout, behind.stdout
+    cluster.start_worker("w")
+    assert cluster.wait_all() == [0], cluster.log("w")
+    assert_share_plan_done(cluster, reference_state)
+    log = cluster.log("w")
+    assert 0 <= log.find("the queue is BEHIND") < log.find("claimed "), "reconciled at start, before any claim"
+    after = cli(cluster, "status")
+    assert "share vs queue: the share's plan is 2 run(s), 12 item(s); the queue holds them all" in after.stdout
+
+
+def test_a_redis_that_goes_back_in_time_mid_run_is_caught_up_before_the_worker_exits(
+        cluster: Cluster, tmp_path: Path, reference_state: dict) -> None:
+    """The worker starts on a complete queue; mid-run Redis comes back from the older backup. Draining
+    what that Redis holds is not the end: before exiting 0 the worker finds the share's plan ahead of
+    the queue, adds the run and days it lacks, and trains them."""
+    backup = seed_twice(cluster, tmp_path)
+    cluster.start_worker("w")
+    cluster.wait_for(lambda: cluster.counts().done >= 2, timeout_s=120, what="two days done")
+    cluster.restore_redis(backup)
+    assert cluster.wait_all() == [0], cluster.log("w")
+    assert "the queue is BEHIND" in cluster.log("w")
+    assert_share_plan_done(cluster, reference_state)

@@ -168,3 +168,64 @@ def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
     done = queue.mark_done([it for it in todo if it.shard in applied[it.run]])
     queue.mark_seeded()
     return {"runs": len(specs), "enqueued": added, "already_applied": done}
+
+
+@dataclass(frozen=True)
+class Gap:
+    """What the queue lacks of the share's plan: a Redis wiped, or restored from an older snapshot."""
+
+    runs: int
+    items: int
+    missing_runs: list[str]
+    missing_items: list[str]
+    token: int
+    token_floor: int
+
+    def __bool__(self) -> bool:
+        return bool(self.missing_runs or self.missing_items or self.token < self.token_floor)
+
+    def line(self) -> str:
+        """One line for `status` and the worker's log."""
+        head = f"share vs queue: the share's plan is {self.runs} run(s), {self.items} item(s)"
+        if not self:
+            return head + "; the queue holds them all"
+        lacks = []
+        if self.missing_runs:
+            lacks.append(f"{len(self.missing_runs)} run(s) ({_some(self.missing_runs)})")
+        if self.missing_items:
+            lacks.append(f"{len(self.missing_items)} item(s) ({_some(self.missing_items)})")
+        if self.token < self.token_floor:
+            lacks.append(f"a token counter at {self.token}, below the share's {self.token_floor}")
+        return (head + "; the queue is BEHIND: it lacks " + ", ".join(lacks) +
+                " (Redis restored from an older snapshot?); a worker adds them at start and before it exits")
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def gap(queue: WorkQueue, share: Path) -> Gap:
+    """Compare the queue with the share's plan (run records plus published days)."""
+    from workload.share.checkpoint import CheckpointStore  # torch: only workers and status pay for it
+
+    specs = live(share)
+    todo = items(share, specs)
+    ids, spec_runs, token = queue.known()
+    _, output_dir = share_paths(share)
+    floor = max((CheckpointStore(output_dir / run).highest_token() for run in specs), default=0)
+    return Gap(runs=len(specs), items=len(todo), missing_runs=sorted(set(specs) - spec_runs),
+               missing_items=[it.id for it in todo if it.id not in ids], token=token, token_floor=floor)
+
+
+def reconcile(queue: WorkQueue, share: Path) -> Gap | None:
+    """Bring a queue that is behind the share up to it (as `restore` does for an empty one); returns
+    the gap it closed, None when there was none. Idempotent: workers may race through it."""
+    found = gap(queue, share)
+    if not found:
+        return None
+    log.warning("%s", found.line())
+    got = restore(queue, share)
+    log.warning("reconciled the queue from the share: added %d item(s), %d of them already applied in the "
+                "checkpoints (marked done); token counter at least %d", got["enqueued"], got["already_applied"],
+                found.token_floor)
+    return found

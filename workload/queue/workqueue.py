@@ -523,6 +523,18 @@ class WorkQueue:
         return bool(self._retrying("seeded", lambda: self.redis.exists(self.keys.seeded)))
 
     # -- observers -------------------------------------------------------------------------------
+    def known(self) -> tuple[set[str], set[str], int]:
+        """(item ids, runs with hyperparameters, token counter), read together: what the queue knows,
+        to compare with the share (a Redis restored from an older snapshot knows less)."""
+        def read() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hkeys(self.keys.items).hkeys(self.keys.specs).get(self.keys.token)
+            return pipe.execute()
+
+        ids, specs, token = self._retrying("known", read)
+        return ({i.decode(errors="replace") for i in ids}, {r.decode(errors="replace") for r in specs},
+                int(token or 0))
+
     def pending_in_run(self, run: str) -> int:
         return int(self._retrying("pending_in_run", lambda: self.redis.zcard(self.keys.pending(run))))
 

@@ -230,6 +230,7 @@ class Worker:
 
     def _loop(self) -> int:
         waiting_logged = False
+        self.reconcile()
         while not self.stop.is_set():
             lease = self.queue.claim(self.cfg.worker_id, self.cfg.lease_ttl_s)
             if lease:
@@ -250,6 +251,8 @@ class Worker:
                     log.error("the queue is empty and was never seeded, and the share %s records no runs: "
                               "run `python -m workload seed` first; exiting %d", self.cfg.share, EXIT_INFRA)
                     return EXIT_INFRA
+                if self.reconcile():  # the share's plan holds more than Redis: a restore from an old snapshot
+                    continue
                 if counts.dead:
                     self._log_dead_letters()
                     log.error("queue drained: %d done, %d DEAD-LETTERED of %d; exiting %d (see `python -m "
@@ -294,6 +297,15 @@ class Worker:
                     "run(s), %d item(s) enqueued, %d already applied in the checkpoints (marked done)",
                     got["runs"], got["enqueued"], got["already_applied"])
         return True
+
+    def reconcile(self) -> bool:
+        """Add to the queue what the share's plan holds and Redis lacks (True when anything was): exit 0
+        means the share's plan is done, not only the queue Redis happens to hold."""
+        try:
+            return plan.reconcile(self.queue, self.cfg.share) is not None
+        except (plan.PlanError, DatasetError) as exc:
+            log.warning("cannot compare the queue with the share's plan: %s", exc)
+            return False
 
     def process(self, lease: Lease) -> Outcome:
         item = lease.item
