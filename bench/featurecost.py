@@ -7,14 +7,17 @@ This seeds a dataset of N one-row days (bank-shaped: its own IDs as floats, tz-a
 testing tail) through the loader's own calls, publishing then storing every day's features, and
 reports seconds per day (all days, and the last tenth alone) and the mean bytes of an entry.
 
-    python -m bench.featurecost [--days 400 4000]
+    python -m bench.featurecost [--days 400 4000] [--write]   # --write: into docs/benchmarks.md
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +27,8 @@ from workload.data.dataset import Dataset
 from workload.data.source import LocalSource
 
 TESTING_DAYS = 7
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- featurecost:begin -->", "<!-- featurecost:end -->"
 
 
 def one_row_days(folder: Path, days: int) -> None:
@@ -66,18 +71,45 @@ def measure(days: int) -> dict[str, float]:
                 "entry_bytes_mean": sum(entry_bytes) / len(entry_bytes), "entry_bytes_max": max(entry_bytes)}
 
 
+def table(rows: list[dict[str, float]]) -> list[str]:
+    out = ["| days | publish s/day | features s/day (all days) | features s/day (last tenth) | entry bytes (mean) | "
+           "entry bytes (max) |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['days']:,} | {r['publish_s_per_day']:.4f} | {r['features_s_per_day']:.4f} | "
+                   f"{r['last_tenth_s_per_day']:.4f} | {r['entry_bytes_mean']:,.0f} | {r['entry_bytes_max']:,} |")
+    return out
+
+
+def write(rows: list[dict[str, float]], wall_s: float) -> None:
+    """The block in docs/benchmarks.md (replaced, or added at the end); `make bench` carries it over."""
+    block = "\n".join([
+        BEGIN, "## Feature-store cost as days accumulate", "",
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `python -m bench.featurecost --write` in "
+        f"{wall_s / 60:.1f} min ({os.cpu_count()} cores, {platform.processor() or platform.machine()}, shared with "
+        "other work: compare rows, not machines). One-row days, published then featurised through the loader's "
+        "own calls; an entry is a day's `features/<version>/<role>/<day>.json`.", "", *table(rows), "",
+        "Flat in the number of days: a day's window (itself and `features.LOOKBACK_DAYS` before it) is found by "
+        "bisection on first day, so neither its entry nor its cost grows with the days before it.", END])
+    text = DOCS.read_text()
+    if BEGIN in text and END in text:
+        text = text.partition(BEGIN)[0] + block + text.partition(END)[2]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    DOCS.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.featurecost", description=__doc__.split("\n\n")[0])
     p.add_argument("--days", type=int, nargs="+", default=[400, 4000], help="dataset sizes, in one-row days")
+    p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
     args = p.parse_args(argv)
-    print("| days | publish s/day | features s/day (all) | features s/day (last tenth) | entry bytes (mean) | "
-          "entry bytes (max) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    started, rows = time.monotonic(), []
     for n in args.days:
-        r = measure(n)
-        print(f"| {n:,} | {r['publish_s_per_day']:.4f} | {r['features_s_per_day']:.4f} | "
-              f"{r['last_tenth_s_per_day']:.4f} | {r['entry_bytes_mean']:,.0f} | {r['entry_bytes_max']:,} |",
-              flush=True)
+        rows.append(measure(n))
+        print(table(rows)[-1], flush=True)
+    print("\n".join(table(rows)))
+    if args.write:
+        write(rows, time.monotonic() - started)
     return 0
 
 
