@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,36 @@ def test_a_redis_that_goes_back_in_time_mid_run_is_caught_up_before_the_worker_e
     assert cluster.wait_all() == [0], cluster.log("w")
     assert "the queue is BEHIND" in cluster.log("w")
     assert_share_plan_done(cluster, reference_state)
+
+
+def test_redis_out_of_memory_and_frozen_past_the_lease_charge_no_attempt(cluster: Cluster,
+                                                                         reference_state: dict) -> None:
+    """The platform fails, not the item: Redis at maxmemory under noeviction (every write answers OOM)
+    for longer than the lease, then SIGSTOPped past the lease TTL three times, while one worker trains
+    and an idle peer polls (and would reap an expired lease the moment Redis answers). Nothing is
+    dead-lettered, no attempt is charged (two would dead-letter), no traceback, and the weights are
+    the undisturbed run's."""
+    cluster.env_extra.update(MAX_ATTEMPTS="2")
+    cluster.seed()
+    w = cluster.start_worker("w")
+    cluster.wait_for(lambda: cluster.counts().leased == 1, what="the first claim")
+    cluster.start_worker("idle")
+    admin = cluster.server.client()
+    ttl = float(cluster.env()["LEASE_TTL_SECONDS"])
+    cluster.wait_for(lambda: cluster.counts().done >= 1, timeout_s=120, what="the first day done")
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    cluster.wait_for(lambda: "unable to serve" in cluster.log("w"), what="the worker to meet the OOM replies")
+    time.sleep(ttl + 1)  # the fault outlasts the lease
+    admin.config_set("maxmemory", "0")
+    for target in (2, 3, 4):
+        cluster.wait_for(lambda t=target: cluster.counts().done >= t or w.poll() is not None, timeout_s=120,
+                         what=f"{target} days done")
+        cluster.server.proc.send_signal(signal.SIGSTOP)
+        time.sleep(ttl + 1)
+        cluster.server.proc.send_signal(signal.SIGCONT)
+    assert cluster.wait_all() == [0, 0], cluster.log("w") + cluster.log("idle")
+    queue = cluster.queue()
+    assert queue.redis.hgetall(queue.keys.attempts) == {}, "an attempt was charged for the platform's fault"
+    assert "Traceback" not in cluster.log("w") + cluster.log("idle")
+    assert_exactly_once(cluster, reference_state)

@@ -51,7 +51,7 @@ from workload.data.dataset import Dataset, DatasetError
 from workload.model import export, metrics, report
 from workload.model.trainer import HParams, Trainer
 from workload.queue import plan
-from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
+from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue, transient
 from workload.share.checkpoint import CheckpointStore, Loaded
 from workload.share.paths import check_name, share_paths
 
@@ -142,7 +142,9 @@ class Heartbeat(threading.Thread):
                 return False
             self._valid_until = sent + self.ttl_s
             return True
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
+            if not transient(exc):  # out of memory, loading, unreachable: Redis's fault, not the lease's
+                raise
             if time.monotonic() >= self._valid_until:
                 log.warning("heartbeat for %s failed (%s) and the lease's validity ran out", self.lease.item.id, exc)
                 self.lost.set()
@@ -320,6 +322,9 @@ class Worker:
         except LeaseLost:
             log.warning("lost the lease on %s: abandoning it (the new owner resumes from the last "
                         "promoted checkpoint)", item.id)
+            # Lost from here, perhaps not in Redis: a lease Redis kept through its own outage goes back
+            # at no cost (refused when a newer owner holds it).
+            self.queue.release(lease)
             return Outcome.LOST
         except ItemFault as exc:
             state = self.queue.release(lease, error=str(exc), permanent=True)
