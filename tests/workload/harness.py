@@ -16,7 +16,7 @@ import torch
 
 from workload.data import dataset as ds
 from workload.data import simulator
-from workload.queue.workqueue import Counts, WorkQueue, connect
+from workload.queue.workqueue import Counts, Lease, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
@@ -159,6 +159,17 @@ class Cluster:
             assert time.monotonic() - start < timeout_s, f"timed out waiting for {what}"
             time.sleep(0.05)
         return time.monotonic() - start
+
+
+def poll_claim(q: WorkQueue, owner: str, ttl_s: float, timeout_s: float = 10) -> Lease:
+    """Claim as an idle worker does, polling every 10 ms until an expired lease is reaped and taken. (Redis
+    cannot tell nobody calling from its own outage: after a silent spell longer than a third of a lease's
+    TTL, the first claim forgives that lease the spell once; polling on, it expires.)"""
+    deadline = time.monotonic() + timeout_s
+    while not (lease := q.claim(owner, ttl_s=ttl_s)):
+        assert time.monotonic() < deadline, "the expired lease was never reaped"
+        time.sleep(0.01)
+    return lease
 
 
 def is_stopped(proc: subprocess.Popen[bytes]) -> bool:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from harness import poll_claim
 
-from workload.queue.workqueue import Counts, Item, Lease, WorkQueue, connect
+from workload.queue.workqueue import Counts, Item, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 
 
@@ -55,23 +56,12 @@ def test_one_worker_per_run_in_chronological_order(redis_server: RedisServer) ->
     assert order == [0, 1, 2]
 
 
-def poll_claim(q: WorkQueue, owner: str, ttl_s: float, timeout_s: float = 10) -> Lease:
-    """Claim as an idle worker does, polling (every 10 ms) until an expired lease is reaped and taken."""
-    deadline = time.monotonic() + timeout_s
-    while not (lease := q.claim(owner, ttl_s=ttl_s)):
-        assert time.monotonic() < deadline, "the expired lease was never reaped"
-        time.sleep(0.01)
-    return lease
-
-
 def test_stale_owner_cannot_ack_heartbeat_or_release(redis_server: RedisServer) -> None:
     q = make_queue(redis_server)
     q.enqueue(items("a", 1))
     stale = q.claim("w1", ttl_s=0.2)
     assert stale
     time.sleep(0.3)
-    # Nothing reached Redis for longer than the lease: it cannot tell that from its own outage, so the
-    # first claim forgives the gap once; polling on, the lease expires and is reaped.
     fresh = poll_claim(q, "w2", ttl_s=30)  # reaps the expired lease, then takes the item over
     assert fresh and fresh.item == stale.item and fresh.token > stale.token
     assert fresh.attempts == 1  # the expiry counted as a failed attempt
