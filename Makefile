@@ -1,7 +1,8 @@
 # The two commands: `make local` and `make test`. Both create .venv when it is missing.
 # `make local` installs only what the worker needs (requirements-local.txt); `make test` everything
 # (requirements.txt). `make bench` (figures -> docs/benchmarks.md) and `make chaos` (long fault run) are
-# not part of `make test`. `make preview STACK=dev` is `pulumi preview` with the policy pack.
+# not part of `make test`, but their miniatures are (tests/test_bench_mini.py, tests/chaos/), so neither
+# breaks unnoticed. `make preview STACK=dev` is `pulumi preview` with the policy pack.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -49,7 +50,7 @@ local: $(LOCAL_STAMP)
 # in ~9 min instead of ~15. TEST_JOBS=0 runs it in this process (a debugger, -x).
 TEST_JOBS ?= 2
 test: $(ALL_STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 bench: $(ALL_STAMP)
 	$(PY) -m bench.run $(ARGS)
@@ -58,7 +59,7 @@ chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
 
 # Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
-# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md.
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md).
 mutation: $(ALL_STAMP)
 	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 

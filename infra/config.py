@@ -226,6 +226,10 @@ class DataConfig:
     dataset: GcsUri | None
     output: GcsUri | None
     dataset_name: str = SIMULATED_DATASET
+    # How the loader reads your files (`seed`'s DATASET_COLUMNS, DATASET_DATETIME_FORMAT): your column names
+    # -> ours as canonical JSON ('' for ours), and a declared date format ('' for ISO 8601 only).
+    columns_json: str = ""
+    datetime_format: str = ""
 
 
 @dataclass(frozen=True)
@@ -579,7 +583,37 @@ def _data(r: _Reader) -> DataConfig:
     name = r.raw("datasetName") or _dataset_name(dataset)
     if not NAME.match(name):
         raise ConfigError("datasetName", name, f"a dataset name: {NAME_RULE}")
-    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name)
+    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name,
+                      columns_json=_columns(r), datetime_format=_datetime_format(r))
+
+
+def _columns(r: _Reader) -> str:
+    """``datasetColumns``: {your column: ours}, checked by the loader's own rules (``workload.data.reading``)."""
+    value = r.raw("datasetColumns")
+    try:
+        mapping = json.loads(value) if value.strip() else {}
+    except json.JSONDecodeError:
+        mapping = value
+    if mapping == {}:
+        return ""
+    from workload.data.reading import ReadingError, check_columns  # worker code: imported where used (see _runs)
+
+    try:
+        return json.dumps(dict(check_columns(mapping, f"{PROJECT}:datasetColumns")), sort_keys=True)
+    except ReadingError as err:
+        raise ConfigError("datasetColumns", mapping, str(err).removeprefix(f"{PROJECT}:datasetColumns: ")) from None
+
+
+def _datetime_format(r: _Reader) -> str:
+    """``datasetDatetimeFormat``: strftime directives or epoch-s / epoch-ms, as `seed --datetime-format` checks."""
+    value = r.raw("datasetDatetimeFormat").strip()
+    from workload.data.reading import ReadingError, check_format
+
+    try:
+        return check_format(value, f"{PROJECT}:datasetDatetimeFormat") or ""
+    except ReadingError as err:
+        raise ConfigError("datasetDatetimeFormat", value, "strftime directives with the day and month (e.g. "
+                          "'%d/%m/%Y %H:%M'), or epoch-s / epoch-ms") from err
 
 
 def _dataset_name(dataset: GcsUri | None) -> str:

@@ -29,6 +29,9 @@ ENV_MAX_ATTEMPTS = "MAX_ATTEMPTS"
 # `seed --runs-file` (JSON {run: {hyperparameters}}) and `seed --datasets` (a folder or gs://bucket/prefix).
 ENV_RUNS_FILE = "RUNS_FILE"
 ENV_DATASETS_SRC = "DATASETS_SRC"
+# How `seed` reads the user's files: the column mapping itself (JSON) and a declared date format.
+ENV_DATASET_COLUMNS = "DATASET_COLUMNS"
+ENV_DATASET_DATETIME_FORMAT = "DATASET_DATETIME_FORMAT"
 # Where the worker exports each finished run (gs://bucket/prefix); unset: results stay on the share.
 ENV_OUTPUT_URI = "OUTPUT_URI"
 

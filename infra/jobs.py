@@ -83,7 +83,16 @@ def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
     ``dependsOn`` alone never re-ran a completed training Job."""
     data = cfg.data.dataset.uri if cfg.data.dataset else f"preset:{cfg.jobs.dataset_preset}"
     facts = {"runs": json.loads(cfg.jobs.runs_json), "data": data, "dataset": cfg.data.dataset_name, "image": image_ref}
+    if cfg.data.columns_json or cfg.data.datetime_format:  # absent otherwise: existing stacks keep their hash
+        facts["reading"] = [cfg.data.columns_json, cfg.data.datetime_format]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def loader_env(cfg: StackConfig) -> list[dict[str, Any]] | None:
+    """How `seed` reads the stack's data: its column mapping and date format, when the stack sets them."""
+    env = [{"name": contract.ENV_DATASET_COLUMNS, "value": cfg.data.columns_json},
+           {"name": contract.ENV_DATASET_DATETIME_FORMAT, "value": cfg.data.datetime_format}]
+    return [e for e in env if e["value"]] or None
 
 
 def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
@@ -269,6 +278,7 @@ class LoaderJob(pulumi.ComponentResource):
             service_account=identity.ksa_name if identity else None,
             volumes=[runs_volume],
             annotations={contract.SEED_INPUTS_ANNOTATION: self.seed_inputs},
+            env=loader_env(cfg),
         )
         self.job = k8s.batch.v1.Job(
             name,
