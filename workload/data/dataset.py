@@ -509,6 +509,7 @@ class Dataset:
         self.root = Path(root)
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
         self._cache_rows = cache_rows
+        self._cached_rows = 0
         self._load()
 
     def _load(self) -> None:
@@ -558,8 +559,9 @@ class Dataset:
         where = f"{path} (from {source})" if source != rel else str(path)
         frame = read_transactions(path, where, self.reading, labelled(rel))
         self._cache[rel] = frame
-        while len(self._cache) > 1 and sum(len(f) for f in self._cache.values()) > self._cache_rows:
-            self._cache.popitem(last=False)
+        self._cached_rows += len(frame)  # kept, not summed: a read must not cost more with every day cached
+        while len(self._cache) > 1 and self._cached_rows > self._cache_rows:
+            self._cached_rows -= len(self._cache.popitem(last=False)[1])
         return frame
 
     def transactions(self, rel: str) -> pd.DataFrame:
