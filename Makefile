@@ -12,7 +12,7 @@ ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render preview clean-local bench chaos mutation planted
+.PHONY: local test lint check render diff preview clean-local bench chaos mutation planted
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -59,7 +59,8 @@ chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
 
 # Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
-# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md).
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md);
+# ARGS="--changed-since recorded --write": only the groups changed since the recorded run, the others' figures kept.
 mutation: $(ALL_STAMP)
 	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 
@@ -83,6 +84,13 @@ check: $(ALL_STAMP)
 STACK ?= dev
 render: $(INFRA_STAMP)
 	$(PY) -m policy.offline $(STACK) $(ARGS)
+
+# What a config change would replace, before `pulumi up`: the stack rendered as configured and with ARGS,
+# compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced
+# share, cluster or bucket grant is printed as DATA LOSS and exits 1. No credentials needed:
+# make diff STACK=dev ARGS='zone=us-central1-b'
+diff: $(INFRA_STAMP)
+	$(PY) -m infra.diff $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED
+from workload.core.errors import (
+    EXIT_BAD_CONFIG,
+    EXIT_DEAD_LETTERS,
+    EXIT_DONE,
+    EXIT_GPU_UNUSABLE,
+    EXIT_INFRA,
+    EXIT_TERMINATED,
+)
 from workload.data import dataset as ds
 from workload.data import publish, reading, simulator, source
 from workload.model import report
@@ -256,10 +263,15 @@ def worker(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from workload.runtime import gpu
     from workload.runtime.worker import Worker
 
     cfg = worker_config(args)
     setup_logging(cfg.worker_id)
+    unusable = gpu.unusable_reason()
+    if unusable:  # before any claim: a GPU pod never trains on its CPU
+        print(f"error: {unusable}", file=sys.stderr)
+        return EXIT_GPU_UNUSABLE
     w = Worker(cfg, make_queue(args, retry_for_s=cfg.redis_retry_s))
     w.install_signal_handlers()
     return w.run()
