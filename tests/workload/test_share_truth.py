@@ -18,6 +18,7 @@ from exports import copy_files
 from harness import HPARAMS, ROOT, Cluster, same_weights
 from test_worker_faults import assert_exactly_once
 
+from workload.core.errors import EXIT_INFRA
 from workload.data.dataset import Dataset
 
 pytestmark = pytest.mark.timeout(300)
@@ -143,3 +144,18 @@ def test_redis_out_of_memory_and_frozen_past_the_lease_charge_no_attempt(cluster
     assert queue.redis.hgetall(queue.keys.attempts) == {}, "an attempt was charged for the platform's fault"
     assert "Traceback" not in cluster.log("w") + cluster.log("idle")
     assert_exactly_once(cluster, reference_state)
+
+
+def test_a_redis_out_of_memory_for_good_ends_the_worker_with_exit_3_and_no_traceback(cluster: Cluster) -> None:
+    """OOM that outlasts the Redis retry budget: an infrastructure exit (3), one line, nothing charged."""
+    cluster.seed()
+    admin = cluster.server.client()
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    cluster.start_worker("w", REDIS_RETRY_SECONDS="2")
+    assert cluster.wait_all() == [EXIT_INFRA], cluster.log("w")
+    admin.config_set("maxmemory", "0")
+    log = cluster.log("w")
+    assert "Traceback" not in log and "ERROR workload [w]: Redis unable to serve for 2s during " in log, log
+    c = cluster.counts()
+    assert (c.pending, c.dead) == (6, 0) and admin.hlen(cluster.queue().keys.attempts) == 0
