@@ -164,7 +164,8 @@ def collect(share: Path, run: str) -> RunExport:
     state = loaded.state
     history = state["history"]
     files = {
-        REPORT_TXT: report.render(state["run"], state["hparams"], history, run_dir, store.retained()).encode(),
+        REPORT_TXT: report.render(state["run"], state["hparams"], history, run_dir, store.retained(),
+                                   state.get("reapplied", [])).encode(),
         METRICS_JSONL: report.metrics_jsonl(history).encode(),
         MODEL_FILE: model_bytes(state),
     }

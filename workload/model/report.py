@@ -51,10 +51,16 @@ def lift_phrase(ap: float, base: float) -> str:
 
 
 def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run_dir: Path,
-           kept: set[str] | None = None) -> str:
-    """The report text; `kept` names the checkpoint files that still exist (None: do not say)."""
+           kept: set[str] | None = None, reapplied: list[dict[str, Any]] | None = None) -> str:
+    """The report text; `kept` names the checkpoint files that still exist (None: do not say);
+    `reapplied` lists the lineage's rewinds (a day that arrived after later days were applied)."""
     lines = [f"Training report: run {run!r}", f"hyperparameters: {json.dumps(hparams, sort_keys=True)}",
              f"shards applied: {len(history)}", ""]
+    for r in reapplied or []:
+        lines.append(f"re-applied at {r['time']}: {', '.join(r['reapplied'])}, because {r['why']}; the run went "
+                     f"back to {r['from']} and applied {r['day']} and every later day in date order")
+    if reapplied:
+        lines.append("")
     for h in history:
         base = h.get("base_rate", float("nan"))
         ap = h.get("average_precision", float("nan"))
@@ -114,7 +120,8 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
         return None
     history = state["history"]
     report = run_dir / REPORT_TXT
-    atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir, kept))
+    atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir, kept,
+                                             state.get("reapplied", [])))
     atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history))
     if history and draw:
         from workload.model import plots  # matplotlib: only writers pay for it

@@ -130,6 +130,9 @@ class Trainer:
         self.norm = Normalizer(len(feature_names))
         self.applied: list[str] = []
         self.history: list[dict[str, Any]] = []
+        # Rewinds of the lineage: a day that arrived after later ones was applied in date order by going
+        # back to the boundary before it; each record names the day, the boundary and what was re-applied.
+        self.reapplied: list[dict[str, Any]] = []
         self.progress: dict[str, Any] | None = None  # {"shard", "epoch", "batch"} while mid-shard
         self._correct: torch.Tensor | None = None  # last-epoch rows classified right, while in it
         self._loss_sum: torch.Tensor | None = None  # this process's last-epoch losses, summed on the device
@@ -147,6 +150,7 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state()}, "steps": self.steps,
             "applied": list(self.applied), "progress": self._progress_state(),
             "history": [dict(h) for h in self.history],
+            "reapplied": [dict(r) for r in self.reapplied],
         }
 
     @classmethod
@@ -167,6 +171,7 @@ class Trainer:
             trainer._correct = torch.tensor(int(progress.pop("correct")), device=trainer.device)
         trainer.progress = progress
         trainer.history = [dict(h) for h in state["history"]]
+        trainer.reapplied = [dict(r) for r in state.get("reapplied", [])]
         return trainer
 
     def _progress_state(self) -> dict[str, Any] | None:

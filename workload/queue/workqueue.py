@@ -279,6 +279,23 @@ end
 return out
 """)
 
+# Under the run's lease: each [item id, seq] that is done goes back to pending (a re-application), and
+# one already pending is re-ordered to its chronological seq. -> ids put back; false when not the owner
+_REAPPLY = _Lua(("run", "token", "owner", "pairs"), _HELPERS + """
+if not owns(A.run, A.token, A.owner) then return false end
+local out = {}
+for _, pair in ipairs(cjson.decode(A.pairs)) do
+  if redis.call('SREM', K.done, pair[1]) == 1 then
+    redis.call('HDEL', K.acked_by, pair[1])
+    redis.call('ZADD', pending_key(A.run), pair[2], pair[1])
+    table.insert(out, pair[1])
+  elseif redis.call('ZSCORE', pending_key(A.run), pair[1]) then
+    redis.call('ZADD', pending_key(A.run), pair[2], pair[1])
+  end
+end
+return out
+""")
+
 # pairs: JSON [[run, item id], ...] -> how many pending items were marked done (restore: the share's
 # checkpoints already record them)
 _MARK_DONE = _Lua(("pairs",), """
@@ -465,6 +482,7 @@ class WorkQueue:
         self._raise_token = _Script(client, self.keys, _RAISE_TOKEN)
         self._requeue = _Script(client, self.keys, _REQUEUE)
         self._mark_done = _Script(client, self.keys, _MARK_DONE)
+        self._reapply = _Script(client, self.keys, _REAPPLY)
 
     # -- connection loss -------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -584,6 +602,14 @@ class WorkQueue:
         """Put dead-lettered items (all, one run's, or one) back to pending with attempts reset."""
         res = self._retrying("requeue", lambda: self._requeue(run=run or "", id=item_id or ""))
         return sorted(r.decode() for r in res)
+
+    def reapply(self, lease: Lease, later: list[tuple[str, int]]) -> list[str] | None:
+        """Under `lease`, put the run's later days (item id, chronological seq) that are done back to
+        pending, and re-order the pending ones by seq: after a rewind they are applied again in date
+        order. Returns the ids put back, or None when the lease is not ours (nothing changed)."""
+        res = self._retrying("reapply", lambda: self._reapply(
+            run=lease.item.run, token=lease.token, owner=lease.owner, pairs=json.dumps([list(p) for p in later])))
+        return None if res is None else [r.decode() for r in res]
 
     def mark_done(self, items: Iterable[Item]) -> int:
         """Mark pending items done without training them (the share records them as applied)."""

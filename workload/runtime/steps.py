@@ -69,7 +69,10 @@ class Attempt:
         loaded = self.load_checkpoint()
         if loaded and self.item.shard in loaded.state["applied"]:
             return self.ack_applied(loaded)
+        loaded, rewound = self.rewind(loaded)
         trainer = self.warm_start(loaded)
+        if rewound is not None:
+            trainer.reapplied = rewound
         examples = self.read_day()
         if self.stop.is_set():
             return self.release_for_peer()
@@ -127,6 +130,39 @@ class Attempt:
         faults.point("before-ack")
         self.ack()
         return Outcome.DONE
+
+    def rewind(self, loaded: Loaded | None) -> tuple[Loaded | None, list[dict[str, Any]] | None]:
+        """Chronological order, always: when the checkpoint already holds days later than ours (a
+        backfill, or a dead day requeued after the run moved on), go back to the newest boundary
+        checkpoint that holds none of them (or a cold start), and put those later days back to pending
+        in date order, under our lease, to be applied again after ours. Nothing is promoted here: a
+        worker dying mid-rewind leaves the old checkpoint newest, and the next attempt rewinds again.
+        Returns the checkpoint to warm-start from and, after a rewind, the lineage's rewind records."""
+        order = self.dataset.training_shards()
+        if not loaded or self.item.shard not in order:
+            return loaded, None  # nothing to rewind; read_day refuses a day the dataset lacks
+        pos = {shard: i for i, shard in enumerate(order)}
+        mine = pos[self.item.shard]
+        later = [d for d in loaded.state["applied"] if pos.get(d, -1) > mine]
+        if not later:
+            return loaded, None
+        earlier = [d for d in loaded.state["applied"] if pos.get(d, -1) < mine]
+        target = self.store.load(accept=lambda s: s["progress"] is None and list(s["applied"]) == earlier)
+        if target is None and earlier:
+            raise ItemFault(f"run {self.item.run}: day {self.item.shard} arrived after later days were applied "
+                            f"({later[0]} ...), and the boundary checkpoint before it is no longer in "
+                            f"{self.store.dir}: retrain from scratch by seeding a new run name with the same "
+                            "hyperparameters (seed --runs-file), which applies every day in date order")
+        put_back = self.queue.reapply(self.lease, [(f"{self.item.run}/{d}", pos[d]) for d in order[mine + 1:]])
+        if put_back is None:
+            raise LeaseLost
+        record = {"day": self.item.shard, "reapplied": later,
+                  "from": target.path.name if target else "a cold start",
+                  "why": f"{self.item.shard} arrived after {later[-1]} was applied (a backfill or a requeued day)",
+                  "time": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
+        log.warning("%s: %s; rewinding run %s to %s and applying %s again after it", self.item.id, record["why"],
+                    self.item.run, record["from"], ", ".join(record["reapplied"]))
+        return target, [*loaded.state.get("reapplied", []), record]
 
     def warm_start(self, loaded: Loaded | None) -> Trainer:
         """The run's lineage from its checkpoint, or a new one; a checkpoint of other features is refused."""

@@ -15,8 +15,8 @@ written, and readers decide by it:
   late it lands) is never read while a higher one is readable;
 * a writer promotes only while no higher manifest exists, and after the lease check (`may_promote`);
 * retention deletes a file only if no manifest on the share names it and its token is not above
-  the writer's own: a stale writer can never delete what the current holder loads, and the newest
-  shard-boundary checkpoint of every kept manifest stays.
+  the writer's own: a stale writer can never delete what the current holder loads, and every
+  shard-boundary checkpoint of every kept manifest stays (a late day rewinds to the one before it).
 
 Loading walks the trusted manifest newest first and skips (with a warning) any file whose hash or
 contents do not check out, so a torn or corrupt checkpoint falls back to the previous one. Files are
@@ -232,13 +232,10 @@ class CheckpointStore:
         return path
 
     def _retain(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The newest `keep`, plus the newest shard-boundary checkpoint (mid-shard resume may need it)."""
-        kept = entries[: self.keep]
-        if not any(e.get("boundary") for e in kept):
-            boundary = next((e for e in entries if e.get("boundary")), None)
-            if boundary:
-                kept.append(boundary)
-        return kept
+        """The newest `keep`, plus every shard-boundary (end-of-day) checkpoint: mid-shard resume needs
+        the newest, and a day that arrives late (a backfill, a requeue) rewinds to the one before it.
+        One boundary per applied day is the cost (the model is small next to a day's data)."""
+        return entries[: self.keep] + [e for e in entries[self.keep:] if e.get("boundary")]
 
     def _collect(self, token: int) -> None:
         """Prune what no manifest names, never above our own token; keep the newest manifests.

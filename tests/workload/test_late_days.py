@@ -1,0 +1,85 @@
+"""Chronological order, always: a day that arrives after later days were applied (a backfill, or a
+dead day requeued) makes the run go back to the boundary before it and apply it and every later day
+again, in date order, ending with the weights of an in-order run.
+
+Through the command line, against a real redis-server and real worker processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from exports import copy_files
+from harness import HPARAMS, ROOT, Cluster, same_weights
+
+from workload.core.errors import EXIT_DEAD_LETTERS
+from workload.data.dataset import Dataset
+from workload.share.paths import REPORT_TXT
+
+pytestmark = pytest.mark.timeout(300)
+
+LATE = "training/2018-04-03.parquet"
+LATER = ["training/2018-04-04.parquet", "training/2018-04-05.parquet", "training/2018-04-06.parquet"]
+
+
+def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "workload", *args], env=cluster.env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_in_order(cluster: Cluster, reference: dict) -> None:
+    """Every day once, in date order, the in-order run's weights, and the report says what was re-applied."""
+    shards = Dataset(cluster.share / "datasets" / "fraud").training_shards()
+    final = cluster.final_state()
+    assert final["applied"] == shards, "every day applied once, in date order"
+    assert [h["shard"] for h in final["history"]] == shards
+    assert same_weights(final, reference)
+    c = cluster.counts()
+    assert (c.total, c.done, c.dead, c.pending, c.leased) == (6, 6, 0, 0, 0)
+    text = (cluster.share / "output" / "main" / REPORT_TXT).read_text()
+    assert f"{', '.join(LATER)}, because {LATE} arrived after {LATER[-1]} was applied" in text, text
+
+
+def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp_path: Path,
+                                                           reference_state: dict) -> None:
+    """Five days trained, then the missing earlier day is published and seeded: the run goes back to the
+    end of the day before it, applies it and the three later days again, and ends as an in-order run."""
+    folder = copy_files(cluster.dataset_src, tmp_path / "export", keep=lambda rel: rel != LATE)
+    runs_file = tmp_path / "runs.json"
+    runs_file.write_text(json.dumps({"main": HPARAMS}))
+    assert cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file)).returncode == 0
+    cluster.start_worker("w1")
+    assert cluster.wait_all() == [0], cluster.log("w1")
+    assert LATE not in cluster.final_state()["applied"]
+    copy_files(cluster.dataset_src, folder, keep=lambda rel: rel == LATE)
+    out = cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file))
+    assert out.returncode == 0 and cluster.counts().pending == 1, out.stderr
+    cluster.new_job()
+    cluster.start_worker("w2")
+    assert cluster.wait_all() == [0, 0], cluster.log("w2")
+    assert "rewinding run main to ckpt-" in cluster.log("w2")
+    assert_in_order(cluster, reference_state)
+
+
+def test_a_dead_day_requeued_after_later_days_is_applied_in_date_order(cluster: Cluster,
+                                                                       reference_state: dict) -> None:
+    """A day that is no Parquet is dead-lettered and the run moves on to the later days; once the file is
+    fixed and the day requeued, the run goes back to the end of the day before it and re-applies the rest."""
+    cluster.seed()
+    day = cluster.share / "datasets" / "fraud" / LATE
+    day.write_bytes(b"PAR1 this is not parquet")
+    cluster.start_worker("w1")
+    assert cluster.wait_all() == [EXIT_DEAD_LETTERS], cluster.log("w1")
+    assert cluster.final_state()["applied"] == ["training/2018-04-01.parquet", "training/2018-04-02.parquet", *LATER]
+    shutil.copyfile(cluster.dataset_src / LATE, day)
+    out = cli(cluster, "requeue", "--item", f"main/{LATE}")
+    assert out.returncode == 0 and "requeued 1 dead-lettered item(s)" in out.stdout, out.stdout + out.stderr
+    cluster.procs.clear()
+    cluster.start_worker("w2")
+    assert cluster.wait_all() == [0], cluster.log("w2")
+    assert "rewinding run main to ckpt-" in cluster.log("w2")
+    assert_in_order(cluster, reference_state)
