@@ -18,6 +18,7 @@ from harness import HPARAMS, ROOT, Cluster, same_weights
 
 from workload.core.errors import EXIT_DEAD_LETTERS
 from workload.data.dataset import Dataset
+from workload.share.checkpoint import CheckpointStore
 from workload.share.paths import REPORT_TXT
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,10 +45,8 @@ def assert_in_order(cluster: Cluster, reference: dict) -> None:
     assert f"{', '.join(LATER)}, because {LATE} arrived after {LATER[-1]} was applied" in text, text
 
 
-def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp_path: Path,
-                                                           reference_state: dict) -> None:
-    """Five days trained, then the missing earlier day is published and seeded: the run goes back to the
-    end of the day before it, applies it and the three later days again, and ends as an in-order run."""
+def train_all_but_one_day_then_backfill(cluster: Cluster, tmp_path: Path) -> None:
+    """Seed run main without LATE, train it to the end, then publish LATE and seed again."""
     folder = copy_files(cluster.dataset_src, tmp_path / "export", keep=lambda rel: rel != LATE)
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps({"main": HPARAMS}))
@@ -58,11 +57,46 @@ def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp
     copy_files(cluster.dataset_src, folder, keep=lambda rel: rel == LATE)
     out = cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file))
     assert out.returncode == 0 and cluster.counts().pending == 1, out.stderr
+    cluster.procs.clear()
     cluster.new_job()
+
+
+# Where the worker that rewinds is killed: not at all; after the later days were put back, before the
+# late day is read; mid-way through the late day; with the late day promoted but not acked.
+@pytest.mark.parametrize("kill", [None, "read:1", "checkpoint-written:2", "before-ack:1"])
+def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp_path: Path,
+                                                           reference_state: dict, kill: str | None) -> None:
+    """Five days trained, then the missing earlier day is published and seeded: the run goes back to the
+    end of the day before it, applies it and the three later days again, and ends as an in-order run,
+    also when the worker doing so is killed mid-rewind and another one finishes."""
+    train_all_but_one_day_then_backfill(cluster, tmp_path)
+    if kill:
+        cluster.start_worker("victim", WORKLOAD_FAULT=kill)
+        assert cluster.wait_all() == [-9], cluster.log("victim")
+        assert "rewinding run main to ckpt-" in cluster.log("victim")
+        cluster.procs.clear()
     cluster.start_worker("w2")
-    assert cluster.wait_all() == [0, 0], cluster.log("w2")
-    assert "rewinding run main to ckpt-" in cluster.log("w2")
+    assert cluster.wait_all() == [0], cluster.log("w2")
     assert_in_order(cluster, reference_state)
+
+
+def test_a_backfill_whose_boundary_is_gone_is_refused_in_one_line(cluster: Cluster, tmp_path: Path) -> None:
+    """The boundary checkpoint before the late day is gone (pruned by an older retention, or deleted):
+    the day is dead-lettered with a one-line message that says how to retrain from scratch, and the
+    run's checkpoint is left as it was."""
+    train_all_but_one_day_then_backfill(cluster, tmp_path)
+    before = cluster.final_state()["applied"]
+    store = CheckpointStore(cluster.share / "output" / "main")
+    boundary = store.load(accept=lambda s: s["applied"] == before[:2] and s["progress"] is None)
+    assert boundary is not None
+    boundary.path.unlink()
+    cluster.start_worker("w2")
+    assert cluster.wait_all() == [EXIT_DEAD_LETTERS], cluster.log("w2")
+    error = cluster.queue().snapshot()["runs"]["main"]["dead"][f"main/{LATE}"]["error"]
+    assert "\n" not in error
+    assert error.startswith(f"run main: day {LATE} arrived after later days were applied "), error
+    assert "retrain from scratch by seeding a new run name" in error, error
+    assert cluster.final_state()["applied"] == before
 
 
 def test_a_dead_day_requeued_after_later_days_is_applied_in_date_order(cluster: Cluster,
