@@ -22,13 +22,15 @@ def save(store: CheckpointStore, step: int, token: int = 1, progress: dict | Non
     return path
 
 
-def test_latest_wins_and_old_ones_are_collected(tmp_path: Path) -> None:
+def test_latest_wins_and_old_mid_day_ones_are_collected_but_every_day_boundary_stays(tmp_path: Path) -> None:
+    """A late day rewinds the run to the boundary before it: end-of-day checkpoints are never pruned."""
     store = CheckpointStore(tmp_path, keep=2)
-    for step in range(1, 5):
-        save(store, step)
+    for step in range(1, 6):
+        save(store, step, progress=None if step in (1, 3) else {"shard": "d", "epoch": 0, "batch": step})
     loaded = store.load()
-    assert loaded and loaded.state["step"] == 4 and loaded.seq == 4
-    assert sorted(p.name for p in store.dir.glob("ckpt-*")) == ["ckpt-00000003-t1.pt", "ckpt-00000004-t1.pt"]
+    assert loaded and loaded.state["step"] == 5 and loaded.seq == 5
+    assert sorted(p.name for p in store.dir.glob("ckpt-*")) == [
+        "ckpt-00000001-t1.pt", "ckpt-00000003-t1.pt", "ckpt-00000004-t1.pt", "ckpt-00000005-t1.pt"]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
