@@ -172,8 +172,8 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     assert ghost["attempts"] == 1 and "run 'ghost' has no hyperparameters" in ghost["error"]
     c = cluster.counts()
     assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 4, 5)
-    # After the fix, `requeue` brings the day back and it trains (late, so out of order: a new lineage
-    # would be needed for chronological order; the point here is that nothing is lost).
+    # After the fix, `requeue` brings the day back and it trains in date order: the run goes back to the
+    # end of 04-02 and applies the later days again (04-05 stays dead); nothing is lost.
     shutil.copyfile(cluster.dataset_src / "training" / "2018-04-03.parquet", poison)
     out = subprocess.run([sys.executable, "-m", "workload", "requeue", "--item", "main/training/2018-04-03.parquet"],
                          env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -182,7 +182,9 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     cluster.procs.clear()
     cluster.start_worker("fixed")
     assert cluster.wait_all() == [EXIT_DEAD_LETTERS], "the other dead letters are still there"
-    assert "training/2018-04-03.parquet" in cluster.final_state()["applied"]
+    assert cluster.final_state()["applied"] == ["training/2018-04-01.parquet", "training/2018-04-02.parquet",
+                                                "training/2018-04-03.parquet", "training/2018-04-04.parquet",
+                                                "training/2018-04-06.parquet"]
     assert cluster.counts().dead == 4
 
 
