@@ -247,6 +247,13 @@ GROUPS: tuple[Group, ...] = (
         ("workload/runtime/gpu.py",),
         ("tests/workload/test_gpu.py",),
     ),
+    # launch: the scheduled loader's decision to start a training Job (the API call itself cannot run here).
+    Group(
+        "launch",
+        ("workload/runtime/launch.py",),
+        ("tests/workload/test_launch.py",),
+        jobs_per_core=2,
+    ),
     # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end,
     # test_local_verdict.py its verdict over real processes' exit statuses.
     Group(
