@@ -158,7 +158,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "stack",
         tuple(f"infra/{m}.py" for m in ("cluster", "services", "image", "program")),
-        ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py"),
+        ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py",
+         "tests/infra/test_infra_schedule.py"),
         cpu_minutes=40.0,  # a guess until its first whole run
     ),
     # quota: the GPU quota check that fails `pulumi up` early; replacements: which input changes replace a
@@ -168,6 +169,12 @@ GROUPS: tuple[Group, ...] = (
         ("infra/quota.py",),
         ("tests/infra/test_infra_quota.py",),
     ),
+    # schedule: the CronJob, the training Job it may post, and the one right it needs to post it.
+    Group(
+        "schedule",
+        ("infra/schedule.py",),
+        ("tests/infra/test_infra_schedule.py",),
+    ),
     Group(
         "replacements",
         ("infra/replacements.py",),
@@ -176,7 +183,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "config",
         ("infra/config.py",),
-        ("tests/infra/test_infra_config.py",),
+        ("tests/infra/test_infra_config.py", "tests/infra/test_infra_schedule.py"),
     ),
     # errors: the failure classes and exit codes; faults: the crash tests' injection points (inert unless
     # WORKLOAD_FAULT names one), driven in-process by test_errors.py.
