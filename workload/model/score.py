@@ -80,8 +80,9 @@ def score_dataset(model_path: Path, src: Path, out: Path, days: str = "testing")
             raise ScoreError(f"--datasets {src}: no {' or '.join(roles)} days to score")
         examples = data.examples(targets)
     scores = trainer.score(examples.x)
+    alerts = metrics.alert_columns(trainer.history, scores)  # the newest model's alert rules, per row
     table = pa.table({schema.TRANSACTION_ID: pa.array(examples.ids, pa.int64()),
-                      SCORE: pa.array(scores, pa.float32())})
+                      SCORE: pa.array(scores, pa.float32()), **{k: pa.array(v) for k, v in alerts.items()}})
     buf = io.BytesIO()
     pq.write_table(table, buf)
     try:

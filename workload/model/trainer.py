@@ -28,7 +28,8 @@ from torch import nn
 import workload
 from workload.model.hparams import HParams
 
-FORMAT = 2  # 2: averaged weights, feature version, last-epoch accuracy in progress
+FORMAT = 3  # 3: calibration (scale, shift); 2: averaged weights, feature version, last-epoch accuracy
+READABLE = (2, 3)  # a format-2 checkpoint loads uncalibrated and is calibrated at its next applied day
 
 # cuBLAS is deterministic only with a fixed workspace; read when the first CUDA handle is made.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -130,6 +131,9 @@ class Trainer:
         self._correct: torch.Tensor | None = None  # last-epoch rows classified right, while in it
         self._loss_sum: torch.Tensor | None = None  # this process's last-epoch losses, summed on the device
         self.steps = 0  # optimizer steps over the run's life: the weight average's warm-up reads it
+        # p = sigmoid(scale * logit + shift): fitted after each applied day (model.calibration).
+        self.calibration = {"scale": torch.tensor(1.0, dtype=torch.float64),
+                            "shift": torch.tensor(0.0, dtype=torch.float64)}
 
     # -- checkpoint contents -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -143,12 +147,14 @@ class Trainer:
             "rng": {"torch": torch.get_rng_state()}, "steps": self.steps,
             "applied": list(self.applied), "progress": self._progress_state(),
             "history": [dict(h) for h in self.history],
+            "calibration": {k: v.clone() for k, v in self.calibration.items()},
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device | None = None) -> Trainer:
-        if state.get("format") != FORMAT:
-            raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (expected {FORMAT})")
+        if state.get("format") not in READABLE:
+            raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (readable: "
+                             f"{', '.join(map(str, READABLE))}); start a new run with this code version")
         hp = HParams.from_dict(state["hparams"], where="checkpoint hparams")
         trainer = cls(state["run"], hp, tuple(state["feature_names"]), device, str(state["feature_version"]))
         trainer.model.load_state_dict(state["model"])
@@ -163,7 +169,13 @@ class Trainer:
             trainer._correct = torch.tensor(int(progress.pop("correct")), device=trainer.device)
         trainer.progress = progress
         trainer.history = [dict(h) for h in state["history"]]
+        if "calibration" in state:
+            trainer.set_calibration(float(state["calibration"]["scale"]), float(state["calibration"]["shift"]))
         return trainer
+
+    def set_calibration(self, scale: float, shift: float) -> None:
+        self.calibration = {"scale": torch.tensor(float(scale), dtype=torch.float64),
+                            "shift": torch.tensor(float(shift), dtype=torch.float64)}
 
     def _progress_state(self) -> dict[str, Any] | None:
         if not self.progress:
@@ -241,11 +253,19 @@ class Trainer:
         return None if self._loss_sum is None else float(self._loss_sum)
 
     @torch.no_grad()
-    def score(self, x: np.ndarray, batch: int = 1 << 18) -> np.ndarray:
-        """Fraud probability per row, from the averaged weights, on the device in large batches."""
+    def logits(self, x: np.ndarray, batch: int = 1 << 18) -> np.ndarray:
+        """Raw logits per row, from the averaged weights, on the device in large batches."""
         xs = self.norm.apply(x, self.device)
-        out = [torch.sigmoid(self.averaged(xs[i:i + batch])) for i in range(0, len(xs), batch)]
+        out = [self.averaged(xs[i:i + batch]) for i in range(0, len(xs), batch)]
         return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.float32)
+
+    def score(self, x: np.ndarray, batch: int = 1 << 18, calibrated: bool = True) -> np.ndarray:
+        """Fraud probability per row (float32); `calibrated=False`: the class-weighted network's own
+        sigmoid, which ranks the same but overstates fraud."""
+        z = torch.from_numpy(self.logits(x, batch))
+        if calibrated:  # in float32, as the network's sigmoid: identity calibration changes no bit
+            z = z * self.calibration["scale"].float() + self.calibration["shift"].float()
+        return torch.sigmoid(z).numpy()
 
 
 def decay_at(decay: float, step: int) -> float:

@@ -48,7 +48,7 @@ from workload.core.errors import (
 )
 from workload.data import features
 from workload.data.dataset import Dataset, DatasetError
-from workload.model import export, metrics, report
+from workload.model import calibration, export, metrics, report
 from workload.model.trainer import HParams, Trainer
 from workload.queue import plan
 from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
@@ -455,6 +455,7 @@ class Worker:
         train_s = time.monotonic() - started
 
         path = store.next_path(lease.token)
+        calibrated_on = calibration.refit(trainer, dataset, item.shard)
         test = dataset.test_examples()
         self.touch()
         test_scores = trainer.score(test.x)
@@ -466,6 +467,7 @@ class Worker:
             "last_day": str(examples.day.max()) if len(examples.day) else "",
             "train_accuracy": trainer.train_accuracy(len(examples.y)),
             "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
+            **calibration.assess(trainer, test, test_scores, calibrated_on),
         }
         trainer.finish_shard(entry)
         state = trainer.state_dict()
