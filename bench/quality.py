@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import statistics
 import time
@@ -136,41 +137,45 @@ def _load(size: str) -> dict[str, dict[str, dict]]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _save(size: str, results: dict) -> None:
+def _record(size: str, model: str, seed: int, figures: dict) -> None:
+    """Add one fit's figures to the size's file, read afresh (another size or variant may be running)."""
+    results = _load(size)
+    results.setdefault(model, {})[str(seed)] = figures
     RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS / f"{size}.json.tmp"
+    tmp = RESULTS / f"{size}.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(results, indent=1, sort_keys=True))
     tmp.replace(RESULTS / f"{size}.json")
 
 
 def measure(size: str, models: list[str], seeds: tuple[int, ...] = SEEDS, variant: str = DEFAULT,
-            hp: HParams | None = None) -> None:
+            hp: HParams | None = None, redo: bool = False) -> None:
     """Fit each of `models` (names of MODELS' values; the default run as `variant` with `hp`) with each
-    seed on `size`, and keep every figure in RESULTS as soon as it is measured."""
+    seed on `size` not measured yet (all of them with `redo`), and keep every figure in RESULTS as soon
+    as it is measured."""
     data = ds.Dataset(cluster_dataset())
     data.ensure_features()
     test = data.examples(_days(data, *TEST))
     parts = [(rel, data.examples([rel])) for rel in _days(data, *SIZES[size][1:])]
     x = np.concatenate([ex.x for _, ex in parts])
     y = np.concatenate([ex.y for _, ex in parts])
-    results = _load(size)
     for model in models:
         name = variant if model == DEFAULT else model
         fit: Callable[[int], np.ndarray] = (
             (lambda s: default_run(parts, test.x, s, hp)) if model == DEFAULT else
             (lambda s, model=model: baseline(model, x, y, test.x, s)))
         for seed in seeds:
+            if str(seed) in _load(size).get(name, {}) and not redo:
+                continue  # measured already: `--redo` measures it again
             if model in SEEDLESS and seed != seeds[0]:  # the same fit again: its figures, not its CPU time
-                results[name][str(seed)] = results[name][str(seeds[0])]
+                _record(size, name, seed, _load(size)[name][str(seeds[0])])
                 continue
             started = time.perf_counter()
             scores = fit(seed)
             seconds = time.perf_counter() - started
             m = metrics.evaluate(scores, test.y, test.day, test.card, test.known)
-            results.setdefault(name, {})[str(seed)] = {
+            _record(size, name, seed, {
                 "auc": m["roc_auc"], "ap": m["average_precision"], "cp100": m["card_precision_top100"],
-                "seconds": seconds, "hparams": (hp or HParams()).to_dict() if model == DEFAULT else None}
-            _save(size, results)
+                "seconds": seconds, "hparams": (hp or HParams()).to_dict() if model == DEFAULT else None})
             print(f"  {size}: {name} seed {seed}: AP {m['average_precision']:.3f} "
                   f"CP@100 {m['card_precision_top100']:.3f} ({seconds:.0f}s)", flush=True)
 
@@ -225,13 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default=DEFAULT, help="name a variant of the default run (with --hparams)")
     parser.add_argument("--hparams", default="{}", help="the variant's hyperparameters, JSON")
     parser.add_argument("--table", action="store_true", help="only print what was measured so far")
+    parser.add_argument("--redo", action="store_true", help="measure again what was measured already")
     args = parser.parse_args(argv)
     sizes = list(SIZES) if args.size == "every" else [args.size]
     if not args.table:
         hp = HParams.from_dict(json.loads(args.hparams), where="--hparams")
         models = [MODELS[m] for m in args.models.split(",")]
         for size in sizes:
-            measure(size, models, tuple(range(args.seeds)), args.variant, hp)
+            measure(size, models, tuple(range(args.seeds)), args.variant, hp, args.redo)
     print(table(sizes))
     return 0
 
