@@ -130,18 +130,3 @@ def test_a_format_2_checkpoint_loads_uncalibrated_and_an_older_one_is_refused_in
     with pytest.raises(ValueError, match=r"^checkpoint format 1 is not supported \(readable: 2, 3\); start a new "
                                          r"run with this code version$"):
         Trainer.from_state(state, torch.device("cpu"))
-
-
-def test_alert_thresholds_count_cards_a_day_and_false_positives() -> None:
-    days = np.array(["2018-08-08"] * 4 + ["2018-08-09"] * 4, dtype="datetime64[D]")
-    cards = np.array([1, 1, 2, 3, 1, 2, 3, 4])
-    scores = np.array([0.9, 0.1, 0.8, 0.2, 0.7, 0.6, 0.5, 0.4])
-    labels = np.array([1, 0, 0, 0, 0, 1, 0, 0])
-    alerts = metrics.alert_thresholds(scores, labels, days, cards, k=2, max_fpr=0.34)
-    # Card-days by best score: 0.9 (1, fraud), 0.8, 0.7, 0.6 (2, fraud), 0.5, 0.4, 0.2: two a day -> 0.6.
-    assert alerts["top100_cards"] == {"threshold": 0.6, "precision": 0.5, "recall": 1.0, "alerts_per_day": 2.0}
-    # 6 legitimate transactions: at most 2 false positives (0.8, 0.7) -> threshold 0.6 catches both frauds.
-    assert alerts["fpr_1pct"] == {"threshold": 0.6, "precision": 0.5, "recall": 1.0, "false_positive_rate": 2 / 6}
-    columns = metrics.alert_columns([{"alerts": alerts}], scores)
-    assert columns["alert_top100_cards"].tolist() == [True, False, True, False, True, True, False, False]
-    assert metrics.alert_columns([{}], scores) == {}
