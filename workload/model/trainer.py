@@ -31,6 +31,8 @@ from workload.model.hparams import HParams
 FORMAT = 3  # 3: calibration (scale, shift); 2: averaged weights, feature version, last-epoch accuracy
 READABLE = (2, 3)  # a format-2 checkpoint loads uncalibrated and is calibrated at its next applied day
 
+MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
+
 # cuBLAS is deterministic only with a fixed workspace; read when the first CUDA handle is made.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -191,8 +193,17 @@ class Trainer:
         if self.progress and self.progress["shard"] == shard:
             return  # resuming mid-shard: statistics already include it
         self.norm.update(x)
-        self.progress = {"shard": shard, "epoch": 0, "batch": 0}
+        self.progress = {"shard": shard, "epoch": 0, "batch": 0, "epochs": self.epochs_for(len(x))}
         self._correct = None
+
+    def epochs_for(self, rows: int) -> int:
+        """Epochs over a day of `rows` rows: `epochs`, more while the run is short of `min_steps` steps
+        (at most MAX_EPOCH_FACTOR x). Fixed when the day begins and kept in the progress, so a resume
+        trains the same number."""
+        hp = self.hp
+        batches = max(1, math.ceil(rows / hp.batch_size))
+        wanted = math.ceil(max(0, hp.min_steps - self.steps) / batches)
+        return min(max(hp.epochs, wanted), MAX_EPOCH_FACTOR * hp.epochs)
 
     def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
         """Train from `self.progress` to the end of the shard. `after_step()` runs at every batch
@@ -208,9 +219,10 @@ class Trainer:
         batches = math.ceil(n / hp.batch_size)
         params, averaged = list(self.model.parameters()), list(self.averaged.parameters())
         self.model.train()
-        while self.progress["epoch"] < hp.epochs:
+        epochs = int(self.progress.get("epochs", hp.epochs))  # a format-2 checkpoint's progress has none
+        while self.progress["epoch"] < epochs:
             epoch = self.progress["epoch"]
-            last_epoch = epoch == hp.epochs - 1
+            last_epoch = epoch == epochs - 1
             gen = torch.Generator().manual_seed(_shard_seed(hp.seed, shard, epoch))
             order = torch.randperm(n, generator=gen).to(self.device)  # one copy per epoch, indexed there
             for b in range(self.progress["batch"], batches):
@@ -228,10 +240,10 @@ class Trainer:
                     hits = ((logits.detach() >= 0) == (target >= 0.5)).sum()
                     self._correct = hits if self._correct is None else self._correct + hits
                     self._loss_sum = loss.detach() + (0 if self._loss_sum is None else self._loss_sum)
-                self.progress = {"shard": shard, "epoch": epoch, "batch": b + 1}
+                self.progress = {"shard": shard, "epoch": epoch, "batch": b + 1, "epochs": epochs}
                 if not after_step():
                     return False
-            self.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0}
+            self.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0, "epochs": epochs}
         return True
 
     def finish_shard(self, entry: dict[str, Any]) -> None:
