@@ -214,7 +214,8 @@ def table(sizes: list[str]) -> str:
         by_model: dict[str, list[Score]] = {}
         for s in scores(size):
             by_model.setdefault(s.model, []).append(s)
-        for model, v in by_model.items():
+        order = [DEFAULT, *BASELINES, *sorted(set(by_model) - {DEFAULT, *BASELINES})]  # then the variants tried
+        for model, v in ((m, by_model[m]) for m in order if m in by_model):
             lines.append(f"| {size} | {model} | {len(v)} | {spread([s.ap for s in v])} | "
                          f"{spread([s.cp100 for s in v])} | {statistics.mean(s.auc for s in v):.3f} | "
                          f"{statistics.mean(s.seconds for s in v):.0f} |")
