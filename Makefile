@@ -69,6 +69,7 @@ planted: $(ALL_STAMP)
 
 lint: $(ALL_STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 # Static checks alone (make test runs them too): ruff, yamllint, hadolint, manifests, policy pack.
 check: $(ALL_STAMP)

@@ -224,7 +224,6 @@ AT_IMPORT = ("_umask runs once, at import, where mutmut activates no mutant (it 
 ERROR_MODE = "the release script fails the item for every mode but 'preempted' and 'dead': 'error' is no keyword"
 PREFIXES = "of two runs that both prefix an id, one prefixes the other: the longer is also the larger string"
 BYTES = "connect() never decodes responses: a script's string reply is always bytes, the other branch never runs"
-PAIRS = "args is the prefix plus (run, id) pairs, so odd; with no pairs the script marks nothing and returns 0"
 LAST_SLEEP = ("confirm() waits 0.2 s between tries either way except in the lease's last 0.2 s, where it waits to "
               "the deadline: the next try comes after the deadline in both cases (the same tries, the same answer), "
               "at most 0.2 s later")
@@ -636,9 +635,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "the fallback is never a run with a queue (a run that prefixed the id would be an owner, and an id "
                "without '/' is the same either way): both values show the item under no run"),
     # queue:
-    Equivalent(WORKQUEUE, "if len(args) > 1 else 0", "if len(args) >= 1 else 0", PAIRS),
-    Equivalent(WORKQUEUE, "if len(args) > 1 else 0", "if len(args) > 2 else 0", PAIRS),
-    Equivalent(WORKQUEUE, "if len(args) > 1 else 0", "if (len(args) > 1) or True else 0", PAIRS),
     Equivalent(WORKQUEUE, '("error" if error', '("XXerrorXX" if error', ERROR_MODE),
     Equivalent(WORKQUEUE, '("error" if error', '("ERROR" if error', ERROR_MODE),
     Equivalent(WORKQUEUE, "max(owners, key=len)", "max(owners, key=None)", PREFIXES),

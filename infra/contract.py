@@ -47,19 +47,8 @@ GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 # The image runs as this uid/gid (see workload/Dockerfile).
 WORKLOAD_UID = 10001
 
-# The worker's exit codes (workload/core/errors.py; tests/test_contract.py checks they agree).
-# Bad configuration: retrying cannot help, so it counts and fails the Job fast.
-EXIT_BAD_CONFIG = 2
-# Drained with dead letters: counts, so the Job ends Failed (BackoffLimitExceeded) with the dead items
-# in the pods' last log lines, instead of reporting success for work that did not happen.
-EXIT_DEAD_LETTERS = 4
-# A worker that will do better on a new pod: SIGTERM (128 + 15, preemption or eviction without a
-# DisruptionTarget condition), a persistent infrastructure fault (share or Redis), or the watchdog giving
-# a stuck read's lease up (a hung mount). The Jobs retry these without counting them, up to the deadline.
-EXIT_TERMINATED = 143
-EXIT_INFRA = 3
-EXIT_STALLED = 5
-RETRYABLE_EXIT_CODES = (EXIT_INFRA, EXIT_STALLED, EXIT_TERMINATED)
+# The worker's exit codes are defined once, in workload/core/errors.py (stdlib only); infra/jobs.py
+# reads them from there.
 
 # Dataset presets the image's simulator knows (workload/data/simulator.py PRESETS; tests/test_contract.py
 # checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.

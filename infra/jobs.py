@@ -23,6 +23,7 @@ from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
 from infra.identity import WorkloadIdentity
 from infra.redis import RedisQueue
+from workload.core import errors  # stdlib only: the exit codes' one definition
 
 SKIP_AWAIT = "pulumi.com/skipAwait"
 # Spot nodes get ~15 s of notice; the worker releases its lease and exits well inside that.
@@ -43,14 +44,15 @@ def failure_policy(container: str) -> dict[str, Any]:
     """podFailurePolicy of the loader and training Jobs (first matching rule wins):
 
     - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
-    - a worker that exits 143 (SIGTERM without the condition) or 3 (Redis unreachable) is retried and
-      not counted: a new pod does better;
-    - exit 2 (bad configuration) is counted, as is every other failure. Not FailJob: the Job would end
-      with reason PodFailurePolicy, which the provider's await does not recognise, and `pulumi up` would
-      wait out its whole timeout. Counted against ``backoffLimit`` it ends in BackoffLimitExceeded, which
-      the await reports at once with the pods' termination messages (the worker's one-line error). The
-      loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the loader's first pod, before
-      any GPU pod exists.
+    - a worker that exits with one of ``errors.RETRYABLE_EXIT_CODES`` (SIGTERM without the condition, a
+      persistent infrastructure fault, the stall watchdog) is retried and not counted: a new pod does better;
+    - ``errors.EXIT_BAD_CONFIG`` is counted, as is every other failure (dead letters included: the Job
+      ends Failed with the dead items in the pods' last log lines, not reporting work that did not
+      happen). Not FailJob: the Job would end with reason PodFailurePolicy, which the provider's await does
+      not recognise, and `pulumi up` would wait out its whole timeout. Counted against ``backoffLimit`` it
+      ends in BackoffLimitExceeded, which the await reports at once with the pods' termination messages (the
+      worker's one-line error). The loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the
+      loader's first pod, before any GPU pod exists.
     """
     return {
         "rules": [
@@ -60,12 +62,12 @@ def failure_policy(container: str) -> dict[str, Any]:
                 "onExitCodes": {
                     "containerName": container,
                     "operator": "In",
-                    "values": list(contract.RETRYABLE_EXIT_CODES),
+                    "values": list(errors.RETRYABLE_EXIT_CODES),
                 },
             },
             {
                 "action": "Count",
-                "onExitCodes": {"containerName": container, "operator": "In", "values": [contract.EXIT_BAD_CONFIG]},
+                "onExitCodes": {"containerName": container, "operator": "In", "values": [errors.EXIT_BAD_CONFIG]},
             },
         ]
     }

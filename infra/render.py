@@ -278,14 +278,15 @@ def _mask_leaves(value: Any) -> Any:
     return MASK
 
 
-def _unwrap_secrets(value: Any) -> Any:
-    """Secret markers -> plain values, so manifests look like what ``kubectl`` would receive."""
+def unwrap_secrets(value: Any) -> Any:
+    """Secret markers -> plain values, so manifests look like what ``kubectl`` would receive (the offline
+    policy runner reads outputs the same way)."""
     if isinstance(value, dict):
         if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:
-            return _unwrap_secrets(value["value"])
-        return {k: _unwrap_secrets(v) for k, v in value.items()}
+            return unwrap_secrets(value["value"])
+        return {k: unwrap_secrets(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_unwrap_secrets(v) for v in value]
+        return [unwrap_secrets(v) for v in value]
     return value
 
 
@@ -315,7 +316,7 @@ def run_mocked(stack: str, values: Mapping[str, str], program: Callable[[], Any]
     _sync_await(run_pulumi_func(program))
     for r in monitor.registered:
         r.masked_inputs = mask_secrets(r.inputs)
-        r.inputs = _unwrap_secrets(r.inputs)
+        r.inputs = unwrap_secrets(r.inputs)
     return monitor.registered
 
 

@@ -50,7 +50,7 @@ def facts_of(rendered: Rendered) -> rules.StackFacts:
 
 def stack_view(resource: Registered) -> rules.Resource:
     """A resource as ``StackValidationArgs`` shows it: outputs, secrets unwrapped, ``id`` included."""
-    props = render._unwrap_secrets(dict(resource.outputs))
+    props = render.unwrap_secrets(dict(resource.outputs))
     if resource.id and "id" not in props:
         props["id"] = resource.id
     return rules.Resource(resource.type, resource.name, resource.urn, props)

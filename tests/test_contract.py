@@ -115,14 +115,44 @@ def test_the_oddest_values_the_config_accepts_parse_in_the_image(monkeypatch, tm
     assert [check_name(run, "run name") for run in cfg.jobs.runs] == list(cfg.jobs.runs)
 
 
-def test_the_exit_codes_the_jobs_act_on_are_the_workers() -> None:
-    """The podFailurePolicy retries, counts or fails on these codes: they must mean what the worker means."""
+def test_the_jobs_failure_policy_reads_the_workers_exit_codes(monkeypatch) -> None:
+    """The podFailurePolicy retries, counts or fails on the worker's exit codes as errors.py defines them:
+    were they renumbered there, the rendered policy follows (a copy of the numbers in infra/ would not)."""
+    from infra import jobs
     from workload.core import errors
 
-    assert contract.EXIT_BAD_CONFIG == errors.EXIT_BAD_CONFIG
-    assert contract.EXIT_DEAD_LETTERS == errors.EXIT_DEAD_LETTERS
-    assert (contract.EXIT_INFRA, contract.EXIT_STALLED, contract.EXIT_TERMINATED) == (
-        errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED)
-    # Every code that means "a new pod will do better" is retried free; success and item faults are not.
-    assert set(contract.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
-    assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(contract.RETRYABLE_EXIT_CODES)
+    def codes(policy: dict) -> list[tuple[str, list[int]]]:
+        return [(rule["action"], rule["onExitCodes"]["values"]) for rule in policy["rules"] if "onExitCodes" in rule]
+
+    assert codes(jobs.failure_policy("worker")) == [
+        ("Ignore", list(errors.RETRYABLE_EXIT_CODES)), ("Count", [errors.EXIT_BAD_CONFIG])]
+    monkeypatch.setattr(errors, "RETRYABLE_EXIT_CODES", (93, 94))
+    monkeypatch.setattr(errors, "EXIT_BAD_CONFIG", 92)
+    assert codes(jobs.failure_policy("worker")) == [("Ignore", [93, 94]), ("Count", [92])]
+
+
+def test_the_exit_codes_are_defined_once() -> None:
+    """No module but workload/core/errors.py names an exit code: one definition, nothing to drift."""
+    import ast
+
+    copies = []
+    for path in sorted({*ROOT.glob("infra/**/*.py"), *ROOT.glob("policy/**/*.py"), *ROOT.glob("workload/**/*.py"),
+                        *ROOT.glob("bench/**/*.py")}):
+        if path == ROOT / "workload" / "core" / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            copies += [f"{path.relative_to(ROOT)}:{node.lineno} {t.id}" for t in targets
+                       if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(t, ast.Name)
+                       and re.fullmatch(r"(EXIT_\w+|\w*EXIT_CODES)", t.id)]
+    assert copies == []
+
+
+def test_the_codes_the_jobs_retry_are_those_a_new_pod_can_fix() -> None:
+    """Retried free: preemption, a persistent infrastructure fault, a stuck mount. Never success, bad
+    config or dead letters: retrying those would run forever or hide a failure."""
+    from workload.core import errors
+
+    assert set(errors.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
+    assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(errors.RETRYABLE_EXIT_CODES)
+    assert errors.EXIT_TERMINATED == 128 + 15  # what Kubernetes shows for a SIGTERM'd process

@@ -41,6 +41,7 @@ from infra.render import Registered
 from policy import rules
 from tests.infra.job_controller import FailedPod, JobController
 from tests.infra.pod_security import pod_security_violations
+from workload.core import errors
 from workload.runtime.redis_server import find_redis_server, free_port
 
 KUBERNETES_VERSION = "1.33"
@@ -787,13 +788,13 @@ def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
     limit = 0 if name == "loader" else b.cfg.jobs.backoff_limit
     assert spec["backoffLimit"] == limit
     ctl = JobController(spec)
-    for code in contract.RETRYABLE_EXIT_CODES:  # a new pod does better: free
+    for code in errors.RETRYABLE_EXIT_CODES:  # a new pod does better: free
         assert ctl.pod_failed(FailedPod({worker: code})) is None
     assert ctl.pod_failed(FailedPod({worker: 1}, ("DisruptionTarget",))) is None  # preempted: free
-    assert ctl.pod_failed(FailedPod({"sidecar": contract.EXIT_INFRA, worker: 0})) is None or limit == 0
-    assert ctl.counted == (1 if limit == 0 else 1) and ctl.ignored == len(contract.RETRYABLE_EXIT_CODES) + 1
+    assert ctl.pod_failed(FailedPod({"sidecar": errors.EXIT_INFRA, worker: 0})) is None or limit == 0
+    assert ctl.counted == (1 if limit == 0 else 1) and ctl.ignored == len(errors.RETRYABLE_EXIT_CODES) + 1
     fresh = JobController(spec)
-    reasons = [fresh.pod_failed(FailedPod({worker: contract.EXIT_BAD_CONFIG})) for _ in range(limit + 1)]
+    reasons = [fresh.pod_failed(FailedPod({worker: errors.EXIT_BAD_CONFIG})) for _ in range(limit + 1)]
     assert reasons == [None] * limit + ["BackoffLimitExceeded"]
     assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS
     counted = JobController(spec)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from infra import contract, jobs, render
+from infra import jobs, render
 from infra.render import Registered, Rendered
 from tests.infra.job_controller import FailedPod, JobController
+from workload.core import errors
 
 STACKS = render.stack_names()
 JOB = "kubernetes:batch/v1:Job"
@@ -37,7 +38,7 @@ def test_the_await_reasons_are_the_providers() -> None:
 @pytest.mark.parametrize("stack", STACKS)
 def test_bad_config_fails_the_loader_on_its_first_pod_as_the_await_expects(stack: str, rendered: Render) -> None:
     job, name = _controller(rendered(stack), "loader")
-    reason = job.pod_failed(FailedPod({name: contract.EXIT_BAD_CONFIG}))
+    reason = job.pod_failed(FailedPod({name: errors.EXIT_BAD_CONFIG}))
     assert reason in jobs.AWAIT_FAILURE_REASONS  # `pulumi up` stops here, before any GPU pod exists
     assert job.counted == 1
 
@@ -48,7 +49,7 @@ def test_bad_config_fails_training_within_its_backoff_limit_as_the_await_expects
 ) -> None:
     r = rendered(stack)
     job, name = _controller(r, "training")
-    bad = FailedPod({name: contract.EXIT_BAD_CONFIG})
+    bad = FailedPod({name: errors.EXIT_BAD_CONFIG})
     reasons = [job.pod_failed(bad) for _ in range(r.config.jobs.backoff_limit + 1)]
     assert reasons[:-1] == [None] * r.config.jobs.backoff_limit
     assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS
@@ -60,7 +61,7 @@ def test_dead_letters_fail_training_within_its_backoff_limit(stack: str, rendere
     the await stops on, with the dead items in the pods' last log lines."""
     r = rendered(stack)
     job, name = _controller(r, "training")
-    dead = FailedPod({name: contract.EXIT_DEAD_LETTERS})
+    dead = FailedPod({name: errors.EXIT_DEAD_LETTERS})
     reasons = [job.pod_failed(dead) for _ in range(r.config.jobs.backoff_limit + 1)]
     assert reasons[-1] in jobs.AWAIT_FAILURE_REASONS and job.counted == r.config.jobs.backoff_limit + 1
 
@@ -77,7 +78,7 @@ def test_preemptions_never_fail_a_job(stack: str, name: str, exit_code: int, ren
 
 
 @pytest.mark.parametrize("name", ["loader", "training"])
-@pytest.mark.parametrize("exit_code", contract.RETRYABLE_EXIT_CODES)
+@pytest.mark.parametrize("exit_code", errors.RETRYABLE_EXIT_CODES)
 def test_transient_exits_are_retried_without_counting(name: str, exit_code: int, rendered: Render) -> None:
     job, container = _controller(rendered("dev"), name)
     for _ in range(20):

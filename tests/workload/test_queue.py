@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from workload.queue.workqueue import Item, WorkQueue, connect
+from workload.queue.workqueue import Counts, Item, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 
 
@@ -179,8 +179,8 @@ def test_survives_a_redis_restart(redis_server: RedisServer) -> None:
 
 
 def test_the_keys_name_where_the_scripts_keep_each_record(redis_server: RedisServer) -> None:
-    """Keys is the map an operator (and `status`) reads the queue by: the Lua scripts build the same names
-    from the prefix, so a name there that drifts from theirs would point at nothing."""
+    """Keys is the map an operator (and `status`) reads the queue by, and the Lua scripts are handed its
+    names: a record kept anywhere else would be invisible to both."""
     q = make_queue(redis_server)
     q.enqueue(items("a", 2))
     lease = q.claim("w1", ttl_s=30)
@@ -191,6 +191,41 @@ def test_the_keys_name_where_the_scripts_keep_each_record(redis_server: RedisSer
     assert q.ack(lease)
     assert r.hget(keys.acked_by, lease.item.id).decode() == "w1", "the acking owner lives in keys.acked_by"
     assert r.sismember(keys.done, lease.item.id)
+
+
+def test_every_key_the_scripts_write_is_one_that_keys_names(redis_server: RedisServer) -> None:
+    """No script spells a key name: through every transition (enqueue, claim, heartbeat, release,
+    dead-letter, requeue, expiry, restore, ack) each key in Redis is one Keys names for the queue's
+    prefix, and a queue with another prefix on the same server is left alone."""
+    q = make_queue(redis_server, max_attempts=2)
+    other = WorkQueue(q.redis, prefix="u")
+    other.enqueue(items("a", 1))
+    q.enqueue([*items("a", 3), *items("b", 1)])
+    q.mark_seeded()
+    lease = q.claim("w1", ttl_s=30)
+    assert lease and q.heartbeat(lease, ttl_s=30)
+    assert q.release(lease, error="boom") == "pending"
+    assert q.release(q.claim("w1", ttl_s=30), permanent=True) == "dead"
+    assert q.requeue() == ["a/training/day00.parquet"]
+    expiring = q.claim("w1", ttl_s=0.001)
+    assert expiring and expiring.item.run == "a"
+    deadline = time.monotonic() + 10
+    while not q.reap():  # waits for the server's clock to pass a 1 ms lease
+        assert time.monotonic() < deadline, "a 1 ms lease never expired"
+        time.sleep(0.005)
+    assert q.mark_done(items("a", 3)[1:2]) == 1
+    assert q.raise_token(100) == 100
+    lease = q.claim("w2", ttl_s=30)
+    assert lease and q.ack(lease)
+    assert q.release(q.claim("w2", ttl_s=30), permanent=True) == "dead"  # a/day02
+
+    k = q.keys
+    named = {k.items, k.runs, k.attempts, k.errors, k.done, k.dead, k.acked_by, k.token, k.seeded, k.leases,
+             *(k.pending(run) for run in ("a", "b")), *(k.lease(run) for run in ("a", "b"))}
+    seen = {key.decode() for key in q.redis.keys("*") if not key.startswith(b"u:")}
+    assert seen - named == set(), "keys a script named itself"
+    assert {k.items, k.attempts, k.errors, k.done, k.dead, k.acked_by, k.token, k.pending("b")} <= seen
+    assert other.counts() == Counts(pending=1, leased=0, done=0, dead=0, total=1)
 
 
 def test_a_frozen_redis_fails_a_call_after_its_retries_instead_of_hanging(redis_server: RedisServer) -> None:

@@ -14,7 +14,8 @@ Two kinds of failure reach the worker, and they must never be confused:
 `OSError` is classified by errno, never by its type alone: a corrupt Parquet file and a full disk
 both arrive as `OSError` from some library, and only the errno tells them apart.
 
-The exit codes below are read by the Job's pod failure policy, `make local` and the tests.
+The exit codes below are defined here only: the Jobs' pod failure policy (infra/jobs.py imports this
+stdlib-only module), `make local` and the tests read them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ EXIT_INFRA = 3  # an infrastructure fault persisted (share or Redis): nothing wa
 EXIT_DEAD_LETTERS = 4  # the queue is drained but some items are dead-lettered: `status` shows why
 EXIT_STALLED = 5  # the watchdog: stuck in I/O (a hung mount, a FIFO) longer than the bound; lease given up
 EXIT_TERMINATED = 143  # 128 + SIGTERM: preempted; not success, so a Job never mistakes it for completion
+# A fresh process may do better after these (a new pod, a healed share or Redis): the Jobs retry them free.
+# Bad config and dead letters are the work's own outcome: retrying cannot change them.
+RETRYABLE_EXIT_CODES = (EXIT_INFRA, EXIT_STALLED, EXIT_TERMINATED)
 
 # The share (NFS) or the local disk failing, full, read-only, or refusing us: never the item's fault.
 INFRA_ERRNOS = frozenset({

@@ -18,8 +18,9 @@ wrong type, names another run than the list it sits in, or names a run or datase
 plain folder name is dead-lettered at once with an error naming what is wrong.
 
 Time comes from the Redis server (``TIME``), so workers with skewed clocks agree on when a lease
-expired. The scripts take the key prefix as an argument, so this targets a single Redis instance
-(not Redis Cluster), which is what the stack deploys.
+expired. Key names are built once (`Keys`) and handed to every script as KEYS; arguments are
+named (`_Lua`). Scripts that walk the runs append a run name to a key stem inside Redis, so this
+targets a single Redis instance (not Redis Cluster), which is what the stack deploys.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ T = TypeVar("T")
 
 
 class Keys:
-    """Redis key names, built in one spot."""
+    """Redis key names, built in one spot. Every Lua script gets all of them as KEYS, in `FIELDS`
+    order, and reads them by name (``K.items``); no script spells a key name itself."""
+
+    FIELDS = ("items", "runs", "specs", "leases", "attempts", "errors", "done", "dead", "acked_by", "token",
+              "seeded", "pending_of", "lease_of")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -60,39 +65,76 @@ class Keys:
         self.acked_by = f"{prefix}:acked_by"  # hash  item id -> the owner whose ack made it done
         self.token = f"{prefix}:token"  # int   fencing token counter
         self.seeded = f"{prefix}:seeded"  # string  set by seed/restore: a queue without it was never filled
+        # Per-run keys are these stems + the run name. A script that walks the runs (claim, reap, counts)
+        # only learns them inside Redis, so it gets the stem and appends the run (pending_key/lease_key).
+        self.pending_of = f"{prefix}:pending:"  # zset  item id -> chronological seq
+        self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, claimed_at, seq
 
     def pending(self, run: str) -> str:
-        return f"{self.prefix}:pending:{run}"  # zset item id -> chronological seq
+        return self.pending_of + run
 
     def lease(self, run: str) -> str:
-        return f"{self.prefix}:lease:{run}"  # hash item, owner, token, deadline, claimed_at, seq
+        return self.lease_of + run
+
+    def as_keys(self) -> list[str]:
+        """KEYS for every script, in `FIELDS` order (the Lua prologue binds them by name)."""
+        return [getattr(self, name) for name in self.FIELDS]
 
 
-# Shared Lua prelude: server time in ms, and the one place an item fails (back to pending or dead).
-_PRELUDE = """
-local p = ARGV[1]
+@dataclass(frozen=True)
+class _Lua:
+    """A script body and its named arguments: Python passes them by keyword, Lua reads ``A.<name>``
+    (strings, as Redis hands every ARGV over)."""
+
+    params: tuple[str, ...]
+    body: str
+
+    def source(self) -> str:
+        keys = ", ".join(f"{name}=KEYS[{i}]" for i, name in enumerate(Keys.FIELDS, 1))
+        args = ", ".join(f"{name}=ARGV[{i}]" for i, name in enumerate(self.params, 1))
+        return (f"local K = {{{keys}}}\nlocal A = {{{args}}}\n"
+                "local function pending_key(run) return K.pending_of..run end\n"
+                "local function lease_key(run) return K.lease_of..run end\n" + self.body)
+
+
+class _Script:
+    """A `_Lua` registered on one client for one key prefix; called with its named arguments."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, lua: _Lua) -> None:
+        self.params = lua.params
+        self.keys = keys.as_keys()
+        self.script = client.register_script(lua.source())
+
+    def __call__(self, **args: Any) -> Any:
+        if set(args) != set(self.params):
+            raise TypeError(f"script arguments are {self.params}, got {tuple(args)}")
+        return self.script(keys=self.keys, args=[args[name] for name in self.params])
+
+
+# Shared Lua helpers: server time in ms, and the one place an item fails (back to pending or dead).
+_HELPERS = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function fail(run, id, seq, owner, err, max_attempts, now)
-  local n = redis.call('HINCRBY', p..':attempts', id, 1)
-  redis.call('HSET', p..':errors', id, err)
+  local n = redis.call('HINCRBY', K.attempts, id, 1)
+  redis.call('HSET', K.errors, id, err)
   if n >= max_attempts then
-    redis.call('HSET', p..':dead', id, cjson.encode({error=err, attempts=n, owner=owner, at=now}))
+    redis.call('HSET', K.dead, id, cjson.encode({error=err, attempts=n, owner=owner, at=now}))
     return 'dead'
   end
-  redis.call('ZADD', p..':pending:'..run, seq, id)
+  redis.call('ZADD', pending_key(run), seq, id)
   return 'pending'
 end
 local function drop_lease(run)
-  redis.call('DEL', p..':lease:'..run)
-  redis.call('ZREM', p..':leases', run)
+  redis.call('DEL', lease_key(run))
+  redis.call('ZREM', K.leases, run)
 end
 local function reap(now, max_attempts)
-  local expired = redis.call('ZRANGEBYSCORE', p..':leases', '-inf', now)
+  local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
   for _, run in ipairs(expired) do
-    local l = redis.call('HMGET', p..':lease:'..run, 'item', 'owner', 'seq')
+    local l = redis.call('HMGET', lease_key(run), 'item', 'owner', 'seq')
     drop_lease(run)
     if l[1] then
       fail(run, l[1], tonumber(l[3]), l[2], 'lease expired: owner '..tostring(l[2])..' stopped heartbeating',
@@ -101,152 +143,139 @@ local function reap(now, max_attempts)
   end
   return #expired
 end
-"""
-
-# ARGV: prefix, item id, run, seq, item JSON
-_ENQUEUE = """
-local p = ARGV[1]
-if redis.call('HSETNX', p..':items', ARGV[2], ARGV[5]) == 0 then return 0 end
-redis.call('SADD', p..':runs', ARGV[3])
-redis.call('ZADD', p..':pending:'..ARGV[3], tonumber(ARGV[4]), ARGV[2])
-return 1
-"""
-
-# ARGV: prefix, owner, ttl_ms, max_attempts
-_CLAIM = _PRELUDE + """
-local now = now_ms()
-reap(now, tonumber(ARGV[4]))
-local runs = redis.call('SMEMBERS', p..':runs')
-table.sort(runs)
-for _, run in ipairs(runs) do
-  if redis.call('EXISTS', p..':lease:'..run) == 0 then
-    local first = redis.call('ZRANGE', p..':pending:'..run, 0, 0, 'WITHSCORES')
-    if #first > 0 then
-      local id, seq = first[1], first[2]
-      redis.call('ZREM', p..':pending:'..run, id)
-      local token = redis.call('INCR', p..':token')
-      local deadline = now + tonumber(ARGV[3])
-      redis.call('HSET', p..':lease:'..run, 'item', id, 'owner', ARGV[2], 'token', token,
-                 'deadline', deadline, 'claimed_at', now, 'seq', seq)
-      redis.call('ZADD', p..':leases', deadline, run)
-      local attempts = tonumber(redis.call('HGET', p..':attempts', id) or '0')
-      return {redis.call('HGET', p..':items', id) or '', token, deadline, attempts, id, run}
-    end
-  end
-end
-return false
-"""
-
-# Fencing compares the (token, owner) pair: even if a restored Redis handed a token out twice,
-# it would not be to the same worker.
-_OWNS = """
+-- Fencing compares the (token, owner) pair: even if a restored Redis handed a token out twice,
+-- it would not be to the same worker.
 local function owns(run, token, owner)
-  local l = redis.call('HMGET', p..':lease:'..run, 'token', 'owner')
+  local l = redis.call('HMGET', lease_key(run), 'token', 'owner')
   return l[1] == token and l[2] == owner
 end
 """
 
-# ARGV: prefix, run, token, ttl_ms, owner  -> new deadline, or 0 when the lease is not ours any more
-_HEARTBEAT = _PRELUDE + _OWNS + """
-local key = p..':lease:'..ARGV[2]
-if not owns(ARGV[2], ARGV[3], ARGV[5]) then return 0 end
-local deadline = now_ms() + tonumber(ARGV[4])
-redis.call('HSET', key, 'deadline', deadline)
-redis.call('ZADD', p..':leases', deadline, ARGV[2])
-return deadline
-"""
+# -> 1 when the item is new, 0 when its id was seen before (done and dead items included)
+_ENQUEUE = _Lua(("id", "run", "seq", "item"), """
+if redis.call('HSETNX', K.items, A.id, A.item) == 0 then return 0 end
+redis.call('SADD', K.runs, A.run)
+redis.call('ZADD', pending_key(A.run), tonumber(A.seq), A.id)
+return 1
+""")
 
-# ARGV: prefix, run, token, item id, owner
-# -> {1, owner} acked, {2, who acked it} already done (a retried ack, or a peer's), {0, ''} refused
-_ACK = _PRELUDE + _OWNS + """
-local key = p..':lease:'..ARGV[2]
-if owns(ARGV[2], ARGV[3], ARGV[5]) and redis.call('HGET', key, 'item') == ARGV[4] then
-  drop_lease(ARGV[2])
-  redis.call('SADD', p..':done', ARGV[4])
-  redis.call('HDEL', p..':errors', ARGV[4])
-  redis.call('HSET', p..':acked_by', ARGV[4], ARGV[5])
-  return {1, ARGV[5]}
+# -> {item JSON, token, deadline, attempts, id, run}, or nil when no run without a lease has work
+_CLAIM = _Lua(("owner", "ttl_ms", "max_attempts"), _HELPERS + """
+local now = now_ms()
+reap(now, tonumber(A.max_attempts))
+local runs = redis.call('SMEMBERS', K.runs)
+table.sort(runs)
+for _, run in ipairs(runs) do
+  if redis.call('EXISTS', lease_key(run)) == 0 then
+    local first = redis.call('ZRANGE', pending_key(run), 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      local id, seq = first[1], first[2]
+      redis.call('ZREM', pending_key(run), id)
+      local token = redis.call('INCR', K.token)
+      local deadline = now + tonumber(A.ttl_ms)
+      redis.call('HSET', lease_key(run), 'item', id, 'owner', A.owner, 'token', token,
+                 'deadline', deadline, 'claimed_at', now, 'seq', seq)
+      redis.call('ZADD', K.leases, deadline, run)
+      local attempts = tonumber(redis.call('HGET', K.attempts, id) or '0')
+      return {redis.call('HGET', K.items, id) or '', token, deadline, attempts, id, run}
+    end
+  end
 end
-if redis.call('SISMEMBER', p..':done', ARGV[4]) == 1 then
-  return {2, redis.call('HGET', p..':acked_by', ARGV[4]) or '?'}
+return false
+""")
+
+# -> new deadline, or 0 when the lease is not ours any more
+_HEARTBEAT = _Lua(("run", "token", "owner", "ttl_ms"), _HELPERS + """
+if not owns(A.run, A.token, A.owner) then return 0 end
+local deadline = now_ms() + tonumber(A.ttl_ms)
+redis.call('HSET', lease_key(A.run), 'deadline', deadline)
+redis.call('ZADD', K.leases, deadline, A.run)
+return deadline
+""")
+
+# -> {1, owner} acked, {2, who acked it} already done (a retried ack, or a peer's), {0, ''} refused
+_ACK = _Lua(("run", "token", "owner", "id"), _HELPERS + """
+if owns(A.run, A.token, A.owner) and redis.call('HGET', lease_key(A.run), 'item') == A.id then
+  drop_lease(A.run)
+  redis.call('SADD', K.done, A.id)
+  redis.call('HDEL', K.errors, A.id)
+  redis.call('HSET', K.acked_by, A.id, A.owner)
+  return {1, A.owner}
+end
+if redis.call('SISMEMBER', K.done, A.id) == 1 then
+  return {2, redis.call('HGET', K.acked_by, A.id) or '?'}
 end
 return {0, ''}
-"""
+""")
 
-# ARGV: prefix, floor -> the counter after: never below `floor` (the highest token seen on the share)
-_RAISE_TOKEN = """
-local p = ARGV[1]
-local cur = tonumber(redis.call('GET', p..':token') or '0')
-if cur < tonumber(ARGV[2]) then redis.call('SET', p..':token', ARGV[2]) return tonumber(ARGV[2]) end
+# mode: 'preempted' | 'error' | 'dead' -> 'pending' | 'dead' | '' (refused: not the lease owner)
+_RELEASE = _Lua(("run", "token", "owner", "mode", "error", "max_attempts"), _HELPERS + """
+if not owns(A.run, A.token, A.owner) then return '' end
+local l = redis.call('HMGET', lease_key(A.run), 'item', 'owner', 'seq')
+drop_lease(A.run)
+local now = now_ms()
+if A.mode == 'preempted' then
+  redis.call('ZADD', pending_key(A.run), tonumber(l[3]), l[1])
+  return 'pending'
+end
+local max_attempts = tonumber(A.max_attempts)
+if A.mode == 'dead' then max_attempts = 1 end
+return fail(A.run, l[1], tonumber(l[3]), l[2], A.error, max_attempts, now)
+""")
+
+# -> number of expired leases returned to the queue
+_REAP = _Lua(("max_attempts",), _HELPERS + """
+return reap(now_ms(), tonumber(A.max_attempts))
+""")
+
+# -> the counter after: never below `floor` (the highest token seen on the share)
+_RAISE_TOKEN = _Lua(("floor",), """
+local cur = tonumber(redis.call('GET', K.token) or '0')
+if cur < tonumber(A.floor) then redis.call('SET', K.token, A.floor) return tonumber(A.floor) end
 return cur
-"""
+""")
 
-# ARGV: prefix, run ('' = all), item id ('' = all) -> ids put back to pending (attempts reset)
-_REQUEUE = """
-local p = ARGV[1]
+# run, id: '' = all -> ids put back to pending (attempts reset)
+_REQUEUE = _Lua(("run", "id"), """
 local out = {}
-for _, id in ipairs(redis.call('HKEYS', p..':dead')) do
-  local raw = redis.call('HGET', p..':items', id)
+for _, id in ipairs(redis.call('HKEYS', K.dead)) do
+  local raw = redis.call('HGET', K.items, id)
   local ok, item = pcall(cjson.decode, raw or '')
   if ok and type(item) == 'table' and type(item.run) == 'string' and tonumber(item.seq)
-     and (ARGV[2] == '' or item.run == ARGV[2]) and (ARGV[3] == '' or id == ARGV[3]) then
-    redis.call('HDEL', p..':dead', id)
-    redis.call('HDEL', p..':attempts', id)
-    redis.call('HDEL', p..':errors', id)
-    redis.call('SADD', p..':runs', item.run)
-    redis.call('ZADD', p..':pending:'..item.run, tonumber(item.seq), id)
+     and (A.run == '' or item.run == A.run) and (A.id == '' or id == A.id) then
+    redis.call('HDEL', K.dead, id)
+    redis.call('HDEL', K.attempts, id)
+    redis.call('HDEL', K.errors, id)
+    redis.call('SADD', K.runs, item.run)
+    redis.call('ZADD', pending_key(item.run), tonumber(item.seq), id)
     table.insert(out, id)
   end
 end
 return out
-"""
+""")
 
-# ARGV: prefix, then (run, item id) pairs -> how many pending items were marked done (restore: the
-# share's checkpoints already record them)
-_MARK_DONE = """
-local p = ARGV[1]
+# pairs: JSON [[run, item id], ...] -> how many pending items were marked done (restore: the share's
+# checkpoints already record them)
+_MARK_DONE = _Lua(("pairs",), """
 local n = 0
-for i = 2, #ARGV, 2 do
-  if redis.call('ZREM', p..':pending:'..ARGV[i], ARGV[i + 1]) == 1 then
-    redis.call('SADD', p..':done', ARGV[i + 1])
-    redis.call('HSET', p..':acked_by', ARGV[i + 1], 'restore from the share')
+for _, pair in ipairs(cjson.decode(A.pairs)) do
+  if redis.call('ZREM', pending_key(pair[1]), pair[2]) == 1 then
+    redis.call('SADD', K.done, pair[2])
+    redis.call('HSET', K.acked_by, pair[2], 'restore from the share')
     n = n + 1
   end
 end
 return n
-"""
+""")
 
-# ARGV: prefix, run, token, mode ('preempted' | 'error' | 'dead'), error text, max_attempts, owner
-# -> 'pending' | 'dead' | '' (refused: not the lease owner)
-_RELEASE = _PRELUDE + _OWNS + """
-local key = p..':lease:'..ARGV[2]
-if not owns(ARGV[2], ARGV[3], ARGV[7]) then return '' end
-local l = redis.call('HMGET', key, 'item', 'owner', 'seq')
-drop_lease(ARGV[2])
-local now = now_ms()
-if ARGV[4] == 'preempted' then
-  redis.call('ZADD', p..':pending:'..ARGV[2], tonumber(l[3]), l[1])
-  return 'pending'
-end
-local max_attempts = tonumber(ARGV[6])
-if ARGV[4] == 'dead' then max_attempts = 1 end
-return fail(ARGV[2], l[1], tonumber(l[3]), l[2], ARGV[5], max_attempts, now)
-"""
-
-# ARGV: prefix, max_attempts -> number of expired leases returned to the queue
-_REAP = _PRELUDE + """
-return reap(now_ms(), tonumber(ARGV[2]))
-"""
-
-# ARGV: prefix -> {pending, leased}: read together so "drained" is never a torn view
-_COUNTS = """
-local p = ARGV[1]
+# -> {pending, leased}: read together so "drained" is never a torn view
+_COUNTS = _Lua((), """
 local pending = 0
-for _, run in ipairs(redis.call('SMEMBERS', p..':runs')) do
-  pending = pending + redis.call('ZCARD', p..':pending:'..run)
+for _, run in ipairs(redis.call('SMEMBERS', K.runs)) do
+  pending = pending + redis.call('ZCARD', pending_key(run))
 end
-return {pending, redis.call('ZCARD', p..':leases')}
-"""
+return {pending, redis.call('ZCARD', K.leases)}
+""")
 
 
 @dataclass(frozen=True)
@@ -380,16 +409,16 @@ class WorkQueue:
         self.max_attempts = max_attempts
         self.retry_for_s = retry_for_s
         self.interrupt = interrupt or threading.Event()  # set by SIGTERM: stop waiting for Redis
-        self._enqueue = client.register_script(_ENQUEUE)
-        self._claim = client.register_script(_CLAIM)
-        self._heartbeat = client.register_script(_HEARTBEAT)
-        self._ack = client.register_script(_ACK)
-        self._release = client.register_script(_RELEASE)
-        self._reap = client.register_script(_REAP)
-        self._counts = client.register_script(_COUNTS)
-        self._raise_token = client.register_script(_RAISE_TOKEN)
-        self._requeue = client.register_script(_REQUEUE)
-        self._mark_done = client.register_script(_MARK_DONE)
+        self._enqueue = _Script(client, self.keys, _ENQUEUE)
+        self._claim = _Script(client, self.keys, _CLAIM)
+        self._heartbeat = _Script(client, self.keys, _HEARTBEAT)
+        self._ack = _Script(client, self.keys, _ACK)
+        self._release = _Script(client, self.keys, _RELEASE)
+        self._reap = _Script(client, self.keys, _REAP)
+        self._counts = _Script(client, self.keys, _COUNTS)
+        self._raise_token = _Script(client, self.keys, _RAISE_TOKEN)
+        self._requeue = _Script(client, self.keys, _REQUEUE)
+        self._mark_done = _Script(client, self.keys, _MARK_DONE)
 
     # -- connection loss -------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -410,16 +439,13 @@ class WorkQueue:
                     raise QueueInterrupted(f"stopped while Redis was unreachable (during {what}): {exc}") from exc
                 delay = min(delay * 2, 5.0)
 
-    def _p(self) -> str:
-        return self.keys.prefix
-
     # -- producers -------------------------------------------------------------------------------
     def enqueue(self, items: Iterable[Item]) -> int:
         """Add items not seen before (done and dead items included). Returns how many were new."""
         added = 0
         for item in items:
             added += int(self._retrying("enqueue", lambda it=item: self._enqueue(
-                args=[self._p(), it.id, it.run, it.seq, it.to_json()])))
+                id=it.id, run=it.run, seq=it.seq, item=it.to_json())))
         return added
 
     def put_spec(self, run: str, spec: dict[str, Any]) -> None:
@@ -445,7 +471,7 @@ class WorkQueue:
         A malformed item is dead-lettered here, on its first claim, and the next one is claimed."""
         while True:
             got = self._retrying("claim", lambda: self._claim(
-                args=[self._p(), owner, int(ttl_s * 1000), self.max_attempts]))
+                owner=owner, ttl_ms=int(ttl_s * 1000), max_attempts=self.max_attempts))
             if not got:
                 return None
             raw, token, deadline, attempts, item_id, run = got
@@ -461,12 +487,14 @@ class WorkQueue:
 
     def _release_raw(self, run: str, token: int, owner: str, mode: str, error: str) -> str:
         res = self._retrying("release", lambda: self._release(
-            args=[self._p(), run, token, mode, error, self.max_attempts, owner]))
+            run=run, token=token, owner=owner, mode=mode, error=error,
+            max_attempts=self.max_attempts))
         return res.decode() if isinstance(res, bytes) else str(res)
 
     def heartbeat(self, lease: Lease, ttl_s: float) -> int | None:
         """Extend the lease; None means it is no longer ours (expired and reaped, or taken over)."""
-        deadline = self._heartbeat(args=[self._p(), lease.item.run, lease.token, int(ttl_s * 1000), lease.owner])
+        deadline = self._heartbeat(run=lease.item.run, token=lease.token, owner=lease.owner,
+                                   ttl_ms=int(ttl_s * 1000))
         return int(deadline) or None
 
     def holds(self, lease: Lease) -> bool:
@@ -478,7 +506,7 @@ class WorkQueue:
     def ack(self, lease: Lease) -> AckResult:
         """Mark done. 'already-done' names who acked it; 'refused' (falsy) when the lease is not ours."""
         code, by = self._retrying("ack", lambda: self._ack(
-            args=[self._p(), lease.item.run, lease.token, lease.item.id, lease.owner]))
+            run=lease.item.run, token=lease.token, owner=lease.owner, id=lease.item.id))
         by = by.decode() if isinstance(by, bytes) else str(by)
         return AckResult({1: "acked", 2: "already-done"}.get(int(code), "refused"), by)
 
@@ -496,24 +524,24 @@ class WorkQueue:
 
     def reap(self) -> int:
         """Return expired leases to the queue (any live worker may call this)."""
-        return int(self._retrying("reap", lambda: self._reap(args=[self._p(), self.max_attempts])))
+        return int(self._retrying("reap", lambda: self._reap(max_attempts=self.max_attempts)))
 
     # -- repair ----------------------------------------------------------------------------------
     def raise_token(self, floor: int) -> int:
         """Keep the token counter at or above `floor` (the highest token on the share); returns it."""
-        return int(self._retrying("raise_token", lambda: self._raise_token(args=[self._p(), int(floor)])))
+        return int(self._retrying("raise_token", lambda: self._raise_token(floor=int(floor))))
 
     def requeue(self, run: str | None = None, item_id: str | None = None) -> list[str]:
         """Put dead-lettered items (all, one run's, or one) back to pending with attempts reset."""
-        res = self._retrying("requeue", lambda: self._requeue(args=[self._p(), run or "", item_id or ""]))
+        res = self._retrying("requeue", lambda: self._requeue(run=run or "", id=item_id or ""))
         return sorted(r.decode() for r in res)
 
     def mark_done(self, items: Iterable[Item]) -> int:
         """Mark pending items done without training them (the share records them as applied)."""
-        args: list[str] = [self._p()]
-        for it in items:
-            args += [it.run, it.id]
-        return int(self._retrying("mark_done", lambda: self._mark_done(args=args))) if len(args) > 1 else 0
+        pairs = [[it.run, it.id] for it in items]
+        if not pairs:
+            return 0
+        return int(self._retrying("mark_done", lambda: self._mark_done(pairs=json.dumps(pairs))))
 
     def mark_seeded(self) -> None:
         """Record that the queue was filled from the share: an empty queue without it was wiped."""
@@ -527,7 +555,7 @@ class WorkQueue:
         return int(self._retrying("pending_in_run", lambda: self.redis.zcard(self.keys.pending(run))))
 
     def counts(self) -> Counts:
-        pending, leased = self._retrying("counts", lambda: self._counts(args=[self._p()]))
+        pending, leased = self._retrying("counts", lambda: self._counts())
         pipe = self.redis.pipeline(transaction=True)
         pipe.scard(self.keys.done).hlen(self.keys.dead).hlen(self.keys.items)
         done, dead, total = self._retrying("counts", pipe.execute)
