@@ -25,7 +25,7 @@ variant of the default run can be run alone (``--size``, ``--models``, ``--varia
 and the table is printed from everything measured so far:
 
     nice -n 10 python -m bench.quality --size 4days
-    nice -n 10 python -m bench.quality --size week --models mlp --variant wide --hparams '{"hidden": [128, 64]}'
+    nice -n 10 python -m bench.quality --size week --models mlp --seeds 0 --variant wide --hparams '{"hidden": [128, 64]}'
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=[*SIZES, "every"], default="every")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--seeds", type=int, default=len(SEEDS))
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
     parser.add_argument("--variant", default=DEFAULT, help="name a variant of the default run (with --hparams)")
     parser.add_argument("--hparams", default="{}", help="the variant's hyperparameters, JSON")
     parser.add_argument("--table", action="store_true", help="only print what was measured so far")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         hp = HParams.from_dict(json.loads(args.hparams), where="--hparams")
         models = [MODELS[m] for m in args.models.split(",")]
         for size in sizes:
-            measure(size, models, tuple(range(args.seeds)), args.variant, hp, args.redo)
+            measure(size, models, tuple(int(x) for x in args.seeds.split(",")), args.variant, hp, args.redo)
     print(table(sizes))
     return 0
 
