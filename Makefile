@@ -1,7 +1,8 @@
 # The two commands: `make local` and `make test`. Both create .venv when it is missing.
 # `make local` installs only what the worker needs (requirements-local.txt); `make test` everything
 # (requirements.txt). `make bench` (figures -> docs/benchmarks.md) and `make chaos` (long fault run) are
-# not part of `make test`. `make preview STACK=dev` is `pulumi preview` with the policy pack.
+# not part of `make test`, but their miniatures are (tests/test_bench_mini.py, tests/chaos/), so neither
+# breaks unnoticed. `make preview STACK=dev` is `pulumi preview` with the policy pack.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render preview clean-local bench chaos mutation planted
+.PHONY: local test lint check render diff preview clean-local bench chaos mutation planted
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -49,7 +50,7 @@ local: $(LOCAL_STAMP)
 # in ~9 min instead of ~15. TEST_JOBS=0 runs it in this process (a debugger, -x).
 TEST_JOBS ?= 2
 test: $(ALL_STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 bench: $(ALL_STAMP)
 	$(PY) -m bench.run $(ARGS)
@@ -58,7 +59,7 @@ chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
 
 # Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
-# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md.
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md).
 mutation: $(ALL_STAMP)
 	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 
@@ -82,6 +83,13 @@ check: $(ALL_STAMP)
 STACK ?= dev
 render: $(INFRA_STAMP)
 	$(PY) -m policy.offline $(STACK) $(ARGS)
+
+# What a config change would replace, before `pulumi up`: the stack rendered as configured and with ARGS,
+# compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced
+# share, cluster or bucket grant is printed as DATA LOSS and exits 1. No credentials needed:
+# make diff STACK=dev ARGS='zone=us-central1-b'
+diff: $(INFRA_STAMP)
+	$(PY) -m infra.diff $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.

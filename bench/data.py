@@ -1,13 +1,17 @@
 """Benchmark datasets, simulated once and cached under ``build/bench/`` (ignored by git).
 
 Two shapes: *single-shard* datasets whose one training file holds exactly N rows (10k, 100k, 1M:
-the training-efficiency ratio), and a *daily* dataset of tutorial-sized days (~10k rows, the
-handbook's 5000 customers) long enough that every benchmarked day has its full feature history.
+the training-efficiency ratio), and *daily* datasets of tutorial-sized days (~10k rows, the
+handbook's 5000 customers) whose earliest days sit in ``history/``, so that every trained day has
+its full feature history and `seed` enqueues only the days a benchmark times.
+
+A miniature (``python -m bench.run --mini``) simulates a small population into its own cache.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -16,9 +20,23 @@ from workload.data import dataset as ds
 from workload.data import featurestore, schema, simulator
 
 CACHE = Path(__file__).resolve().parent.parent / "build" / "bench"
-# The handbook's population (the tutorial's datasets): ~9.7k transactions a day.
-CUSTOMERS, TERMINALS = 5000, 10000
 TEST_DAYS = 2
+
+
+@dataclass(frozen=True)
+class Population:
+    """Who transacts in a simulated dataset, and where its datasets are cached."""
+
+    customers: int = 5000  # the handbook's population (the tutorial's datasets): ~9.7k transactions a day
+    terminals: int = 10000
+    cache: Path = CACHE
+
+    def folder(self, name: str) -> Path:
+        suffix = "" if (self.customers, self.terminals) == (5000, 10000) else f"-{self.customers}c{self.terminals}t"
+        return self.cache / (name + suffix)
+
+
+HANDBOOK = Population()
 
 
 def _publish(root: Path, training: dict[str, pd.DataFrame], testing: dict[str, pd.DataFrame]) -> Path:
@@ -33,13 +51,14 @@ def _publish(root: Path, training: dict[str, pd.DataFrame], testing: dict[str, p
     return root
 
 
-def single_shard(rows: int) -> Path:
+def single_shard(rows: int, pop: Population = HANDBOOK) -> Path:
     """A dataset whose one training file holds the last `rows` transactions before two test days."""
-    root = CACHE / f"single-{rows}"
+    root = pop.folder(f"single-{rows}")
     if (root / ds.MANIFEST).exists():
         return root
-    days = rows // 9000 + 2  # a little more than enough days at ~9.7k rows a day
-    spec = simulator.SimulationSpec(customers=CUSTOMERS, terminals=TERMINALS, train_days=days,
+    per_day = 1.8 * pop.customers  # under the simulator's mean rate (~1.95 a customer a day)
+    days = int(rows // per_day) + 2  # a little more than enough days
+    spec = simulator.SimulationSpec(customers=pop.customers, terminals=pop.terminals, train_days=days,
                                     test_days=TEST_DAYS, start_date="2018-04-01", seed=11)
     tx = simulator.simulate(spec).transactions
     train = tx[tx[schema.TX_TIME_DAYS] < days]
@@ -47,19 +66,26 @@ def single_shard(rows: int) -> Path:
         raise RuntimeError(f"simulated {len(train)} training rows, need {rows}")
     test = tx[tx[schema.TX_TIME_DAYS] >= days]
     testing = {str(d.date()): f for d, f in test.groupby(test[schema.TX_DATETIME].dt.normalize())}
+    root.parent.mkdir(parents=True, exist_ok=True)
     return _publish(root, {"shard": train.iloc[-rows:]}, testing)
 
 
-def daily(train_days: int) -> Path:
-    """`train_days` tutorial-sized daily shards and two test days (the simulator's own layout)."""
-    root = CACHE / f"daily-{train_days}"
+def daily(train_days: int, history_days: int = 0, pop: Population = HANDBOOK) -> Path:
+    """`history_days` then `train_days` daily shards (the simulator's own layout) and two test days.
+    History days feed the feature windows only: `seed` enqueues no item for them."""
+    root = pop.folder(f"daily-{history_days}h{train_days}")
     if (root / ds.MANIFEST).exists():
         return root
-    spec = simulator.SimulationSpec(customers=CUSTOMERS, terminals=TERMINALS, train_days=train_days,
-                                    test_days=TEST_DAYS, start_date="2018-04-01", seed=12)
+    spec = simulator.SimulationSpec(customers=pop.customers, terminals=pop.terminals,
+                                    train_days=history_days + train_days, test_days=TEST_DAYS,
+                                    start_date="2018-04-01", seed=12)
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    simulator.generate(tmp, spec)
+    days = sorted(p for p in simulator.generate(tmp, spec) if p.parent.name == ds.TRAINING)
+    if history_days:
+        (tmp / ds.HISTORY).mkdir()
+        for path in days[:history_days]:
+            path.rename(tmp / ds.HISTORY / path.name)
     ds.write_manifest(tmp)
     tmp.rename(root)
     return root

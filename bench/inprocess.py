@@ -22,6 +22,7 @@ import torch
 from workload.data.dataset import Dataset
 from workload.model import metrics, report, trainer
 from workload.model.trainer import HParams, Trainer
+from workload.queue import plan
 from workload.queue.workqueue import Item, Lease, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 from workload.runtime.worker import Worker, WorkerConfig
@@ -129,17 +130,30 @@ def instrumented(clock: PhaseClock, device: torch.device) -> Iterator[None]:
             setattr(owner, attr, original)
 
 
-def run_items(server: RedisServer, share: Path, prefix: str, run: str, hp: HParams, dataset: str,
-              shards: list[str], device: torch.device, **config: Any) -> list[ItemTiming]:
-    """Seed `shards` of `dataset` for `run`, drain them with one in-process `Worker`, time each item."""
+def seed(queue: WorkQueue, share: Path, dataset: str, runs: dict[str, HParams]) -> list[Item]:
+    """What `python -m workload seed` does once the dataset and its features are on the share (see
+    `seed` in workload/cli.py): record each run on the share (the truth a worker restores the queue from
+    and checks its exit against), put its spec, enqueue every recorded run's days, mark the queue seeded.
+    Returns the items of `runs`."""
+    for run, hp in runs.items():
+        plan.record(share, plan.RunSpec(run=run, dataset=dataset, hparams=hp.to_dict()))
+        queue.put_spec(run, hp.to_dict())
+    queue.enqueue(plan.items(share))
+    queue.mark_seeded()
+    return [it for it in plan.items(share) if it.run in runs]
+
+
+def run_items(server: RedisServer, share: Path, prefix: str, run: str, hp: HParams, device: torch.device,
+              dataset: str = "fraud", **config: Any) -> list[ItemTiming]:
+    """Seed `run` over every training day of `dataset` as `seed` does, drain the queue with one in-process
+    `Worker`, time each item. Runs seeded earlier on the same share and prefix are done already."""
     clock = PhaseClock()
     queue = TimedQueue(connect(server.url, server.password), prefix, clock=clock)
-    queue.put_spec(run, hp.to_dict())
-    queue.enqueue(Item(run=run, shard=s, dataset=dataset, seq=i) for i, s in enumerate(shards))
+    items = seed(queue, share, dataset, {run: hp})
     cfg = WorkerConfig(share=share, redis_url=server.url, redis_password=server.password, prefix=prefix,
                        worker_id=f"bench-{prefix}", **config)
     with instrumented(clock, device):
         code = Worker(cfg, queue).run()
-    if code != 0 or len(queue.items) != len(shards):
-        raise RuntimeError(f"in-process worker exited {code} after {len(queue.items)}/{len(shards)} items")
+    if code != 0 or len(queue.items) != len(items):
+        raise RuntimeError(f"in-process worker exited {code} after {len(queue.items)}/{len(items)} items")
     return queue.items

@@ -18,7 +18,8 @@ surviving mutant as a one-line diff; a survivor that cannot change behaviour is 
 
     python -m bench.mutation                  # every group (what `make mutation` runs); exit 1 below the floor
     python -m bench.mutation --only metrics policy --jobs 1
-    python -m bench.mutation --write          # also record the figures in docs/benchmarks.md
+    python -m bench.mutation --write          # also record the figures in docs/benchmarks.md and the
+                                              # explained survivors in bench/mutation_explained.md
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ STAGE = ROOT / "build" / "mutation"
 DOCS = ROOT / "docs" / "benchmarks.md"
 # docs/benchmarks.md is rewritten by `make bench`; this block is carried over (bench/run.py keeps it).
 BEGIN, END = "<!-- mutation:begin -->", "<!-- mutation:end -->"
+# Every survivor EQUIVALENT explains, with its reason, from the last --write: hundreds of lines that a reader
+# of the figures does not need, kept beside the tool that reads and updates them.
+EXPLAINED = Path(__file__).resolve().parent / "mutation_explained.md"
 FLOOR = 90.0  # percent of non-equivalent mutants the suite must kill (issue 13)
 
 
@@ -889,6 +893,21 @@ def table(rows: list[tuple[ModuleResult, str]]) -> list[str]:
     return out
 
 
+def survivor_lines(survivors: list[Survivor]) -> list[str]:
+    """One line per survivor: its name, the diff, and why it cannot change behaviour (when explained)."""
+    return [f"- `{s.name}`: `{s.before}` -> `{s.after}`" + (f": {s.why}" if s.why else "") for s in survivors]
+
+
+def write_explained(measured: str, equivalent: list[Survivor]) -> None:
+    """The explained survivors of the run, beside the tool (the docs link here and keep the score)."""
+    EXPLAINED.write_text("\n".join([
+        "# Mutation testing: the survivors explained as equivalent", "",
+        f"{measured} Each mutant below survived the tests, and a rule of `EQUIVALENT` in bench/mutation.py "
+        "says why it cannot change behaviour a test could check; they are left out of the score in "
+        "[docs/benchmarks.md](../docs/benchmarks.md). Written by `make mutation ARGS=--write`.", "",
+        f"Equivalent ({len(equivalent)}):", *survivor_lines(equivalent)]) + "\n")
+
+
 def write_docs(lines: list[str]) -> None:
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
     block = "\n".join([BEGIN, *lines, END])
@@ -956,24 +975,23 @@ def main(argv: list[str] | None = None) -> int:
                      f"{cpu / 60:.1f} min |")
         lines = [*walls, "", *lines]
     lines += ["", f"Survivors ({len(survivors)}): each is a bug the tests let through, or an equivalent mutant to "
-              "explain in `EQUIVALENT` (bench/mutation.py)."]
-    lines += [f"- `{s.name}`: `{s.before}` -> `{s.after}`" for s in survivors]
-    if equivalent:
-        lines += ["", f"Equivalent ({len(equivalent)}), left out of the score:"]
-        lines += [f"- `{s.name}`: `{s.before}` -> `{s.after}`: {s.why}" for s in equivalent]
+              "explain in `EQUIVALENT` (bench/mutation.py).", *survivor_lines(survivors)]
+    explained = [*lines, "", f"Equivalent ({len(equivalent)}), left out of the score:", *survivor_lines(equivalent)]
+    lines += ["", f"Equivalent ({len(equivalent)}), left out of the score: listed with their reasons in "
+              f"[bench/{EXPLAINED.name}](../bench/{EXPLAINED.name})."]
     pending = sorted({p for _, p in rows if p})
     verdict = "holds" if measured and total.score >= args.floor and not problems and not pending else "falls short"
     summary = (f"Mutation score {total.score:.1f} % over {len(measured)} module(s) (floor {args.floor:g} %): "
                f"{verdict}; {len(pending)} group(s) not measured; {wall / 60:.1f} min with {args.jobs} job(s) "
                f"shared by {args.lanes} lane(s).")
     print()
-    print("\n".join(lines + problems + ["", summary]))
+    print("\n".join(explained + problems + ["", summary]))
     if args.write:
-        write_docs(["## Mutation testing", "",
-                    f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `make mutation` "
-                    f"(mutmut, {os.cpu_count()} cores; load average over the last 15 min at the end "
-                    f"{os.getloadavg()[2]:.1f}). {summary}", "", *lines, *problems])
-        print(f"wrote {DOCS.relative_to(ROOT)}")
+        stamp = (f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `make mutation` (mutmut, "
+                 f"{os.cpu_count()} cores; load average over the last 15 min at the end {os.getloadavg()[2]:.1f}).")
+        write_docs(["## Mutation testing", "", f"{stamp} {summary}", "", *lines, *problems])
+        write_explained(stamp, equivalent)
+        print(f"wrote {DOCS.relative_to(ROOT)} and {EXPLAINED.relative_to(ROOT)}")
     return 0 if verdict == "holds" else 1
 
 

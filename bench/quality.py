@@ -25,7 +25,8 @@ variant of the default run can be run alone (``--size``, ``--models``, ``--varia
 and the table is printed from everything measured so far:
 
     nice -n 10 python -m bench.quality --size 4days
-    nice -n 10 python -m bench.quality --size week --models mlp --seeds 0 --variant wide --hparams '{"hidden": [128, 64]}'
+    nice -n 10 python -m bench.quality --size week --models mlp --seeds 0,1 --variant wide \\
+        --hparams '{"hidden": [128, 64]}'
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.data import CACHE
+from bench import data as bench_data
 from workload.data import dataset as ds
 from workload.data import features, simulator
 from workload.model import metrics
@@ -63,7 +64,31 @@ MODELS = {"mlp": DEFAULT, "lr": BASELINES[0], "rf": BASELINES[1], "lgbm": BASELI
 # Fits that use no randomness (no subsampling): fitted once, their figures stand for every seed.
 SEEDLESS = ("logistic regression", "LightGBM", "XGBoost")
 FOREST_ROWS = 210_000
-RESULTS = CACHE / "quality"
+# `python -m bench.run --mini`: the same protocol on a small population over 25 days, seconds in all; it
+# proves the benchmark runs to its end, its figures mean nothing.
+MINI_SPEC = simulator.SimulationSpec(customers=300, terminals=600, train_days=24, test_days=1,
+                                     start_date="2018-04-01", seed=0)
+MINI_TEST = ("2018-04-21", "2018-04-24")
+MINI_SIZES = {"mini": ("mini week (2018-04-06..12)", "2018-04-06", "2018-04-12")}
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which dataset and which results file: the real benchmark, or `bench.run --mini`'s miniature."""
+
+    cache: Path = bench_data.CACHE
+    mini: bool = False
+
+    @property
+    def sizes(self) -> dict[str, tuple[str, str, str]]:
+        return MINI_SIZES if self.mini else SIZES
+
+    @property
+    def test(self) -> tuple[str, str]:
+        return MINI_TEST if self.mini else TEST
+
+    def results(self, size: str) -> Path:
+        return self.cache / "quality" / f"{size}.json"
 
 
 @dataclass(frozen=True)
@@ -77,14 +102,14 @@ class Score:
     seconds: float
 
 
-def cluster_dataset() -> Path:
+def cluster_dataset(cache: Path = bench_data.CACHE, mini: bool = False) -> Path:
     """The ``cluster`` preset on disk (cached under build/bench), as ``seed`` lays it out."""
-    root = CACHE / "cluster"
+    root = cache / ("cluster-mini" if mini else "cluster")
     if (root / ds.MANIFEST).exists():
         return root
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    simulator.generate(tmp, simulator.PRESETS["cluster"])
+    simulator.generate(tmp, MINI_SPEC if mini else simulator.PRESETS["cluster"])
     ds.write_manifest(tmp)
     tmp.rename(root)
     return root
@@ -132,30 +157,31 @@ def baseline(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, seed: 
     raise ValueError(f"unknown baseline {name!r}; known: {BASELINES}")
 
 
-def _load(size: str) -> dict[str, dict[str, dict]]:
-    path = RESULTS / f"{size}.json"
+def _load(size: str, where: Where) -> dict[str, dict[str, dict]]:
+    path = where.results(size)
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _record(size: str, model: str, seed: int, figures: dict) -> None:
+def _record(size: str, model: str, seed: int, figures: dict, where: Where) -> None:
     """Add one fit's figures to the size's file, read afresh (another size or variant may be running)."""
-    results = _load(size)
+    results = _load(size, where)
     results.setdefault(model, {})[str(seed)] = figures
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS / f"{size}.json.{os.getpid()}.tmp"
+    path = where.results(size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(results, indent=1, sort_keys=True))
-    tmp.replace(RESULTS / f"{size}.json")
+    tmp.replace(path)
 
 
 def measure(size: str, models: list[str], seeds: tuple[int, ...] = SEEDS, variant: str = DEFAULT,
-            hp: HParams | None = None, redo: bool = False) -> None:
+            hp: HParams | None = None, redo: bool = False, where: Where = Where()) -> None:
     """Fit each of `models` (names of MODELS' values; the default run as `variant` with `hp`) with each
-    seed on `size` not measured yet (all of them with `redo`), and keep every figure in RESULTS as soon
+    seed on `size` not measured yet (all of them with `redo`), and keep every figure in its results file as soon
     as it is measured."""
-    data = ds.Dataset(cluster_dataset())
+    data = ds.Dataset(cluster_dataset(where.cache, where.mini))
     data.ensure_features()
-    test = data.examples(_days(data, *TEST))
-    parts = [(rel, data.examples([rel])) for rel in _days(data, *SIZES[size][1:])]
+    test = data.examples(_days(data, *where.test))
+    parts = [(rel, data.examples([rel])) for rel in _days(data, *where.sizes[size][1:])]
     x = np.concatenate([ex.x for _, ex in parts])
     y = np.concatenate([ex.y for _, ex in parts])
     for model in models:
@@ -164,10 +190,10 @@ def measure(size: str, models: list[str], seeds: tuple[int, ...] = SEEDS, varian
             (lambda s: default_run(parts, test.x, s, hp)) if model == DEFAULT else
             (lambda s, model=model: baseline(model, x, y, test.x, s)))
         for seed in seeds:
-            if str(seed) in _load(size).get(name, {}) and not redo:
+            if str(seed) in _load(size, where).get(name, {}) and not redo:
                 continue  # measured already: `--redo` measures it again
             if model in SEEDLESS and seed != seeds[0]:  # the same fit again: its figures, not its CPU time
-                _record(size, name, seed, _load(size)[name][str(seeds[0])])
+                _record(size, name, seed, _load(size, where)[name][str(seeds[0])], where)
                 continue
             started = time.perf_counter()
             scores = fit(seed)
@@ -175,25 +201,25 @@ def measure(size: str, models: list[str], seeds: tuple[int, ...] = SEEDS, varian
             m = metrics.evaluate(scores, test.y, test.day, test.card, test.known)
             _record(size, name, seed, {
                 "auc": m["roc_auc"], "ap": m["average_precision"], "cp100": m["card_precision_top100"],
-                "seconds": seconds, "hparams": (hp or HParams()).to_dict() if model == DEFAULT else None})
+                "seconds": seconds, "hparams": (hp or HParams()).to_dict() if model == DEFAULT else None}, where)
             print(f"  {size}: {name} seed {seed}: AP {m['average_precision']:.3f} "
                   f"CP@100 {m['card_precision_top100']:.3f} ({seconds:.0f}s)", flush=True)
 
 
-def scores(size: str) -> list[Score]:
+def scores(size: str, where: Where = Where()) -> list[Score]:
     """Everything measured so far on `size`."""
     return [Score(size, model, int(seed), r["auc"], r["ap"], r["cp100"], r["seconds"])
-            for model, by_seed in _load(size).items() for seed, r in sorted(by_seed.items())]
+            for model, by_seed in _load(size, where).items() for seed, r in sorted(by_seed.items())]
 
 
 def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} [{min(values):.3f}..{max(values):.3f}]"
 
 
-def verdict(size: str, model: str = DEFAULT) -> tuple[bool, str]:
+def verdict(size: str, where: Where = Where(), model: str = DEFAULT) -> tuple[bool, str]:
     """Whether `model`'s mean AP and mean CP@100 are at least those of the best baseline, in words."""
     by_model: dict[str, list[Score]] = {}
-    for s in scores(size):
+    for s in scores(size, where):
         by_model.setdefault(s.model, []).append(s)
     if model not in by_model or not any(b in by_model for b in BASELINES):
         return False, "not measured"

@@ -46,11 +46,14 @@ def _client(url: str, password: str, prefix: str, name: str, go: Event, seconds:
 
 
 def seed(url: str, password: str, prefix: str, items_per_run: int) -> None:
+    """RUNS runs of `items_per_run` items each, enqueued and the queue marked seeded as `seed` leaves it
+    (no share here: the clients only claim and ack, and nothing reads a dataset or a run record)."""
     queue = WorkQueue(connect(url, password), prefix)
     for run in range(RUNS):
         queue.put_spec(f"r{run}", {})
     queue.enqueue(Item(run=f"r{run}", shard=f"s{i:06d}", dataset="none", seq=i)
                   for run in range(RUNS) for i in range(items_per_run))
+    queue.mark_seeded()
 
 
 def measure(url: str, password: str, prefix: str, clients: int, seconds: float) -> QueueFigure:

@@ -6,6 +6,8 @@ verdict). Nothing here asserts: figures that miss a target are printed as "falls
 
     python -m bench.run                      # everything (what `make bench` runs)
     python -m bench.run --only queue program # a subset, printed only (docs are written for full runs)
+    python -m bench.run --mini --out DIR     # every benchmark in miniature, seconds each (`make test` runs
+                                             # it): proves each runs to its end; its figures mean nothing
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,37 @@ THREADS = 1
 EFFICIENCY_TARGET = {"cpu": 0.95, "cuda": 0.9}  # worker / bare loop on a 1M-row day
 OVERHEAD_TARGET_MS = 50.0
 SWEEP_TARGET = 1.2  # feature time of an 8-run sweep over a 1-run one
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big each benchmark is: the sizes behind the published figures, or a miniature (MINI) that only
+    proves each benchmark still runs to its end (`make test` runs it: a benchmark cannot break silently)."""
+
+    population: data.Population = data.HANDBOOK
+    sizes: tuple[int, ...] = SIZES  # efficiency: rows of each single-shard dataset
+    repeats: int = 3  # efficiency: worker / bare-loop pairs per size
+    overhead_items: int = 12
+    sweep_runs: tuple[int, int] = (1, 8)
+    sweep_days: int = 3
+    queue_clients: tuple[int, ...] = (1, 2, 4, 8)
+    queue_seconds: float = 2.0
+    queue_items_per_run: int = 6000
+    recovery_days: int = 12
+    recovery_interval_s: float = 5.0  # as `make local` configures the workers
+    recovery_ttl_s: float = 15.0
+    recovery_signals: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM)
+    recovery_intervals_per_shard: float = 2.5  # a shard trains this many checkpoint intervals (bare-loop pace)
+    program_stacks: int | None = None  # None: every stack
+    program_repeats: int = 3
+    quality_mini: bool = False
+
+
+MINI = Scale(population=data.Population(customers=200, terminals=400), sizes=(600,), repeats=1, overhead_items=2,
+             sweep_runs=(1, 2), sweep_days=1, queue_clients=(1, 2), queue_seconds=0.2, queue_items_per_run=100,
+             recovery_days=6, recovery_interval_s=0.3, recovery_ttl_s=2.0,
+             recovery_signals=(signal.SIGKILL, signal.SIGTERM), recovery_intervals_per_shard=8.0,
+             program_stacks=1, program_repeats=1, quality_mini=True)
 
 
 @dataclass(frozen=True)
@@ -104,25 +137,25 @@ def bare_loop(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device) -
     return time.perf_counter() - started
 
 
-def efficiency(server: RedisServer, work: Path, device: torch.device, sizes: tuple[int, ...] = SIZES,
+def efficiency(server: RedisServer, work: Path, device: torch.device, scale: Scale = Scale(),
                label: str = "training efficiency") -> tuple[list[Row], list[dict]]:
     """Worker samples/s (claim -> ack, one fresh worker per item, as a new pod would be) over the
     bare loop's, on one shard of each size; three back-to-back pairs each, the median ratio reported."""
     rows, points = [], []
     bound = EFFICIENCY_TARGET[device.type]
     target = f">= {bound:g}"
-    for size in sizes:
-        src = data.single_shard(size)
+    for size in scale.sizes:
+        src = data.single_shard(size, scale.population)
         share = work / f"share-{label.replace(' ', '-')}-{size}"
         data.place(src, share)
         examples = data.seed_features(share).examples(["training/shard.parquet"])  # what seed does, on CPU
-        repeats = 3
+        repeats = scale.repeats
         worker_s, bare_s, overhead = [], [], []
         for r in range(repeats):
             bare_s.append(bare_loop(examples.x, examples.y, HP, device))
+            # One queue per share: the earlier repeats' runs, recorded there too, are done in it.
             (item,) = inprocess.run_items(
-                server, share, f"eff-{device.type}-{size}-{r}", f"r{r}-{device.type}", HP, "fraud",
-                ["training/shard.parquet"], device,
+                server, share, f"eff-{device.type}-{size}", f"r{r}-{device.type}", HP, device,
                 checkpoint_interval_s=CHECKPOINT_INTERVAL_S, lease_ttl_s=LEASE_TTL_S)
             worker_s.append(item.total_s)
             overhead.append(item.phases)
@@ -145,17 +178,18 @@ def efficiency(server: RedisServer, work: Path, device: torch.device, sizes: tup
 
 
 # -- 2. per-item overhead ------------------------------------------------------------------------------
-def overhead(server: RedisServer, work: Path, items: int = 12) -> tuple[list[Row], dict]:
-    """Tutorial-sized daily shards deep enough into the run that each has its full feature history
-    (LOOKBACK_DAYS of earlier days): the steady state of a run over the handbook's dataset."""
+def overhead(server: RedisServer, work: Path, scale: Scale = Scale()) -> tuple[list[Row], dict]:
+    """Tutorial-sized daily shards after LOOKBACK_DAYS of history/ days, so each has its full feature
+    history: the steady state of a run over the handbook's dataset."""
     from workload.data.features import LOOKBACK_DAYS
 
-    src = data.daily(LOOKBACK_DAYS + items)
+    items = scale.overhead_items
+    src = data.daily(items, history_days=LOOKBACK_DAYS, pop=scale.population)
     share = work / "share-overhead"
     data.place(src, share)
     data.seed_features(share)  # seed's job (the loader, on CPU), not the workers'; timed by `sweep`
-    shards = Dataset(src).training_shards()[-items:]
-    timings = inprocess.run_items(server, share, "overhead", "main", HP, "fraud", shards, torch.device("cpu"),
+    shards = Dataset(src).training_shards()
+    timings = inprocess.run_items(server, share, "overhead", "main", HP, torch.device("cpu"),
                                   checkpoint_interval_s=CHECKPOINT_INTERVAL_S, lease_ttl_s=LEASE_TTL_S)
     over = [t.overhead_s * 1000 for t in timings]
     med, p95 = statistics.median(over), float(np.percentile(over, 95))
@@ -178,13 +212,14 @@ def overhead(server: RedisServer, work: Path, items: int = 12) -> tuple[list[Row
 
 
 # -- 2b. features of a sweep ------------------------------------------------------------------------------
-def sweep(server: RedisServer, work: Path, sizes: tuple[int, ...] = (1, 8), days: int = 3) -> tuple[list[Row], dict]:
+def sweep(server: RedisServer, work: Path, scale: Scale = Scale()) -> tuple[list[Row], dict]:
     """Seed (which stores every day's features) then N runs over the same days, one in-process worker:
     the time spent computing features, wherever it is spent, for N runs over one run."""
     from workload.data import features
     from workload.data.features import LOOKBACK_DAYS
 
-    src = data.daily(LOOKBACK_DAYS + 12)  # the overhead benchmark's dataset
+    sizes, days = scale.sweep_runs, scale.sweep_days
+    src = data.daily(days, history_days=LOOKBACK_DAYS, pop=scale.population)
     spent: dict[int, dict[str, float]] = {}
     original = features.compute
     for n in sizes:
@@ -203,10 +238,10 @@ def sweep(server: RedisServer, work: Path, sizes: tuple[int, ...] = (1, 8), days
         try:
             share = work / f"share-sweep-{n}"
             data.place(src, share)
-            shards = data.seed_features(share).training_shards()[-days:]
+            data.seed_features(share)
             clock["in_worker"] = 1.0
             for r in range(n):
-                inprocess.run_items(server, share, f"sweep-{n}", f"run{r}", HP, "fraud", shards, torch.device("cpu"),
+                inprocess.run_items(server, share, f"sweep-{n}", f"run{r}", HP, torch.device("cpu"),
                                     checkpoint_interval_s=CHECKPOINT_INTERVAL_S, lease_ttl_s=LEASE_TTL_S)
         finally:
             features.compute = original  # type: ignore[assignment]
@@ -223,44 +258,47 @@ def sweep(server: RedisServer, work: Path, sizes: tuple[int, ...] = (1, 8), days
 
 
 # -- 7. model quality ------------------------------------------------------------------------------------
-def quality_bench() -> tuple[list[Row], dict]:
+def quality_bench(scale: Scale = Scale()) -> tuple[list[Row], dict]:
     """The quality table (bench/quality.py): what is not measured yet is measured (every size, model
-    and seed: hours on 2 cores); what is, comes from build/bench/quality/."""
+    and seed: hours on 2 cores); what is, comes from the cache's quality/ folder."""
     from bench import quality as q
 
+    where = q.Where(cache=scale.population.cache, mini=scale.quality_mini)
     rows = []
-    for size in q.SIZES:
-        q.measure(size, list(q.MODELS.values()))  # only what is not measured yet
+    for size in where.sizes:
+        q.measure(size, list(q.MODELS.values()), where=where)  # only what is not measured yet
         by_model: dict[str, list] = {}
-        for sc in q.scores(size):
+        for sc in q.scores(size, where):
             by_model.setdefault(sc.model, []).append(sc)
         for model in [q.DEFAULT, *q.BASELINES]:
             v = by_model[model]
             rows.append(Row("quality", f"{size}: {model}", f"AP {q.spread([x.ap for x in v])}, "
                             f"CP@100 {q.spread([x.cp100 for x in v])} ({len(v)} seeds)"))
-        wins, words = q.verdict(size)
+        wins, words = q.verdict(size, where)
         rows.append(Row("quality", f"{size}: default run vs best baseline (mean AP and CP@100)", words,
                         ">= best", check(wins)))
-    return rows, {"scores": [sc for size in q.SIZES for sc in q.scores(size)]}
+    return rows, {"scores": [sc for size in where.sizes for sc in q.scores(size, where)], "sizes": where.sizes}
 
 
 # -- 3. queue ------------------------------------------------------------------------------------------
-def queue(work: Path, clients: tuple[int, ...] = (1, 2, 4, 8), seconds: float = 2.0) -> tuple[list[Row], dict]:
+def queue(work: Path, scale: Scale = Scale()) -> tuple[list[Row], dict]:
     """Client processes claim and ack as fast as they can, against the Redis server as the stack, `make local`
     and the tests run it: AOF with an fsync on every write (`appendfsync always`)."""
     from workload.queue.workqueue import WorkQueue, connect
 
     rows, points = [], {}
+    clients, seconds = scale.queue_clients, scale.queue_seconds
     for fsync in ("always",):
         with RedisServer(work / f"redis-queue-{fsync}", fsync=fsync) as server:
             server.client().config_set("appendfsync", "everysec")  # seeding 64k items is not the benchmark
-            queue_clients.seed(server.url, server.password, "q", items_per_run=6000)
+            queue_clients.seed(server.url, server.password, "q", items_per_run=scale.queue_items_per_run)
             server.client().config_set("appendfsync", fsync)
             figures = [queue_clients.measure(server.url, server.password, "q", n, seconds) for n in clients]
             if WorkQueue(connect(server.url, server.password), "q").counts().pending == 0:
                 raise RuntimeError("the queue benchmark ran out of items: seed more")
         where = "as the stack, make local and the tests run it"
-        rows.append(Row("queue", f"claim+ack pairs/s, appendfsync {fsync} ({where}), 1/2/4/8 client processes",
+        rows.append(Row("queue", f"claim+ack pairs/s, appendfsync {fsync} ({where}), "
+                        + "/".join(map(str, clients)) + " client processes",
                         " / ".join(f"{f.per_s:,.0f}" for f in figures)))
         points[fsync] = [(f.clients, f.per_s) for f in figures]
         print(f"  queue ({fsync}): " + ", ".join(f"{f.clients}: {f.per_s:,.0f}/s" for f in figures), flush=True)
@@ -268,19 +306,19 @@ def queue(work: Path, clients: tuple[int, ...] = (1, 2, 4, 8), seconds: float = 
 
 
 # -- 4. recovery ---------------------------------------------------------------------------------------
-def recovery_bench(work: Path, interval_s: float = 5.0, ttl_s: float = 15.0) -> tuple[list[Row], list]:
+def recovery_bench(work: Path, scale: Scale = Scale()) -> tuple[list[Row], list]:
     """Worker processes as `make local` configures them (checkpoint every 5 s, lease TTL 15 s)."""
-    src = data.daily(12)
+    interval_s, ttl_s = scale.recovery_interval_s, scale.recovery_ttl_s
+    src = data.daily(scale.recovery_days, pop=scale.population)
     x = Dataset(src).examples([Dataset(src).training_shards()[3]])
     hp = HParams(batch_size=64, epochs=3)
     bare_loop(x.x, x.y, hp, torch.device("cpu"))  # warm-up
     per_epoch = bare_loop(x.x, x.y, hp, torch.device("cpu")) / hp.epochs
     # A shard trains >= 2.5 checkpoint intervals (by the bare loop's pace): the signal lands 1-2 intervals
     # in, after at least one mid-shard checkpoint, and well before the shard ends.
-    epochs = max(1, math.ceil(2.5 * interval_s / per_epoch))
+    epochs = max(1, math.ceil(scale.recovery_intervals_per_shard * interval_s / per_epoch))
     hparams = {**hp.to_dict(), "epochs": epochs}
-    sigs = [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM]
-    trials = recovery.run_trials(work / "recovery", src, hparams, sigs, interval_s, ttl_s)
+    trials = recovery.run_trials(work / "recovery", src, hparams, list(scale.recovery_signals), interval_s, ttl_s)
     rows = []
     for name, lost_bound, resume_bound in (("SIGKILL", interval_s, ttl_s + 2), ("SIGTERM", 0.0, 2.0)):
         lost_target = f"<= {lost_bound:g}s (checkpoint interval)" if name == "SIGKILL" else "none"
@@ -301,13 +339,13 @@ def recovery_bench(work: Path, interval_s: float = 5.0, ttl_s: float = 15.0) -> 
 
 
 # -- 5. program ----------------------------------------------------------------------------------------
-def program(repeats: int = 3) -> list[Row]:
+def program(scale: Scale = Scale()) -> list[Row]:
     from infra.render import render, stack_names
 
     rows = []
-    for stack in stack_names():
+    for stack in stack_names()[:scale.program_stacks]:
         times = []
-        for _ in range(repeats):
+        for _ in range(scale.program_repeats):
             started = time.perf_counter()
             rendered = render(stack)
             times.append(time.perf_counter() - started)
@@ -317,13 +355,14 @@ def program(repeats: int = 3) -> list[Row]:
 
 
 # -- 6. GPU --------------------------------------------------------------------------------------------
-def gpu(server: RedisServer, work: Path, cpu_points: list[dict] | None = None) -> tuple[list[Row], list[dict]]:
+def gpu(server: RedisServer, work: Path, scale: Scale = Scale(),
+        cpu_points: list[dict] | None = None) -> tuple[list[Row], list[dict]]:
     """The efficiency benchmark with the worker and the bare loop on the GPU; and the GPU worker's
     speed-up over the CPU worker on the same shards (when the CPU benchmark ran too)."""
     if not torch.cuda.is_available():
         return [Row("GPU", "CUDA", "no CUDA device found: GPU benchmark skipped")], []
     name = torch.cuda.get_device_name(0)
-    rows, points = efficiency(server, work, torch.device("cuda"), label="GPU efficiency")
+    rows, points = efficiency(server, work, torch.device("cuda"), scale, label="GPU efficiency")
     for cpu, cuda in zip(cpu_points or [], points, strict=False):
         rows.append(Row("GPU", f"{cuda['size']:,}-row shard: CPU worker / GPU worker seconds",
                         f"{cpu['worker_s']:.2f}s / {cuda['worker_s']:.2f}s: "
@@ -408,7 +447,7 @@ def explain(res: Results) -> list[str]:
         out.append(
             "- **Per-item overhead** is claim-to-ack time minus time inside `Trainer.train_shard` (a checkpoint "
             "written from inside training counts as overhead), on tutorial-sized daily shards (the handbook's "
-            "5000 customers) deep enough into the run that each has its full 37-day feature history. Median "
+            "5000 customers) after 37 days in history/, so that each has its full feature history. Median "
             f"{ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms (the tail is the fresh worker's first item: test-day "
             "features are computed once per process). By phase (median ms): "
             + ", ".join(f"{k} {v:.0f}" for k, v in ph) + ". Features are no longer computed here: seed stores "
@@ -527,7 +566,7 @@ def picture(res: Results, path: Path) -> None:
         from bench import quality as q
 
         ax = axes[2][1]
-        size = list(q.SIZES)[-1]
+        size = list(qu["sizes"])[-1]
         names = [q.DEFAULT, *q.BASELINES]
         mean = {m: [sc for sc in qu["scores"] if sc.size == size and sc.model == m] for m in names}
         xs = np.arange(len(names))
@@ -535,7 +574,7 @@ def picture(res: Results, path: Path) -> None:
         ax.bar(xs + 0.2, [statistics.mean(sc.cp100 for sc in mean[m]) for m in names], 0.4,
                label="card precision@100")
         ax.set_xticks(xs, names, fontsize=7)
-        ax.set(title=f"Handbook protocol, {q.SIZES[size][0]}", ylim=(0, 1))
+        ax.set(title=f"Handbook protocol, {qu['sizes'][size][0]}", ylim=(0, 1))
         ax.legend(fontsize=8)
     for ax in axes.flat:
         if not ax.has_data():
@@ -547,59 +586,75 @@ def picture(res: Results, path: Path) -> None:
 BENCHES = ("efficiency", "overhead", "sweep", "queue", "recovery", "program", "gpu", "quality")
 
 
+def run_benches(chosen: list[str], scale: Scale, work: Path) -> Results:
+    """The chosen benchmarks, in the table's order, at `scale`; scratch files under `work`."""
+    res = Results()
+    with RedisServer(work / "redis") as server:
+        if "efficiency" in chosen:
+            print("1. training efficiency", flush=True)
+            rows, res.plots["efficiency"] = efficiency(server, work, torch.device("cpu"), scale)
+            res.rows += rows
+        if "overhead" in chosen:
+            print("2. per-item overhead", flush=True)
+            rows, res.plots["overhead"] = overhead(server, work, scale)
+            res.rows += rows
+        if "sweep" in chosen:
+            print("2b. features of a sweep", flush=True)
+            rows, res.plots["sweep"] = sweep(server, work, scale)
+            res.rows += rows
+        gpu_rows: list[Row] = []
+        if "gpu" in chosen:
+            print("6. GPU", flush=True)
+            gpu_rows, res.plots["gpu"] = gpu(server, work, scale, res.plots.get("efficiency"))  # type: ignore[arg-type]
+    if "queue" in chosen:
+        print("3. queue", flush=True)
+        rows, res.plots["queue"] = queue(work, scale)
+        res.rows += rows
+    if "recovery" in chosen:
+        print("4. recovery", flush=True)
+        rows, res.plots["recovery"] = recovery_bench(work, scale)
+        res.rows += rows
+        res.notes += [f"- recovery trial: {d}" for d in res.plots["recovery"][1]]
+    if "program" in chosen:
+        print("5. program", flush=True)
+        res.rows += program(scale)
+    res.rows += gpu_rows
+    if "quality" in chosen:
+        print("7. model quality (handbook protocol, cluster preset)", flush=True)
+        rows, res.plots["quality"] = quality_bench(scale)
+        res.rows += rows
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--only", nargs="+", choices=BENCHES, help="run these benchmarks only (docs are not written)")
+    p.add_argument("--mini", action="store_true",
+                   help="every benchmark in miniature (tiny data, short intervals; docs are not written): proves "
+                        "each runs to its end, its figures mean nothing")
+    p.add_argument("--out", type=Path, help="write benchmarks.md and benchmarks.png here instead of docs/ "
+                   "(for --only and --mini too)")
     args = p.parse_args(argv)
     chosen = args.only or list(BENCHES)
-    command = "make bench" if not argv and not args.only else "python -m bench.run " + shlex.join(argv or [])
+    scale = MINI if args.mini else Scale()
+    given = sys.argv[1:] if argv is None else argv
+    command = "python -m bench.run " + shlex.join(given) if given else "make bench"
     import logging
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # the worker's INFO lines are noise here
     torch.set_num_threads(THREADS)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups: no stray workers or Redis
     print("machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()), flush=True)
-    print(f"default run hyperparameters: {HP.to_dict()}", flush=True)
-    res = Results()
+    print(f"default run hyperparameters: {HP.to_dict()}" + (" (miniature)" if args.mini else ""), flush=True)
     load_start = os.getloadavg()[0]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
-        with RedisServer(work / "redis") as server:
-            if "efficiency" in chosen:
-                print("1. training efficiency", flush=True)
-                rows, res.plots["efficiency"] = efficiency(server, work, torch.device("cpu"))
-                res.rows += rows
-            if "overhead" in chosen:
-                print("2. per-item overhead", flush=True)
-                rows, res.plots["overhead"] = overhead(server, work)
-                res.rows += rows
-            if "sweep" in chosen:
-                print("2b. features of a sweep", flush=True)
-                rows, res.plots["sweep"] = sweep(server, work)
-                res.rows += rows
-            if "gpu" in chosen:
-                print("6. GPU", flush=True)
-                rows, res.plots["gpu"] = gpu(server, work, res.plots.get("efficiency"))  # type: ignore[arg-type]
-                gpu_rows = rows
-        if "queue" in chosen:
-            print("3. queue", flush=True)
-            rows, res.plots["queue"] = queue(work)
-            res.rows += rows
-        if "recovery" in chosen:
-            print("4. recovery", flush=True)
-            rows, res.plots["recovery"] = recovery_bench(work)
-            res.rows += rows
-            res.notes += [f"- recovery trial: {d}" for d in res.plots["recovery"][1]]
-        if "program" in chosen:
-            print("5. program", flush=True)
-            res.rows += program()
-        if "gpu" in chosen:
-            res.rows += gpu_rows
-        if "quality" in chosen:
-            print("7. model quality (handbook protocol, cluster preset)", flush=True)
-            rows, res.plots["quality"] = quality_bench()
-            res.rows += rows
+        if args.mini:
+            scale = replace(scale, population=replace(scale.population, cache=work / "cache"))
+        res = run_benches(chosen, scale, work)
+    if args.mini:  # tiny data and short intervals: a verdict would mislead
+        res.rows = [replace(r, target="", verdict="") for r in res.rows]
     wall = time.monotonic() - started
     load_end = os.getloadavg()[0]
     loaded = max(load_start, load_end) > (os.cpu_count() or 1)
@@ -612,11 +667,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(res.rows))
     print(f"\n{wall / 60:.1f} min")
-    if not args.only:
-        DOCS.mkdir(exist_ok=True)
-        (DOCS / "benchmarks.md").write_text(markdown(res, command, wall) + mutation_block(DOCS / "benchmarks.md"))
-        picture(res, DOCS / "benchmarks.png")
-        print(f"wrote {DOCS / 'benchmarks.md'} and {DOCS / 'benchmarks.png'}")
+    out = args.out or (DOCS if not args.only and not args.mini else None)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        carried = mutation_block(DOCS / "benchmarks.md") if out == DOCS else ""
+        (out / "benchmarks.md").write_text(markdown(res, command, wall) + carried)
+        picture(res, out / "benchmarks.png")
+        print(f"wrote {out / 'benchmarks.md'} and {out / 'benchmarks.png'}")
     return 0
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.config import StackConfig
+from infra.config import ClusterConfig, GpuConfig, NetworkConfig, Site
 from infra.gke import SPOT_LABEL
 from infra.network import Network
 
@@ -20,6 +21,17 @@ _DriverArgs = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallat
 _AutoProvisioningArgs = gcp.container.ClusterClusterAutoscalingAutoProvisioningDefaultsArgs
 
 
+@dataclass(frozen=True)
+class ClusterArgs:
+    """The cluster's slice of the stack: where it goes, its mode, the VPC's secondary ranges it uses, and
+    (Standard mode) the GPU pool's shape."""
+
+    site: Site
+    cluster: ClusterConfig
+    network: NetworkConfig
+    gpu: GpuConfig
+
+
 class Cluster(pulumi.ComponentResource):
     """A cluster whose pods reach the Filestore VPC, plus ``provider`` for every Kubernetes object."""
 
@@ -29,25 +41,26 @@ class Cluster(pulumi.ComponentResource):
     provider: k8s.Provider
 
     def __init__(
-        self, name: str, cfg: StackConfig, network: Network, opts: pulumi.ResourceOptions | None = None
+        self, name: str, args: ClusterArgs, network: Network, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("spot-trainer:gcp:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        labels = cfg.labels.as_dict()
+        site = args.site
+        labels = site.labels.as_dict()
         self._pools: list[gcp.container.NodePool] = []
 
         # Nodes run as this account, not the project's default compute account (Editor by default).
         self.node_service_account = gcp.serviceaccount.Account(
             f"{name}-nodes",
-            project=cfg.project_id,
-            account_id=f"{cfg.labels.app}-{cfg.slug}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
-            display_name=f"GKE nodes of {cfg.labels.app} ({cfg.stack})",
+            project=site.project_id,
+            account_id=f"{site.labels.app}-{site.slug}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
+            display_name=f"GKE nodes of {site.labels.app} ({site.stack})",
             opts=child,
         )
         node_roles = [
             gcp.projects.IAMMember(
                 f"{name}-nodes-{role.split('/')[-1]}",
-                project=cfg.project_id,
+                project=site.project_id,
                 role=role,
                 member=self.node_service_account.member,
                 opts=child,
@@ -56,27 +69,27 @@ class Cluster(pulumi.ComponentResource):
         ]
 
         common = dict(
-            project=cfg.project_id,
-            location=cfg.region,
+            project=site.project_id,
+            location=site.region,
             network=network.network_id,
             subnetwork=network.subnetwork_id,
             ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
-                cluster_secondary_range_name=cfg.network.pods_range_name,
-                services_secondary_range_name=cfg.network.services_range_name,
+                cluster_secondary_range_name=args.network.pods_range_name,
+                services_secondary_range_name=args.network.services_range_name,
             ),
-            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=cfg.cluster.release_channel),
+            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=args.cluster.release_channel),
             private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
-                enable_private_nodes=cfg.cluster.private_nodes,
+                enable_private_nodes=args.cluster.private_nodes,
                 # The control plane stays reachable so `pulumi up` and kubectl work from a laptop.
                 enable_private_endpoint=False,
             ),
             workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
-                workload_pool=f"{cfg.project_id}.svc.id.goog"
+                workload_pool=f"{site.project_id}.svc.id.goog"
             ),
-            deletion_protection=cfg.cluster.deletion_protection,
+            deletion_protection=args.cluster.deletion_protection,
             resource_labels=labels,
         )
-        if cfg.cluster.autopilot:
+        if args.cluster.autopilot:
             cluster = gcp.container.Cluster(
                 name,
                 enable_autopilot=True,
@@ -105,9 +118,13 @@ class Cluster(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_roles),
                 **common,
             )
-            self._standard_pools(name, cfg, cluster)
+            self._standard_pools(name, args, cluster)
         self.cluster = cluster
         self.name = cluster.name
+        # The pool exists once the cluster does: Workload Identity bindings take it from here (identity.py).
+        self.workload_pool: pulumi.Output[str] = cluster.workload_identity_config.apply(
+            lambda wi: wi.workload_pool if wi else ""
+        )
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(
                 cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate
@@ -120,9 +137,10 @@ class Cluster(pulumi.ComponentResource):
         )
         self.register_outputs({"name": self.name, "kubeconfig": self.kubeconfig})
 
-    def _standard_pools(self, name: str, cfg: StackConfig, cluster: gcp.container.Cluster) -> None:
+    def _standard_pools(self, name: str, args: ClusterArgs, cluster: gcp.container.Cluster) -> None:
         """A small on-demand pool for Redis and the loader, and the spot GPU pool for training."""
-        labels = cfg.labels.as_dict()
+        site, gpu = args.site, args.gpu
+        labels = site.labels.as_dict()
         node_config = dict(
             service_account=self.node_service_account.email,
             oauth_scopes=[CLOUD_PLATFORM_SCOPE],
@@ -134,10 +152,10 @@ class Cluster(pulumi.ComponentResource):
         pool_opts = pulumi.ResourceOptions(parent=self)
         system = gcp.container.NodePool(
             f"{name}-system",
-            project=cfg.project_id,
+            project=site.project_id,
             cluster=cluster.id,
-            location=cfg.region,
-            node_locations=[cfg.zone],
+            location=site.region,
+            node_locations=[site.zone],
             initial_node_count=1,
             autoscaling=gcp.container.NodePoolAutoscalingArgs(min_node_count=1, max_node_count=3),
             management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
@@ -146,24 +164,25 @@ class Cluster(pulumi.ComponentResource):
         )
         gpu = gcp.container.NodePool(
             f"{name}-gpu-spot",
-            project=cfg.project_id,
+            project=site.project_id,
             cluster=cluster.id,
-            location=cfg.region,
-            # GPUs in the Filestore zone; spot capacity varies by zone, change `zone` if it is scarce.
-            node_locations=[cfg.zone],
+            location=site.region,
+            # GPUs in the Filestore zone. Spot capacity varies by zone, but `zone` also places a zonal share:
+            # changing it REPLACES the share and its data (`make diff`, docs/cloud.md#day-two).
+            node_locations=[site.zone],
             initial_node_count=0,
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
-                min_node_count=0, max_node_count=cfg.gpu.max_nodes
+                min_node_count=0, max_node_count=gpu.max_nodes
             ),
             management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
             node_config=gcp.container.NodePoolNodeConfigArgs(
-                machine_type=cfg.gpu.machine_type,
+                machine_type=gpu.machine_type,
                 # Spot VMs: no 24 h limit (unlike legacy preemptible), ~15 s termination notice.
                 spot=True,
                 guest_accelerators=[
                     gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
-                        type=cfg.gpu.type,
-                        count=cfg.gpu.count,
+                        type=gpu.type,
+                        count=gpu.count,
                         gpu_driver_installation_config=_DriverArgs(gpu_driver_version="LATEST"),
                     )
                 ],

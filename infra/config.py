@@ -1,6 +1,7 @@
 """Stack configuration: read ``pulumi.Config`` once, validate it all, hand out frozen dataclasses.
 
-Components never read ``pulumi.Config`` themselves. Every check runs before the first resource is
+Components never read ``pulumi.Config`` themselves, nor this whole ``StackConfig``: ``infra.program`` hands
+each the typed slice it uses (``Site`` and its own section). Every check runs before the first resource is
 registered, so a typo fails ``pulumi preview`` in a second instead of half-way through ``pulumi up``.
 Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does ``infra.render``).
 """
@@ -63,8 +64,13 @@ CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
 JOB_AWAIT_MODES = ("wait", "skip")
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
-# The stack whose cluster and Filestore keep deletion protection by default (and the policy pack insists).
-PROTECTED_STACK = "prod"
+# The one setting that lifts the cluster's and the share's deletion protection, in any stack: its name
+# says what a destroy or a replacing change then costs (docs/cloud.md, "Day two").
+DATA_LOSS_KEY = "allowDataLoss"
+# Settings that no longer exist -> what to write instead (a plain "not a setting" would leave users guessing).
+RETIRED_KEYS = {
+    "deletionProtection": f"every stack is now protected; set {PROJECT}:{DATA_LOSS_KEY}=true to lift it",
+}
 
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -115,6 +121,8 @@ def check_keys(keys: Iterable[str], where: str = "") -> None:
             if not guess:
                 text += " (no setting is named like it; see Pulumi.yaml)"
             raise ConfigError(key, None, "", where, text)
+        if name in RETIRED_KEYS:
+            raise ConfigError(key, None, "", where, f"config key {key!r} was retired: {RETIRED_KEYS[name]}")
         if name not in declared:
             hint = f"did you mean {PROJECT}:{guess[0]}?" if guess else "see Pulumi.yaml for the settings"
             raise ConfigError(key, None, "", where, f"config key {key!r} is not a setting of {PROJECT}; {hint}")
@@ -130,6 +138,19 @@ class Labels:
 
     def as_dict(self) -> dict[str, str]:
         return {"env": self.env, "app": self.app, "team": self.team}
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a component's GCP resources go and how they are named and labelled: the slice of the stack
+    config that most components share (the rest get only their own section)."""
+
+    project_id: str
+    region: str
+    zone: str
+    stack: str
+    slug: str
+    labels: Labels
 
 
 @dataclass(frozen=True)
@@ -167,6 +188,8 @@ class GpuConfig:
     on_demand_fallback: bool
     max_nodes: int
     machine_type: str
+    # Read the project's GPU quota at `pulumi up` and fail at once when it cannot run the training pods.
+    check_quota: bool = True
 
 
 @dataclass(frozen=True)
@@ -180,6 +203,16 @@ class FilestoreConfig:
     @property
     def zonal(self) -> bool:
         return self.tier in ZONAL_FILESTORE_TIERS
+
+    @property
+    def claim_gb(self) -> int:
+        """What the share's claims request: the tier's smallest size, whatever the share's size. A claim
+        bound to a static PV (``storageClassName: ""``) cannot grow (the API server's resize admission
+        refuses: "only dynamically provisioned pvc can be resized"), and pulumi-kubernetes replaces a
+        claim whose request changes (provider/pkg/provider/diff.go), so a size-dependent request broke
+        every capacity change. The tier never changes (it replaces the instance), and binding only needs
+        the PV's capacity to be at least the request."""
+        return FILESTORE_TIERS[self.tier][0]
 
     @property
     def api_deletion_protection(self) -> bool:
@@ -226,6 +259,10 @@ class DataConfig:
     dataset: GcsUri | None
     output: GcsUri | None
     dataset_name: str = SIMULATED_DATASET
+    # How the loader reads your files (`seed`'s DATASET_COLUMNS, DATASET_DATETIME_FORMAT): your column names
+    # -> ours as canonical JSON ('' for ours), and a declared date format ('' for ISO 8601 only).
+    columns_json: str = ""
+    datetime_format: str = ""
 
 
 @dataclass(frozen=True)
@@ -256,6 +293,14 @@ class JobConfig:
         return max(0, self.parallelism - len(self.runs))
     worker_cpu: str
     worker_memory: str
+    # The run whose newest model scores the scoring/ days ('' = every run), with outputUri set.
+    score_run: str = ""
+    # How long a pod rides out an infrastructure fault before its exit 3 fails the Job.
+    infra_retry_budget_minutes: int = 30
+
+    @property
+    def scored_runs(self) -> tuple[str, ...]:
+        return (self.score_run,) if self.score_run else self.runs
 
     @property
     def skip_await(self) -> bool:
@@ -284,6 +329,10 @@ class StackConfig:
     def slug(self) -> str:
         """The stack name made safe for GCP and Kubernetes resource names (lowercase, digits, '-')."""
         return re.sub(r"[^a-z0-9-]+", "-", self.stack.lower()).strip("-") or "stack"
+
+    @property
+    def site(self) -> Site:
+        return Site(self.project_id, self.region, self.zone, self.stack, self.slug, self.labels)
 
 
 class _Reader:
@@ -385,7 +434,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         mode=r.str("clusterMode", CLUSTER_MODES),
         release_channel=r.str("releaseChannel", RELEASE_CHANNELS),
         private_nodes=r.bool("privateNodes"),
-        deletion_protection=_deletion_protection(r, stack),
+        deletion_protection=not r.bool(DATA_LOSS_KEY),
     )
     gpu = _gpu(r, cluster)
     network = _network(r)
@@ -406,13 +455,6 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         data=_data(r),
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
     )
-
-
-def _deletion_protection(r: _Reader, stack: str) -> bool:
-    """``auto`` means on for a stack named prod, off elsewhere (so dev stacks destroy cleanly)."""
-    if r.str("deletionProtection", ("auto", "true", "false")) == "auto":
-        return stack == PROTECTED_STACK
-    return r.bool("deletionProtection")
 
 
 def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:
@@ -443,6 +485,7 @@ def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:
         on_demand_fallback=fallback,
         max_nodes=r.int("gpuMaxNodes", 1, 100),
         machine_type=machine_type,
+        check_quota=r.bool("checkGpuQuota"),
     )
 
 
@@ -490,6 +533,11 @@ def _filestore(r: _Reader) -> FilestoreConfig:
 
 def _jobs(r: _Reader) -> JobConfig:
     quantity = "a Kubernetes quantity such as 4, 500m or 16Gi"
+    runs_json = _runs(r)
+    score_run = r.raw("scoreRun")
+    names = tuple(json.loads(runs_json))
+    if score_run and score_run not in names:
+        raise ConfigError("scoreRun", score_run, "empty (every run) or one of the runs: " + ", ".join(names))
     return JobConfig(
         parallelism=r.int("parallelism", 1, 1000),
         backoff_limit=r.int("backoffLimit", 0),
@@ -498,12 +546,14 @@ def _jobs(r: _Reader) -> JobConfig:
         timeout_minutes=r.int("jobTimeoutMinutes", 1),
         loader_timeout_minutes=r.int("loaderTimeoutMinutes", 1),
         dataset_preset=r.str("datasetPreset", contract.DATASET_PRESETS),
-        runs_json=_runs(r),
+        runs_json=runs_json,
         lease_ttl_seconds=r.int("leaseTtlSeconds", 5),
         checkpoint_interval_seconds=r.int("checkpointIntervalSeconds", 1),
         max_attempts=r.int("maxAttempts", 1),
         worker_cpu=r.matching("workerCpu", _QUANTITY, quantity),
         worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
+        score_run=score_run,
+        infra_retry_budget_minutes=r.int("infraRetryBudgetMinutes", 1, 1440),
     )
 
 
@@ -579,7 +629,37 @@ def _data(r: _Reader) -> DataConfig:
     name = r.raw("datasetName") or _dataset_name(dataset)
     if not NAME.match(name):
         raise ConfigError("datasetName", name, f"a dataset name: {NAME_RULE}")
-    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name)
+    return DataConfig(dataset=dataset, output=_gcs_uri(r, "outputUri"), dataset_name=name,
+                      columns_json=_columns(r), datetime_format=_datetime_format(r))
+
+
+def _columns(r: _Reader) -> str:
+    """``datasetColumns``: {your column: ours}, checked by the loader's own rules (``workload.data.reading``)."""
+    value = r.raw("datasetColumns")
+    try:
+        mapping = json.loads(value) if value.strip() else {}
+    except json.JSONDecodeError:
+        mapping = value
+    if mapping == {}:
+        return ""
+    from workload.data.reading import ReadingError, check_columns  # worker code: imported where used (see _runs)
+
+    try:
+        return json.dumps(dict(check_columns(mapping, f"{PROJECT}:datasetColumns")), sort_keys=True)
+    except ReadingError as err:
+        raise ConfigError("datasetColumns", mapping, str(err).removeprefix(f"{PROJECT}:datasetColumns: ")) from None
+
+
+def _datetime_format(r: _Reader) -> str:
+    """``datasetDatetimeFormat``: strftime directives or epoch-s / epoch-ms, as `seed --datetime-format` checks."""
+    value = r.raw("datasetDatetimeFormat").strip()
+    from workload.data.reading import ReadingError, check_format
+
+    try:
+        return check_format(value, f"{PROJECT}:datasetDatetimeFormat") or ""
+    except ReadingError as err:
+        raise ConfigError("datasetDatetimeFormat", value, "strftime directives with the day and month (e.g. "
+                          "'%d/%m/%Y %H:%M'), or epoch-s / epoch-ms") from err
 
 
 def _dataset_name(dataset: GcsUri | None) -> str:

@@ -12,6 +12,8 @@ APP = "spot-trainer"
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
+# The scoring Job's pods (CPU): score the scoring/ days with a run's newest model.
+SCORER = "scorer"
 # The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
 SHARE_PREP = "share-prep"
 
@@ -29,6 +31,9 @@ ENV_MAX_ATTEMPTS = "MAX_ATTEMPTS"
 # `seed --runs-file` (JSON {run: {hyperparameters}}) and `seed --datasets` (a folder or gs://bucket/prefix).
 ENV_RUNS_FILE = "RUNS_FILE"
 ENV_DATASETS_SRC = "DATASETS_SRC"
+# How `seed` reads the user's files: the column mapping itself (JSON) and a declared date format.
+ENV_DATASET_COLUMNS = "DATASET_COLUMNS"
+ENV_DATASET_DATETIME_FORMAT = "DATASET_DATETIME_FORMAT"
 # Where the worker exports each finished run (gs://bucket/prefix); unset: results stay on the share.
 ENV_OUTPUT_URI = "OUTPUT_URI"
 
@@ -41,6 +46,8 @@ RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
 # A change to any of them changes both pod templates, and Kubernetes Job templates are immutable, so the
 # Kubernetes provider replaces both Jobs and the next `pulumi up` trains what is new.
 SEED_INPUTS_ANNOTATION = f"{APP}/seed-inputs"
+# The training Job's metadata (not its pods'): the GPU quota limits `pulumi up` read before creating it.
+GPU_QUOTA_ANNOTATION = f"{APP}/gpu-quota"
 # Workload Identity: the Kubernetes service account names the Google service account it acts as.
 GCP_SERVICE_ACCOUNT_ANNOTATION = "iam.gke.io/gcp-service-account"
 
@@ -49,6 +56,13 @@ WORKLOAD_UID = 10001
 
 # The worker's exit codes are defined once, in workload/core/errors.py (stdlib only); infra/jobs.py
 # reads them from there.
+# How long a pod rides out Redis or the share failing (infraRetryBudgetMinutes) before it exits
+# errors.EXIT_INFRA, which fails the Jobs (infra/jobs.py failure_policy).
+ENV_REDIS_RETRY = "REDIS_RETRY_SECONDS"
+ENV_INFRA_GIVE_UP = "INFRA_GIVE_UP_SECONDS"
+# The training pods' GPU count, which the worker compares with what CUDA sees (workload/runtime/gpu.py;
+# the downward API cannot expose an nvidia.com/gpu limit).
+ENV_EXPECTED_GPUS = "EXPECTED_GPUS"
 
 # Dataset presets the image's simulator knows (workload/data/simulator.py PRESETS; tests/test_contract.py
 # checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.
@@ -78,6 +92,16 @@ def loader_args(dataset: str, preset: str, dataset_uri: str | None) -> list[str]
 def export_args(run: str, to: str) -> list[str]:
     """``python -m workload export``: a run's report, metrics, plots and model to ``to``/<run>/."""
     return ["export", "--run", run, "--to", to]
+
+
+def score_args(run: str, dataset: str, output_uri: str) -> list[str]:
+    """``python -m workload score`` (the contract of issues 20 and 22): the run's newest promoted checkpoint
+    on the share scores the dataset's ``scoring/`` days, one Parquet per day under
+    ``<output_uri>/<run>/scores/``."""
+    return [
+        "score", "--model", f"{SHARE_DIR}/output/{run}", "--datasets", f"{SHARE_DIR}/datasets/{dataset}",
+        "--days", "scoring", "--out", f"{output_uri}/{run}/scores/",
+    ]
 
 
 WORKER_ARGS = ["worker"]

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import StackConfig
+from infra.config import FilestoreConfig, Site
 from infra.network import Network
+
+
+@dataclass(frozen=True)
+class FilestoreArgs:
+    """The share's slice of the stack: where it goes, its tier, size and name, and whether it is protected."""
+
+    site: Site
+    filestore: FilestoreConfig
+    protected: bool
 
 
 class FilestoreShare(pulumi.ComponentResource):
@@ -20,19 +31,18 @@ class FilestoreShare(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        args: FilestoreArgs,
         network: Network,
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("spot-trainer:storage:FilestoreShare", name, None, opts)
-        fs = cfg.filestore
-        protected = cfg.cluster.deletion_protection
+        site, fs, protected = args.site, args.filestore, args.protected
         self.instance = gcp.filestore.Instance(
             name,
-            project=cfg.project_id,
-            location=cfg.zone if fs.zonal else cfg.region,
+            project=site.project_id,
+            location=site.zone if fs.zonal else site.region,
             tier=fs.tier,
             file_shares=gcp.filestore.InstanceFileSharesArgs(name=fs.share, capacity_gb=fs.capacity_gb),
             networks=[
@@ -45,14 +55,19 @@ class FilestoreShare(pulumi.ComponentResource):
             # the create (terraform-provider-google issue 20311), so it is left out and `protect` (the
             # engine refuses to delete the resource) guards the instance instead.
             deletion_protection_enabled=protected if fs.api_deletion_protection else None,
-            labels=cfg.labels.as_dict(),
-            opts=pulumi.ResourceOptions(parent=self, protect=protected and not fs.api_deletion_protection),
+            labels=site.labels.as_dict(),
+            # After the subnet: the instance names only the VPC, and creating it beside the subnet raced the
+            # peering Filestore sets up on a network that was still being built.
+            opts=pulumi.ResourceOptions(
+                parent=self, protect=protected and not fs.api_deletion_protection, depends_on=network.ready
+            ),
         )
         self.ip = self.instance.networks.apply(lambda nets: nets[0].ip_addresses[0])
         self.share = fs.share
         self.path = f"/{fs.share}"
         self.claim_name = "share"
-        self._cfg, self._provider = cfg, provider
+        self._site, self._provider = site, provider
+        self.capacity_gb, self.claim_gb = fs.capacity_gb, fs.claim_gb
         self.volume, self.claim = self.bind(name, namespace, self.claim_name, "share")
         self.register_outputs({"ip": self.ip, "share": self.share, "claim": self.claim_name})
 
@@ -61,17 +76,18 @@ class FilestoreShare(pulumi.ComponentResource):
     ) -> tuple[k8s.core.v1.PersistentVolume, k8s.core.v1.PersistentVolumeClaim]:
         """A PV for the share and a claim bound to it in ``namespace`` (a PV binds one claim, so each
         namespace that mounts the share gets its own pair, with the same NFS mount options)."""
-        cfg = self._cfg
+        site = self._site
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self._provider)
-        size = f"{cfg.filestore.capacity_gb}Gi"
+        # The PV shows the share's real size (a PV's capacity may change in place: only its volume source
+        # replaces it, diff.go); the claim's request stays fixed (FilestoreConfig.claim_gb).
         volume = k8s.core.v1.PersistentVolume(
             name,
             metadata={
-                "name": f"{cfg.labels.app}-{cfg.slug}-{volume_suffix}",
+                "name": f"{site.labels.app}-{site.slug}-{volume_suffix}",
                 "labels": {contract.NAME_LABEL: contract.APP},
             },
             spec={
-                "capacity": {"storage": size},
+                "capacity": {"storage": f"{self.capacity_gb}Gi"},
                 "accessModes": ["ReadWriteMany"],
                 # The data outlives the claim: deleting the PVC must not try to delete Filestore.
                 "persistentVolumeReclaimPolicy": "Retain",
@@ -89,7 +105,7 @@ class FilestoreShare(pulumi.ComponentResource):
                 # "" disables dynamic provisioning; volumeName binds to exactly our PV.
                 "storageClassName": "",
                 "volumeName": volume.metadata.name,
-                "resources": {"requests": {"storage": size}},
+                "resources": {"requests": {"storage": f"{self.claim_gb}Gi"}},
             },
             opts=k8s_opts,
         )

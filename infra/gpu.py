@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import StackConfig
+from infra.config import GpuConfig
 from infra.gke import ACCELERATOR_LABEL, COMPUTE_CLASS_LABEL, GPU_DRIVER_LABEL, GPU_RESOURCE, SPOT_LABEL
 
 
@@ -27,18 +27,22 @@ class GpuCapacity(pulumi.ComponentResource):
     resources: list[pulumi.Resource]
 
     def __init__(
-        self, name: str, cfg: StackConfig, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+                self,
+        name: str,
+        gpu: GpuConfig,
+        autopilot: bool,
+        provider: k8s.Provider,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:GpuCapacity", name, None, opts)
-        gpu = cfg.gpu
         # Tolerated everywhere: the Standard pool's spot taint and GKE's GPU taint; harmless on Autopilot.
         self.tolerations = [
             {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"},
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
         ]
         self.resources = []
-        if cfg.cluster.autopilot and gpu.capacity == "computeClass":
-            class_name = f"{cfg.labels.app}-gpu"
+        if autopilot and gpu.capacity == "computeClass":
+            class_name = f"{contract.APP}-gpu"
             priorities: list[dict[str, Any]] = [
                 {"gpu": {"type": gpu.type, "count": gpu.count, "driverVersion": "latest"}, "spot": True}
             ]
@@ -65,7 +69,7 @@ class GpuCapacity(pulumi.ComponentResource):
             self.node_selector = {COMPUTE_CLASS_LABEL: class_name}
         else:
             self.node_selector = {SPOT_LABEL: "true", ACCELERATOR_LABEL: gpu.type}
-            if cfg.cluster.autopilot:
+            if autopilot:
                 # Standard pools install LATEST themselves (gpu_driver_installation_config).
                 self.node_selector[GPU_DRIVER_LABEL] = "latest"
         self.register_outputs({"node_selector": self.node_selector})

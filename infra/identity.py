@@ -26,7 +26,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import GcsUri, StackConfig
+from infra.config import GcsUri, Site
 
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
 READ_OBJECTS = "roles/storage.objectViewer"
@@ -53,9 +53,10 @@ class BucketGrant:
         )
 
 
-def workload_member(project_id: str, namespace: str, ksa: str) -> str:
-    """The IAM principal of a Kubernetes service account in the project's workload identity pool."""
-    return f"serviceAccount:{project_id}.svc.id.goog[{namespace}/{ksa}]"
+def workload_member(pool: str, namespace: str, ksa: str) -> str:
+    """The IAM principal of a Kubernetes service account in the workload identity pool ``pool``
+    (``<project>.svc.id.goog``)."""
+    return f"serviceAccount:{pool}[{namespace}/{ksa}]"
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
@@ -69,22 +70,28 @@ class WorkloadIdentity(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        site: Site,
+        namespace_name: str,
+        workload_pool: pulumi.Input[str],
         component: str,
         grants: list[BucketGrant],
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """``workload_pool``: the cluster's pool output, never the project's name typed in: the pool exists
+        only once the cluster does, and IAM refuses a binding to a member of a pool that does not exist
+        ("Identity Pool does not exist": terraform-google-modules/terraform-google-kubernetes-engine#916
+        fixed it the same way). The output carries the dependency on the cluster."""
         super().__init__("spot-trainer:iam:WorkloadIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.ksa_name = f"{cfg.labels.app}-{component}"
+        self.ksa_name = f"{site.labels.app}-{component}"
         self.account = gcp.serviceaccount.Account(
             name,
-            project=cfg.project_id,
+            project=site.project_id,
             # 6-30 characters; the stack slug keeps dev and prod apart in one project.
-            account_id=f"{cfg.labels.app}-{cfg.slug}"[:23].rstrip("-") + f"-{component}"[:7],
-            display_name=f"{cfg.labels.app} {component} pods ({cfg.stack})",
+            account_id=f"{site.labels.app}-{site.slug}"[:23].rstrip("-") + f"-{component}"[:7],
+            display_name=f"{site.labels.app} {component} pods ({site.stack})",
             description=f"Workload Identity of the {component} pods; bucket roles only, no key",
             opts=child,
         )
@@ -105,7 +112,9 @@ class WorkloadIdentity(pulumi.ComponentResource):
             # The GSA's fully-qualified name (projects/<p>/serviceAccounts/<email>), as the SDK asks.
             service_account_id=self.account.name,
             role=WORKLOAD_IDENTITY_USER,
-            member=workload_member(cfg.project_id, cfg.namespace, self.ksa_name),
+            member=pulumi.Output.from_input(workload_pool).apply(
+                lambda pool: workload_member(pool, namespace_name, self.ksa_name)
+            ),
             opts=child,
         )
         self.grants = [

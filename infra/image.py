@@ -10,7 +10,7 @@ import pulumi_docker_build as docker_build
 import pulumi_gcp as gcp
 
 from infra import contract
-from infra.config import StackConfig
+from infra.config import Site
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE_NAME = "trainer"
@@ -32,35 +32,35 @@ class TrainingImage(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        site: Site,
         reader_member: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("spot-trainer:build:TrainingImage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        repo_id = f"{cfg.labels.app}-{cfg.slug}"  # stacks may share a project and region
-        registry = f"{cfg.region}-docker.pkg.dev"
+        repo_id = f"{site.labels.app}-{site.slug}"  # stacks may share a project and region
+        registry = f"{site.region}-docker.pkg.dev"
         self.repository = gcp.artifactregistry.Repository(
             name,
-            project=cfg.project_id,
-            location=cfg.region,
+            project=site.project_id,
+            location=site.region,
             repository_id=repo_id,
             format="DOCKER",
             description="Training images of spot-trainer",
-            labels=cfg.labels.as_dict(),
+            labels=site.labels.as_dict(),
             opts=child,
         )
         # Nodes pull with their own least-privilege account: read access to this repository only.
         self.reader_grant = gcp.artifactregistry.RepositoryIamMember(
             f"{name}-node-reader",
-            project=cfg.project_id,
-            location=cfg.region,
+            project=site.project_id,
+            location=site.region,
             repository=self.repository.repository_id,
             role="roles/artifactregistry.reader",
             member=reader_member,
             opts=child,
         )
-        self.repository_url = f"{registry}/{cfg.project_id}/{repo_id}/{IMAGE_NAME}"
+        self.repository_url = f"{registry}/{site.project_id}/{repo_id}/{IMAGE_NAME}"
         self.cache_ref = f"{self.repository_url}:{CACHE_TAG}"
         # The deployer's short-lived OAuth token: no key file, no `gcloud auth configure-docker` needed.
         token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
@@ -69,7 +69,7 @@ class TrainingImage(pulumi.ComponentResource):
             context=docker_build.BuildContextArgs(location=_from_cwd(contract.IMAGE_CONTEXT)),
             dockerfile=docker_build.DockerfileArgs(location=_from_cwd(contract.IMAGE_DOCKERFILE)),
             platforms=[docker_build.Platform.LINUX_AMD64],
-            tags=[f"{self.repository_url}:{cfg.slug}"],
+            tags=[f"{self.repository_url}:{site.slug}"],
             push=True,
             # `pulumi preview` (every pull request) does not build the CUDA image; `pulumi up` does.
             build_on_preview=False,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import StackConfig
+from infra.config import DataConfig, JobConfig
 from infra.filestore import FilestoreShare
 from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
@@ -40,40 +41,69 @@ AWAIT_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded")
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
 
 
-def failure_policy(container: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class JobArgs:
+    """The Jobs' slice of the stack: their namespace, settings, data locations, GPUs per pod, and the
+    share's zone when pods are pinned to it (``None``: anywhere in the region)."""
+
+    namespace: str
+    jobs: JobConfig
+    data: DataConfig
+    gpu_count: int
+    share_zone: str | None
+
+
+def failure_policy(container: str | None, gpu: bool = False, budget: bool = True) -> dict[str, Any]:
     """podFailurePolicy of the loader and training Jobs (first matching rule wins):
 
     - a preempted or evicted pod (DisruptionTarget) is retried and never counted;
-    - a worker that exits with one of ``errors.RETRYABLE_EXIT_CODES`` (SIGTERM without the condition, a
-      persistent infrastructure fault, the stall watchdog) is retried and not counted: a new pod does better;
-    - ``errors.EXIT_BAD_CONFIG`` is counted, as is every other failure (dead letters included: the Job
-      ends Failed with the dead items in the pods' last log lines, not reporting work that did not
-      happen). Not FailJob: the Job would end with reason PodFailurePolicy, which the provider's await does
-      not recognise, and `pulumi up` would wait out its whole timeout. Counted against ``backoffLimit`` it
-      ends in BackoffLimitExceeded, which the await reports at once with the pods' termination messages (the
-      worker's one-line error). The loader has ``backoffLimit: 0``, so a bad config fails `pulumi up` on the
-      loader's first pod, before any GPU pod exists.
+    - a worker that exits with one of ``errors.RETRYABLE_EXIT_CODES`` (143: SIGTERM without the
+      condition; 5: the stall watchdog gave a stuck read up) is retried and not counted: a new pod does
+      better;
+    - ``budget``: exit 3 means an infrastructure fault (Redis, the share) persisted for the pod's whole
+      retry budget (``infraRetryBudgetMinutes``, handed to the worker as its Redis retry and give-up
+      times), so the Job fails (FailJob) with the worker's reason in the pod's last log lines, instead of
+      re-creating GPU pods for a day. Without a budget in the pod (the scoring Job), 3 is retried;
+    - ``errors.EXIT_BAD_CONFIG`` is counted, as is every other failure (dead letters included). Not
+      FailJob: the Job would end with reason PodFailurePolicy, which the provider's await does not
+      recognise, and `pulumi up` would wait out its whole timeout. Counted against ``backoffLimit`` it
+      ends in BackoffLimitExceeded, which the await reports at once with the pods' termination messages
+      (the worker's one-line error). The loader has ``backoffLimit: 0``, so a bad config fails `pulumi up`
+      on the loader's first pod, before any GPU pod exists.
+
+    ``container``: the container whose exit codes the rules read; None for a pod of several containers
+    that all exit by the same codes (the scoring Job's, one per run).
     """
+    which = {"containerName": container} if container else {}
+    retried = [*([] if budget else [errors.EXIT_INFRA]), *errors.RETRYABLE_EXIT_CODES]
     return {
         "rules": [
             IGNORE_DISRUPTIONS,
-            {
-                "action": "Ignore",
-                "onExitCodes": {
-                    "containerName": container,
-                    "operator": "In",
-                    "values": list(errors.RETRYABLE_EXIT_CODES),
-                },
-            },
+            {"action": "Ignore", "onExitCodes": {**which, "operator": "In", "values": sorted(retried)}},
             {
                 "action": "Count",
-                "onExitCodes": {"containerName": container, "operator": "In", "values": [errors.EXIT_BAD_CONFIG]},
+                "onExitCodes": {**which, "operator": "In", "values": [errors.EXIT_BAD_CONFIG]},
             },
+            *([{"action": "FailJob", "onExitCodes": {**which, "operator": "In", "values": [errors.EXIT_INFRA]}}]
+              if budget else []),
+            *([_fail_on_unusable_gpu(container)] if gpu else []),
         ]
     }
 
 
-def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
+def _fail_on_unusable_gpu(container: str) -> dict[str, Any]:
+    """GPU pods only: a GPU that CUDA cannot use (exit 6) fails the Job at once, since every new pod gets
+    the same driver. FailJob ends the Job with reason PodFailurePolicy, which the provider's await does not
+    stop on (AWAIT_FAILURE_REASONS): with jobAwait=wait, `pulumi up` reports it at jobTimeoutMinutes, with
+    the pod's one-line error as its termination message. Counting instead would re-create GPU pods
+    backoffLimit more times, each failing the same way."""
+    return {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": container, "operator": "In", "values": [errors.EXIT_GPU_UNUSABLE]},
+    }
+
+
+def seed_inputs(args: JobArgs, image_ref: str) -> str:
     """A short hash of everything the loader seeds from (runs, data source) and the image that runs.
 
     Both Jobs carry it as a pod-template annotation. A Job's template is immutable, so the Kubernetes
@@ -81,13 +111,23 @@ def seed_inputs(cfg: StackConfig, image_ref: str) -> str:
     ``.spec.template`` among a Job's force-new fields): a new run, a new dataset location or a new image
     replaces the loader, which seeds what is new, and the training Job, which trains it. The fixed
     ``dependsOn`` alone never re-ran a completed training Job."""
-    data = cfg.data.dataset.uri if cfg.data.dataset else f"preset:{cfg.jobs.dataset_preset}"
-    facts = {"runs": json.loads(cfg.jobs.runs_json), "data": data, "dataset": cfg.data.dataset_name, "image": image_ref}
+    data = args.data.dataset.uri if args.data.dataset else f"preset:{args.jobs.dataset_preset}"
+    runs = json.loads(args.jobs.runs_json)
+    facts = {"runs": runs, "data": data, "dataset": args.data.dataset_name, "image": image_ref}
+    if args.data.columns_json or args.data.datetime_format:  # absent otherwise: existing stacks keep their hash
+        facts["reading"] = [args.data.columns_json, args.data.datetime_format]
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
-    jobs = cfg.jobs
+def loader_env(data: DataConfig) -> list[dict[str, Any]] | None:
+    """How `seed` reads the stack's data: its column mapping and date format, when the stack sets them."""
+    env = [{"name": contract.ENV_DATASET_COLUMNS, "value": data.columns_json},
+           {"name": contract.ENV_DATASET_DATETIME_FORMAT, "value": data.datetime_format}]
+    return [e for e in env if e["value"]] or None
+
+
+def _env(jobs: JobConfig, redis: RedisQueue) -> list[dict[str, Any]]:
+    budget = str(jobs.infra_retry_budget_minutes * 60)
     return [
         {"name": contract.ENV_SHARE_DIR, "value": contract.SHARE_DIR},
         {"name": contract.ENV_REDIS_URL, "value": redis.url},
@@ -99,15 +139,18 @@ def _env(cfg: StackConfig, redis: RedisQueue) -> list[dict[str, Any]]:
         {"name": contract.ENV_LEASE_TTL, "value": str(jobs.lease_ttl_seconds)},
         {"name": contract.ENV_CHECKPOINT_INTERVAL, "value": str(jobs.checkpoint_interval_seconds)},
         {"name": contract.ENV_MAX_ATTEMPTS, "value": str(jobs.max_attempts)},
+        # How long a pod rides out Redis or the share failing before it exits 3, which fails the Job.
+        {"name": contract.ENV_REDIS_RETRY, "value": budget},
+        {"name": contract.ENV_INFRA_GIVE_UP, "value": budget},
     ]
 
 
 def _pod_template(
     component: str,
     image: pulumi.Input[str],
-    args: list[str],
+    argv: list[str],
     resources: dict[str, Any],
-    cfg: StackConfig,
+    args: JobArgs,
     redis: RedisQueue,
     share: FilestoreShare,
     node_selector: dict[str, str] | None = None,
@@ -135,8 +178,8 @@ def _pod_template(
             {
                 "name": component,
                 "image": image,
-                "args": args,
-                "env": _env(cfg, redis) + (env or []),
+                "args": argv,
+                "env": _env(args.jobs, redis) + (env or []),
                 "resources": resources,
                 "securityContext": contract.restricted_security_context(),
                 # The last log lines become the pod's termination message on a failure: the provider's
@@ -159,9 +202,9 @@ def _pod_template(
         # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
         # not reach Google APIs through Workload Identity). The account has no Kubernetes RBAC role.
         spec["automountServiceAccountToken"] = True
-    if cfg.filestore.pin_to_zone:
+    if args.share_zone:
         # The share lives in one zone: reading it from another costs inter-zone traffic on every read.
-        node_selector = {**(node_selector or {}), ZONE_LABEL: cfg.zone}
+        node_selector = {**(node_selector or {}), ZONE_LABEL: args.share_zone}
     if node_selector:
         spec["nodeSelector"] = node_selector
     if tolerations:
@@ -181,13 +224,22 @@ def _job_metadata(
     return metadata
 
 
+def _with_quota(metadata: dict[str, Any], quota: pulumi.Input[str] | None) -> dict[str, Any]:
+    """A mark on the Job's own metadata that depends on the quota check, so the Job waits for it. A constant
+    once the check passed: a raised limit must not touch the Job."""
+    if quota is not None:
+        passed = pulumi.Output.from_input(quota).apply(lambda _: "enough")
+        metadata["annotations"] = {**metadata.get("annotations", {}), contract.GPU_QUOTA_ANNOTATION: passed}
+    return metadata
+
+
 def one_off_pod(
-    cfg: StackConfig,
+    args: JobArgs,
     image: pulumi.Input[str],
     redis: RedisQueue,
     share: FilestoreShare,
     name: str,
-    args: list[str],
+    argv: list[str],
     command: list[str] | None = None,
     service_account: str | None = None,
 ) -> pulumi.Output[str]:
@@ -196,7 +248,7 @@ def one_off_pod(
     ``service_account``: run as that Workload Identity account (an export to the output bucket)."""
 
     def render(ref: str) -> str:
-        template = _pod_template(contract.LOADER, ref, args, {}, cfg, redis, share, service_account=service_account)
+        template = _pod_template(contract.LOADER, ref, argv, {}, args, redis, share, service_account=service_account)
         container = template["spec"]["containers"][0]
         container.pop("resources")
         container["name"] = name  # kubectl attaches to the container named like the pod
@@ -204,7 +256,7 @@ def one_off_pod(
             container["command"] = command
         overrides = {"apiVersion": "v1", "metadata": template["metadata"], "spec": template["spec"]}
         return (
-            f"kubectl -n {cfg.namespace} run {name} --rm -i --restart=Never --image={ref} "
+            f"kubectl -n {args.namespace} run {name} --rm -i --restart=Never --image={ref} "
             f"--overrides='{json.dumps(overrides, separators=(',', ':'))}'"
         )
 
@@ -224,7 +276,7 @@ class LoaderJob(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        args: JobArgs,
         image: pulumi.Input[str],
         redis: RedisQueue,
         share: FilestoreShare,
@@ -235,23 +287,24 @@ class LoaderJob(pulumi.ComponentResource):
         after: list[pulumi.Resource] | None = None,
     ) -> None:
         super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
-        self.name = f"{cfg.labels.app}-{contract.LOADER}"
+        jobs = args.jobs
+        self.name = f"{contract.APP}-{contract.LOADER}"
         # The runs file `seed --runs-file` reads: the stack's `runs`, already checked by infra.config.
         self.runs = k8s.core.v1.ConfigMap(
             f"{name}-runs",
             metadata={
-                "name": f"{cfg.labels.app}-runs",
+                "name": f"{contract.APP}-runs",
                 "namespace": namespace,
                 "labels": contract.labels(contract.LOADER),
             },
-            data={contract.RUNS_KEY: cfg.jobs.runs_json},
+            data={contract.RUNS_KEY: jobs.runs_json},
             # Immutable: new runs mean a new ConfigMap (pulumi-kubernetes replaces an immutable ConfigMap
             # whatever its enableConfigMapMutable setting, provider/pkg/provider/diff.go), never a file
             # changing under a running loader. The name is fixed, so the old one goes first.
             immutable=True,
             opts=pulumi.ResourceOptions(parent=self, provider=provider, delete_before_replace=True),
         )
-        self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(cfg, ref))
+        self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(args, ref))
         runs_volume = (
             {"name": RUNS_VOLUME, "configMap": {"name": self.runs.metadata.name}},
             {"name": RUNS_VOLUME, "mountPath": contract.RUNS_DIR, "readOnly": True},
@@ -260,15 +313,16 @@ class LoaderJob(pulumi.ComponentResource):
             contract.LOADER,
             image,
             contract.loader_args(
-                cfg.data.dataset_name, cfg.jobs.dataset_preset, cfg.data.dataset.uri if cfg.data.dataset else None
+                args.data.dataset_name, jobs.dataset_preset, args.data.dataset.uri if args.data.dataset else None
             ),
             {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
-            cfg,
+            args,
             redis,
             share,
             service_account=identity.ksa_name if identity else None,
             volumes=[runs_volume],
             annotations={contract.SEED_INPUTS_ANNOTATION: self.seed_inputs},
+            env=loader_env(args.data),
         )
         self.job = k8s.batch.v1.Job(
             name,
@@ -277,7 +331,7 @@ class LoaderJob(pulumi.ComponentResource):
                 # The first counted failure (bad config, a crash) fails the Job and `pulumi up` at once;
                 # preemptions and transient exits are retried (failure_policy) until the deadline.
                 "backoffLimit": 0,
-                "activeDeadlineSeconds": cfg.jobs.loader_timeout_minutes * 60,
+                "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
                 "podFailurePolicy": failure_policy(contract.LOADER),
                 "template": template,
             },
@@ -291,7 +345,7 @@ class LoaderJob(pulumi.ComponentResource):
                     *(identity.resources if identity else []), *(after or []),
                 ],  # fmt: skip
                 custom_timeouts=pulumi.CustomTimeouts(
-                    create=f"{cfg.jobs.loader_timeout_minutes}m", update=f"{cfg.jobs.loader_timeout_minutes}m"
+                    create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
                 ),
             ),
         )
@@ -307,7 +361,7 @@ class TrainingJob(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        args: JobArgs,
         image: pulumi.Input[str],
         redis: RedisQueue,
         share: FilestoreShare,
@@ -317,11 +371,13 @@ class TrainingJob(pulumi.ComponentResource):
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
+        quota: pulumi.Input[str] | None = None,
     ) -> None:
+        """``quota``: the GPU quota check's result (infra/quota.py); the Job is created only once it passed."""
         super().__init__("spot-trainer:k8s:TrainingJob", name, None, opts)
-        jobs = cfg.jobs
-        self.name = f"{cfg.labels.app}-{contract.WORKER}"
-        gpus = str(cfg.gpu.count)
+        jobs = args.jobs
+        self.name = f"{contract.APP}-{contract.WORKER}"
+        gpus = str(args.gpu_count)
         template = _pod_template(
             contract.WORKER,
             image,
@@ -330,13 +386,16 @@ class TrainingJob(pulumi.ComponentResource):
                 "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
                 "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
             },
-            cfg,
+            args,
             redis,
             share,
             node_selector=capacity.node_selector,
             tolerations=capacity.tolerations,
             service_account=identity.ksa_name if identity else None,
-            env=[{"name": contract.ENV_OUTPUT_URI, "value": cfg.data.output.uri}] if cfg.data.output else None,
+            env=[
+                {"name": contract.ENV_EXPECTED_GPUS, "value": gpus},
+                *([{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else []),
+            ],
             # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
             annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
         )
@@ -346,13 +405,13 @@ class TrainingJob(pulumi.ComponentResource):
             timeouts = pulumi.CustomTimeouts(create=wait, update=wait)
         self.job = k8s.batch.v1.Job(
             name,
-            metadata=_job_metadata(self.name, contract.WORKER, namespace, skip_await=jobs.skip_await),
+            metadata=_with_quota(_job_metadata(self.name, contract.WORKER, namespace, jobs.skip_await), quota),
             spec={
                 # Work-queue Job: no completions; done when a pod exits 0 (queue drained) and none run.
                 "parallelism": jobs.parallelism,
                 "backoffLimit": jobs.backoff_limit,
                 "activeDeadlineSeconds": jobs.active_deadline_seconds,
-                "podFailurePolicy": failure_policy(contract.WORKER),
+                "podFailurePolicy": failure_policy(contract.WORKER, gpu=True),
                 "template": template,
             },
             opts=pulumi.ResourceOptions(
@@ -365,6 +424,73 @@ class TrainingJob(pulumi.ComponentResource):
                 # share, while ignore_changes would keep the first value forever (docs/cloud.md).
                 delete_before_replace=True,
                 depends_on=[loader.job, *capacity.resources, *(identity.resources if identity else [])],
+                custom_timeouts=timeouts,
+            ),
+        )
+        self.register_outputs({"name": self.name})
+
+
+class ScoringJob(pulumi.ComponentResource):
+    """With ``outputUri``: after training, each scored run's newest model (its newest promoted checkpoint
+    on the share, read-only) scores the dataset's ``scoring/`` days, and the scores go to
+    ``<outputUri>/<run>/scores/<day>.parquet``. On CPU (no GPU, no spot selector: a short Job that a
+    preemption would only delay), as the workers' Google identity (the one that may write there). One
+    container per run in one pod: the runs score side by side and the Job completes when all have."""
+
+    job: k8s.batch.v1.Job
+    name: str
+
+    def __init__(
+        self,
+        name: str,
+        args: JobArgs,
+        image: pulumi.Input[str],
+        redis: RedisQueue,
+        share: FilestoreShare,
+        training: TrainingJob,
+        loader: LoaderJob,
+        identity: WorkloadIdentity,
+        provider: k8s.Provider,
+        namespace: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("spot-trainer:k8s:ScoringJob", name, None, opts)
+        jobs, output = args.jobs, args.data.output
+        assert output is not None, "a scoring Job needs outputUri"
+        self.name = f"{contract.APP}-{contract.SCORER}"
+        resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+        runs = jobs.scored_runs
+        template = _pod_template(
+            contract.SCORER, image, [], resources, args, redis, share,
+            service_account=identity.ksa_name,
+            # Replaced with the Jobs it follows: new data or a new image scores again (see seed_inputs).
+            annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
+        )  # fmt: skip
+        (base,) = template["spec"]["containers"]
+        dataset = args.data.dataset_name
+        template["spec"]["containers"] = [  # container names are DNS labels; a run name need not be one
+            {**base, "name": f"{contract.SCORER}-{i}", "args": contract.score_args(run, dataset, output.uri)}
+            for i, run in enumerate(runs)
+        ]
+        timeouts = None if jobs.skip_await else pulumi.CustomTimeouts(
+            create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
+        )
+        self.job = k8s.batch.v1.Job(
+            name,
+            metadata=_job_metadata(self.name, contract.SCORER, namespace, skip_await=jobs.skip_await),
+            spec={
+                # A bad input (exit 2) fails the Job on its first pod, as the loader's; infra exits retry.
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
+                "podFailurePolicy": failure_policy(None, budget=False),
+                "template": template,
+            },
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                delete_before_replace=True,
+                # After training (awaited with jobAwait=wait): the newest models are the trained ones.
+                depends_on=[training.job, *identity.resources],
                 custom_timeouts=timeouts,
             ),
         )

@@ -1,6 +1,8 @@
 """Composition of the stack: config in, components wired together, outputs out.
 
-``__main__.py`` calls ``build`` under the Pulumi engine; ``infra.render`` calls it under mocks.
+``__main__.py`` calls ``build`` under the Pulumi engine; ``infra.render`` calls it under mocks. This is
+the one place that cuts the validated ``StackConfig`` into the typed slices the components take (the
+``*_args`` functions below; the component tests build them the same way).
 """
 
 from __future__ import annotations
@@ -12,17 +14,36 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.cluster import Cluster
+from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig
-from infra.filestore import FilestoreShare
+from infra.filestore import FilestoreArgs, FilestoreShare
 from infra.gpu import GpuCapacity
 from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, WorkloadIdentity
 from infra.image import TrainingImage
-from infra.jobs import LoaderJob, TrainingJob, one_off_pod
-from infra.network import Network
+from infra.jobs import JobArgs, LoaderJob, ScoringJob, TrainingJob, one_off_pod
+from infra.network import Network, NetworkArgs
+from infra.quota import check as check_gpu_quota
 from infra.redis import RedisQueue
-from infra.services import ProjectServices
+from infra.services import ProjectServices, apis
 from infra.share_prep import SharePreparation
+
+
+def network_args(cfg: StackConfig) -> NetworkArgs:
+    return NetworkArgs(cfg.project_id, cfg.region, cfg.network, private_nodes=cfg.cluster.private_nodes)
+
+
+def cluster_args(cfg: StackConfig) -> ClusterArgs:
+    return ClusterArgs(cfg.site, cfg.cluster, cfg.network, cfg.gpu)
+
+
+def filestore_args(cfg: StackConfig) -> FilestoreArgs:
+    # The share is protected whenever the cluster is: one setting (deletionProtection) for both.
+    return FilestoreArgs(cfg.site, cfg.filestore, protected=cfg.cluster.deletion_protection)
+
+
+def job_args(cfg: StackConfig) -> JobArgs:
+    zone = cfg.zone if cfg.filestore.pin_to_zone else None
+    return JobArgs(cfg.namespace, cfg.jobs, cfg.data, gpu_count=cfg.gpu.count, share_zone=zone)
 
 
 def build(cfg: StackConfig) -> dict[str, Any]:
@@ -34,7 +55,7 @@ def build(cfg: StackConfig) -> dict[str, Any]:
             f"parallelism {cfg.jobs.parallelism} > {len(cfg.jobs.runs)} run(s): {cfg.jobs.standby_workers} "
             f"training pod(s) will wait {where} as hot standbys (a run trains on one worker at a time). "
             "Add runs (a sweep) or lower parallelism if that is not what you want to pay for.")
-    services = ProjectServices("services", cfg)
+    services = ProjectServices("services", cfg.project_id, apis(cfg.data))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
         "gcp",
@@ -44,9 +65,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     )
     on_gcp = pulumi.ResourceOptions(providers={"gcp": gcp_provider})
 
-    network = Network("network", cfg, opts=on_gcp)
-    cluster = Cluster("cluster", cfg, network, opts=on_gcp)
-    image = TrainingImage("image", cfg, reader_member=cluster.node_service_account.member, opts=on_gcp)
+    network = Network("network", network_args(cfg), opts=on_gcp)
+    cluster = Cluster("cluster", cluster_args(cfg), network, opts=on_gcp)
+    image = TrainingImage("image", cfg.site, reader_member=cluster.node_service_account.member, opts=on_gcp)
 
     namespace = k8s.core.v1.Namespace(
         "namespace",
@@ -58,33 +79,48 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         opts=pulumi.ResourceOptions(provider=cluster.provider),
     )
     ns = namespace.metadata.name
-    capacity = GpuCapacity("gpu", cfg, cluster.provider)
-    share = FilestoreShare("share", cfg, network, cluster.provider, ns, opts=on_gcp)
-    redis = RedisQueue("redis", cfg, cluster.provider, ns)
+    capacity = GpuCapacity("gpu", cfg.gpu, cfg.cluster.autopilot, cluster.provider)
+    share = FilestoreShare("share", filestore_args(cfg), network, cluster.provider, ns, opts=on_gcp)
+    redis = RedisQueue("redis", cfg.redis_image, cluster.provider, ns, cfg.namespace)
+    site, work = cfg.site, job_args(cfg)
     # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
     data = cfg.data
     loader_identity = (
         WorkloadIdentity(
-            "loader-identity", cfg, contract.LOADER,
+            "loader-identity", site, cfg.namespace, cluster.workload_pool, contract.LOADER,
             [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)], cluster.provider, ns, opts=on_gcp,
         )
         if data.dataset else None
     )  # fmt: skip
     worker_identity = (
         WorkloadIdentity(
-            "worker-identity", cfg, contract.WORKER,
+            "worker-identity", site, cfg.namespace, cluster.workload_pool, contract.WORKER,
             [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)], cluster.provider, ns, opts=on_gcp,
         )
         if data.output else None
     )  # fmt: skip
     # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
-    prepared = SharePreparation("share-prep", cfg, image.ref, share, cluster.provider)
+    prepared = SharePreparation("share-prep", cfg.namespace, image.ref, share, cluster.provider)
     loader = LoaderJob(
-        "loader", cfg, image.ref, redis, share, loader_identity, cluster.provider, ns, after=[prepared.job]
+        "loader", work, image.ref, redis, share, loader_identity, cluster.provider, ns, after=[prepared.job]
     )
+    # Read before any GPU pod exists: the training Job waits on it, and a shortfall fails `pulumi up` here.
+    quota = check_gpu_quota(
+        cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,
+        pulumi.InvokeOutputOptions(provider=gcp_provider, depends_on=services.services),
+    ) if cfg.gpu.check_quota else None  # fmt: skip
     training = TrainingJob(
-        "training", cfg, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns
+        "training", work, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns,
+        quota=quota,
     )
+
+    # With outputUri: the scoring/ days are scored by the newest models after training.
+    scoring = (
+        ScoringJob(
+            "scoring", work, image.ref, redis, share, training, loader, worker_identity, cluster.provider, ns
+        )
+        if worker_identity else None
+    )  # fmt: skip
 
     n = f"-n {cfg.namespace}"
     workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
@@ -97,6 +133,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "redisService": f"{redis.service_name}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}",
         "loaderJob": loader.name,
         "trainingJob": training.name,
+        "scoringJob": scoring.name if scoring else "",
+        # The GPU quota limits read at this `pulumi up` (checkGpuQuota).
+        "gpuQuota": quota if quota is not None else "not checked",
         "datasetUri": data.dataset.uri if data.dataset else "",
         "outputUri": data.output.uri if data.output else "",
         "serviceAccounts": {
@@ -121,17 +160,17 @@ def build(cfg: StackConfig) -> dict[str, Any]:
             "reload": pulumi.Output.concat(
                 "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"
             ),
-            "queueStatus": one_off_pod(cfg, image.ref, redis, share, "status", contract.STATUS_ARGS),
+            "queueStatus": one_off_pod(work, image.ref, redis, share, "status", contract.STATUS_ARGS),
             # With outputUri: export a run by hand, as the workers' account (the only one that may write).
             "export": {
                 run: one_off_pod(
-                    cfg, image.ref, redis, share, "export", contract.export_args(run, data.output.uri),
+                    work, image.ref, redis, share, "export", contract.export_args(run, data.output.uri),
                     service_account=worker_identity.ksa_name,
                 )
                 for run in cfg.jobs.runs
             } if data.output and worker_identity else {},  # fmt: skip
             "report": one_off_pod(
-                cfg,
+                work,
                 image.ref,
                 redis,
                 share,

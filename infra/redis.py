@@ -7,7 +7,6 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from infra import contract
-from infra.config import StackConfig
 
 NAME = "redis"
 AUTH_CONF_KEY = "auth.conf"  # Secret key holding `requirepass ...`, mounted as a Redis config file
@@ -28,18 +27,20 @@ class RedisQueue(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        redis_image: str,
         provider: k8s.Provider,
         namespace: pulumi.Input[str],
+        namespace_name: str,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """``namespace_name``: the namespace's name as a plain string, for the in-cluster URL."""
         super().__init__("spot-trainer:k8s:RedisQueue", name, None, opts)
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider)
         labels = contract.labels(contract.REDIS)
         self.service_name = NAME
         self.secret_name = f"{NAME}-auth"
         self.password_key = contract.REDIS_PASSWORD_KEY
-        self.url = f"redis://{NAME}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}/0"
+        self.url = f"redis://{NAME}.{namespace_name}.svc.cluster.local:{contract.REDIS_PORT}/0"
 
         # No special characters: the password goes into a Redis config line unquoted.
         password = random.RandomPassword(
@@ -92,7 +93,7 @@ class RedisQueue(pulumi.ComponentResource):
                         "containers": [
                             {
                                 "name": NAME,
-                                "image": cfg.redis_image,
+                                "image": redis_image,
                                 # The password comes from a config file (the Secret), never argv.
                                 "args": [
                                     f"{AUTH_CONF_DIR}/{AUTH_CONF_KEY}",

@@ -39,6 +39,10 @@ CLUSTER_CA = "ZmFrZS1jYQ=="  # base64("fake-ca")
 IMAGE_DIGEST = "sha256:" + "ab" * 32
 ACCESS_TOKEN = "fake-access-token"
 
+# The GPU quota limits the fake Cloud Quotas API reports (quota id -> limit); tests change them.
+GPU_QUOTA_LIMIT = 16.0
+GPU_QUOTAS: dict[str, float] = {}
+
 MASK = "[secret]"
 # Values under such keys are credentials even where the engine would not mark them secret (a provider
 # function's result, for instance): masked in anything written to disk.
@@ -209,6 +213,10 @@ class _FakeCloud(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         if args.token == "gcp:organizations/getClientConfig:getClientConfig":
             return {"accessToken": ACCESS_TOKEN, "project": FAKE_PROJECT_ID}
+        if args.token == "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo":
+            value = GPU_QUOTAS.get(args.args["quotaId"], GPU_QUOTA_LIMIT)
+            row = {"applicableLocations": ["global"], "details": [{"value": f"{value:g}"}], "dimensions": {}}
+            return {"quotaId": args.args["quotaId"], "dimensionsInfos": [row]}
         return {}
 
 

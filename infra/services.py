@@ -5,37 +5,46 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import StackConfig
+from infra.config import DataConfig
 
 APIS = (
     "compute.googleapis.com",
     "container.googleapis.com",
     "file.googleapis.com",
     "artifactregistry.googleapis.com",
+    # Service accounts (nodes, workloads) and their IAM bindings: a new project may not have it on.
+    "iam.googleapis.com",
+    # Project-level IAM members (the nodes' role) are read and written through Resource Manager.
+    "cloudresourcemanager.googleapis.com",
+    # GPU quota read before any GPU pod is created (infra/quota.py).
+    "cloudquotas.googleapis.com",
 )
 # With datasetUri or outputUri: pods call Cloud Storage as their own service account (calls are accounted
 # to that account's project), and the GKE metadata server mints its tokens through IAM Credentials.
 DATA_APIS = ("storage.googleapis.com", "iamcredentials.googleapis.com")
 
 
-def apis(cfg: StackConfig) -> tuple[str, ...]:
-    return APIS + (DATA_APIS if cfg.data.dataset or cfg.data.output else ())
+def apis(data: DataConfig) -> tuple[str, ...]:
+    """The APIs a stack with this data configuration calls."""
+    return APIS + (DATA_APIS if data.dataset or data.output else ())
 
 
 class ProjectServices(pulumi.ComponentResource):
     """Enables the APIs; other components ``depends_on`` it (``self.services``)."""
 
-    def __init__(self, name: str, cfg: StackConfig, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self, name: str, project_id: str, services: tuple[str, ...], opts: pulumi.ResourceOptions | None = None
+    ) -> None:
         super().__init__("spot-trainer:gcp:ProjectServices", name, None, opts)
         self.services = [
             gcp.projects.Service(
                 api.split(".")[0],
-                project=cfg.project_id,
+                project=project_id,
                 service=api,
                 # Disabling an API on destroy can break other workloads in a shared project.
                 disable_on_destroy=False,
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for api in apis(cfg)
+            for api in services
         ]
         self.register_outputs({"services": [s.service for s in self.services]})

@@ -16,7 +16,6 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.config import StackConfig
 from infra.filestore import FilestoreShare
 
 # Pod Security level of the preparation namespace: the least that admits a root container.
@@ -32,9 +31,9 @@ SCRIPT = (
 )
 
 
-def prep_namespace(cfg: StackConfig) -> str:
+def prep_namespace(namespace: str) -> str:
     """``<namespace>-share-prep``, cut to a DNS label's 63 characters."""
-    return f"{cfg.namespace[:52].rstrip('-')}-share-prep"
+    return f"{namespace[:52].rstrip('-')}-share-prep"
 
 
 class SharePreparation(pulumi.ComponentResource):
@@ -46,7 +45,7 @@ class SharePreparation(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cfg: StackConfig,
+        namespace: str,
         image: pulumi.Input[str],
         share: FilestoreShare,
         provider: k8s.Provider,
@@ -58,7 +57,7 @@ class SharePreparation(pulumi.ComponentResource):
         self.namespace = k8s.core.v1.Namespace(
             name,
             metadata={
-                "name": prep_namespace(cfg),
+                "name": prep_namespace(namespace),
                 "labels": {
                     contract.NAME_LABEL: contract.APP,
                     "pod-security.kubernetes.io/enforce": PREP_POD_SECURITY,
@@ -72,7 +71,7 @@ class SharePreparation(pulumi.ComponentResource):
         uid = contract.WORKLOAD_UID
         self.job = k8s.batch.v1.Job(
             name,
-            metadata={"name": f"{cfg.labels.app}-{contract.SHARE_PREP}", "namespace": ns, "labels": labels},
+            metadata={"name": f"{contract.APP}-{contract.SHARE_PREP}", "namespace": ns, "labels": labels},
             spec={
                 "backoffLimit": 3,
                 "podFailurePolicy": {

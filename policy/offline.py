@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import render
+from infra.config import DATA_LOSS_KEY
 from infra.render import Registered, Rendered
 from policy import rules
 from policy.pack import NAME, stack_facts
@@ -44,6 +45,7 @@ def facts_of(rendered: Rendered) -> rules.StackFacts:
         "onDemandFallback": str(cfg.gpu.on_demand_fallback),
         "datasetUri": cfg.data.dataset.uri if cfg.data.dataset else "",
         "outputUri": cfg.data.output.uri if cfg.data.output else "",
+        DATA_LOSS_KEY: str(not cfg.cluster.deletion_protection),
     }
     return stack_facts(config, stack=rendered.stack)
 

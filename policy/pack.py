@@ -21,7 +21,7 @@ from pulumi_policy import (
 )
 
 from infra import contract
-from infra.config import PROJECT
+from infra.config import DATA_LOSS_KEY, PROJECT
 from policy import rules
 
 NAME = "spot-trainer-guardrails"
@@ -43,13 +43,15 @@ def stack_facts(config: Mapping[str, Any] | None = None, stack: str | None = Non
     stack = stack if stack is not None else pulumi.get_stack()
     if config is None:
         cfg = pulumi.Config(PROJECT)
-        config = {k: cfg.get(k) for k in ("env", "team", "onDemandFallback", "datasetUri", "outputUri")}
+        keys = ("env", "team", "onDemandFallback", "datasetUri", "outputUri", DATA_LOSS_KEY)
+        config = {k: cfg.get(k) for k in keys}
     return rules.StackFacts(
         stack=stack,
         on_demand_fallback=str(config.get("onDemandFallback") or "false").lower() == "true",
         labels={"env": config.get("env") or stack, "app": contract.APP, "team": config.get("team") or None},
         dataset_uri=str(config.get("datasetUri") or "").strip().rstrip("/"),
         output_uri=str(config.get("outputUri") or "").strip().rstrip("/"),
+        allow_data_loss=str(config.get(DATA_LOSS_KEY) or "false").lower() == "true",
     )
 
 

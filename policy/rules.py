@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import contract, gke
-from infra.config import DELETION_PROTECTION_TIERS, END_OF_LIFE_GPUS, PROTECTED_STACK, RELEASE_CHANNELS, GcsUri
+from infra.config import DATA_LOSS_KEY, DELETION_PROTECTION_TIERS, END_OF_LIFE_GPUS, RELEASE_CHANNELS, GcsUri
 
 MANDATORY, ADVISORY = "mandatory", "advisory"
 
@@ -94,6 +94,8 @@ class StackFacts:
     # The stack's datasetUri and outputUri ('' when unset): the only buckets its workloads may be granted.
     dataset_uri: str = ""
     output_uri: str = ""
+    # The stack set allowDataLoss: its cluster and share may go unprotected.
+    allow_data_loss: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,10 +281,12 @@ def cost_labels(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list
     return problems
 
 
-def prod_deletion_protection(
+def stateful_protection(
     type_: str, props: Mapping[str, Any], facts: StackFacts, protect: bool = False
 ) -> list[str]:
-    """One mistaken ``pulumi destroy`` on prod must not delete the cluster or the checkpoints' share.
+    """One mistaken ``pulumi destroy``, or a routine change that replaces them (a new zone), must not
+    delete the cluster or the share with the datasets and checkpoints, in any stack, unless the stack
+    says data may be lost (``allowDataLoss``).
 
     Filestore's own deletion protection exists on ZONAL, REGIONAL and ENTERPRISE only: on a BASIC tier
     the argument fails the create (in any stack), and Pulumi's ``protect`` option (``protect``: the
@@ -295,19 +299,22 @@ def prod_deletion_protection(
                 f"Filestore instance: tier {tier!r} has no deletion protection, and deletionProtectionEnabled "
                 "fails the create; leave it out and protect the resource with Pulumi's `protect` option"
             ]
-        if facts.stack == PROTECTED_STACK and not protect:
-            return [f"Filestore instance: tier {tier!r} in stack {facts.stack!r} must have Pulumi's `protect` option"]
+        if not facts.allow_data_loss and not protect:
+            return [f"Filestore instance: tier {tier!r} in stack {facts.stack!r} must have Pulumi's `protect` "
+                    f"option (unless {DATA_LOSS_KEY} is set)"]
         return []
-    if facts.stack != PROTECTED_STACK:
+    if facts.allow_data_loss:
         return []
     if type_ == CLUSTER:
         # The provider's default is true: only an explicit false turns it off.
         on = props["deletionProtection"] if "deletionProtection" in _keys(props) else True
         if on is not True:
-            return [f"Cluster: deletionProtection is {on!r} in stack {facts.stack!r}; it must be true"]
+            return [f"Cluster: deletionProtection is {on!r} in stack {facts.stack!r}; it must be true "
+                    f"(unless {DATA_LOSS_KEY} is set)"]
     if type_ == FILESTORE and _get(props, "deletionProtectionEnabled") is not True:
         value = _get(props, "deletionProtectionEnabled")
-        return [f"Filestore instance: deletionProtectionEnabled is {value!r} in stack {facts.stack!r}; it must be true"]
+        return [f"Filestore instance: deletionProtectionEnabled is {value!r} in stack {facts.stack!r}; it must be "
+                f"true (unless {DATA_LOSS_KEY} is set)"]
     return []
 
 
@@ -711,11 +718,11 @@ RULES: tuple[Rule, ...] = (
         check_stack=workload_storage_scope,
     ),
     Rule(
-        "prod-deletion-protection",
-        "Stack prod keeps deletion protection on its cluster and Filestore (Pulumi's protect on BASIC tiers, "
-        "which take no deletionProtectionEnabled)",
+        "stateful-protection",
+        "Every stack keeps deletion protection on its cluster and Filestore (Pulumi's protect on BASIC tiers, "
+        f"which take no deletionProtectionEnabled) unless it sets {DATA_LOSS_KEY}",
         MANDATORY,
-        check_resource=prod_deletion_protection,
+        check_resource=stateful_protection,
         reads_protect=True,
     ),
     Rule(

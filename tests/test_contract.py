@@ -29,6 +29,12 @@ def test_every_env_var_the_jobs_set_is_read_by_the_cli(monkeypatch, name, verb, 
     assert getattr(cli.parser().parse_args([verb]), attr) == expected
 
 
+def test_the_gpu_count_the_training_job_sets_is_what_the_worker_checks() -> None:
+    from workload.runtime import gpu
+
+    assert contract.ENV_EXPECTED_GPUS == gpu.ENV_EXPECTED_GPUS
+
+
 def test_the_password_variable_is_the_one_the_queue_client_reads() -> None:
     assert f'env("{contract.ENV_REDIS_PASSWORD}")' in (ROOT / "workload" / "cli.py").read_text()
 
@@ -125,10 +131,13 @@ def test_the_jobs_failure_policy_reads_the_workers_exit_codes(monkeypatch) -> No
         return [(rule["action"], rule["onExitCodes"]["values"]) for rule in policy["rules"] if "onExitCodes" in rule]
 
     assert codes(jobs.failure_policy("worker")) == [
-        ("Ignore", list(errors.RETRYABLE_EXIT_CODES)), ("Count", [errors.EXIT_BAD_CONFIG])]
+        ("Ignore", list(errors.RETRYABLE_EXIT_CODES)), ("Count", [errors.EXIT_BAD_CONFIG]),
+        ("FailJob", [errors.EXIT_INFRA])]
+    assert codes(jobs.failure_policy("worker", gpu=True))[-1] == ("FailJob", [errors.EXIT_GPU_UNUSABLE])
     monkeypatch.setattr(errors, "RETRYABLE_EXIT_CODES", (93, 94))
     monkeypatch.setattr(errors, "EXIT_BAD_CONFIG", 92)
-    assert codes(jobs.failure_policy("worker")) == [("Ignore", [93, 94]), ("Count", [92])]
+    monkeypatch.setattr(errors, "EXIT_INFRA", 91)
+    assert codes(jobs.failure_policy("worker")) == [("Ignore", [93, 94]), ("Count", [92]), ("FailJob", [91])]
 
 
 def test_the_exit_codes_are_defined_once() -> None:
@@ -149,10 +158,37 @@ def test_the_exit_codes_are_defined_once() -> None:
 
 
 def test_the_codes_the_jobs_retry_are_those_a_new_pod_can_fix() -> None:
-    """Retried free: preemption, a persistent infrastructure fault, a stuck mount. Never success, bad
-    config or dead letters: retrying those would run forever or hide a failure."""
+    """Retried free: preemption, a stuck mount. Never success, bad config or dead letters: retrying those
+    would run forever or hide a failure; nor an infrastructure fault the pod already rode out for its whole
+    retry budget, nor a GPU that CUDA cannot use (the Jobs fail on those)."""
     from workload.core import errors
 
-    assert set(errors.RETRYABLE_EXIT_CODES) == {errors.EXIT_INFRA, errors.EXIT_STALLED, errors.EXIT_TERMINATED}
+    assert set(errors.RETRYABLE_EXIT_CODES) == {errors.EXIT_STALLED, errors.EXIT_TERMINATED}
+    assert not {errors.EXIT_INFRA, errors.EXIT_GPU_UNUSABLE} & set(errors.RETRYABLE_EXIT_CODES)
     assert not {errors.EXIT_DONE, errors.EXIT_BAD_CONFIG, errors.EXIT_DEAD_LETTERS} & set(errors.RETRYABLE_EXIT_CODES)
     assert errors.EXIT_TERMINATED == 128 + 15  # what Kubernetes shows for a SIGTERM'd process
+
+
+def test_the_image_takes_torch_for_the_nodes_driver_not_pypis_cuda_13_build() -> None:
+    """PyPI's linux torch needs driver R580; GKE's LATEST COS driver has been R570 (workload/Dockerfile):
+    the image installs the requirements' torch version from the PyTorch index of a CUDA 12 line, whose
+    minimum driver the worker's GPU check names."""
+    from workload.runtime import gpu
+
+    dockerfile = (ROOT / "workload" / "Dockerfile").read_text()
+    line = re.search(r"^ARG TORCH_CUDA=cu(\d+)$", dockerfile, re.MULTILINE)
+    assert line and line[1].startswith("12"), "the image's torch must be a CUDA 12 build (driver R525+)"
+    assert gpu.CUDA_MIN_DRIVER["12"] == "R525"
+    assert '--index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' in dockerfile
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "workload" / "requirements.txt").read_text(), re.MULTILINE)
+    assert pinned and "sed -n 's/^torch==//p' /app/requirements.txt" in dockerfile
+    assert dockerfile.index("TORCH_CUDA") < dockerfile.index("-r /app/requirements.txt")
+
+
+def test_the_retry_budget_the_jobs_set_is_what_the_worker_rides_out(monkeypatch) -> None:
+    """infraRetryBudgetMinutes reaches the worker as its Redis retry and infrastructure give-up times: a
+    pod that exits 3 has seen the fault for the whole budget, and the Jobs fail on that exit."""
+    monkeypatch.setenv(contract.ENV_REDIS_RETRY, "1800")
+    monkeypatch.setenv(contract.ENV_INFRA_GIVE_UP, "1800")
+    cfg = cli.worker_config(cli.parser().parse_args(["worker", "--share", "/tmp/x"]))
+    assert cfg.redis_retry_s == cfg.infra_give_up_s == 1800.0

@@ -122,3 +122,42 @@ def test_one_lane_runs_the_groups_one_after_the_other_with_every_job(monkeypatch
               mutation.Group("c", (), (), cpu_minutes=5)]
     mutation.run_groups(groups, 2, 1)
     assert started == [("b", 2), ("c", 2), ("a", 2)]
+
+
+def test_write_keeps_the_score_in_the_docs_and_the_explained_survivors_beside_the_tool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/benchmarks.md is for figures: --write records the score, the tables and the open survivors there,
+    and the explained ones (hundreds of lines) in bench/mutation_explained.md, which the docs link to; `make
+    bench`, which rewrites the docs, carries the block over."""
+    from collections import Counter
+
+    from bench import run
+
+    docs, explained = tmp_path / "docs" / "benchmarks.md", tmp_path / "bench" / "mutation_explained.md"
+    docs.parent.mkdir()
+    explained.parent.mkdir()
+    docs.write_text("# Benchmarks\n\nfigures\n")
+    for name, value in (("ROOT", tmp_path), ("DOCS", docs), ("EXPLAINED", explained), ("STAGE", tmp_path / "stage")):
+        monkeypatch.setattr(mutation, name, value)
+    module = "workload/model/metrics.py"
+    result = mutation.ModuleResult(module, Counter(killed=8, survived=2))
+    result.survivors = [  # what collect() reads from mutmut's verdicts and diffs
+        mutation._survivor("metrics.x_f__mutmut_1", module, ['-    return float("nan")', '+    return float("NAN")']),
+        mutation._survivor("metrics.x_f__mutmut_2", module, ["-    return 0.0", "+    return 1.0"])]
+    assert result.survivors[0].why and not result.survivors[1].why
+    monkeypatch.setattr(mutation, "collect", lambda where, group: [result])
+
+    assert mutation.main(["--only", "metrics", "--no-run", "--write"]) == 1  # one open survivor: falls short
+
+    block = docs.read_text().partition(mutation.BEGIN)[2].partition(mutation.END)[0]
+    assert docs.read_text().startswith("# Benchmarks\n\nfigures\n")
+    assert "Mutation score 88.9 %" in block and f"| {module} | 10 | 8 | 0 | 2 | 0 | 1 | 88.9 % |" in block
+    assert "Survivors (1)" in block and "`metrics.x_f__mutmut_2`: `return 0.0` -> `return 1.0`" in block
+    assert "metrics.x_f__mutmut_1" not in block
+    assert "Equivalent (1), left out of the score: listed with their reasons in " \
+           "[bench/mutation_explained.md](../bench/mutation_explained.md)." in block
+    listed = explained.read_text()
+    assert f"`metrics.x_f__mutmut_1`: `return float(\"nan\")` -> `return float(\"NAN\")`: " \
+           f"{result.survivors[0].why}" in listed
+    assert "metrics.x_f__mutmut_2" not in listed
+    assert run.mutation_block(docs).strip() == f"{mutation.BEGIN}{block}{mutation.END}"

@@ -22,9 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED
+from workload.core.errors import (
+    EXIT_BAD_CONFIG,
+    EXIT_DEAD_LETTERS,
+    EXIT_DONE,
+    EXIT_GPU_UNUSABLE,
+    EXIT_INFRA,
+    EXIT_TERMINATED,
+)
 from workload.data import dataset as ds
-from workload.data import publish, simulator, source
+from workload.data import publish, reading, simulator, source
 from workload.model import report
 from workload.model.hparams import HParams, parse_runs
 from workload.queue import plan
@@ -137,11 +144,36 @@ def simulated_source(spec: simulator.SimulationSpec) -> str:
     return "simulator:" + ",".join(f"{k}={v}" for k, v in asdict(spec).items())
 
 
+def data_reading(args: argparse.Namespace) -> reading.Reading:
+    """How the user's files are read: `--columns FILE` (else env DATASET_COLUMNS, the mapping itself as
+    JSON: the stack's setting) and `--datetime-format` (else env DATASET_DATETIME_FORMAT)."""
+    try:
+        if args.columns:
+            return reading.reading(args.columns, args.datetime_format)
+        inline = env("DATASET_COLUMNS")
+        mapped = reading.check_columns(json.loads(inline), "DATASET_COLUMNS") if inline else ()
+        fmt = reading.check_format(args.datetime_format, "--datetime-format")
+    except ValueError as exc:  # ReadingError, or DATASET_COLUMNS that is not JSON
+        raise UsageError(str(exc) if isinstance(exc, reading.ReadingError) else
+                         f"DATASET_COLUMNS: not a JSON mapping of your column names to ours ({exc})") from None
+    return reading.Reading(columns=mapped, datetime_format=fmt)
+
+
+def add_reading(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--columns",
+                   help="YAML or JSON file mapping your column names to ours, e.g. {card_id: CUSTOMER_ID, ts: "
+                        "TX_DATETIME} (env DATASET_COLUMNS holds the mapping itself as JSON; default: our names)")
+    p.add_argument("--datetime-format", default=env("DATASET_DATETIME_FORMAT"),
+                   help="how your timestamps are written when not ISO 8601, e.g. '%%d/%%m/%%Y %%H:%%M', or epoch-s / "
+                        "epoch-ms for numbers; dates are never guessed (env DATASET_DATETIME_FORMAT; default: "
+                        "ISO 8601 only)")
+
+
 def place_dataset(args: argparse.Namespace, root: Path) -> None:
     """Publish the dataset from `--datasets` (a folder or gs://bucket/prefix) or simulate it (see
     workload.data.publish for the rules: one source per dataset, immutable days, appended new days)."""
     if args.datasets:
-        outcome = publish.publish(root, source.open_source(args.datasets))
+        outcome = publish.publish(root, source.open_source(args.datasets), data_reading(args))
         log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
                  outcome.unchanged)
         return
@@ -226,10 +258,15 @@ def worker(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from workload.runtime import gpu
     from workload.runtime.worker import Worker
 
     cfg = worker_config(args)
     setup_logging(cfg.worker_id)
+    unusable = gpu.unusable_reason()
+    if unusable:  # before any claim: a GPU pod never trains on its CPU
+        print(f"error: {unusable}", file=sys.stderr)
+        return EXIT_GPU_UNUSABLE
     w = Worker(cfg, make_queue(args, retry_for_s=cfg.redis_retry_s))
     w.install_signal_handlers()
     return w.run()
@@ -320,12 +357,16 @@ def export_cmd(args: argparse.Namespace) -> int:
 def score_cmd(args: argparse.Namespace) -> int:
     from workload.model import export, score  # torch: only those who score pay for it
 
+    how = data_reading(args)
     try:
-        score.score_dataset(args.model, args.datasets, args.out, args.days)
+        score.score_dataset(args.model, args.datasets, args.out, args.days, how)
     except (score.ScoreError, export.ModelFileError) as exc:
         raise UsageError(str(exc)) from None
+    except score.OutputUnreachable as exc:
+        log.error("%s", exc)
+        return EXIT_INFRA
     except OSError as exc:  # an unreadable data file: the message names it
-        raise UsageError(f"--datasets {args.datasets}: {exc}") from None
+        raise UsageError(f"--datasets {args.datasets}: {exc.strerror or exc}") from None
     return 0
 
 
@@ -335,6 +376,29 @@ def _sub(sub: Any, name: str, summary: str, example: str, more: str = "") -> arg
     description = textwrap.fill(f"{summary}. {more}".strip(), 100, break_on_hyphens=False)
     return sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_score(sub: Any) -> None:
+    """The `score` command: the contract the cloud's scoring Job calls (see workload.model.score)."""
+    sc = _sub(sub, "score", "score transactions with a trained model (the worker's features and history windows) "
+              "and write TRANSACTION_ID, TX_DATETIME, score and the rank within its day to Parquet",
+              "python -m workload score --model results/main/model.safetensors --datasets gs://acme/exports "
+              "--out gs://acme-results/scores/")
+    sc.add_argument("--model", type=Path, required=True,
+                    help="a model.safetensors written by `export`, or a run's output folder on the share "
+                         "(SHARE/output/RUN: its newest finished checkpoint, read only) (no env; required)")
+    sc.add_argument("--datasets", required=True,
+                    help="a folder laid out as for seed (scoring/ holds the unlabelled days), gs://bucket/prefix, "
+                         "or a dataset on the share (SHARE/datasets/NAME); every earlier day feeds the feature "
+                         "windows (no env; required)")
+    sc.add_argument("--out", default="scores.parquet",
+                    help="a .parquet file, or a folder ending in / for one file per scored day; local or gs:// "
+                         "(no env; default scores.parquet)")
+    sc.add_argument("--days", choices=("scoring", "testing", "all"), default="scoring",
+                    help="which days to score: scoring (the unlabelled scoring/ days), testing, or all "
+                         "(no env; default scoring)")
+    add_reading(sc)
+    sc.set_defaults(fn=score_cmd)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -357,6 +421,7 @@ def parser() -> argparse.ArgumentParser:
                    help="publish the dataset from this folder or gs://bucket/prefix (history/, training/, "
                         "testing/ of *.parquet|*.csv; new days are added on the next seed) instead of "
                         "simulating (env DATASETS_SRC; default none: simulate --preset)")
+    add_reading(s)
     s.add_argument("--dataset", default=env("DATASET", DEFAULT_DATASET),
                    help=f"dataset name on the share (env DATASET; default {DEFAULT_DATASET})")
     s.add_argument("--preset", default=env("DATASET_PRESET", "small"),
@@ -416,21 +481,7 @@ def parser() -> argparse.ArgumentParser:
                          "(env OUTPUT_URI; no default)")
     ex.set_defaults(fn=export_cmd)
 
-    sc = _sub(sub, "score", "score transactions with an exported model (the worker's features and history "
-              "windows) and write a Parquet of TRANSACTION_ID, score",
-              "python -m workload score --model results/main/model.safetensors --datasets local/share/datasets/fraud "
-              "--out scores.parquet")
-    sc.add_argument("--model", type=Path, required=True,
-                    help="a model.safetensors written by `export` (no env; required)")
-    sc.add_argument("--datasets", type=Path, required=True,
-                    help="a dataset folder laid out as for seed (training/, testing/), or one on the share "
-                         "(SHARE/datasets/NAME); earlier days only feed the feature windows (no env; required)")
-    sc.add_argument("--out", type=Path, default=Path("scores.parquet"),
-                    help="the Parquet file to write (no env; default scores.parquet)")
-    sc.add_argument("--days", choices=("testing", "all"), default="testing",
-                    help="which days to score: testing (the testing/ days) or all (training and testing) "
-                         "(no env; default testing)")
-    sc.set_defaults(fn=score_cmd)
+    add_score(sub)
 
     lo = _sub(sub, "local", "everything on this machine: an embedded Redis, a local folder as the share, N worker "
               "processes; run it again to resume",
@@ -440,6 +491,7 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--dir", type=Path, default=Path("local"),
                     help="where the share, the Redis data and the logs live (no env; default local)")
     lo.add_argument("--datasets", help="copy this dataset folder instead of simulating (no env; default none)")
+    add_reading(lo)
     lo.add_argument("--preset", default="small",
                     help=f"simulator preset: {', '.join(simulator.PRESETS)} (no env; default small)")
     lo.add_argument("--run", action="append", help="run name, repeatable (no env; default 'main')")
@@ -465,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     except ds.DatasetError as exc:
         log.error("dataset problem: %s", exc)
         return EXIT_BAD_CONFIG
+    except source.SourceUnreachable as exc:
+        log.error("dataset source: %s", exc)
+        return EXIT_INFRA
     except source.SourceError as exc:
         log.error("dataset source: %s", exc)
         return EXIT_BAD_CONFIG

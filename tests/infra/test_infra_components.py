@@ -30,7 +30,7 @@ import pulumi_kubernetes as k8s
 import pytest
 import redis as redis_py
 
-from infra import config, contract, jobs, render, share_prep
+from infra import config, contract, jobs, program, render, share_prep
 from infra.filestore import FilestoreShare
 from infra.gke import ZONE_LABEL
 from infra.gpu import GpuCapacity
@@ -109,15 +109,17 @@ def build(
 
 def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
     """The Jobs and everything they are wired to (no cluster, image or project services)."""
-    network = Network("network", cfg, opts=on_gcp())
-    share = FilestoreShare("share", cfg, network, provider, cfg.namespace, opts=on_gcp())
-    redis = RedisQueue("redis", cfg, provider, cfg.namespace)
-    capacity = GpuCapacity("gpu", cfg, provider)
-    data = cfg.data
+    network = Network("network", program.network_args(cfg), opts=on_gcp())
+    share = FilestoreShare("share", program.filestore_args(cfg), network, provider, cfg.namespace, opts=on_gcp())
+    redis = RedisQueue("redis", cfg.redis_image, provider, cfg.namespace, cfg.namespace)
+    capacity = GpuCapacity("gpu", cfg.gpu, cfg.cluster.autopilot, provider)
+    data, work = cfg.data, program.job_args(cfg)
     loader_id = (
         WorkloadIdentity(
             "loader-identity",
-            cfg,
+            cfg.site,
+            cfg.namespace,
+            f"{cfg.project_id}.svc.id.goog",
             contract.LOADER,
             [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)],
             provider,
@@ -130,7 +132,9 @@ def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any
     worker_id = (
         WorkloadIdentity(
             "worker-identity",
-            cfg,
+            cfg.site,
+            cfg.namespace,
+            f"{cfg.project_id}.svc.id.goog",
             contract.WORKER,
             [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)],
             provider,
@@ -140,16 +144,16 @@ def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any
         if data.output
         else None
     )
-    prepared = share_prep.SharePreparation("share-prep", cfg, IMAGE, share, provider)
+    prepared = share_prep.SharePreparation("share-prep", cfg.namespace, IMAGE, share, provider)
     loader = jobs.LoaderJob(
-        "loader", cfg, IMAGE, redis, share, loader_id, provider, cfg.namespace, after=[prepared.job]
+        "loader", work, IMAGE, redis, share, loader_id, provider, cfg.namespace, after=[prepared.job]
     )
     training = jobs.TrainingJob(
-        "training", cfg, IMAGE, redis, share, capacity, loader, worker_id, provider, cfg.namespace
+        "training", work, IMAGE, redis, share, capacity, loader, worker_id, provider, cfg.namespace
     )
-    status = jobs.one_off_pod(cfg, IMAGE, redis, share, "status", contract.STATUS_ARGS)
+    status = jobs.one_off_pod(work, IMAGE, redis, share, "status", contract.STATUS_ARGS)
     export = jobs.one_off_pod(
-        cfg,
+        work,
         IMAGE,
         redis,
         share,
@@ -253,7 +257,7 @@ def names_are_dns_labels(built: Built) -> None:
 
 
 def _redis(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    r = RedisQueue("redis", cfg, provider, cfg.namespace)
+    r = RedisQueue("redis", cfg.redis_image, provider, cfg.namespace, cfg.namespace)
     return {"redis": r, "url": r.url}
 
 
@@ -447,7 +451,7 @@ def probe_passes(command: list[str], port: int, tmp_path: Path, env: dict[str, s
 
 
 def _network(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    n = Network("network", cfg, opts=on_gcp())
+    n = Network("network", program.network_args(cfg), opts=on_gcp())
     return {"id": n.network_id, "name": n.network_name, "subnet": n.subnetwork_id}
 
 
@@ -490,7 +494,8 @@ def test_an_existing_network_is_used_by_name_and_nothing_is_created() -> None:
 
 
 def _share(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    share = FilestoreShare("share", cfg, Network("network", cfg, opts=on_gcp()), provider, cfg.namespace, opts=on_gcp())
+    network = Network("network", program.network_args(cfg), opts=on_gcp())
+    share = FilestoreShare("share", program.filestore_args(cfg), network, provider, cfg.namespace, opts=on_gcp())
     return {"share": share, "ip": share.ip}
 
 
@@ -522,15 +527,15 @@ def test_the_share_is_one_filestore_bound_to_exactly_one_claim(stack: str, tier:
     assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
     assert claim["spec"]["storageClassName"] == volume["spec"]["storageClassName"] == ""
     assert claim["spec"]["accessModes"] == volume["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert (
-        claim["spec"]["resources"]["requests"]["storage"] == volume["spec"]["capacity"]["storage"] == (f"{capacity}Gi")
-    )
+    assert volume["spec"]["capacity"]["storage"] == f"{capacity}Gi"
+    # The claim asks for the tier's floor, whatever the size (test_infra_share: growing the share).
+    assert claim["spec"]["resources"]["requests"]["storage"] == f"{config.FILESTORE_TIERS[tier][0]}Gi"
     assert claim["metadata"] == {"name": b.made["share"].claim_name, "namespace": b.cfg.namespace}
     assert b.cfg.slug in volume["metadata"]["name"]  # PVs are cluster-wide: one per stack
 
 
 def _gpu(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    gpu = GpuCapacity("gpu", cfg, provider)
+    gpu = GpuCapacity("gpu", cfg.gpu, cfg.cluster.autopilot, provider)
     return {"gpu": gpu, "urns": _urns(gpu.resources)}
 
 
@@ -576,7 +581,9 @@ def _identities(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, An
     data = cfg.data
     reader = WorkloadIdentity(
         "loader-identity",
-        cfg,
+        cfg.site,
+        cfg.namespace,
+        f"{cfg.project_id}.svc.id.goog",
         contract.LOADER,
         [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)],
         provider,
@@ -585,7 +592,9 @@ def _identities(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, An
     )
     writer = WorkloadIdentity(
         "worker-identity",
-        cfg,
+        cfg.site,
+        cfg.namespace,
+        f"{cfg.project_id}.svc.id.goog",
         contract.WORKER,
         [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)],
         provider,
@@ -658,15 +667,16 @@ def test_a_long_output_uri_keeps_the_condition_title_within_iams_limit() -> None
 
 
 def _prep(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:
-    share = FilestoreShare("share", cfg, Network("network", cfg, opts=on_gcp()), provider, cfg.namespace, opts=on_gcp())
-    return {"prep": share_prep.SharePreparation("share-prep", cfg, IMAGE, share, provider), "share": share}
+    network = Network("network", program.network_args(cfg), opts=on_gcp())
+    share = FilestoreShare("share", program.filestore_args(cfg), network, provider, cfg.namespace, opts=on_gcp())
+    return {"prep": share_prep.SharePreparation("share-prep", cfg.namespace, IMAGE, share, provider), "share": share}
 
 
 def test_the_share_preparation_runs_as_root_only_in_its_own_baseline_namespace() -> None:
     b = build(_prep)
     _strictly_valid(b)
     ns = b.one("kubernetes:core/v1:Namespace", "share-prep").inputs["metadata"]
-    assert ns["name"] == share_prep.prep_namespace(b.cfg) != b.cfg.namespace
+    assert ns["name"] == share_prep.prep_namespace(b.cfg.namespace) != b.cfg.namespace
     assert ns["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     job = b.one(JOB, "share-prep")
     assert job.inputs["metadata"]["namespace"] == ns["name"]
@@ -733,10 +743,10 @@ def test_the_share_preparations_script_hands_the_share_root_over(tmp_path: Path)
 
 def test_the_preparation_namespace_is_a_dns_label() -> None:
     long = config.load(render.stack_config("dev", {"namespace": "n" * 63}), stack="dev")
-    name = share_prep.prep_namespace(long)
+    name = share_prep.prep_namespace(long.namespace)
     assert len(name) <= 63 and name.endswith("-share-prep") and name.startswith("n" * 52)
     dashed = config.load(render.stack_config("dev", {"namespace": "a" * 51 + "-b"}), stack="dev")
-    assert "--" not in share_prep.prep_namespace(dashed)
+    assert "--" not in share_prep.prep_namespace(dashed.namespace)
 
 
 # --- what deployed stacks are keyed on -----------------------------------------------------------------------
@@ -800,7 +810,11 @@ def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
     counted = JobController(spec)
     assert [counted.pod_failed(FailedPod({worker: 1})) for _ in range(limit + 1)][-1] == "BackoffLimitExceeded"
     rules = spec["podFailurePolicy"]["rules"]
-    assert {r["action"] for r in rules} <= {"Ignore", "Count"}  # FailJob's reason is not awaited
+    # FailJob's reason is not awaited: only exits no new pod can fix use it, exit 3 (the infrastructure
+    # down for the pod's whole retry budget) and, on GPU pods, exit 6 (a driver CUDA cannot use).
+    fail_job = [r["onExitCodes"]["values"] for r in rules if r["action"] == "FailJob"]
+    assert fail_job == [[errors.EXIT_INFRA]] + ([[errors.EXIT_GPU_UNUSABLE]] if name == "training" else [])
+    assert {r["action"] for r in rules} <= {"Ignore", "Count", "FailJob"}
     assert all(r.get("onExitCodes", {}).get("containerName", worker) == worker for r in rules)
 
 
@@ -927,19 +941,23 @@ def test_identities_are_worn_only_by_their_own_pods() -> None:
     assert "serviceAccountName" not in pod(plain.one(JOB, "training"))
 
 
+def _job_args(values: dict[str, str], stack: str) -> jobs.JobArgs:
+    return program.job_args(config.load(values, stack=stack))
+
+
 def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
     cfg = config.load(render.stack_config("dev", {}), stack="dev")
-    base = jobs.seed_inputs(cfg, IMAGE)
+    base = jobs.seed_inputs(program.job_args(cfg), IMAGE)
     (other_preset,) = set(contract.DATASET_PRESETS) - {cfg.jobs.dataset_preset}
-    assert len(base) == 16 and int(base, 16) >= 0 and base == jobs.seed_inputs(cfg, IMAGE)
+    assert len(base) == 16 and int(base, 16) >= 0 and base == jobs.seed_inputs(program.job_args(cfg), IMAGE)
     changed = [
-        jobs.seed_inputs(cfg, IMAGE.replace("ab", "cd")),
-        jobs.seed_inputs(config.load(render.stack_config("dev", {"runs": {"other": {}}}), stack="dev"), IMAGE),
-        jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetPreset": other_preset}), stack="dev"), IMAGE),
-        jobs.seed_inputs(config.load(render.stack_config("dev", {"datasetName": "other"}), stack="dev"), IMAGE),
-        jobs.seed_inputs(config.load(render.stack_config("dev", DATA), stack="dev"), IMAGE),
+        jobs.seed_inputs(program.job_args(cfg), IMAGE.replace("ab", "cd")),
+        jobs.seed_inputs(_job_args(render.stack_config("dev", {"runs": {"other": {}}}), stack="dev"), IMAGE),
+        jobs.seed_inputs(_job_args(render.stack_config("dev", {"datasetPreset": other_preset}), stack="dev"), IMAGE),
+        jobs.seed_inputs(_job_args(render.stack_config("dev", {"datasetName": "other"}), stack="dev"), IMAGE),
+        jobs.seed_inputs(_job_args(render.stack_config("dev", DATA), stack="dev"), IMAGE),
         # the same dataset name (the last folder) at a new location: new data to load
-        jobs.seed_inputs(config.load(render.stack_config("dev", {**DATA, "datasetUri": "gs://acme-fraud-2/exports"}),
+        jobs.seed_inputs(_job_args(render.stack_config("dev", {**DATA, "datasetUri": "gs://acme-fraud-2/exports"}),
                                      stack="dev"), IMAGE),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
@@ -948,7 +966,7 @@ def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
     # restarting the workers. The same inputs keep the value their stacks were deployed with.
     pinned = {"runs": {"main": {}, "wide": {"hidden": [128, 64]}}, "datasetPreset": "small", "datasetName": "fraud"}
     deployed = config.load(render.stack_config("dev", pinned), stack="dev")
-    assert jobs.seed_inputs(deployed, "reg/img@sha256:" + "0" * 64) == "60cc4f7ce852a905"
+    assert jobs.seed_inputs(program.job_args(deployed), "reg/img@sha256:" + "0" * 64) == "60cc4f7ce852a905"
     b = workloads()
     for name in ("loader", "training"):
         notes = b.one(JOB, name).inputs["spec"]["template"]["metadata"]["annotations"]
@@ -1027,3 +1045,19 @@ def test_service_account_ids_stay_valid_for_long_stack_names() -> None:
     assert ids == ["spot-trainer-team-ml-a-loader", "spot-trainer-team-ml-a-worker"]
     for account_id in ids:
         assert re.match(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$", account_id) and "--" not in account_id
+
+
+# The modules that may see the whole stack config: where it is made, where it is cut into slices, and the
+# offline renderer that reports it. Every component module takes only its slice (issue 19).
+WHOLE_CONFIG_MODULES = {"config.py", "program.py", "render.py", "__main__.py"}
+
+
+def test_components_receive_their_own_config_slice_not_the_stack_config() -> None:
+    """A component that takes ``StackConfig`` (or reads ``pulumi.Config``) can silently start depending on
+    any setting; each gets a typed slice from infra.program instead, as the pulumi examples' args do."""
+    infra_dir = Path(config.__file__).parent
+    components = sorted(p for p in infra_dir.glob("*.py") if p.name not in WHOLE_CONFIG_MODULES | {"__init__.py"})
+    assert {"cluster.py", "filestore.py", "jobs.py", "network.py"} <= {p.name for p in components}
+    for path in components:
+        text = path.read_text()
+        assert "StackConfig" not in text and "pulumi.Config(" not in text, f"{path.name} takes the whole config"

@@ -29,11 +29,19 @@ def test_a_new_stack_needs_only_gcp_project() -> None:
     assert cfg.labels.as_dict() == {"env": "brand-new", "app": "spot-trainer", "team": "ml-platform"}
 
 
-def test_deletion_protection_defaults_on_only_for_prod() -> None:
-    assert load("brand-new").cluster.deletion_protection is False
-    assert load("prod", deletionProtection="auto").cluster.deletion_protection is True
-    assert load("prod", deletionProtection=False).cluster.deletion_protection is False
-    assert load("dev", deletionProtection=True).cluster.deletion_protection is True
+def test_every_stack_is_protected_unless_it_allows_data_loss() -> None:
+    """A new zone replaces the share: no stack loses its data to a routine change unless it says so."""
+    assert load("brand-new").cluster.deletion_protection is True
+    assert load("dev").cluster.deletion_protection is True
+    assert load("prod").cluster.deletion_protection is True
+    assert load("dev", allowDataLoss=True).cluster.deletion_protection is False
+
+
+def test_the_retired_protection_key_says_what_replaced_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        load("dev", deletionProtection=False)
+    assert "'spot-trainer:deletionProtection' was retired" in str(err.value)
+    assert "spot-trainer:allowDataLoss=true" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_stack_files_only_use_declared_keys() -> None:
@@ -89,7 +97,7 @@ BAD_VALUES = [
     ({"jobAwait": "forever"}, "jobAwait", "'forever'", "one of wait, skip"),
     ({"jobTimeoutMinutes": 0}, "jobTimeoutMinutes", "0", "an integer >= 1"),
     ({"releaseChannel": "BETA"}, "releaseChannel", "'BETA'", "one of RAPID, REGULAR, STABLE"),
-    ({"deletionProtection": "yes"}, "deletionProtection", "'yes'", "one of auto, true, false"),
+    ({"allowDataLoss": "yes"}, "allowDataLoss", "'yes'", "true or false"),
     ({"team": "ML Platform"}, "team", "'ML Platform'", "a GCP label value"),
     ({"env": "Prod!"}, "env", "'Prod!'", "a GCP label value"),
     ({"redisImage": "redis:7.4"}, "redisImage", "'redis:7.4'", "an image by digest"),
@@ -410,3 +418,36 @@ def test_preview_checks_runs_without_the_workers_heavy_dependencies() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=render.REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "('main', 'w')"
+
+
+def test_the_loader_reads_the_files_through_the_stacks_column_mapping_and_date_format(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra import jobs
+    from workload import cli
+    from workload.data.reading import Reading
+
+    assert jobs.loader_env(load("dev").data) is None, "unset: the loader reads our names and ISO 8601"
+    cfg = load("dev", datasetColumns=json.dumps({"ts": "TX_DATETIME", "card_id": "CUSTOMER_ID"}),
+               datasetDatetimeFormat="%d/%m/%Y %H:%M")
+    env = {e["name"]: e["value"] for e in jobs.loader_env(cfg.data)}
+    assert env == {"DATASET_COLUMNS": '{"card_id": "CUSTOMER_ID", "ts": "TX_DATETIME"}',
+                   "DATASET_DATETIME_FORMAT": "%d/%m/%Y %H:%M"}
+    for name, value in env.items():  # what the loader pod's `seed` makes of them
+        monkeypatch.setenv(name, value)
+    args = cli.parser().parse_args(["seed", "--datasets", "gs://acme-fraud/exports"])
+    assert cli.data_reading(args) == Reading(columns=(("card_id", "CUSTOMER_ID"), ("ts", "TX_DATETIME")),
+                                             datetime_format="%d/%m/%Y %H:%M")
+
+
+@pytest.mark.parametrize(("overrides", "key", "message"), [
+    ({"datasetColumns": '{"card_id": "CARD"}'}, "datasetColumns", "'card_id' maps to unknown column 'CARD'"),
+    ({"datasetColumns": '{"a": "CUSTOMER_ID", "b": "CUSTOMER_ID"}'}, "datasetColumns",
+     "both 'a' and 'b' map to CUSTOMER_ID"),
+    ({"datasetColumns": '["card_id"]'}, "datasetColumns", "expected a mapping of your column names to ours"),
+    ({"datasetDatetimeFormat": "%Y"}, "datasetDatetimeFormat", "strftime directives with the day and month"),
+])
+def test_a_bad_column_mapping_or_date_format_fails_preview_naming_the_key(overrides: dict[str, str], key: str,
+                                                                        message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load("dev", **overrides)
+    assert str(err.value).startswith(f"config spot-trainer:{key}=") and message in str(err.value), str(err.value)

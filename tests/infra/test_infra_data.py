@@ -253,3 +253,19 @@ def test_standard_clusters_run_the_gke_metadata_server_where_the_pods_run(render
     assert pools and all(p.inputs["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"} for p in pools)
     (binding, _) = sorted(r.of_type(SA_BINDING), key=lambda b: b.name)
     assert binding.inputs["member"].startswith(f"serviceAccount:{cluster['workloadIdentityConfig']['workloadPool']}[")
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_workload_identity_bindings_wait_for_the_cluster_pool(stack: str, rendered: Render) -> None:
+    """The member ``<project>.svc.id.goog[ns/ksa]`` exists only once the cluster has made the pool: a
+    binding that depends on the Google account alone is tried a minute into a first `pulumi up` and
+    fails ("Identity Pool does not exist"). Both bindings take the pool from the cluster's output."""
+    r = rendered(stack, **DATA, **OUTPUT)
+    cluster = r.one("gcp:container/cluster:Cluster")
+    bindings = r.of_type(SA_BINDING)
+    assert len(bindings) == 2
+    for binding in bindings:
+        assert cluster.urn in binding.property_dependencies.get("member", []), binding.name
+        assert cluster.urn in binding.dependencies
+        pool = cluster.inputs["workloadIdentityConfig"]["workloadPool"]
+        assert binding.inputs["member"].startswith(f"serviceAccount:{pool}[{r.config.namespace}/")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from infra import jobs, render
+from infra import contract, jobs, render
 from infra.render import Registered, Rendered
 from tests.infra.job_controller import FailedPod, JobController
 from workload.core import errors
@@ -195,3 +195,36 @@ def test_the_outputs_say_how_to_rerun_a_job(stack: str, rendered: Render) -> Non
     commands = r.outputs["commands"]
     assert commands["rerunLoader"] == f"pulumi up --replace '{r.one(JOB, 'loader').urn}'"
     assert commands["rerunTraining"] == f"pulumi up --replace '{r.one(JOB, 'training').urn}'"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_gpu_that_cuda_cannot_use_fails_training_on_its_first_pod(stack: str, rendered: Render) -> None:
+    """Every new pod lands on the same driver: exit 6 ends the Job at once (FailJob), instead of
+    re-creating GPU pods that would train on their CPUs or fail the same way backoffLimit times. A
+    preempted pod that exits 6 is still a preemption."""
+    r = rendered(stack)
+    job, name = _controller(r, "training")
+    assert job.pod_failed(FailedPod({name: errors.EXIT_GPU_UNUSABLE}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({name: errors.EXIT_GPU_UNUSABLE})) == "PodFailurePolicy"
+    assert job.counted == 0
+    (container,) = r.one(JOB, "training").inputs["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    limit = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert env[contract.ENV_EXPECTED_GPUS] == limit == str(r.config.gpu.count)  # what the worker checks
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("name", ["loader", "training"])
+def test_an_infrastructure_fault_that_outlasts_the_budget_fails_the_job(
+    stack: str, name: str, rendered: Render
+) -> None:
+    """A pod exits 3 only after riding out Redis or the share failing for infraRetryBudgetMinutes (its
+    Redis retry and give-up times): the Job fails on that pod, instead of new GPU pods for a day. A
+    preemption in the meantime is still free."""
+    r = rendered(stack, infraRetryBudgetMinutes=45)
+    job, container = _controller(r, name)
+    assert job.pod_failed(FailedPod({container: errors.EXIT_INFRA}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({container: errors.EXIT_INFRA})) == "PodFailurePolicy"
+    (spec,) = r.one(JOB, name).inputs["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in spec["env"]}
+    assert env[contract.ENV_REDIS_RETRY] == env[contract.ENV_INFRA_GIVE_UP] == str(45 * 60)

@@ -61,7 +61,7 @@ def test_the_step_can_write_a_root_owned_share_and_only_it_may(stack: str, rende
 
     namespaces = {n.inputs["metadata"]["name"]: n.inputs["metadata"]["labels"] for n in r.of_type(NAMESPACE)}
     prep_ns = _prep(r).inputs["metadata"]["namespace"]
-    assert prep_ns == share_prep.prep_namespace(r.config) != r.config.namespace
+    assert prep_ns == share_prep.prep_namespace(r.config.namespace) != r.config.namespace
     assert namespaces[prep_ns]["pod-security.kubernetes.io/enforce"] == "baseline"
     # The workloads' namespace still enforces restricted, and every pod in it passes restricted.
     assert namespaces[r.config.namespace]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -154,3 +154,20 @@ def test_the_steps_command_lets_the_workloads_write_a_root_owned_share(
     after = _as_workload_uid("mkdir", "-p", str(root_owned_share / "datasets" / "fraud"))
     assert after.returncode == 0, after.stderr
     assert (root_owned_share / "datasets" / "fraud").stat().st_uid == contract.WORKLOAD_UID
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_growing_the_share_leaves_both_claims_as_they_are(stack: str, rendered: Render) -> None:
+    """A claim bound to a static PV cannot be resized (the API server refuses: "only dynamically
+    provisioned pvc can be resized"), and pulumi-kubernetes replaces a claim whose request changes: a
+    bigger ``filestoreCapacityGb`` must reach the instance and the PVs, never the claims (both of them)."""
+    before = rendered(stack)
+    size = before.config.filestore.capacity_gb
+    after = rendered(stack, filestoreCapacityGb=size + 1024)
+    claims = {c.urn: c.inputs["spec"] for c in before.of_type(PVC) if "volumeName" in c.inputs["spec"]}
+    assert len(claims) == 2  # the workloads' claim and the share preparation's (Redis has its own disk)
+    assert {c.urn: c.inputs["spec"] for c in after.of_type(PVC) if c.urn in claims} == claims
+    grown = {v.inputs["spec"]["capacity"]["storage"] for v in after.of_type(PV)}
+    assert grown == {f"{size + 1024}Gi"}  # the PVs say the new size (changed in place)
+    instance = after.one("gcp:filestore/instance:Instance")
+    assert instance.inputs["fileShares"]["capacityGb"] == size + 1024

@@ -66,7 +66,7 @@ def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
     assert cluster["releaseChannel"] == {"channel": r.config.cluster.release_channel}
     assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{r.config.project_id}.svc.id.goog"}
     assert cluster["privateClusterConfig"]["enablePrivateNodes"] is r.config.cluster.private_nodes
-    assert cluster["deletionProtection"] is (stack == "prod")
+    assert cluster["deletionProtection"] is True  # every stack (allowDataLoss lifts it)
     assert not r.of_type(NODE_POOL)
 
 
@@ -292,11 +292,21 @@ def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: 
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {
             "action": "Ignore",
-            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3, 5, 143]},
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [5, 143]},
         },
         {
             "action": "Count",
             "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [2]},
+        },
+        # Redis or the share down for the pod's whole retry budget (infraRetryBudgetMinutes): fail.
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [3]},
+        },
+        # A GPU that CUDA cannot use fails the Job at once (workload/runtime/gpu.py).
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": contract.WORKER, "operator": "In", "values": [6]},
         },
     ]
     pod = spec["template"]["spec"]
@@ -320,7 +330,7 @@ def test_workload_namespace_enforces_the_restricted_pod_security_standard(
     namespaced = [
         m for m in r.manifests() if m["kind"] not in ("Namespace", "PersistentVolume", "ComputeClass")
     ]
-    prep = share_prep.prep_namespace(r.config)
+    prep = share_prep.prep_namespace(r.config.namespace)
     assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace, prep}
     # Only the share preparation (its Job and claim) lives in the other namespace.
     assert {(m["kind"], m["metadata"]["name"]) for m in namespaced if m["metadata"]["namespace"] == prep} == {
@@ -383,7 +393,10 @@ def test_job_await_mode_is_chosen_by_config(mode: str, rendered: Render) -> None
         assert training.custom_timeouts == {"create": "45m", "update": "45m"}
         assert "pulumi.com/skipAwait" not in annotations
     else:
-        assert annotations == {"pulumi.com/skipAwait": "true"}
+        # (besides the GPU quota check's mark, tests/infra/test_infra_quota.py)
+        assert {k: v for k, v in annotations.items() if k != contract.GPU_QUOTA_ANNOTATION} == {
+            "pulumi.com/skipAwait": "true"
+        }
         assert training.custom_timeouts == {}
 
 
@@ -412,7 +425,7 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     services = r.of_type("gcp:projects/service:Service")
     assert {s.inputs["service"] for s in services} >= {
         "container.googleapis.com", "file.googleapis.com", "artifactregistry.googleapis.com",
-        "compute.googleapis.com",
+        "compute.googleapis.com", "iam.googleapis.com", "cloudresourcemanager.googleapis.com",
     }  # fmt: skip
     provider = r.one("pulumi:providers:gcp")
     assert set(provider.dependencies) == {s.urn for s in services}
@@ -463,9 +476,10 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
         ("prod", {}, None, True),  # BASIC_SSD: no API protection, Pulumi's protect instead
         ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, False),
         ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, False),
-        ("dev", {}, None, False),
-        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, False, False),
-        ("dev", {"deletionProtection": True}, None, True),
+        ("dev", {}, None, True),
+        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, False),
+        ("dev", {"allowDataLoss": True}, None, False),
+        ("dev", {"allowDataLoss": True, "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, False, False),
     ],
     ids=str,
 )
@@ -476,3 +490,13 @@ def test_filestore_deletion_protection_only_where_the_tier_has_it(
     share = rendered(stack, **overrides).one(FILESTORE)
     assert share.inputs.get("deletionProtectionEnabled") is api
     assert share.protect is protect
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_share_is_created_after_the_subnet(stack: str, rendered: Render) -> None:
+    """The instance names only the VPC; without an explicit dependency it was created beside the subnet."""
+    r = rendered(stack)
+    subnet = r.one("gcp:compute/subnetwork:Subnetwork")
+    assert subnet.urn in r.one(FILESTORE).dependencies
+    existing = rendered(stack, network="shared-vpc", subnetwork="shared-subnet")
+    assert not existing.of_type("gcp:compute/subnetwork:Subnetwork") and existing.one(FILESTORE)

@@ -55,8 +55,8 @@ def test_generate_writes_one_file_per_day_in_the_tutorial_schema(tmp_path: Path)
 
     for path in paths:
         day = pd.read_parquet(path)
-        assert list(day.columns) == list(schema.COLUMNS)
-        for column, kind in schema.COLUMNS.items():
+        assert list(day.columns) == list(schema.SIMULATED)
+        for column, kind in schema.SIMULATED.items():
             dtype = day[column].dtype
             ok = {
                 "int": pd.api.types.is_integer_dtype,

@@ -142,6 +142,8 @@ _RUNTIME_ENV = [
     {"value": "30", "name": "LEASE_TTL_SECONDS"},
     {"value": "10", "name": "CHECKPOINT_INTERVAL_SECONDS"},
     {"value": "5", "name": "MAX_ATTEMPTS"},
+    {"value": "1800", "name": "REDIS_RETRY_SECONDS"},
+    {"value": "1800", "name": "INFRA_GIVE_UP_SECONDS"},
 ]
 
 
@@ -208,6 +210,7 @@ _TRAINING = _runtime_job(
             "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"},
         },
         "args": ["worker"],
+        "env": [*_RUNTIME_ENV, {"value": "1", "name": "EXPECTED_GPUS"}],
     },
 )
 
@@ -268,7 +271,7 @@ _CLUSTER: dict[str, Any] = {
     "subnetwork": "network-id",
     "workloadIdentityConfig": {"workloadPool": "spot-trainer-test.svc.id.goog"},
     "network": "network-id",
-    "deletionProtection": False,
+    "deletionProtection": True,
     "id": "cluster-id",
 }
 _FILESTORE: dict[str, Any] = {

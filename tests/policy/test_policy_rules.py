@@ -186,39 +186,45 @@ def test_a_gcp_type_nobody_classified_is_a_violation() -> None:
 # --- deletion protection -----------------------------------------------------------------------------
 
 PROD = StackFacts(stack="prod")
+LOSSY = StackFacts(stack="dev", allow_data_loss=True)
+UNLESS = " (unless allowDataLoss is set)"
 
 
-def test_prod_with_protection_passes_and_dev_is_not_checked() -> None:
-    assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": True}, PROD) == []
-    assert rules.prod_deletion_protection(rules.CLUSTER, {}, PROD) == []  # the provider defaults to true
-    zonal = {"tier": "ZONAL", "deletionProtectionEnabled": True}
-    assert rules.prod_deletion_protection(rules.FILESTORE, zonal, PROD) == []
-    assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, DEV) == []
-    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "BASIC_HDD"}, DEV) == []
+def test_protection_passes_and_only_an_explicit_allow_data_loss_lifts_it() -> None:
+    for facts in (PROD, DEV):
+        assert rules.stateful_protection(rules.CLUSTER, {"deletionProtection": True}, facts) == []
+        assert rules.stateful_protection(rules.CLUSTER, {}, facts) == []  # the provider defaults to true
+        zonal = {"tier": "ZONAL", "deletionProtectionEnabled": True}
+        assert rules.stateful_protection(rules.FILESTORE, zonal, facts) == []
+    assert rules.stateful_protection(rules.CLUSTER, {"deletionProtection": False}, LOSSY) == []
+    assert rules.stateful_protection(rules.FILESTORE, {"tier": "BASIC_HDD"}, LOSSY) == []
+    assert rules.stateful_protection(rules.FILESTORE, {"tier": "ZONAL"}, LOSSY) == []
 
 
-def test_prod_without_protection_is_a_violation() -> None:
-    assert rules.prod_deletion_protection(rules.CLUSTER, {"deletionProtection": False}, PROD) == [
-        "Cluster: deletionProtection is False in stack 'prod'; it must be true"
+@pytest.mark.parametrize("facts", [PROD, DEV], ids=["prod", "dev"])
+def test_an_unprotected_stateful_resource_is_a_violation_in_any_stack(facts: StackFacts) -> None:
+    s = facts.stack
+    assert rules.stateful_protection(rules.CLUSTER, {"deletionProtection": False}, facts) == [
+        f"Cluster: deletionProtection is False in stack {s!r}; it must be true" + UNLESS
     ]
-    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": "REGIONAL"}, PROD) == [
-        "Filestore instance: deletionProtectionEnabled is None in stack 'prod'; it must be true"
+    assert rules.stateful_protection(rules.FILESTORE, {"tier": "REGIONAL"}, facts) == [
+        f"Filestore instance: deletionProtectionEnabled is None in stack {s!r}; it must be true" + UNLESS
     ]
     zonal_unprotected = {"tier": "ZONAL", "deletionProtectionEnabled": False}
-    assert rules.prod_deletion_protection(rules.FILESTORE, zonal_unprotected, PROD) == [
-        "Filestore instance: deletionProtectionEnabled is False in stack 'prod'; it must be true"
+    assert rules.stateful_protection(rules.FILESTORE, zonal_unprotected, facts) == [
+        f"Filestore instance: deletionProtectionEnabled is False in stack {s!r}; it must be true" + UNLESS
     ]
 
 
 @pytest.mark.parametrize("tier", ["BASIC_HDD", "BASIC_SSD"])
 def test_a_basic_filestore_is_protected_by_pulumi_not_by_the_api(tier: str) -> None:
     """The API has no deletion protection on BASIC tiers: asking for it fails the create, in any stack."""
-    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": tier}, PROD, protect=True) == []
-    assert rules.prod_deletion_protection(rules.FILESTORE, {"tier": tier}, PROD) == [
-        f"Filestore instance: tier {tier!r} in stack 'prod' must have Pulumi's `protect` option"
+    assert rules.stateful_protection(rules.FILESTORE, {"tier": tier}, PROD, protect=True) == []
+    assert rules.stateful_protection(rules.FILESTORE, {"tier": tier}, PROD) == [
+        f"Filestore instance: tier {tier!r} in stack 'prod' must have Pulumi's `protect` option" + UNLESS
     ]
-    for facts in (PROD, DEV):
-        assert rules.prod_deletion_protection(
+    for facts in (PROD, DEV, LOSSY):
+        assert rules.stateful_protection(
             rules.FILESTORE, {"tier": tier, "deletionProtectionEnabled": True}, facts, protect=True
         ) == [
             f"Filestore instance: tier {tier!r} has no deletion protection, and deletionProtectionEnabled fails the "

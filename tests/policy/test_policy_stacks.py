@@ -4,6 +4,7 @@ what ``make render`` writes (manifests valid for Kubernetes 1.33, no secret valu
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -149,7 +150,7 @@ def test_prod_mutations_hit_the_prod_only_and_network_rules(rendered: Callable[[
     )
     found = {(v.policy, v.level) for v in offline.check(resources, offline.facts_of(r))}
     assert found == {
-        ("prod-deletion-protection", rules.MANDATORY),
+        ("stateful-protection", rules.MANDATORY),
         ("cost-labels", rules.MANDATORY),
         ("filestore-on-cluster-network", rules.MANDATORY),
     }
@@ -188,17 +189,17 @@ def test_wrapped_policies_report_through_the_sdk(
     assert "'trainer:latest' is not pinned by digest" in message
 
 
-def test_a_wrapped_policy_knows_prod_from_the_urn() -> None:
+def test_a_wrapped_policy_protects_every_stack() -> None:
     cluster = {"deletionProtection": False}
-    assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="dev") == []
-    assert _run_resource_policy("prod-deletion-protection", rules.CLUSTER, cluster, stack="prod") == [
-        "Cluster: deletionProtection is False in stack 'prod'; it must be true"
-    ]
+    for stack in ("dev", "prod"):
+        assert _run_resource_policy("stateful-protection", rules.CLUSTER, cluster, stack=stack) == [
+            f"Cluster: deletionProtection is False in stack {stack!r}; it must be true (unless allowDataLoss is set)"
+        ]
 
 
 def test_a_wrapped_policy_reads_the_protect_option_from_the_engine() -> None:
     """prod's BASIC_SSD share is guarded by `protect`, which the analyzer passes in ``args.opts``."""
-    (policy,) = [p for p in pack.policies() if p.name == "prod-deletion-protection"]
+    (policy,) = [p for p in pack.policies() if p.name == "stateful-protection"]
     share = {"tier": "BASIC_SSD", "labels": {}}
 
     def run(protect: bool) -> list[str]:
@@ -211,7 +212,8 @@ def test_a_wrapped_policy_reads_the_protect_option_from_the_engine() -> None:
 
     assert run(protect=True) == []
     assert run(protect=False) == [
-        "Filestore instance: tier 'BASIC_SSD' in stack 'prod' must have Pulumi's `protect` option"
+        "Filestore instance: tier 'BASIC_SSD' in stack 'prod' must have Pulumi's `protect` option (unless "
+        "allowDataLoss is set)"
     ]
 
 
@@ -361,3 +363,25 @@ def test_make_render_shows_the_service_accounts_and_their_roles(
 def test_make_render_reports_a_bad_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert offline.main(["dev", "--out", str(tmp_path), "runs=[main, v2]"]) == 2
     assert "the old list form is now a map: {main: {}, v2: {}}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_the_pack_refuses_an_unprotected_share_unless_data_loss_is_allowed(
+    stack: str, rendered: Callable[..., Rendered]
+) -> None:
+    """Every stack's share and cluster outlive a mistaken destroy or a replacing change (a new zone); a
+    stack that set allowDataLoss is the only one whose unprotected share passes."""
+    r = rendered(stack)
+    assert [v for v in offline.check_rendered(r) if v.policy == "stateful-protection"] == []
+    fs = "gcp:filestore/instance:Instance"
+    stripped = [
+        dataclasses.replace(res, protect=False) if res.type == fs else res
+        for res in mutated(r, rules.CLUSTER, "cluster", lambda p: p.update(deletionProtection=False))
+    ]
+    found = [v for v in offline.check(stripped, offline.facts_of(r)) if v.policy == "stateful-protection"]
+    assert {v.resource.split()[0] for v in found} == {fs, rules.CLUSTER} and all(
+        v.level == rules.MANDATORY for v in found
+    )
+    lossy = render.render(stack, {"allowDataLoss": True})
+    assert not lossy.one(fs).protect and lossy.one(rules.CLUSTER).inputs["deletionProtection"] is False
+    assert [v for v in offline.check_rendered(lossy) if v.policy == "stateful-protection"] == []

@@ -50,3 +50,10 @@ def test_hadolint_on_the_dockerfile() -> None:
         [str(BIN / "hadolint"), "-"], input="FROM python:latest\nRUN cd /tmp\n", capture_output=True, text=True
     )
     assert probe.returncode != 0 and "DL3007" in probe.stdout  # `latest` base images are caught
+
+
+def test_the_venv_has_no_broken_requirements() -> None:
+    """`make test`'s venv holds the worker, the Pulumi SDKs and the policy pack together; a pin that one
+    of them cannot live with (google-api-core's protobuf against pulumi-policy's) is a broken install."""
+    result = run(sys.executable, "-m", "pip", "check")
+    assert result.returncode == 0 and "No broken requirements found" in result.stdout, result.stdout

@@ -63,6 +63,53 @@ def real_export(src: Path, dest: Path) -> Path:
     return dest
 
 
+# -- a bank's export: its own column names, no simulator columns, CSV with offsets ------------------------
+BANK_COLUMNS = {"tx_id": schema.TRANSACTION_ID, "ts": schema.TX_DATETIME, "card_id": schema.CUSTOMER_ID,
+                "merchant_id": schema.TERMINAL_ID, "amount": schema.TX_AMOUNT, "is_fraud": schema.TX_FRAUD}
+BANK_NAMES = {ours: theirs for theirs, ours in BANK_COLUMNS.items()}
+EXTRA = "MERCHANT_COUNTRY"
+
+
+def bank_day(frame: pd.DataFrame, seed: int, label: str = "keep") -> pd.DataFrame:
+    """One day as a payment processor exports it: rows shuffled (ties in time keep IDs out of order),
+    local time with a +02:00 offset, every ID a float, columns in another order under their own names,
+    one extra column, none of the simulator's. `label`: "keep", "absent" or "empty" (a day to score)."""
+    out = shuffled(frame[list(schema.COLUMNS)], seed)
+    out[schema.TX_DATETIME] = (out[schema.TX_DATETIME].dt.tz_localize("UTC").dt.tz_convert("Etc/GMT-2")
+                               .map(lambda t: t.isoformat()))
+    for column in (schema.TRANSACTION_ID, schema.CUSTOMER_ID, schema.TERMINAL_ID):
+        out[column] = out[column].astype(np.float64)
+    out[EXTRA] = np.where(out[schema.TERMINAL_ID] % 3 == 0, "FR", "DE")
+    if label == "absent":
+        out = out.drop(columns=[schema.TX_FRAUD])
+    elif label == "empty":
+        out[schema.TX_FRAUD] = np.nan
+    columns = list(out.columns)
+    np.random.default_rng(seed).shuffle(columns)
+    return out[columns].rename(columns=BANK_NAMES)
+
+
+def bank_export(src: Path, dest: Path, keep: Callable[[str], bool] = lambda rel: True,
+                role_of: Callable[[str], str] | None = None, label: str = "keep") -> Path:
+    """The days of `src` as a bank's CSV files under `dest` (same day names, `.csv`); `role_of` moves
+    a day to another role (``scoring`` days get their label as `label` says); returns `dest`."""
+    for i, path in enumerate(sorted(src.glob("*/*.parquet"))):
+        rel = f"{path.parent.name}/{path.name}"
+        if not keep(rel):
+            continue
+        role = role_of(rel) if role_of else path.parent.name
+        (dest / role).mkdir(parents=True, exist_ok=True)
+        day = bank_day(pd.read_parquet(path), seed=i, label=label if role == "scoring" else "keep")
+        day.to_csv(dest / role / f"{path.stem}.csv", index=False)
+    return dest
+
+
+def write_mapping(path: Path) -> Path:
+    """The bank's column mapping as a YAML file (what --columns takes)."""
+    path.write_text("".join(f"{theirs}: {ours}\n" for theirs, ours in BANK_COLUMNS.items()))
+    return path
+
+
 # -- files that can never be read as they are: each must be refused in one line naming it -------------
 def csv_bytes(frame: pd.DataFrame, **kwargs) -> bytes:
     buf = io.StringIO()

@@ -25,6 +25,7 @@ from workload.data.dataset import (
     validate,
     write_manifest,
 )
+from workload.data.reading import Reading
 
 
 def day(tmp_path: Path, dataset_src: Path, name: str = "training/2018-04-02.parquet") -> pd.DataFrame:
@@ -152,7 +153,7 @@ def _as_exported(frame: pd.DataFrame) -> pd.DataFrame:
 def test_an_exported_day_reads_as_the_canonical_one(tmp_path: Path, dataset_src: Path) -> None:
     canonical = day(tmp_path, dataset_src)
     exported = _as_exported(canonical)
-    expected = canonical.copy()
+    expected = canonical[list(schema.COLUMNS)].copy()  # the simulator's own columns are read past
     expected.loc[6, schema.TX_DATETIME] = expected.loc[5, schema.TX_DATETIME]  # ordered by ID within the tie
     expected.loc[9, schema.TX_AMOUNT] = 0.0
     (tmp_path / "d.csv").write_bytes(exported.to_csv(index=False).encode())
@@ -188,8 +189,7 @@ def _at(frame: pd.DataFrame, row: int, column: str, value) -> pd.DataFrame:
     (lambda f: _csv(f.iloc[:0]), ": the file has a header but no rows; a day file holds at least one transaction"),
     (lambda f: _csv(f, sep=";"), ": read a single column 'TRANSACTION_ID;TX_DATETIME;CUSTOMER_ID;TERMINAL_ID;TX_AMOUNT;"
      "TX_TIME_SECONDS;TX_' (it looks separated by ';'); CSV files must be comma-separated with the columns "
-     "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT,TX_TIME_SECONDS,TX_TIME_DAYS,TX_FRAUD,"
-     "TX_FRAUD_SCENARIO"),
+     "TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT,TX_FRAUD"),
     (lambda f: _csv(f, sep="\t"), "(it looks separated by a tab)"),
     (lambda f: _csv(f[[schema.TRANSACTION_ID]]), ": read a single column 'TRANSACTION_ID' (no ',' in the header); "),
     (lambda f: _csv(_at(f, 3, schema.TX_AMOUNT, "12 EUR")),
@@ -239,8 +239,8 @@ def test_a_bad_csv_is_refused_in_one_line_naming_the_users_file_and_line(
      "column TX_DATETIME holds numbers (row 1: False); it must hold timestamps such as 2018-04-01 00:00:31"),
     (lambda f: f.assign(TX_AMOUNT=f[schema.TX_AMOUNT].where(f.index != 4)), "column TX_AMOUNT has a missing value "
      "(row 5)"),
-    (lambda f: f.assign(TX_TIME_SECONDS=pd.to_timedelta(f[schema.TX_TIME_SECONDS], unit="s")),
-     "column TX_TIME_SECONDS must hold numbers, saw dtype timedelta64["),
+    (lambda f: f.assign(TX_AMOUNT=pd.to_timedelta(f[schema.TX_TIME_SECONDS], unit="s")),
+     "column TX_AMOUNT must hold numbers, saw dtype timedelta64["),
 ])
 def test_a_bad_parquet_is_refused_naming_the_row(tmp_path: Path, dataset_src: Path, mutate, message: str) -> None:
     path = tmp_path / "bad.parquet"
@@ -317,8 +317,8 @@ def _test_export_starting_at(root: Path, when: pd.Timestamp) -> str:
 
 
 OVERLAP_7_ON_6 = ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps training/2018-04-06.parquet "
-                  "(training, 2018-04-06..2018-04-06) in time; a day is history, training or testing, never two "
-                  "of them")
+                  "(training, 2018-04-06..2018-04-06) in time; a day is history, training, testing or scoring, "
+                  "never two of them")
 
 
 def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Path, dataset_src: Path) -> None:
@@ -367,7 +367,8 @@ def test_a_dataset_without_test_days_is_refused(tmp_path: Path, dataset_src: Pat
     with pytest.raises(DatasetError) as err:
         write_manifest(root)
     assert str(err.value) == (f"{root}: no testing/ files; a dataset has training/ and testing/ folders of Parquet or "
-                              "CSV files (and optionally history/ for feature history)")
+                              "CSV files (and optionally history/ for feature history, scoring/ for unlabelled days to "
+                              "score)")
 
 
 def _entry(role: str, first: str) -> dict:
@@ -540,22 +541,55 @@ def test_a_history_day_exactly_lookback_days_before_is_in_the_window(tmp_path: P
 def test_timestamps_in_every_documented_style_in_one_file_read_as_utc(tmp_path: Path, dataset_src: Path) -> None:
     canonical = day(tmp_path, dataset_src)
     (tmp_path / "d.csv").write_bytes(_csv(_styled(canonical)))
-    pd.testing.assert_frame_equal(read_transactions(tmp_path / "d.csv"), canonical, check_exact=True)
+    pd.testing.assert_frame_equal(read_transactions(tmp_path / "d.csv"), canonical[list(schema.COLUMNS)],
+                                  check_exact=True)
 
 
-@pytest.mark.filterwarnings("ignore:Parsing dates in %d/%m/%Y:UserWarning")  # pandas notes it inferred day first
-def test_day_first_dates_read_as_the_first_row_shows_them(tmp_path: Path, dataset_src: Path) -> None:
-    """A European export, latest day first: 13/04/2018 can only be day/month, so 12/04/2018 is 12 April too."""
-    days = [day(tmp_path, dataset_src, f"testing/2018-04-0{d}.parquet") for d in (8, 7)]
-    frame = pd.concat(days, ignore_index=True)
-    frame[schema.TX_DATETIME] += pd.Timedelta(days=5)
+def test_day_first_dates_are_refused_unless_their_format_is_declared(tmp_path: Path, dataset_src: Path) -> None:
+    """A European export: 05/04/2018 is 5 April to the bank, 4 May to a guess. Undeclared, the file is
+    refused naming line and value; declared, every row reads as the bank meant it."""
+    frame = day(tmp_path, dataset_src, "testing/2018-04-07.parquet")
+    frame[schema.TX_DATETIME] -= pd.Timedelta(days=2)  # 5 April: both readings are dates
     export = frame.assign(TX_DATETIME=frame[schema.TX_DATETIME].dt.strftime("%d/%m/%Y %H:%M:%S"))
     (tmp_path / "test_dataset.csv").write_bytes(_csv(export))
-    got = read_transactions(tmp_path / "test_dataset.csv")
-    assert export[schema.TX_DATETIME].iloc[0].startswith("13/04/2018 ")
-    expected = frame.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], ignore_index=True)
+    with pytest.raises(DatasetError) as err:
+        read_transactions(tmp_path / "test_dataset.csv")
+    first = export[schema.TX_DATETIME].iloc[0]
+    assert str(err.value).startswith(f"{tmp_path / 'test_dataset.csv'}: column TX_DATETIME has an unparseable "
+                                     f"timestamp '{first}' (line 2); write timestamps such as 2018-04-01 00:00:31, ")
+    assert "--datetime-format '%d/%m/%Y %H:%M'" in str(err.value)
+    got = read_transactions(tmp_path / "test_dataset.csv", reading=Reading(datetime_format="%d/%m/%Y %H:%M:%S"))
+    expected = frame[list(schema.COLUMNS)].sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], ignore_index=True)
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
-    assert str(got[schema.TX_DATETIME].iloc[0].date()) == "2018-04-12"
+    assert str(got[schema.TX_DATETIME].iloc[0].date()) == "2018-04-05"
+
+
+def test_a_declared_format_still_reads_iso_and_names_a_value_that_fits_neither(tmp_path: Path,
+                                                                               dataset_src: Path) -> None:
+    frame = day(tmp_path, dataset_src)
+    export = frame.assign(TX_DATETIME=frame[schema.TX_DATETIME].dt.strftime("%d/%m/%Y %H:%M:%S").astype(object))
+    export.loc[3, schema.TX_DATETIME] = str(frame[schema.TX_DATETIME].iloc[3])  # one row in ISO 8601
+    (tmp_path / "d.csv").write_bytes(_csv(export))
+    reading = Reading(datetime_format="%d/%m/%Y %H:%M:%S")
+    pd.testing.assert_frame_equal(read_transactions(tmp_path / "d.csv", reading=reading),
+                                  frame[list(schema.COLUMNS)], check_exact=True)
+    export.loc[5, schema.TX_DATETIME] = "02.04.2018 10:00"
+    (tmp_path / "d.csv").write_bytes(_csv(export))
+    with pytest.raises(DatasetError) as err:
+        read_transactions(tmp_path / "d.csv", where="gs://b/d.csv", reading=reading)
+    assert str(err.value) == ("gs://b/d.csv: column TX_DATETIME has an unparseable timestamp '02.04.2018 10:00' "
+                              "(line 7); write timestamps in the declared format '%d/%m/%Y %H:%M:%S' or in ISO 8601")
+
+
+def test_epoch_timestamps_are_read_only_when_declared(tmp_path: Path, dataset_src: Path) -> None:
+    frame = day(tmp_path, dataset_src)
+    seconds = (frame[schema.TX_DATETIME] - pd.Timestamp("1970-01-01")) // pd.Timedelta(seconds=1)
+    for fmt, values in (("epoch-s", seconds), ("epoch-ms", seconds * 1000)):
+        frame.assign(TX_DATETIME=values).to_parquet(tmp_path / "d.parquet")
+        got = read_transactions(tmp_path / "d.parquet", reading=Reading(datetime_format=fmt))
+        pd.testing.assert_frame_equal(got, frame[list(schema.COLUMNS)], check_exact=True)
+    with pytest.raises(DatasetError, match="column TX_DATETIME holds numbers"):
+        read_transactions(tmp_path / "d.parquet")
 
 
 def test_narrow_and_wide_parquet_types_read_exactly_as_int64_and_float64(tmp_path: Path, dataset_src: Path) -> None:
@@ -568,6 +602,7 @@ def test_narrow_and_wide_parquet_types_read_exactly_as_int64_and_float64(tmp_pat
     got = read_transactions(tmp_path / "d.parquet")
     expected = canonical.assign(TRANSACTION_ID=big,
                                 TX_AMOUNT=canonical[schema.TX_AMOUNT].astype(np.float32).astype(np.float64))
+    expected = expected[list(schema.COLUMNS)]
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
     assert int(got[schema.TRANSACTION_ID].iloc[0]) == 2**62 + 677
 
@@ -599,7 +634,7 @@ def test_an_overlap_behind_a_later_file_of_the_other_role_is_refused(tmp_path: P
         write_manifest(root)
     assert str(err.value) == ("testing/test_dataset.csv (testing, 2018-04-06..2018-04-08) overlaps "
                               "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
-                              "history, training or testing, never two of them")
+                              "history, training, testing or scoring, never two of them")
 
 
 def test_a_history_day_the_share_cannot_open_fails_the_shard_not_its_features(
@@ -638,4 +673,4 @@ def test_the_same_day_in_training_and_testing_is_refused(tmp_path: Path, dataset
         write_manifest(root)
     assert str(err.value) == ("testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06) overlaps "
                               "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
-                              "history, training or testing, never two of them")
+                              "history, training, testing or scoring, never two of them")

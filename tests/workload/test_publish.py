@@ -167,7 +167,7 @@ def test_training_and_testing_days_must_not_overlap(tmp_path: Path, dataset_src:
     message = str(err.value)
     assert f"{folder}/testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06)" in message
     assert f"{folder}/training/2018-04-06.parquet (training, 2018-04-06..2018-04-06)" in message
-    assert "overlaps" in message and "a day is history, training or testing, never two of them" in message
+    assert "overlaps" in message and "a day is history, training, testing or scoring, never two of them" in message
 
 
 def test_history_days_feed_features_but_are_never_trained_or_evaluated(tmp_path: Path, dataset_src: Path,

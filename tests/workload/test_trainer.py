@@ -424,6 +424,7 @@ def test_the_batch_order_seeds_are_fixed_across_releases() -> None:
     changes, nor depends on the process (no str hash). Known answers, recorded when it was introduced."""
     assert _shard_seed(0, "training/2018-04-01.parquet", 0) == 2046178966538794369
     assert _shard_seed(7, "d1", 3) == 9028276728440724230
+    assert _shard_seed(0, "training/2018-04-01.csv", 0) == 2046178966538794369, "a day's file type is not its order"
 
 
 def test_accuracy_and_loss_sum_every_batch_of_the_last_epoch() -> None:

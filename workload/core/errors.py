@@ -29,10 +29,13 @@ EXIT_BAD_CONFIG = 2  # a flag, variable or runs file is wrong; the message names
 EXIT_INFRA = 3  # an infrastructure fault persisted (share or Redis): nothing was dead-lettered for it
 EXIT_DEAD_LETTERS = 4  # the queue is drained but some items are dead-lettered: `status` shows why
 EXIT_STALLED = 5  # the watchdog: stuck in I/O (a hung mount, a FIFO) longer than the bound; lease given up
+EXIT_GPU_UNUSABLE = 6  # given a GPU that CUDA cannot use (driver too old for the image): a new pod cannot help
 EXIT_TERMINATED = 143  # 128 + SIGTERM: preempted; not success, so a Job never mistakes it for completion
-# A fresh process may do better after these (a new pod, a healed share or Redis): the Jobs retry them free.
-# Bad config and dead letters are the work's own outcome: retrying cannot change them.
-RETRYABLE_EXIT_CODES = (EXIT_INFRA, EXIT_STALLED, EXIT_TERMINATED)
+# A fresh process may do better after these (a new pod, another node): the Jobs retry them free.
+# Bad config and dead letters are the work's own outcome: retrying cannot change them. EXIT_INFRA comes
+# only after the pod rode the fault out for its whole retry budget (REDIS_RETRY_SECONDS,
+# INFRA_GIVE_UP_SECONDS): the Jobs fail on it rather than re-create GPU pods for a day.
+RETRYABLE_EXIT_CODES = (EXIT_STALLED, EXIT_TERMINATED)
 
 # The share (NFS) or the local disk failing, full, read-only, or refusing us: never the item's fault.
 INFRA_ERRNOS = frozenset({

@@ -1,18 +1,22 @@
-"""Datasets on the share: ``datasets/<name>/{history,training,testing}/*.{parquet,csv}`` plus a manifest.
+"""Datasets on the share: ``datasets/<name>/{history,training,testing,scoring}/*.{parquet,csv}`` plus a manifest.
 
 One file of transactions is read and checked here, whoever reads it (``seed`` before publishing,
 workers before training), and so are the rules that span a whole dataset: transaction IDs unique
 across all files, training and test days apart, how much history the features get.
 
 The manifest (written when a dataset is published, see ``workload.data.publish``) records each file's
-role, its first and last day and time, taken from ``TX_DATETIME`` (never from file names), and where
-it came from; workers pull feature history from earlier files through it. ``history/`` files only
-feed feature windows: never trained on, never evaluated.
+role, its first and last day and time, taken from ``TX_DATETIME`` (never from file names), where
+it came from, and how its files are read (``workload.data.reading``: the user's column names, their
+date format); workers pull feature history from earlier files through it. ``history/`` files only
+feed feature windows: never trained on, never evaluated. ``scoring/`` files are unlabelled (the label
+column absent or empty): featurised from the same history as the others, scored, never trained on.
 
 Files come as real exports do, and are accepted as they are: rows in any order (a file is ordered
 by ``TX_DATETIME``, ties by ``TRANSACTION_ID``), time-zone-aware timestamps (normalised to UTC),
-integer columns typed as floats or text (converted when no value changes). What cannot be read so
-is refused with one line that names the user's file, the row and the value.
+integer columns typed as floats or text (converted when no value changes), columns in any order,
+extra columns (left out of the features). Dates are never guessed: text that is not ISO 8601 needs a
+declared format. What cannot be read so is refused with one line that names the user's file, the row
+and the value.
 
 Paths from queue items are validated here: they must stay inside the dataset folder, and pickle
 is never read (a pickle on a shared read-write volume is remote code execution).
@@ -37,18 +41,24 @@ import pyarrow.parquet as pq
 
 from workload.core.errors import ItemFault, is_infra
 from workload.data import features, featurestore, schema
+from workload.data.reading import AS_IS, EPOCHS, Reading
 from workload.share.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-HISTORY, TRAINING, TESTING = "history", "training", "testing"
-ROLES = (HISTORY, TRAINING, TESTING)  # the folders of a dataset; history/ is optional
+HISTORY, TRAINING, TESTING, SCORING = "history", "training", "testing", "scoring"
+ROLES = (HISTORY, TRAINING, TESTING, SCORING)  # the folders of a dataset; history/ and scoring/ are optional
 REQUIRED_ROLES = (TRAINING, TESTING)
 _PICKLE_SUFFIXES = {".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz"}
 _SEPARATORS = {";": "';'", "\t": "a tab", "|": "'|'"}
 _NANOSECOND_TIMES = (pd.Timestamp.min.tz_localize("UTC"), pd.Timestamp.max.tz_localize("UTC"))  # what we store
 _TIMESTAMP_EXAMPLES = "2018-04-01 00:00:31, 2018-04-01T00:00:31Z, 2018-04-01 00:00:31+02:00, 2018-04-01 00:00:31 UTC"
+_DECLARE = "or declare the file's format (--datetime-format '%d/%m/%Y %H:%M', epoch-s, epoch-ms)"
+# Rows of one day repeating another day's (same card, terminal, second and amount) under new IDs: a
+# re-sent day. This share of the smaller day's rows (and at least this many) is no coincidence.
+RESENT_SHARE, RESENT_MIN_ROWS = 0.5, 20
+_ROW_KEY = (schema.CUSTOMER_ID, schema.TERMINAL_ID, schema.TX_DATETIME, schema.TX_AMOUNT)
 
 
 class DatasetError(ItemFault, ValueError):
@@ -70,8 +80,12 @@ def check_suffix(path: Path | str, where: str | None = None) -> None:
 def _read_bytes(path: Path, where: str) -> bytes:
     """The file's bytes. OSError here is the storage's fault (retried); what the bytes hold is judged later.
 
-    A FIFO or device named ``*.parquet`` would block a worker forever: only regular files are read."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
+    A FIFO or device named ``*.parquet`` would block a worker forever, and a symbolic link would read
+    (and echo in errors) a file outside the dataset: only regular files are read, links never followed."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        raise DatasetError(f"{where}: a symbolic link; links are never followed, put the file itself in the dataset")
+    if not stat.S_ISREG(mode):
         raise DatasetError(f"{where}: not a regular file; a dataset holds Parquet or CSV files")
     return path.read_bytes()
 
@@ -87,12 +101,19 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def read_transactions(path: Path, where: str | None = None) -> pd.DataFrame:
+def labelled(rel: str) -> bool:
+    """Whether dataset file `rel` must carry labels: every role's but scoring/'s."""
+    return not rel.startswith(f"{SCORING}/")
+
+
+def read_transactions(path: Path, where: str | None = None, reading: Reading = AS_IS,
+                      labels: bool = True) -> pd.DataFrame:
     """Read, validate and order one file of the tutorial schema.
 
     `where` is the user's own name for the file (a gs:// URI, their local path): errors name it,
     not the copy on the share. Unreadable storage raises OSError; anything wrong with the bytes
-    themselves raises DatasetError in one line."""
+    themselves raises DatasetError in one line. `labels` False (a scoring/ day): the label
+    column may be absent or empty."""
     path = Path(path)
     where = where or str(path)
     check_suffix(path, where)
@@ -114,7 +135,7 @@ def read_transactions(path: Path, where: str | None = None) -> pd.DataFrame:
     if frame.empty:
         what = "a header but no rows" if csv else "no rows"
         raise DatasetError(f"{where}: the file has {what}; a day file holds at least one transaction")
-    return validate(frame, where, first_line=2 if csv else None)
+    return validate(frame, where, first_line=2 if csv else None, reading=reading, labels=labels)
 
 
 def _position(first_line: int | None) -> Callable[[int], str]:
@@ -138,84 +159,138 @@ def _numbers(values: pd.Series, column: str, where: str, at: Callable[[int], str
     return converted
 
 
-def _timestamps(values: pd.Series, where: str, at: Callable[[int], str]) -> pd.Series:
+def _parse_text(values: pd.Series, fmt: str | None) -> pd.Series:
+    """Text timestamps in the declared format, else ISO 8601 (BigQuery's " UTC" suffix read as an
+    offset); NaT where neither fits. pandas is never asked to infer a format: it would guess."""
+    text = values.astype(str).str.strip().str.replace(r" UTC$", "+00:00", regex=True)
+    parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
+    if fmt:
+        declared = pd.to_datetime(text, format=fmt, utc=True, errors="coerce")
+        parsed = declared.where(declared.notna(), parsed)
+    return parsed
+
+
+def _timestamps(values: pd.Series, where: str, at: Callable[[int], str], fmt: str | None = None) -> pd.Series:
     """Timestamps in UTC without a zone; naive ones are taken as UTC, aware ones (Z, +02:00, UTC) converted."""
     column = schema.TX_DATETIME
-    if pd.api.types.is_numeric_dtype(values):  # booleans too
+    if pd.api.types.is_datetime64_any_dtype(values):
+        parsed = pd.to_datetime(values, utc=True)
+    elif fmt in EPOCHS:
+        numbers = _numbers(values, column, where, at)
+        parsed = pd.to_datetime(numbers, unit=EPOCHS[fmt], utc=True, errors="coerce")
+    elif pd.api.types.is_numeric_dtype(values):  # booleans too
         raise DatasetError(f"{where}: column {column} holds numbers ({at(0)}: {_shown(values.iloc[0])}); "
-                           f"it must hold timestamps such as {_TIMESTAMP_EXAMPLES}")
-    try:
-        try:
-            parsed = pd.to_datetime(values, utc=True)
-        except (ValueError, TypeError):
-            parsed = pd.to_datetime(values, utc=True, format="mixed")  # rows written in different styles
-        return parsed.dt.tz_convert(None).astype("datetime64[ns]")
-    except (ValueError, TypeError, OverflowError):
-        pass
-    # Unparseable (NaT), or parsed but beyond what nanoseconds hold (an export's "never", 9999-12-31).
-    parsed = pd.to_datetime(values, utc=True, format="mixed", errors="coerce")
-    i = int(np.flatnonzero(~parsed.between(*_NANOSECOND_TIMES).to_numpy())[0])
-    what = "an unparseable" if pd.isna(parsed.iloc[i]) else "an out-of-range"
-    raise DatasetError(f"{where}: column {column} has {what} timestamp {_shown(values.iloc[i])} ({at(i)}); "
-                       f"write timestamps such as {_TIMESTAMP_EXAMPLES}") from None
+                           f"it must hold timestamps such as {_TIMESTAMP_EXAMPLES}, {_DECLARE}")
+    else:
+        parsed = _parse_text(values, fmt)
+    bad = np.flatnonzero(~parsed.between(*_NANOSECOND_TIMES).to_numpy())
+    if len(bad):  # unparseable (NaT), or beyond what nanoseconds hold (an export's "never", 9999-12-31)
+        i = int(bad[0])
+        what = "an unparseable" if pd.isna(parsed.iloc[i]) else "an out-of-range"
+        allowed = (f"in the declared format {fmt!r} or in ISO 8601" if fmt
+                   else f"such as {_TIMESTAMP_EXAMPLES}, {_DECLARE}")
+        raise DatasetError(f"{where}: column {column} has {what} timestamp {_shown(values.iloc[i])} ({at(i)}); "
+                           f"write timestamps {allowed}")
+    return parsed.dt.tz_convert(None).astype("datetime64[ns]")
 
 
-def validate(frame: pd.DataFrame, where: str, first_line: int | None = None) -> pd.DataFrame:
+def _columns(frame: pd.DataFrame, where: str, reading: Reading, labels: bool) -> pd.DataFrame:
+    """`frame` under the schema's names (the user's mapped), required columns checked; extras named
+    in ``attrs["ignored"]``. Unlabelled: the label column absent, or present with no value at all."""
+    renames = reading.renames()
+    absent = [src for src, dst in renames.items() if src not in frame.columns and dst not in schema.COLUMNS]
+    if absent:
+        raise DatasetError(f"{where}: column(s) {absent} of the column mapping ({reading.describe()}) are not in the "
+                           f"file; it has {[str(c) for c in frame.columns][:20]}")
+    frame = frame.rename(columns=renames)
+    twice = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    if twice:
+        raise DatasetError(f"{where}: column(s) {twice} given twice (a mapped column and one of that name); "
+                           "map one, or drop the other")
+    if not labels and schema.TX_FRAUD in frame.columns and frame[schema.TX_FRAUD].isna().all():
+        frame = frame.drop(columns=[schema.TX_FRAUD])
+    required = [c for c in schema.COLUMNS if labels or c != schema.TX_FRAUD]
+    missing = [reading.source_of(c) for c in required if c not in frame.columns]
+    if missing:
+        need = [reading.source_of(c) for c in required]
+        label_only = labels and missing == [reading.source_of(schema.TX_FRAUD)]
+        raise DatasetError(f"{where}: missing column(s) {missing}; a day needs {need}"
+                           + (" (unlabelled days go in scoring/)" if label_only else ""))
+    frame.attrs["ignored"] = sorted(str(c) for c in frame.columns if c not in schema.KNOWN)
+    return frame
+
+
+def _integers(numbers: pd.Series, values: pd.Series, column: str, where: str, at: Callable[[int], str]) -> np.ndarray:
+    """An integer column as int64: whole numbers below 2**63, or refused naming the first that is not."""
+    if pd.api.types.is_integer_dtype(numbers):
+        return numbers.to_numpy(dtype=np.int64)
+    real = numbers.to_numpy(dtype=np.float64)  # whole and below 2**63, or refused
+    lossy = ~np.isfinite(real) | (np.floor(real) != real) | (np.abs(real) >= 2.0**63)
+    if lossy.any():
+        i = int(np.flatnonzero(lossy)[0])
+        raise DatasetError(f"{where}: column {column} must hold integers: {at(i)} has {_shown(values.iloc[i])}")
+    return real.astype(np.int64)
+
+
+def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, reading: Reading = AS_IS,
+             labels: bool = True) -> pd.DataFrame:
     """The schema's columns with their kinds, ordered by time then transaction ID; DatasetError otherwise.
 
-    `first_line` is the file line of the first row in a CSV (so messages say "line N"), None for Parquet."""
+    `first_line` is the file line of the first row in a CSV (so messages say "line N"), None for Parquet.
+    Columns are named as the user named them (`reading`); an unlabelled day's TX_FRAUD reads as 0."""
     at = _position(first_line)
-    missing = [c for c in schema.COLUMNS if c not in frame.columns]
-    if missing:
-        raise DatasetError(f"{where}: missing column(s) {missing}; the schema is {list(schema.COLUMNS)}")
+    frame = _columns(frame, where, reading, labels)
     if frame.empty:
         raise DatasetError(f"{where}: the file has no rows; a day file holds at least one transaction")
     out = pd.DataFrame(index=range(len(frame)))
     for column, kind in schema.COLUMNS.items():
+        if column not in frame.columns:  # the label of an unlabelled day: never read as one
+            out[column] = np.zeros(len(frame), dtype=np.int64)
+            continue
         values = frame[column].reset_index(drop=True)
+        name = reading.source_of(column)
         if values.isna().any():
             row = int(np.flatnonzero(values.isna().to_numpy())[0])
-            raise DatasetError(f"{where}: column {column} has a missing value ({at(row)}); none are allowed")
+            raise DatasetError(f"{where}: column {name} has a missing value ({at(row)}); none are allowed")
         if kind == "datetime":
-            out[column] = _timestamps(values, where, at)
+            out[column] = _timestamps(values, where, at, reading.datetime_format)
             continue
-        numbers = _numbers(values, column, where, at)
+        numbers = _numbers(values, name, where, at)
         if kind == "int":
-            if pd.api.types.is_integer_dtype(numbers):
-                out[column] = numbers.to_numpy(dtype=np.int64)
-                continue
-            real = numbers.to_numpy(dtype=np.float64)  # whole and below 2**63, or refused
-            lossy = ~np.isfinite(real) | (np.floor(real) != real) | (np.abs(real) >= 2.0**63)
-            if lossy.any():
-                i = int(np.flatnonzero(lossy)[0])
-                raise DatasetError(f"{where}: column {column} must hold integers: {at(i)} has {_shown(values.iloc[i])}")
-            out[column] = real.astype(np.int64)
-        else:
-            real = numbers.to_numpy(dtype=np.float64)
-            if not np.isfinite(real).all():
-                i = int(np.flatnonzero(~np.isfinite(real))[0])
-                raise DatasetError(f"{where}: column {column} has a non-finite value "
-                                   f"({at(i)}: {_shown(values.iloc[i])}); amounts must be finite")
-            out[column] = real
+            out[column] = _integers(numbers, values, name, where, at)
+            continue
+        real = numbers.to_numpy(dtype=np.float64)
+        if not np.isfinite(real).all():
+            i = int(np.flatnonzero(~np.isfinite(real))[0])
+            raise DatasetError(f"{where}: column {name} has a non-finite value "
+                               f"({at(i)}: {_shown(values.iloc[i])}); amounts must be finite")
+        out[column] = real
+    _check_values(out, frame, where, at, reading)
+    # Real exports come in any order within a day; the features need time order, and ties in time
+    # need one order whoever reads the file: by transaction ID.
+    out = out.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable", ignore_index=True)
+    out.attrs["ignored"] = frame.attrs["ignored"]
+    return out
+
+
+def _check_values(out: pd.DataFrame, frame: pd.DataFrame, where: str, at: Callable[[int], str],
+                  reading: Reading) -> None:
+    """Amounts >= 0, labels 0 or 1, IDs unique within the file."""
     negative = np.flatnonzero(out[schema.TX_AMOUNT].to_numpy() < 0)
     if len(negative):
         i = int(negative[0])
-        raise DatasetError(f"{where}: column {schema.TX_AMOUNT} has negative amounts ({at(i)}: "
+        raise DatasetError(f"{where}: column {reading.source_of(schema.TX_AMOUNT)} has negative amounts ({at(i)}: "
                            f"{out[schema.TX_AMOUNT].iloc[i]}); amounts must be >= 0")
     not_label = np.flatnonzero(~out[schema.TX_FRAUD].isin([0, 1]).to_numpy())
     if len(not_label):
         i = int(not_label[0])
-        raise DatasetError(f"{where}: column {schema.TX_FRAUD} must be 0 or 1: {at(i)} has "
+        raise DatasetError(f"{where}: column {reading.source_of(schema.TX_FRAUD)} must be 0 or 1: {at(i)} has "
                            f"{_shown(frame[schema.TX_FRAUD].iloc[i])}")
     ids = np.sort(out[schema.TRANSACTION_ID].to_numpy())
     twice = np.flatnonzero(np.diff(ids) == 0)
     if len(twice):
-        raise DatasetError(f"{where}: {schema.TRANSACTION_ID} {ids[twice[0]]} appears more than once; "
-                           "transaction IDs must be unique across the dataset")
-    # Real exports come in any order within a day; the features need time order, and ties in time
-    # need one order whoever reads the file: by transaction ID.
-    out = out.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable", ignore_index=True)
-    return out
+        raise DatasetError(f"{where}: {reading.source_of(schema.TRANSACTION_ID)} {ids[twice[0]]} appears more than "
+                           "once; transaction IDs must be unique across the dataset")
 
 
 # -- the files of a dataset ----------------------------------------------------------------------
@@ -232,15 +307,50 @@ def source_name(entry: dict[str, Any]) -> str:
     return (entry.get("source") or {}).get("uri") or entry["path"]
 
 
-def read_ids(path: Path, where: str) -> np.ndarray:
+def read_ids(path: Path, where: str, reading: Reading = AS_IS) -> np.ndarray:
     """Only the TRANSACTION_ID column of a published file (whole-dataset checks need no more)."""
     if path.suffix.lower() == ".parquet":
         try:
-            return pq.read_table(io.BytesIO(_read_bytes(path, where)),
-                                 columns=[schema.TRANSACTION_ID]).column(0).to_numpy().astype(np.int64)
+            return pq.read_table(io.BytesIO(_read_bytes(path, where)), columns=[
+                reading.source_of(schema.TRANSACTION_ID)]).column(0).to_numpy().astype(np.int64)
         except (ValueError, KeyError, TypeError):
             pass  # typed differently than we write it: the full read converts it
-    return read_transactions(path, where)[schema.TRANSACTION_ID].to_numpy()
+    return read_transactions(path, where, reading, labelled(path.parent.name + "/"))[schema.TRANSACTION_ID].to_numpy()
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What the rules spanning a dataset need of one file: its IDs, and a hash of each row's card,
+    terminal, second and amount (a re-sent day repeats those under new IDs)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame) -> Keys:
+        rows = pd.util.hash_pandas_object(frame[list(_ROW_KEY)], index=False).to_numpy()
+        return cls(ids=frame[schema.TRANSACTION_ID].to_numpy(), rows=np.unique(rows))
+
+
+def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: dict[str, int]) -> None:
+    """No day repeats another day's transactions under new IDs (an export re-sent, renumbered): it
+    would be trained on twice, or tested on after training. A handful of equal rows is coincidence."""
+    if len(rows) < 2:
+        return
+    rels = list(rows)
+    values = np.concatenate([rows[r] for r in rels])
+    owner = np.repeat(np.arange(len(rels)), [len(rows[r]) for r in rels])
+    order = np.argsort(values, kind="stable")
+    v, o = values[order], owner[order]
+    same = np.flatnonzero((v[1:] == v[:-1]) & (o[1:] != o[:-1]))
+    pairs, counts = np.unique(np.stack([np.minimum(o[same], o[same + 1]), np.maximum(o[same], o[same + 1])]),
+                              axis=1, return_counts=True) if len(same) else (np.empty((2, 0), int), np.empty(0, int))
+    for (a, b), n in zip(pairs.T, counts, strict=True):
+        smaller = min(sizes[rels[a]], sizes[rels[b]])
+        if n >= max(RESENT_MIN_ROWS, RESENT_SHARE * smaller):
+            raise DatasetError(f"{names[rels[b]]} repeats {n} transactions of {names[rels[a]]} (same card, terminal, "
+                               "time and amount) under other transaction IDs: a day sent twice would be learned "
+                               "twice; remove one of them")
 
 
 def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str]) -> None:
@@ -271,15 +381,18 @@ def check_roles_apart(entries: list[dict[str, Any]]) -> None:
             if a["role"] != b["role"]:
                 raise DatasetError(
                     f"{source_name(b)} ({b['role']}, {b['first']}..{b['last']}) overlaps {source_name(a)} "
-                    f"({a['role']}, {a['first']}..{a['last']}) in time; a day is history, training or "
-                    "testing, never two of them")
+                    f"({a['role']}, {a['first']}..{a['last']}) in time; a day is history, training, "
+                    "testing or scoring, never two of them")
 
 
-def check_layout(entries: list[dict[str, Any]], where: str) -> None:
-    for role in REQUIRED_ROLES:
+def check_layout(entries: list[dict[str, Any]], where: str, required: tuple[str, ...] = REQUIRED_ROLES) -> None:
+    for role in required:
         if not any(e["role"] == role for e in entries):
             raise DatasetError(f"{where}: no {role}/ files; a dataset has {TRAINING}/ and {TESTING}/ folders of "
-                               f"Parquet or CSV files (and optionally {HISTORY}/ for feature history)")
+                               f"Parquet or CSV files (and optionally {HISTORY}/ for feature history, {SCORING}/ for "
+                               "unlabelled days to score)")
+    if not entries:
+        raise DatasetError(f"{where}: no day files in {'/, '.join(ROLES)}/")
 
 
 def history_shortfall(entries: list[dict[str, Any]]) -> str | None:
@@ -299,11 +412,27 @@ def history_shortfall(entries: list[dict[str, Any]]) -> str | None:
             f"get shortened feature windows; put earlier days in {HISTORY}/ to give them full history")
 
 
-def check_dataset(entries: list[dict[str, Any]], ids: dict[str, np.ndarray], where: str) -> None:
+def check_training_before_testing(entries: list[dict[str, Any]]) -> None:
+    """No training day after the first testing day: its features and labels would carry what
+    happened during the test period into the model that is tested on it."""
+    tests = [e["first"] for e in entries if e["role"] == TESTING]
+    late = sorted((e for e in entries if e["role"] == TRAINING and tests and e["first"] > min(tests)),
+                  key=lambda e: e["first"])
+    if late:
+        raise DatasetError(f"{source_name(late[0])} ({late[0]['first']}) is after the first testing day {min(tests)}: "
+                           "features and labels from after the test period would leak into training")
+
+
+def check_dataset(entries: list[dict[str, Any]], keys: dict[str, Keys], where: str,
+                  required: tuple[str, ...] = REQUIRED_ROLES) -> None:
     """Every rule that spans the files of one dataset."""
-    check_layout(entries, where)
+    check_layout(entries, where, required)
     check_roles_apart(entries)
-    check_unique_ids(ids, {e["path"]: source_name(e) for e in entries})
+    check_training_before_testing(entries)
+    names = {e["path"]: source_name(e) for e in entries}
+    check_unique_ids({rel: k.ids for rel, k in keys.items()}, names)
+    check_not_resent({e["path"]: keys[e["path"]].rows for e in entries if e["path"] in keys}, names,
+                     {e["path"]: e["rows"] for e in entries})
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -319,28 +448,35 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return data
 
 
-def save_manifest(root: Path, entries: Iterable[dict[str, Any]], source: str | None) -> None:
+def save_manifest(root: Path, entries: Iterable[dict[str, Any]], source: str | None,
+                  reading: Reading = AS_IS) -> None:
     """The manifest is the publishing point: a file not in it does not exist for workers."""
     order = {role: i for i, role in enumerate(ROLES)}
     files = sorted(entries, key=lambda e: (order[e["role"]], e["first"], e["path"]))
-    atomic_write_text(root / MANIFEST, json.dumps({"source": source, "files": files}, indent=1) + "\n")
+    record = {"source": source, **({"reading": reading.record()} if reading != AS_IS else {}), "files": files}
+    atomic_write_text(root / MANIFEST, json.dumps(record, indent=1) + "\n")
+
+
+def manifest_reading(manifest: dict[str, Any]) -> Reading:
+    """How the files of a published dataset are read (the default for manifests that record none)."""
+    return Reading.from_record(manifest.get("reading"))
 
 
 def write_manifest(root: Path) -> list[dict[str, Any]]:
     """Validate a dataset folder laid out by hand or by the simulator, in place, and record it.
 
     (``seed`` publishes through ``workload.data.publish``, which also records where files came from.)"""
-    entries, ids = [], {}
+    entries, keys = [], {}
     for role in ROLES:
         folder = root / role
         if not folder.is_dir():
             continue
         for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
             rel = f"{role}/{path.name}"
-            frame = read_transactions(path)
+            frame = read_transactions(path, labels=labelled(rel))
             entries.append(describe(frame, rel))
-            ids[rel] = frame[schema.TRANSACTION_ID].to_numpy()
-    check_dataset(entries, ids, str(root))
+            keys[rel] = Keys.of(frame)
+    check_dataset(entries, keys, str(root))
     save_manifest(root, entries, source=None)
     return entries
 
@@ -375,7 +511,9 @@ class Dataset:
         self._load()
 
     def _load(self) -> None:
-        self.files: list[dict[str, Any]] = read_manifest(self.root)["files"]
+        manifest = read_manifest(self.root)
+        self.files: list[dict[str, Any]] = manifest["files"]
+        self.reading = manifest_reading(manifest)
         self._by_path = {f["path"]: f for f in self.files}
         self._test: Examples | None = None
         self._skipped: set[str] = set()
@@ -404,11 +542,16 @@ class Dataset:
             return self._cache[rel]
         path = self.resolve(rel)
         source = source_name(self._by_path[rel])
-        frame = read_transactions(path, where=f"{path} (from {source})" if source != rel else str(path))
+        where = f"{path} (from {source})" if source != rel else str(path)
+        frame = read_transactions(path, where, self.reading, labelled(rel))
         self._cache[rel] = frame
         while len(self._cache) > 1 and sum(len(f) for f in self._cache.values()) > self._cache_rows:
             self._cache.popitem(last=False)
         return frame
+
+    def transactions(self, rel: str) -> pd.DataFrame:
+        """Dataset file `rel`, read and validated (time order, ties by ID); cached like every read."""
+        return self._read(rel)
 
     def _window(self, targets: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
         """Target files' rows plus LOOKBACK_DAYS of earlier days, sorted; and the mask of target rows.

@@ -1,12 +1,14 @@
 """Publishing a dataset on the share: the rules a dataset keeps over time, in one place.
 
 - **One source per dataset.** The manifest records where the dataset came from (a folder, a
-  ``gs://`` prefix, the simulator); another source under the same name is refused: publish it
-  under a new dataset name.
+  ``gs://`` prefix, the simulator) and how its files are read (column mapping, date format);
+  another source or another reading under the same name is refused: publish it under a new
+  dataset name.
 - **Days are immutable.** A file already published never changes; if its source copy changed (other
   size or checksum), ``seed`` refuses, naming the day. Publish under a new name to start over.
 - **New days are appended.** Files new in the source are copied, validated together with the
-  published ones (transaction IDs unique across the dataset, roles apart in time), moved in, and
+  published ones (transaction IDs unique across the dataset, no day re-sent under new IDs, roles
+  apart in time, training before testing), moved in, and
   then the manifest is replaced: the manifest is the publishing point, so a worker never sees a
   half-added day. ``seed`` then enqueues them for every run (see ``workload.queue.plan``).
 - **Nothing half-done.** Files are copied to a staging folder on the share first; a bad file, an
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workload.data import dataset as ds
-from workload.data import schema
+from workload.data.reading import AS_IS, Reading
 from workload.data.source import Source, SourceFile
 from workload.share.fsutil import fsync_dir
 
@@ -50,10 +52,16 @@ def recorded_source(root: Path) -> str | None:
     return ds.read_manifest(root).get("source")
 
 
-def check_source(root: Path, manifest: dict[str, Any], uri: str) -> None:
+def check_source(root: Path, manifest: dict[str, Any], uri: str, reading: Reading = AS_IS) -> None:
+    """The same source, read the same way, as the dataset was published from; DatasetError otherwise."""
     recorded = manifest.get("source")
     if recorded == uri:
-        return
+        was = ds.manifest_reading(manifest)
+        if was == reading:
+            return
+        raise ds.DatasetError(f"dataset {root.name!r} on the share was published with {was.describe()}; refusing "
+                              f"{reading.describe()}: a changed mapping or date format is a new dataset. Publish it "
+                              "under a new dataset name (--dataset NAME)")
     seen = f"was published from {recorded}" if recorded else "records no source (laid out by hand or an older seed)"
     raise ds.DatasetError(f"dataset {root.name!r} on the share {seen}; refusing to feed it from {uri}: a dataset "
                           "has one source. Publish this one under a new dataset name (--dataset NAME)")
@@ -66,22 +74,24 @@ def _changed(f: SourceFile, entry: dict[str, Any]) -> str:
             "restore it, or publish the changed data under a new dataset name (--dataset NAME)")
 
 
-def publish(root: Path, src: Source) -> Outcome:
-    """Bring the dataset at `root` up to date with `src`: copy what is new, refuse what changed.
+def publish(root: Path, src: Source, reading: Reading = AS_IS,
+            required: tuple[str, ...] = ds.REQUIRED_ROLES) -> Outcome:
+    """Bring the dataset at `root` up to date with `src`, its files read through `reading`: copy
+    what is new, refuse what changed. `required`: the roles the dataset must have (score needs none).
 
     Two seeders at once (a loader retried while the first still runs) stage separately; the first
     to rename publishes, the other finds the dataset published and syncs against it."""
     try:
-        return _publish(root, src)
+        return _publish(root, src, reading, required)
     except _PublishedMeanwhile:
-        return _publish(root, src)
+        return _publish(root, src, reading, required)
 
 
 class _PublishedMeanwhile(Exception):
     pass
 
 
-def _publish(root: Path, src: Source) -> Outcome:
+def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...]) -> Outcome:
     manifest = ds.read_manifest(root) if (root / ds.MANIFEST).exists() else None
     if manifest is None and root.exists():
         if any(root.iterdir()):
@@ -89,7 +99,7 @@ def _publish(root: Path, src: Source) -> Outcome:
                                   "remove it, or publish under another dataset name (--dataset NAME)")
         root.rmdir()
     if manifest is not None:
-        check_source(root, manifest, src.uri)
+        check_source(root, manifest, src.uri, reading)
     published = {e["path"]: e for e in (manifest or {"files": []})["files"]}
     listed = src.files()
     for f in listed:
@@ -105,7 +115,7 @@ def _publish(root: Path, src: Source) -> Outcome:
     new = [f for f in listed if f.rel not in published]
     entries = list(published.values())
     if new or manifest is None:
-        entries = _add(root, src, new, manifest is None, entries)
+        entries = _add(root, src, new, manifest is None, entries, reading, required)
     warning = ds.history_shortfall(entries)
     if warning:
         log.warning("dataset %s: %s", root.name, warning)
@@ -113,26 +123,31 @@ def _publish(root: Path, src: Source) -> Outcome:
                    entries=entries)
 
 
-def _add(root: Path, src: Source, new: list[SourceFile], first: bool,
-         published: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published: list[dict[str, Any]],
+         reading: Reading, required: tuple[str, ...]) -> list[dict[str, Any]]:
     """Copy `new` into a staging folder, validate them with the published files, then publish."""
     _remove_stale_staging(root)
     staging = root.parent / f".{root.name}.staging-{uuid.uuid4().hex[:12]}"  # unique: loader pods are all pid 1
     staging.mkdir(parents=True)  # with the umask's mode, as the published folder must have (mkdtemp would give 0700)
     try:
-        added, ids = [], {}
+        added, keys, ignored = [], {}, set()
         for f in new:
             dest = staging / f.rel
             src.fetch(f, dest)
-            frame = ds.read_transactions(dest, where=f.uri)
+            frame = ds.read_transactions(dest, f.uri, reading, ds.labelled(f.rel))
             added.append({**ds.describe(frame, f.rel), "source": f.identity()})
-            ids[f.rel] = frame[schema.TRANSACTION_ID].to_numpy()
-        for entry in published:
-            ids[entry["path"]] = ds.read_ids(root / entry["path"], ds.source_name(entry))
+            keys[f.rel] = ds.Keys.of(frame)
+            ignored.update(frame.attrs.get("ignored", ()))
+        if ignored:
+            log.info("%s: ignored column(s): %s (not in the schema: never features)", src.uri,
+                     ", ".join(sorted(ignored)))
+        for entry in published:  # a re-sent day is found against every day, so each is read again
+            rel = entry["path"]
+            keys[rel] = ds.Keys.of(ds.read_transactions(root / rel, ds.source_name(entry), reading, ds.labelled(rel)))
         entries = published + added
-        ds.check_dataset(entries, ids, src.uri)
+        ds.check_dataset(entries, keys, src.uri, required)
         if first:
-            ds.save_manifest(staging, entries, src.uri)
+            ds.save_manifest(staging, entries, src.uri, reading)
             try:
                 os.rename(staging, root)  # the whole dataset appears at once
             except OSError:
@@ -146,7 +161,7 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool,
                 os.replace(staging / f.rel, root / f.rel)  # invisible to workers until the manifest names it
             for role in {f.rel.split("/")[0] for f in new}:
                 fsync_dir(root / role)
-            ds.save_manifest(root, entries, src.uri)
+            ds.save_manifest(root, entries, src.uri, reading)
         _log_added(root, src.uri, added, first)
         return entries
     finally:

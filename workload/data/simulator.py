@@ -200,7 +200,7 @@ def simulate(spec: SimulationSpec) -> Simulation:
             schema.TX_FRAUD: fraud,
             schema.TX_FRAUD_SCENARIO: scenario,
         },
-        columns=list(schema.COLUMNS),
+        columns=list(schema.SIMULATED),
     )
     return Simulation(
         transactions=transactions,

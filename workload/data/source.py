@@ -1,6 +1,6 @@
 """Where a dataset comes from: a local folder or a Cloud Storage prefix (``gs://bucket/prefix``).
 
-A source lists its files (``history/``, ``training/``, ``testing/`` directly under it) with what
+A source lists its files (``history/``, ``training/``, ``testing/``, ``scoring/`` directly under it) with what
 identifies their content: size and CRC32C (what Cloud Storage reports for every object, computed
 here for local files), plus the object generation for the record. ``workload.data.publish`` compares
 them with what is already on the share, so only new files are copied: the share is a cache in
@@ -37,6 +37,10 @@ _CHUNK = 1 << 20
 
 class SourceError(Exception):
     """The source cannot be read as given (bad URI, no such folder or bucket, no access, unreachable)."""
+
+
+class SourceUnreachable(SourceError):
+    """Cloud Storage did not answer (network, service errors): an infrastructure fault, not the user's input."""
 
 
 class _AccessPending(Exception):
@@ -111,6 +115,7 @@ class LocalSource:
     def __init__(self, folder: Path | str, uri: str | None = None) -> None:
         self.folder = Path(folder)
         self.uri = uri or str(self.folder.resolve())
+        self._named = uri is not None  # files are named `uri/rel`, never by a temporary folder's path
 
     def files(self) -> list[SourceFile]:
         if not self.folder.is_dir():
@@ -118,16 +123,20 @@ class LocalSource:
                               f"{'/, '.join(ROLES)}/ or a gs://bucket/prefix")
         found, ignored = [], []
         for path in sorted(self.folder.rglob("*")):
+            if path.is_symlink():  # never followed: it could read (and echo in an error) any file on the machine
+                raise SourceError(f"{path}: a symbolic link in the dataset folder; links are never followed, copy "
+                                  "the file itself there")
             if path.is_dir() or any(p.startswith(".") for p in path.relative_to(self.folder).parts[:-1]):
                 continue
-            rel = _dataset_rel(list(path.relative_to(self.folder).parts), ignored, str(path))
+            name = f"{self.uri}/{path.relative_to(self.folder).as_posix()}" if self._named else str(path)
+            rel = _dataset_rel(list(path.relative_to(self.folder).parts), ignored, name)
             if rel is None:
                 continue
             checksum = google_crc32c.Checksum()
             with path.open("rb") as f:
                 while chunk := f.read(_CHUNK):
                     checksum.update(chunk)
-            found.append(SourceFile(rel=rel, uri=str(path), size=path.stat().st_size, crc32c=_encode(checksum)))
+            found.append(SourceFile(rel=rel, uri=name, size=path.stat().st_size, crc32c=_encode(checksum)))
         _log_ignored(str(self.folder), ignored)
         return found
 
@@ -190,8 +199,10 @@ class BucketSource:
             raise _AccessPending(SourceError(f"{self.uri}: no Google credentials ({one_line(exc)}); on GKE bind the "
                                              "pod's service account through Workload Identity, locally run "
                                              "`gcloud auth application-default login`")) from None
-        except (api.GoogleAPIError, auth.GoogleAuthError, OSError) as exc:
+        except (api.GoogleAPIError, auth.GoogleAuthError) as exc:
             raise SourceError(f"{self.uri}: cannot read Cloud Storage: {one_line(exc)}") from None
+        except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
+            raise SourceUnreachable(f"{self.uri}: cannot reach Cloud Storage: {one_line(exc)}") from None
 
     def files(self) -> list[SourceFile]:
         client = self.client()

@@ -1,12 +1,17 @@
-"""Scoring transactions with an exported model: the worker's features, the worker's history rules.
+"""Scoring transactions with a trained model: the worker's features, the worker's history rules.
 
-A model is only useful if it can be used. `score` reads a dataset folder exactly as the worker
-does (the same reader and validation, the same `Dataset.examples` windows over earlier days, so a
-transaction's features are the ones it would have had in training or evaluation), scores the
-chosen days with the model file `export` wrote, and writes a Parquet of `TRANSACTION_ID, score`.
+A model is only useful if it can be used: tomorrow's transactions, unlabelled, in the dataset's
+``scoring/`` folder. `score` reads the days from the same places `seed` does (a local folder or
+``gs://bucket/prefix``, published into a temporary folder by the same code: same validation, same
+column mapping and date format), or a dataset already on the share, in place. Every scored day gets
+its features from the dataset's earlier days with the same label delay as in training, so a
+transaction scored tomorrow gets the features it would get in training, and its own label (if
+any) never changes its score.
 
-By default the `testing/` days are scored and every other day only feeds the feature windows;
-`days="all"` scores every training and testing day.
+The model is a ``model.safetensors`` written by `export`, or a run's output folder on the share
+(its newest shard-boundary checkpoint, read only). Output: one Parquet file, or one per scored day
+when ``--out`` ends in ``/`` (``OUT<day file stem>.parquet``), locally or on ``gs://``; columns are
+``OUTPUT`` (one entry per column: add a column there).
 """
 
 from __future__ import annotations
@@ -14,86 +19,202 @@ from __future__ import annotations
 import io
 import logging
 import os
-import shutil
 import tempfile
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from workload.data import dataset as ds
-from workload.data import features, schema
+from workload.data import features, publish, schema, source
+from workload.data.reading import AS_IS, Reading
 from workload.model import metrics, report
 from workload.model.export import load_model
+from workload.model.trainer import Trainer
+from workload.share.checkpoint import CheckpointStore
 from workload.share.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
-DAYS = ("testing", "all")
-SCORE = "score"
+DAYS = {"scoring": (ds.SCORING,), "testing": (ds.TESTING,), "all": (ds.TRAINING, ds.TESTING, ds.SCORING)}
+SCORE, RANK = "score", "rank"
 
 
 class ScoreError(Exception):
     """A model or an input that cannot be scored as asked: one line for the user."""
 
 
-def stage(src: Path, tmp: Path) -> ds.Dataset:
-    """The dataset at `src` as the worker reads it: a folder with a manifest (a dataset on the share)
-    is read in place; any other folder is copied (the user's folder is never written to) and
-    validated by the same code `seed` uses."""
-    if str(src).startswith("gs://"):
-        raise ScoreError(f"--datasets {src}: score reads a local folder; copy the days first "
-                         f"(gcloud storage cp -r {src} ./data) and pass that folder")
-    if (src / ds.MANIFEST).is_file():
-        return ds.Dataset(src)
-    if not src.is_dir():
-        raise ScoreError(f"--datasets {src}: no such folder")
-    for role in ds.ROLES:
-        folder = src / role
-        if not folder.is_dir():
+class OutputUnreachable(Exception):
+    """The output bucket could not be written (network, service): an infrastructure fault, exit 3."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One scored day: its transactions in the file's order (time, then ID), their scores and labels."""
+
+    rel: str
+    ids: np.ndarray
+    times: np.ndarray  # datetime64[ns], UTC
+    scores: np.ndarray
+    labels: np.ndarray
+    cards: np.ndarray
+    alerts: dict[str, np.ndarray] = field(default_factory=dict)  # metrics.alert_columns of the scores
+
+
+def _rank(day: Scored) -> np.ndarray:
+    """1 for the day's highest score; ties by transaction ID, so the same input ranks the same way."""
+    order = np.lexsort((day.ids, -day.scores.astype(np.float64)))
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.arange(1, len(order) + 1)
+    return ranks
+
+
+# What `score` writes, in order: column name -> (Arrow type, value of a scored day).
+OUTPUT: dict[str, tuple[pa.DataType, Callable[[Scored], np.ndarray]]] = {
+    schema.TRANSACTION_ID: (pa.int64(), lambda d: d.ids),
+    schema.TX_DATETIME: (pa.timestamp("ns", tz="UTC"), lambda d: d.times),
+    SCORE: (pa.float32(), lambda d: d.scores),
+    RANK: (pa.int64(), _rank),
+}
+
+
+def table(days: list[Scored]) -> pa.Table:
+    """The `OUTPUT` columns of `days`, one after the other."""
+    columns = {name: pa.array(np.concatenate([value(d) for d in days]) if days else [], kind)
+               for name, (kind, value) in OUTPUT.items()}
+    alerts = {name: pa.array(np.concatenate([d.alerts[name] for d in days]), pa.bool_())
+              for name in (days[0].alerts if days else {})}  # one column per alert rule of the model
+    return pa.table({**columns, **alerts})
+
+
+# -- the model ------------------------------------------------------------------------------------
+def load(model: Path) -> Trainer:
+    """The exported model file, or the newest shard-boundary checkpoint of a run's output folder."""
+    model = Path(model)
+    if not model.is_dir():
+        return load_model(model)
+    loaded = CheckpointStore(model).load(accept=lambda s: s.get("progress") is None and bool(s.get("applied")))
+    if loaded is None:
+        raise ScoreError(f"--model {model}: no checkpoint with a finished day under {model / 'checkpoints'}; "
+                         "give a run's output folder (SHARE/output/RUN) or an exported model.safetensors")
+    return Trainer.from_state(loaded.state, device=torch.device("cpu"))
+
+
+# -- the data -------------------------------------------------------------------------------------
+def open_dataset(src: str, tmp: Path, reading: Reading) -> ds.Dataset:
+    """The dataset at `src`: read in place when it is one on the share (it has a manifest), else
+    published from the folder or bucket into `tmp` by `seed`'s code (the user's folder is never
+    written to); errors name the user's files, never `tmp`."""
+    if not src.startswith(source.GS) and (Path(src) / ds.MANIFEST).is_file():
+        data = ds.Dataset(Path(src))
+        if reading != AS_IS and reading != data.reading:
+            raise ScoreError(f"--datasets {src}: a dataset on the share is read as published "
+                             f"({data.reading.describe()}); leave out --columns and --datetime-format")
+        return data
+    publishing = logging.getLogger(publish.__name__)
+    level = publishing.level
+    publishing.setLevel(logging.WARNING)  # "published into <tmp>" would name the temporary copy
+    try:
+        outcome = publish.publish(tmp / "dataset", source.open_source(src), reading, required=())
+    finally:
+        publishing.setLevel(level)
+    log.info("read %d file(s) from %s", len(outcome.copied), src)
+    return ds.Dataset(outcome.root)
+
+
+def score_days(trainer: Trainer, data: ds.Dataset, roles: tuple[str, ...], src: str) -> list[Scored]:
+    """Every day of `roles`, in time order, featurised over the whole dataset's history and scored."""
+    targets = [f["path"] for f in sorted(data.files, key=lambda f: (f["first"], f["path"])) if f["role"] in roles]
+    if not targets:
+        raise ScoreError(f"--datasets {src}: no {' or '.join(r + '/' for r in roles)} days to score")
+    out = []
+    for rel in targets:
+        examples = data.examples([rel])
+        times = data.transactions(rel).set_index(schema.TRANSACTION_ID)[schema.TX_DATETIME]
+        scores = trainer.score(examples.x)
+        out.append(Scored(rel=rel, ids=examples.ids, times=times.loc[examples.ids].to_numpy(), scores=scores,
+                          labels=examples.y, cards=examples.card,
+                          alerts=metrics.alert_columns(trainer.history, scores)))
+    return out
+
+
+# -- the output -----------------------------------------------------------------------------------
+def _parquet(t: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(t, buf)
+    return buf.getvalue()
+
+
+def outputs(out: str, days: list[Scored]) -> dict[str, bytes]:
+    """Where each file goes: `out` itself, or one file per day under a folder (`out` ends in '/')."""
+    if out.endswith("/"):
+        return {f"{out}{PurePosixPath(d.rel).stem}.parquet": _parquet(table([d])) for d in days}
+    if not out.endswith(".parquet"):
+        raise ScoreError(f"--out {out}: give a file ending in .parquet, or a folder ending in / (one file per day)")
+    return {out: _parquet(table(days))}
+
+
+def write(files: dict[str, bytes]) -> None:
+    """Each file atomically on disk, or as one object upload each on gs://."""
+    for where, data in files.items():
+        if where.startswith(source.GS):
+            _upload(where, data)
             continue
-        (tmp / role).mkdir(parents=True)
-        for f in sorted(folder.iterdir()):
-            if f.is_file() and not f.name.startswith("."):
-                ds.check_suffix(f)
-                shutil.copyfile(f, tmp / role / f.name)
-    ds.write_manifest(tmp)
-    return ds.Dataset(tmp)
+        try:
+            Path(where).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(Path(where), data)
+            os.chmod(where, 0o644)
+        except OSError as exc:
+            raise ScoreError(f"--out {where}: cannot write it ({exc.strerror or exc})") from None
 
 
-def score_dataset(model_path: Path, src: Path, out: Path, days: str = "testing") -> dict[str, float]:
-    """Score `days` of the dataset at `src` with the model at `model_path`; write `out`.
+def _upload(uri: str, data: bytes) -> None:
+    from google.api_core import exceptions as gexc
 
-    Returns the figures of `metrics.evaluate` against the labels in the files (meaningful when
-    they hold real labels, as the test days of a dataset do)."""
+    from workload.model.export import ExportError, parse_gs_uri, storage_client
+
+    try:
+        bucket, name = parse_gs_uri(uri)
+        storage_client().bucket(bucket).blob(name).upload_from_string(data, content_type="application/octet-stream")
+    except ExportError as exc:
+        raise ScoreError(f"--out {exc}") from None
+    except (gexc.Forbidden, gexc.Unauthorized, gexc.NotFound) as exc:
+        raise ScoreError(f"--out {uri}: Cloud Storage refused it ({type(exc).__name__}: "
+                         f"{getattr(exc, 'message', exc)}); the scorer needs objectCreator on that prefix") from None
+    except Exception as exc:  # noqa: BLE001 - network, service: the bucket is unreachable, not the input wrong
+        raise OutputUnreachable(f"--out {uri}: cannot upload ({type(exc).__name__}: {ds.one_line(exc)})") from None
+
+
+def score_dataset(model: Path, src: str, out: str, days: str = "scoring", reading: Reading = AS_IS) -> dict[str, float]:
+    """Score `days` of the dataset at `src` with `model`; write `out`. Returns the figures of
+    `metrics.evaluate` against the labels of the scored days (empty when they have none)."""
     if days not in DAYS:
         raise ScoreError(f"--days {days!r} is not allowed; allowed: {', '.join(DAYS)}")
-    trainer = load_model(model_path)
+    trainer = load(model)
     if trainer.feature_names != features.FEATURE_NAMES:
-        raise ScoreError(f"--model {model_path} was trained on features {list(trainer.feature_names)}; this code "
+        raise ScoreError(f"--model {model} was trained on features {list(trainer.feature_names)}; this code "
                          f"computes {list(features.FEATURE_NAMES)}: score with the code version that trained it")
     with tempfile.TemporaryDirectory(prefix="score-") as tmp:
-        data = stage(Path(src), Path(tmp))
-        roles = ("testing",) if days == "testing" else ("training", "testing")
-        targets = [f["path"] for f in data.files if f["role"] in roles]
-        if not targets:
-            raise ScoreError(f"--datasets {src}: no {' or '.join(roles)} days to score")
-        examples = data.examples(targets)
-    scores = trainer.score(examples.x)
-    alerts = metrics.alert_columns(trainer.history, scores)  # the newest model's alert rules, per row
-    table = pa.table({schema.TRANSACTION_ID: pa.array(examples.ids, pa.int64()),
-                      SCORE: pa.array(scores, pa.float32()), **{k: pa.array(v) for k, v in alerts.items()}})
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    try:
-        atomic_write_bytes(out, buf.getvalue())
-        os.chmod(out, 0o644)
-    except OSError as exc:
-        raise ScoreError(f"--out {out}: cannot write it ({exc.strerror or exc})") from exc
-    figures = metrics.evaluate(scores, examples.y, examples.day, examples.card)
-    log.info("scored %d transactions of %d file(s) with run %r's model (%d day(s) trained); wrote %s", len(scores),
-             len(targets), trainer.run, len(trainer.applied), out)
-    if examples.y.sum() > 0:
-        log.info("against the labels in %s: %s", src, report.figures_line(figures))
+        scored = score_days(trainer, open_dataset(str(src), Path(tmp), reading), DAYS[days], str(src))
+    files = outputs(str(out), scored)
+    write(files)
+    rows = sum(len(d.ids) for d in scored)
+    log.info("scored %d transactions of %d day(s) with run %r's model (%d day(s) trained); wrote %s", rows,
+             len(scored), trainer.run, len(trainer.applied), ", ".join(files) if len(files) <= 3 else
+             f"{len(files)} files under {out}")
+    if scored and scored[0].alerts:  # the rules' thresholds, with their precision and recall on the test days
+        log.info("alert columns, from the model's test days:\n%s",
+                 "\n".join(report.alert_lines(trainer.history[-1]["alerts"])))
+    labels = np.concatenate([d.labels for d in scored])
+    if labels.sum() == 0:
+        return {}
+    figures = metrics.evaluate(np.concatenate([d.scores for d in scored]), labels,
+                               np.concatenate([d.times for d in scored]).astype("datetime64[D]"),
+                               np.concatenate([d.cards for d in scored]))
+    log.info("against the labels in %s: %s", src, report.figures_line(figures))
     return figures
 

@@ -106,6 +106,10 @@ def use_deterministic(device: torch.device) -> None:
 
 
 def _shard_seed(seed: int, shard: str, epoch: int) -> int:
+    """The batch order's seed. A day's file type is not part of it: ``training/D.csv`` seeds as
+    ``training/D.parquet`` (whose seeds never change), so a day trains alike from either export."""
+    if shard.lower().endswith(".csv"):
+        shard = shard[:-len(".csv")] + ".parquet"
     digest = hashlib.sha256(f"{seed}|{shard}|{epoch}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 

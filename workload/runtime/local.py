@@ -108,6 +108,18 @@ def verdict(codes: list[int]) -> int:
     return EXIT_DONE if all(c == EXIT_DONE for c in codes) else EXIT_FAILED
 
 
+def seed_command(args: argparse.Namespace) -> list[str]:
+    """`seed` with the data and runs `local` was given."""
+    cmd = [sys.executable, "-m", "workload", "seed", "--preset", args.preset]
+    for run in args.run or []:
+        cmd += ["--run", run]
+    for flag, value in (("--runs-file", args.runs_file), ("--datasets", args.datasets), ("--columns", args.columns),
+                        ("--datetime-format", args.datetime_format)):
+        if value:
+            cmd += [flag, str(value)]
+    return cmd
+
+
 def main(args: argparse.Namespace) -> int:
     base = args.dir.resolve()
     share, logs = base / "share", base / "logs"
@@ -130,14 +142,7 @@ def main(args: argparse.Namespace) -> int:
                "TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.workers)),
                "CHECKPOINT_INTERVAL_SECONDS": str(args.checkpoint_interval),
                "LEASE_TTL_SECONDS": str(args.lease_ttl)}
-        seed_cmd = [sys.executable, "-m", "workload", "seed", "--preset", args.preset]
-        for run in args.run or []:
-            seed_cmd += ["--run", run]
-        if args.runs_file:
-            seed_cmd += ["--runs-file", str(args.runs_file)]
-        if args.datasets:
-            seed_cmd += ["--datasets", str(args.datasets)]
-        seeded = subprocess.run(seed_cmd, env=env, preexec_fn=die_with_parent())
+        seeded = subprocess.run(seed_command(args), env=env, preexec_fn=die_with_parent())
         if seeded.returncode != 0:
             log.error("seeding failed (see above)")
             return seeded.returncode if seeded.returncode > 0 else EXIT_FAILED

@@ -1,0 +1,67 @@
+"""Batch scoring in the cloud (issue 22, Build 6): with outputUri, a CPU Job after training scores the
+dataset's scoring/ days with each run's newest model and writes the scores under <outputUri>/<run>/scores/.
+
+The Job is checked for what it means: the `score` command's contract (issues 20 and 22) in its args, its
+place after the training Job, its identity, strict validity against Kubernetes 1.33, the policy pack, and
+its failure rules played through the Job controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import kubernetes_validate
+import pytest
+
+from infra import config, contract, render
+from infra.render import Rendered
+from policy import offline
+from tests.infra.job_controller import FailedPod, JobController
+from workload.core import errors
+
+Render = Callable[..., Rendered]
+JOB = "kubernetes:batch/v1:Job"
+OUTPUT = {"outputUri": "gs://acme-results/spot-trainer/main"}
+SWEEP = {"main": {}, "wide": {"hidden": [128, 64]}}
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_scoring_follows_training_with_each_runs_newest_model(stack: str, rendered: Render) -> None:
+    r = rendered(stack, runs=SWEEP, **OUTPUT)
+    scoring, training = r.one(JOB, "scoring"), r.one(JOB, "training")
+    assert training.urn in scoring.dependencies
+    pod = scoring.inputs["spec"]["template"]["spec"]
+    assert [c["args"] for c in pod["containers"]] == [
+        ["score", "--model", f"/mnt/share/output/{run}", "--datasets", "/mnt/share/datasets/fraud",
+         "--days", "scoring", "--out", f"gs://acme-results/spot-trainer/main/{run}/scores/"]
+        for run in ("main", "wide")
+    ]  # fmt: skip
+    assert pod["serviceAccountName"] == f"{contract.APP}-{contract.WORKER}"  # may write under outputUri only
+    assert not any("nvidia.com/gpu" in str(c["resources"]) for c in pod["containers"])  # CPU
+    assert "cloud.google.com/gke-spot" not in str(pod.get("nodeSelector"))
+    kubernetes_validate.validate(render.to_manifest(scoring), "1.33", strict=True)
+    assert offline.mandatory(offline.check_rendered(r)) == []
+    assert r.outputs["scoringJob"] == "spot-trainer-scorer"
+
+
+def test_no_output_bucket_no_scoring_and_score_run_picks_one(rendered: Render) -> None:
+    assert not [j for j in rendered("dev").of_type(JOB) if j.name == "scoring"]
+    one = rendered("dev", runs=SWEEP, scoreRun="wide", **OUTPUT).one(JOB, "scoring")
+    (container,) = one.inputs["spec"]["template"]["spec"]["containers"]
+    assert container["args"][2] == "/mnt/share/output/wide"
+    with pytest.raises(config.ConfigError) as err:
+        config.load(render.stack_config("dev", {"runs": SWEEP, "scoreRun": "narrow", **OUTPUT}), stack="dev")
+    assert str(err.value) == (
+        "config spot-trainer:scoreRun='narrow' is not allowed: empty (every run) or one of the runs: main, wide"
+    )
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_bad_input_fails_scoring_at_once_and_infra_faults_retry(stack: str, rendered: Render) -> None:
+    """The `score` contract: exit 2 is the user's file (a new pod cannot help), 3 the bucket or share."""
+    spec = rendered(stack, runs=SWEEP, **OUTPUT).one(JOB, "scoring").inputs["spec"]
+    job = JobController(spec)
+    # The scorer has no retry budget of its own: a bucket that does not answer is retried (to its deadline).
+    assert job.pod_failed(FailedPod({"scorer-1": errors.EXIT_INFRA, "scorer-0": 0})) is None
+    assert job.pod_failed(FailedPod({"scorer-0": 1}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({"scorer-0": 0, "scorer-1": errors.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
