@@ -59,7 +59,8 @@ chaos: $(ALL_STAMP)
 	$(PY) -m bench.chaos $(ARGS)
 
 # Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
-# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md).
+# every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md);
+# ARGS="--changed-since recorded --write": only the groups changed since the recorded run, the others' figures kept.
 mutation: $(ALL_STAMP)
 	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 

@@ -20,6 +20,12 @@ surviving mutant as a one-line diff; a survivor that cannot change behaviour is 
     python -m bench.mutation --only metrics policy --jobs 1
     python -m bench.mutation --write          # also record the figures in docs/benchmarks.md and the
                                               # explained survivors in bench/mutation_explained.md
+    python -m bench.mutation --changed-since recorded --write   # the routine run: see below
+
+Incremental mode: ``--changed-since REV`` runs only the groups with a module or test that changed since REV
+(committed or not, new files included) or that the recorded table lacks, and keeps the recorded figures
+(docs/benchmarks.md) of every other module; ``recorded`` is the commit the last ``--write`` names. Changes to
+shared fixtures (conftest.py, the harness) are not traced to groups: after those, run every group.
 """
 
 from __future__ import annotations
@@ -109,7 +115,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "dataset",
         ("workload/data/dataset.py",),
-        ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py"),
+        ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py", "tests/workload/test_identity.py",
+         "tests/workload/test_rare_paths.py"),
         cpu_minutes=6.8,
     ),
     Group(
@@ -128,17 +135,15 @@ GROUPS: tuple[Group, ...] = (
     # The infra components whose rendered specs carry the product's guarantees (Job failure rules and
     # security context, Redis password/AOF/NetworkPolicy, Workload Identity roles and conditions, the
     # share and its preparation, spot GPU selection, the VPC), each built alone under the mock engine by
-    # test_infra_components.py (a mutant costs a component build, not whole-stack renders). Left out as
-    # wiring: program.py (composes the components; test_infra_stack.py renders it whole, seconds per
-    # mutant for 396 mutants), services.py (the list of APIs to enable), image.py (the docker-build
-    # arguments: `make cloud` builds the image) and cluster.py (GKE cluster and node-pool arguments: 355
-    # mutants of provider arguments only a real `pulumi up` judges; test_infra_stack.py checks them).
+    # test_infra_components.py (a mutant costs a component build, not whole-stack renders); with them the
+    # names they share with the worker and the policy pack (contract.py, gke.py).
     Group(
         "infra",
         tuple(
-            f"infra/{m}.py" for m in ("filestore", "gpu", "identity", "jobs", "network", "redis", "share_prep")
+            f"infra/{m}.py"
+            for m in ("filestore", "gpu", "identity", "jobs", "network", "redis", "share_prep", "contract", "gke")
         ),
-        ("tests/infra/test_infra_components.py",),
+        ("tests/infra/test_infra_components.py", "tests/test_contract.py"),
         # register_outputs' argument is only displayed ("The Pulumi engine uses this information to display the
         # logical outputs of the component", Pulumi docs, Component resources); the call ends the component's
         # registration whatever its argument. program.py and the stack's exports read the components' Python
@@ -146,17 +151,144 @@ GROUPS: tuple[Group, ...] = (
         do_not_mutate_patterns=(r"^\s*self\.register_outputs\(",),
         cpu_minutes=37.1,
     ),
+    # The stack as a whole: the GKE cluster and node pools, the enabled APIs and the image build (arguments only a
+    # real `pulumi up` judges in full; test_infra_stack.py renders every stack and checks them), and program.py,
+    # which composes the components. Whole-stack renders: seconds per mutant.
+    Group(
+        "stack",
+        tuple(f"infra/{m}.py" for m in ("cluster", "services", "image", "program")),
+        ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py"),
+        cpu_minutes=40.0,  # a guess until its first whole run
+    ),
+    # quota: the GPU quota check that fails `pulumi up` early; replacements: which input changes replace a
+    # resource (the facts `make diff` reads; infra/diff.py, the preview itself, is tooling).
+    Group(
+        "quota",
+        ("infra/quota.py",),
+        ("tests/infra/test_infra_quota.py",),
+    ),
+    Group(
+        "replacements",
+        ("infra/replacements.py",),
+        ("tests/infra/test_infra_diff.py",),
+    ),
+    Group(
+        "config",
+        ("infra/config.py",),
+        ("tests/infra/test_infra_config.py",),
+    ),
+    # errors: the failure classes and exit codes; faults: the crash tests' injection points (inert unless
+    # WORKLOAD_FAULT names one), driven in-process by test_errors.py.
+    Group(
+        "errors",
+        ("workload/core/errors.py", "workload/core/faults.py"),
+        ("tests/workload/test_errors.py",),
+    ),
+    # reading: a dataset's column mapping and declared date format (part of its identity), read by every reader.
+    Group(
+        "reading",
+        ("workload/data/reading.py",),
+        ("tests/workload/test_bank_exports.py", "tests/workload/test_dataset.py"),
+    ),
+    Group(
+        "featurestore",
+        ("workload/data/featurestore.py",),
+        ("tests/model/test_featurestore.py", "tests/workload/test_identity.py"),
+    ),
+    # source and publish are driven by `seed` in-process (publish.publish) and by the bucket tests, which run a
+    # real Cloud Storage API server. The fault points publishing passes are not mutated (the worker's reason):
+    # test_publish_crash.py kills `seed` processes at each of them.
+    Group(
+        "publish",
+        ("workload/data/source.py", "workload/data/publish.py"),
+        ("tests/workload/test_publish.py", "tests/workload/test_bucket.py", "tests/workload/test_identity.py",
+         "tests/workload/test_rare_paths.py", "tests/workload/test_publish_crash.py",
+         "tests/workload/test_bucket_access.py"),
+        do_not_mutate_patterns=(r"^\s*faults\.point\(",),
+    ),
+    Group(
+        "simulator",
+        ("workload/data/simulator.py", "workload/data/schema.py", "workload/share/paths.py"),
+        ("tests/model/test_simulator.py", "tests/workload/test_dataset.py", "tests/workload/test_plan.py"),
+    ),
+    Group(
+        "plan",
+        ("workload/queue/plan.py",),
+        ("tests/workload/test_plan.py", "tests/workload/test_restore.py"),
+    ),
+    Group(
+        "hparams",
+        ("workload/model/hparams.py",),
+        ("tests/workload/test_trainer.py", "tests/infra/test_infra_config.py"),
+    ),
+    Group(
+        "report",
+        ("workload/model/report.py", "workload/model/plots.py"),
+        ("tests/workload/test_report.py", "tests/model/test_plots.py"),
+    ),
+    # export and score run in-process through cli.main in test_export.py (export, score, their refusals);
+    # cli.py's other verbs are driven by test_cli.py and test_help.py, partly as `python -m workload` processes.
+    Group(
+        "export",
+        ("workload/model/export.py", "workload/model/score.py"),
+        ("tests/workload/test_export.py", "tests/workload/test_scoring.py", "tests/workload/test_rare_paths.py"),
+        jobs_per_core=2,  # its fixtures train a sweep against a real Redis server and wait on leases
+    ),
+    Group(
+        "cli",
+        ("workload/cli.py",),
+        ("tests/workload/test_cli.py", "tests/workload/test_help.py", "tests/workload/test_export.py"),
+        jobs_per_core=2,
+    ),
+    # gpu: the worker's check that a GPU it was given is usable, before its first claim.
+    Group(
+        "gpu",
+        ("workload/runtime/gpu.py",),
+        ("tests/workload/test_gpu.py",),
+    ),
+    # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end,
+    # test_local_verdict.py its verdict over real processes' exit statuses.
+    Group(
+        "local",
+        ("workload/runtime/local.py", "workload/runtime/redis_server.py"),
+        ("tests/workload/test_local_verdict.py", "tests/workload/test_local.py", "tests/workload/test_queue.py"),
+        jobs_per_core=2,
+    ),
     Group(
         "policy",
-        ("policy/rules.py",),
+        ("policy/rules.py", "policy/pack.py"),
         (
             "tests/policy/test_policy_rules.py",
             "tests/policy/test_redis_admission.py",
             "tests/policy/test_policy_rules_dev_stack.py",
+            "tests/policy/test_policy_stacks.py",
         ),
         cpu_minutes=3.9,
     ),
 )
+
+# The modules of workload/, infra/ and policy/ that no group mutates, each by name with its reason: tooling
+# and entry points, and package files holding only a docstring. Nothing else may stay out
+# (tests/test_mutation_scope.py fails on a module in neither GROUPS nor this list).
+NO_CODE = "only a docstring (and the package's version string): nothing to mutate"
+OUT_OF_SCOPE: dict[str, str] = {
+    "workload/__main__.py": "entry point: calls cli.main and exits with its code",
+    "infra/__main__.py": "entry point: `pulumi up` runs program.build, which the stack group mutates",
+    "policy/__main__.py": "entry point: constructs the PolicyPack from pack.py (that never returns in a test)",
+    "infra/render.py": "tooling: renders the mock-engine stack for kubernetes-validate and the offline policy run",
+    "infra/diff.py": "tooling: `make diff` prints what a config change would replace (its facts: replacements.py)",
+    "policy/offline.py": "tooling: runs the rules over a rendered stack without the Pulumi CLI",
+    "workload/__init__.py": NO_CODE,
+    "workload/core/__init__.py": NO_CODE,
+    "workload/share/__init__.py": NO_CODE,
+    "workload/data/__init__.py": NO_CODE,
+    "workload/queue/__init__.py": NO_CODE,
+    "workload/model/__init__.py": NO_CODE,
+    "workload/runtime/__init__.py": NO_CODE,
+    "infra/__init__.py": NO_CODE,
+    "policy/__init__.py": NO_CODE,
+}
+SCOPE_PACKAGES = ("workload", "infra", "policy")
 
 
 @dataclass(frozen=True)
@@ -187,6 +319,7 @@ INFRA_REDIS = "infra/redis.py"
 INFRA_SHARE_PREP = "infra/share_prep.py"
 POLICY_RULES = "policy/rules.py"
 DATASET = "workload/data/dataset.py"
+ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
 TRAINER = "workload/model/trainer.py"
@@ -232,7 +365,13 @@ LAST_SLEEP = ("confirm() waits 0.2 s between tries either way except in the leas
               "the deadline: the next try comes after the deadline in both cases (the same tries, the same answer), "
               "at most 0.2 s later")
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
+KNOWN_ERRNO = ("infra_errno only returns codes of INFRA_ERRNOS (or EIO), every one named in errno.errorcode: the "
+               "fallback of .get is never read")
 EQUIVALENT: tuple[Equivalent, ...] = (
+    *(Equivalent(ERRORS, 'errno.errorcode.get(code, "")', f"errno.errorcode.get(code, {after})", KNOWN_ERRNO)
+      for after in ("None", "", '"XXXX"')),
+    *(Equivalent(ERRORS, "errno.errorcode.get(code, code)", f"errno.errorcode.get(code{after})", KNOWN_ERRNO)
+      for after in (", None", "", ", ")),
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
     Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),
@@ -893,6 +1032,15 @@ def table(rows: list[tuple[ModuleResult, str]]) -> list[str]:
     return out
 
 
+def _head() -> str:
+    """The checkout's commit, which --changed-since recorded starts from (none outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "(none: not a git checkout)"
+
+
 def survivor_lines(survivors: list[Survivor]) -> list[str]:
     """One line per survivor: its name, the diff, and why it cannot change behaviour (when explained)."""
     return [f"- `{s.name}`: `{s.before}` -> `{s.after}`" + (f": {s.why}" if s.why else "") for s in survivors]
@@ -919,6 +1067,63 @@ def write_docs(lines: list[str]) -> None:
     DOCS.write_text(text)
 
 
+def changed_files(rev: str) -> set[str]:
+    """Files changed since `rev`: committed, staged or only in the working tree, and new ones not ignored."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {*git("diff", "--name-only", rev, "--").split(), *git("ls-files", "--others", "--exclude-standard").split()}
+
+
+def _recorded_block() -> list[str]:
+    text = DOCS.read_text() if DOCS.exists() else ""
+    return text.partition(BEGIN)[2].partition(END)[0].splitlines()
+
+
+RECORDED_AT = re.compile(r"\bat (?:commit )?([0-9a-f]{7,40})\b")  # "at commit abc1234" (--write), "main at abc1234"
+
+
+def recorded_rev() -> str:
+    """The commit of the last recorded run (``--write`` names it)."""
+    found = next((m[1] for line in _recorded_block() if (m := RECORDED_AT.search(line))), None)
+    if found is None:
+        raise SystemExit(f"{DOCS.relative_to(ROOT)} records no commit: run every group once with --write, or "
+                         "name a commit with --changed-since REV")
+    return found
+
+
+_ROW = re.compile(r"^\| (\S+\.py) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ")
+_SURVIVOR = re.compile(r"^- `([^`]+)`: `(.*?)` -> `(.*?)`(?:: (.+))?$")
+
+
+def recorded_results() -> dict[str, ModuleResult]:
+    """Per module, the figures and survivors of the recorded run (docs/benchmarks.md, and the explained survivors
+    in bench/mutation_explained.md), as a run would give them."""
+    block = _recorded_block()
+    explained = EXPLAINED.read_text().splitlines() if EXPLAINED.exists() else []  # the equivalent ones
+    survivors = [Survivor(m[1], "", m[2], m[3], m[4] or "") for line in [*block, *explained]
+                 if (m := _SURVIVOR.match(line))]
+    results = {}
+    for line in block:
+        if not (m := _ROW.match(line)):
+            continue
+        module = m[1]
+        mutants, detected, timeouts, survived, no_tests, equivalent = map(int, m.groups()[1:])
+        dotted = module.removesuffix(".py").replace("/", ".") + "."
+        own = [Survivor(s.name, module, s.before, s.after, s.why) for s in survivors if s.name.startswith(dotted)]
+        own += [Survivor("(recorded)", module, "", "", "recorded as equivalent")
+                for _ in range(equivalent - sum(1 for s in own if s.why))]
+        statuses = Counter({"killed": detected - timeouts, "timeout": timeouts, "survived": survived,
+                            "no tests": no_tests})
+        statuses["skipped"] = mutants - sum(statuses.values())
+        results[module] = ModuleResult(module, +statuses, own)
+    return results
+
+
+def stale(group: Group, changed: set[str], recorded: dict[str, ModuleResult]) -> bool:
+    """The group must run again: a module or test of it changed, or a module has no recorded figures."""
+    return bool(changed & {*group.modules, *group.tests}) or any(m not in recorded for m in group.modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=[g.name for g in GROUPS], help="groups to run (default: all)")
@@ -930,8 +1135,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=FLOOR, help="lowest acceptable score, percent")
     parser.add_argument("--no-run", action="store_true",
                         help="report the last run from build/mutation/ (after editing EQUIVALENT, or to --write)")
+    parser.add_argument("--changed-since", metavar="REV",
+                        help="run only the groups changed since REV ('recorded': the recorded run's commit); keep "
+                        "the recorded figures of the others")
     args = parser.parse_args(argv)
     groups = [g for g in GROUPS if not args.only or g.name in args.only]
+    recorded: dict[str, ModuleResult] = {}
+    kept: set[str] = set()
+    if args.changed_since:
+        recorded = recorded_results()
+        changed = changed_files(recorded_rev() if args.changed_since == "recorded" else args.changed_since)
+        kept = {g.name for g in groups if not g.pending and not stale(g, changed, recorded)}
+        print(f"unchanged since {args.changed_since}, recorded figures kept: {', '.join(sorted(kept)) or 'none'}",
+              flush=True)
 
     started = time.monotonic()
     rows: list[tuple[ModuleResult, str]] = []
@@ -940,11 +1156,15 @@ def main(argv: list[str] | None = None) -> int:
     for group in groups:
         if group.pending:
             print(f"{group.name}: not measured: {group.pending}", flush=True)
-    outcomes = {} if args.no_run else run_groups([g for g in groups if not g.pending], args.jobs, args.lanes)
+    outcomes = {} if args.no_run else run_groups([g for g in groups if not g.pending and g.name not in kept],
+                                                 args.jobs, args.lanes)
     cpu = sum(run.cpu for _, run, _ in outcomes.values())
     for group in groups:
         if group.pending:
             rows += [(ModuleResult(m), group.pending) for m in group.modules]
+            continue
+        if group.name in kept:
+            rows += [(recorded[m], "") for m in group.modules]
             continue
         if args.no_run:
             results, run, problem = collect(STAGE / group.name, group), Run(0.0, 0.0, 0), ""
@@ -987,7 +1207,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("\n".join(explained + problems + ["", summary]))
     if args.write:
-        stamp = (f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by `make mutation` (mutmut, "
+        stamp = (f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} at commit {_head()} by `make mutation`"
+                 + (f" (groups unchanged since {args.changed_since}: recorded figures kept: {', '.join(sorted(kept))})"
+                    if kept else "") + " (mutmut, "
                  f"{os.cpu_count()} cores; load average over the last 15 min at the end {os.getloadavg()[2]:.1f}).")
         write_docs(["## Mutation testing", "", f"{stamp} {summary}", "", *lines, *problems])
         write_explained(stamp, equivalent)

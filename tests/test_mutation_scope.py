@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,29 @@ def test_every_module_and_test_of_a_group_exists(group: mutation.Group) -> None:
     for path in (*group.modules, *group.tests):
         assert (ROOT / path).is_file(), f"{group.name}: {path} does not exist; update GROUPS in bench/mutation.py"
     assert group.tests or group.pending, f"{group.name}: no tests and no reason given"
+
+
+def scope_modules(root: Path) -> set[str]:
+    """Every module of the packages in scope, as paths from the checkout's root."""
+    return {str(p.relative_to(root)) for pkg in mutation.SCOPE_PACKAGES for p in (root / pkg).rglob("*.py")
+            if "__pycache__" not in p.parts}
+
+
+def unscoped(root: Path) -> list[str]:
+    """Modules that no group mutates and that the out-of-scope list does not name."""
+    grouped = {m for g in mutation.GROUPS for m in g.modules}
+    return sorted(scope_modules(root) - grouped - set(mutation.OUT_OF_SCOPE))
+
+
+def test_every_module_is_mutated_or_left_out_by_name_with_its_reason() -> None:
+    """New code cannot slip out of `make mutation`: a module of workload/, infra/ or policy/ is in a group
+    or named, with why, in OUT_OF_SCOPE."""
+    assert unscoped(ROOT) == [], "add these to a group in bench/mutation.py (or to OUT_OF_SCOPE, with why)"
+    grouped = {m for g in mutation.GROUPS for m in g.modules}
+    for module, why in mutation.OUT_OF_SCOPE.items():
+        assert (ROOT / module).is_file(), f"OUT_OF_SCOPE names {module}, which does not exist"
+        assert module not in grouped, f"{module} is both mutated and left out"
+        assert why.strip(), f"{module}: no reason given"
 
 
 def test_groups_do_not_mutate_a_module_twice() -> None:
@@ -122,6 +146,38 @@ def test_one_lane_runs_the_groups_one_after_the_other_with_every_job(monkeypatch
               mutation.Group("c", (), (), cpu_minutes=5)]
     mutation.run_groups(groups, 2, 1)
     assert started == [("b", 2), ("c", 2), ("a", 2)]
+
+
+def test_the_incremental_mode_keeps_the_recorded_figures_and_reruns_what_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--changed-since reads back what --write recorded (figures, survivors, explained ones) unchanged, and
+    reruns a group when one of its modules or tests changed or its figures were never recorded."""
+    kept = mutation.ModuleResult("workload/model/metrics.py", Counter(killed=40, timeout=2, survived=3, skipped=1))
+    kept.survivors = [mutation.Survivor("workload.model.metrics.x_auprc__mutmut_7", kept.module, "a < b", "a <= b"),
+                      mutation.Survivor("workload.model.metrics.x_roc__mutmut_2", kept.module, "x", "y", "same"),
+                      mutation.Survivor("workload.model.metrics.x_roc__mutmut_3", kept.module, "u", "v", "same too")]
+    other = mutation.ModuleResult("workload/data/features.py", Counter(killed=9, **{"no tests": 1}))
+    stamp = f"Measured at commit {'ab12' * 3} by `make mutation`."
+    lines = [stamp, *mutation.table([(kept, ""), (other, "")]), "Survivors (1):",
+             *mutation.survivor_lines([s for s in kept.survivors if not s.why]), "", "Equivalent (2), left out"]
+    monkeypatch.setattr(mutation, "DOCS", tmp_path / "benchmarks.md")
+    monkeypatch.setattr(mutation, "EXPLAINED", tmp_path / "mutation_explained.md")
+    mutation.write_docs(lines)  # what --write records: the open survivors in the docs, the explained beside
+    mutation.write_explained(stamp, [s for s in kept.survivors if s.why])
+    recorded = mutation.recorded_results()
+    assert mutation.recorded_rev() == "ab12" * 3
+    assert sorted(recorded) == [other.module, kept.module]
+    for before in (kept, other):
+        after = recorded[before.module]
+        assert (after.statuses, after.score, after.equivalent) == (+before.statuses, before.score, before.equivalent)
+        assert [(s.name, s.before, s.after, s.why) for s in after.survivors] == [
+            (s.name, s.before, s.after, s.why) for s in before.survivors]
+    metrics = next(g for g in mutation.GROUPS if g.name == "metrics")
+    features = next(g for g in mutation.GROUPS if g.name == "features")
+    assert not mutation.stale(metrics, {"workload/data/features.py", "README.md"}, recorded)
+    assert mutation.stale(features, {"workload/data/features.py"}, recorded)
+    assert mutation.stale(metrics, {metrics.tests[-1]}, recorded)
+    assert mutation.stale(metrics, set(), {})  # never recorded
 
 
 def test_write_keeps_the_score_in_the_docs_and_the_explained_survivors_beside_the_tool(

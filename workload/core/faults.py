@@ -22,6 +22,14 @@ Points, in the order an item meets them:
 * ``report``: immediately before the report, metrics and pictures are rewritten;
 * ``before-ack``: everything is on the share; the queue does not know yet.
 
+And in ``seed``, while a dataset is published (workload.data.publish):
+
+* ``staged``: the new days are copied to the staging folder and validated; nothing is published yet;
+* ``day-moved``: one new day was moved into the published dataset (fires once per day), the manifest
+  not yet replaced: the day is on the share, unnamed;
+* ``published``: the manifest names the new days (or the first publish's folder was renamed into
+  place); the staging folder is not removed yet.
+
 Unset (always, outside tests), a call is one dictionary lookup.
 """
 
@@ -31,7 +39,8 @@ import os
 import signal
 import threading
 
-POINTS = ("claimed", "read", "mid-write", "checkpoint-written", "promote", "after-promote", "report", "before-ack")
+POINTS = ("claimed", "read", "mid-write", "checkpoint-written", "promote", "after-promote", "report", "before-ack",
+          "staged", "day-moved", "published")
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 _hits: dict[str, int] = {}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workload.core import faults
 from workload.data import dataset as ds
 from workload.data.reading import AS_IS, Reading
 from workload.data.source import Source, SourceFile
@@ -146,6 +147,7 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
             keys[rel] = ds.Keys.of(ds.read_transactions(root / rel, ds.source_name(entry), reading, ds.labelled(rel)))
         entries = published + added
         ds.check_dataset(entries, keys, src.uri, required)
+        faults.point("staged")
         if first:
             ds.save_manifest(staging, entries, src.uri, reading)
             try:
@@ -155,13 +157,16 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
                     raise
                 raise _PublishedMeanwhile() from None
             fsync_dir(root.parent)
+            faults.point("published")
         else:
             for f in new:
                 (root / f.rel).parent.mkdir(exist_ok=True)
                 os.replace(staging / f.rel, root / f.rel)  # invisible to workers until the manifest names it
+                faults.point("day-moved")
             for role in {f.rel.split("/")[0] for f in new}:
                 fsync_dir(root / role)
             ds.save_manifest(root, entries, src.uri, reading)
+            faults.point("published")
         _log_added(root, src.uri, added, first)
         return entries
     finally:
