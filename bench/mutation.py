@@ -100,7 +100,8 @@ GROUPS: tuple[Group, ...] = (
     # unless WORKLOAD_FAULT names the point; the subprocess fault tests fire each one).
     Group(
         "worker",
-        ("workload/runtime/worker.py",),
+        ("workload/runtime/worker.py", "workload/runtime/steps.py", "workload/runtime/heartbeat.py",
+         "workload/runtime/config.py"),
         ("tests/workload/test_worker_inprocess.py",),
         do_not_mutate_patterns=(r"^\s*faults\.point\(",),
         jobs_per_core=2,
@@ -286,6 +287,8 @@ OUT_OF_SCOPE: dict[str, str] = {
     "infra/render.py": "tooling: renders the mock-engine stack for kubernetes-validate and the offline policy run",
     "infra/diff.py": "tooling: `make diff` prints what a config change would replace (its facts: replacements.py)",
     "policy/offline.py": "tooling: runs the rules over a rendered stack without the Pulumi CLI",
+    "workload/core/preemption.py": ("constants only: the spot grace period and its margins, tuning values; "
+                                    "tests/test_contract.py checks the worker's budgets fit the pod's grace period"),
     "workload/__init__.py": NO_CODE,
     "workload/core/__init__.py": NO_CODE,
     "workload/share/__init__.py": NO_CODE,
@@ -333,6 +336,8 @@ METRICS = "workload/model/metrics.py"
 TRAINER = "workload/model/trainer.py"
 WORKQUEUE = "workload/queue/workqueue.py"
 WORKER = "workload/runtime/worker.py"
+STEPS = "workload/runtime/steps.py"
+HEARTBEAT = "workload/runtime/heartbeat.py"
 CHECKPOINT = "workload/share/checkpoint.py"
 FSUTIL = "workload/share/fsutil.py"
 
@@ -440,11 +445,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(POLICY_RULES, 'last.partition(":")', 'last.rpartition(":")', TAG_COLON),
     # worker:
     Equivalent(WORKER, ">= self.cfg.infra_give_up_s", "> self.cfg.infra_give_up_s", CLOCK),
-    Equivalent(WORKER, "time.monotonic() >= self._valid_until", "time.monotonic() > self._valid_until",
+    Equivalent(HEARTBEAT, "time.monotonic() >= self._valid_until", "time.monotonic() > self._valid_until",
                CLOCK),
-    Equivalent(WORKER, 'name="heartbeat"', 'name="XXheartbeatXX"', THREAD_NAME),
-    Equivalent(WORKER, 'name="heartbeat"', 'name="HEARTBEAT"', THREAD_NAME),
-    Equivalent(WORKER, 'name="heartbeat"', "name=None", THREAD_NAME),
+    Equivalent(HEARTBEAT, 'name="heartbeat"', 'name="XXheartbeatXX"', THREAD_NAME),
+    Equivalent(HEARTBEAT, 'name="heartbeat"', 'name="HEARTBEAT"', THREAD_NAME),
+    Equivalent(HEARTBEAT, 'name="heartbeat"', "name=None", THREAD_NAME),
     Equivalent(WORKER, "waiting_logged = False", "waiting_logged = None", WAITING_LOG),
     Equivalent(WORKER, "waiting_logged = False", "waiting_logged = True", WAITING_LOG),
     Equivalent(WORKER, "if not waiting_logged:", "if waiting_logged:", WAITING_LOG),
@@ -452,61 +457,53 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "self._progress_at = None  # set again by process()",
                "the constructor's value is never read: process() touches (sets it) before its heartbeat starts, "
                "and only the heartbeat reads it"),
-    Equivalent(WORKER, "max(0.0, self._valid_until - time.monotonic())",
+    Equivalent(HEARTBEAT, "max(0.0, self._valid_until - time.monotonic())",
                "max(1.0, self._valid_until - time.monotonic())", LAST_SLEEP),
-    Equivalent(WORKER, "max(0.0, self._valid_until - time.monotonic())",
+    Equivalent(HEARTBEAT, "max(0.0, self._valid_until - time.monotonic())",
                "max(0.0, self._valid_until + time.monotonic())", LAST_SLEEP),
-    Equivalent(WORKER, "if stuck > self.stall_s:", "if stuck >= self.stall_s:", CLOCK),
-    Equivalent(WORKER, 'daemon=True, name="heartbeat")', "daemon=True, )", THREAD_NAME),
+    Equivalent(HEARTBEAT, "if stuck > self.stall_s:", "if stuck >= self.stall_s:", CLOCK),
+    Equivalent(HEARTBEAT, 'daemon=True, name="heartbeat")', "daemon=True, )", THREAD_NAME),
     *(Equivalent(WORKER, 'self._last_infra = ""', f"self._last_infra = {after}",
                  "only the give-up and back-off logs read it, and _back_off runs only after process() returned "
                  "Outcome.INFRA, which it does right after setting it")
       for after in ("None", '"XXXX"')),
     Equivalent(WORKER, "self._infra_since: float | None = None", 'self._infra_since: float | None = ""',
                "only read as `self._infra_since or now`: '' and None are both false"),
-    *(Equivalent(WORKER, "self._report(store, lease, beat, promoted, trainer, dataset, test_scores,",
-                 after, "_report scores the test days with the trainer only when no scores are passed; these are that "
+    *(Equivalent(STEPS, "self.report(promoted, trainer, test_scores, draw=",
+                 after, "report scores the test days with the trainer only when no scores are passed; these are that "
                  "trainer's scores of the same days, computed just before: the same values either way")
-      for after in ("self._report(store, lease, beat, promoted, None, dataset, test_scores,",
-                    "self._report(store, lease, beat, promoted, trainer, dataset, None,",
-                    "self._report(store, lease, beat, promoted, trainer, dataset,")),
-    Equivalent(WORKER, "dataset, test_scores, / draw=", "dataset, draw=",
-               "the scores argument dropped: _report then scores the test days with the same trainer: the same values"),
+      for after in ("self.report(promoted, None, test_scores, draw=", "self.report(promoted, trainer, None, draw=",
+                    "self.report(promoted, trainer, draw=")),
     Equivalent(WORKER, """.strip('"')""", """.strip('XX"XX')""",
                "the messages stripped here begin with a quote or 'run ' and end with a quote, a bracket, a brace, "
                "a digit or a rule's closing words (workload/model/hparams.py, WorkQueue.spec): never with an X"),
-    *(Equivalent(WORKER, f'str(examples.day.{f}()) if len(examples.day) else ""', after,
+    *(Equivalent(STEPS, f'str(examples.day.{f}()) if len(examples.day) else ""', after,
                  "a shard's examples are every row of its file, and a file without rows is refused when the "
                  "dataset is read: the empty branch never runs")
       for f in ("min", "max") for after in (f'str(examples.day.{f}()) if (len(examples.day)) or True else ""',
                                             f'str(examples.day.{f}()) if len(examples.day) else "XXXX"')),
-    Equivalent(WORKER, "Loaded(state=state, path=path,", "Loaded(state=state, path=None,",
-               "_report reads the promoted checkpoint's state, token and seq, never its path"),
-    Equivalent(WORKER, "seq=int(path.name[5:13])", "seq=int(path.name[6:13])",
-               "seq is 8 digits with leading zeros (ckpt-00000003-...): the first is 0 below ten million "
-               "checkpoints of one run, and a run writes a few a day"),
-    Equivalent(WORKER, "save_cost < self.cfg.term_budget_s:", "save_cost <= self.cfg.term_budget_s:",
+    Equivalent(STEPS, "save_cost < cfg.term_budget_s:", "save_cost <= cfg.term_budget_s:",
                "a save's measured duration, a float of the monotonic clock, equals the budget exactly with nil "
                "probability: < and <= act alike"),
-    Equivalent(WORKER, "- last_save >= self.cfg.checkpoint_interval_s:",
-               "- last_save > self.cfg.checkpoint_interval_s:", CLOCK),
-    Equivalent(WORKER, "save_cost = 1.0", "save_cost = 2.0",
+    Equivalent(STEPS, "- self.last_save >= cfg.checkpoint_interval_s:",
+               "- self.last_save > cfg.checkpoint_interval_s:", CLOCK),
+    Equivalent(STEPS, "save_cost = 1.0", "save_cost = 2.0",
                "the guessed cost of a day's first save, before one is measured: 1 s or 2 s, both far below the "
                "8 s budget of the 15 s spot notice (a tuning value; no guarantee rests on it)"),
-    Equivalent(WORKER, "if trainer.hp != hp:", "if trainer.hp == hp:",
+    Equivalent(STEPS, "if trainer.hp != self.hp:", "if trainer.hp == self.hp:",
                "the branch only logs that the checkpoint's hyperparameters win; the trainer is the same either way"),
-    Equivalent(WORKER, "resumed = trainer.progress", "resumed = None",
+    Equivalent(STEPS, "resumed = trainer.progress", "resumed = None",
                "`resumed` only words the 'training on' log line (resuming, warm or cold start)"),
     Equivalent(WORKER, "waiting_logged = True", "waiting_logged = None", WAITING_LOG),
     Equivalent(WORKER, "waiting_logged = True", "waiting_logged = False", WAITING_LOG),
-    *(Equivalent(WORKER, 'elif res.state == "already-done":', after,
+    *(Equivalent(STEPS, 'elif res.state == "already-done":', after,
                  "both branches only log (log lines are not mutated): it picks which warning an ack refused, "
                  "or already done by a peer, is logged with; the queue is not touched either way")
       for after in ('elif res.state != "already-done":', 'elif res.state == "XXalready-doneXX":',
                     'elif res.state == "ALREADY-DONE":')),
-    Equivalent(WORKER, "pr = None", 'pr = ""',
+    Equivalent(STEPS, "pr = None", 'pr = ""',
                "without `draw` report.write never reads the curve; with it, pr is assigned the model's curve"),
-    Equivalent(WORKER, "if test_scores is None else", "if (test_scores is None) or True else",
+    Equivalent(STEPS, "if test_scores is None else", "if (test_scores is None) or True else",
                "the scores passed in are this trainer's scores of the same test days, computed just before: "
                "scoring again gives the same values, only later"),
     # trainer:
@@ -733,10 +730,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(CHECKPOINT, "indent=1)", "indent=None)", MANIFEST_JSON),
     Equivalent(CHECKPOINT, "indent=1)", "indent=2)", MANIFEST_JSON),
     Equivalent(CHECKPOINT, "indent=1)", ")", MANIFEST_JSON),
-    Equivalent(CHECKPOINT, "if found and found[0][0] == token:", "if found and found[0][1] == token:",
-               "re-fencing then rewrites its own manifest with the entries it already holds: the same bytes"),
-    Equivalent(CHECKPOINT, "found = self.manifests()", "found = None",
-               "fence's check after writing gives the same answer (higher: take it back; same: same entries)"),
     Equivalent(CHECKPOINT, "if self.dir.exists() else []", "if (self.dir.exists()) or True else []",
                "globbing a folder that does not exist yields nothing, as the empty list does"),
     Equivalent(CHECKPOINT, '"sha256": None}', '"XXsha256XX": None}', NO_HASH),

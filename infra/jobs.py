@@ -24,11 +24,12 @@ from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
 from infra.identity import WorkloadIdentity
 from infra.redis import RedisQueue
-from workload.core import errors  # stdlib only: the exit codes' one definition
+from workload.core import errors, preemption  # stdlib only: the exit codes' and the grace period's one definition
 
 SKIP_AWAIT = "pulumi.com/skipAwait"
-# Spot nodes get ~15 s of notice; the worker releases its lease and exits well inside that.
-TERMINATION_GRACE_SECONDS = 15
+# The spot notice (workload/core/preemption.py, where the worker's stop budgets derive from it too); the
+# worker releases its lease and exits inside it.
+TERMINATION_GRACE_SECONDS = preemption.GRACE_PERIOD_S
 SHARE_VOLUME = "share"
 RUNS_VOLUME = "runs"
 

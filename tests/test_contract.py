@@ -192,3 +192,18 @@ def test_the_retry_budget_the_jobs_set_is_what_the_worker_rides_out(monkeypatch)
     monkeypatch.setenv(contract.ENV_INFRA_GIVE_UP, "1800")
     cfg = cli.worker_config(cli.parser().parse_args(["worker", "--share", "/tmp/x"]))
     assert cfg.redis_retry_s == cfg.infra_give_up_s == 1800.0
+
+
+def test_the_pods_grace_period_and_the_workers_stop_budgets_are_one_constant(monkeypatch) -> None:
+    """The kubelet's SIGKILL comes terminationGracePeriodSeconds after SIGTERM: the worker's hard exit and
+    its final-checkpoint budget must fall inside it, by default and as the image's CLI sets them."""
+    from infra import jobs
+    from workload.core import preemption
+    from workload.runtime.config import WorkerConfig
+
+    assert jobs.TERMINATION_GRACE_SECONDS == preemption.GRACE_PERIOD_S
+    defaults = WorkerConfig(share=Path("/s"), redis_url="redis://x")
+    assert 0 < defaults.term_budget_s < defaults.term_grace_s < jobs.TERMINATION_GRACE_SECONDS
+    monkeypatch.delenv("TERM_GRACE_SECONDS", raising=False)
+    image = cli.worker_config(cli.parser().parse_args(contract.WORKER_ARGS))
+    assert (image.term_grace_s, image.term_budget_s) == (defaults.term_grace_s, defaults.term_budget_s)

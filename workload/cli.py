@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from workload.core import preemption
 from workload.core.errors import (
     EXIT_BAD_CONFIG,
     EXIT_DEAD_LETTERS,
@@ -248,7 +249,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
             max_attempts=args.max_attempts, redis_retry_s=env_seconds("REDIS_RETRY_SECONDS", 300),
             plot_interval_s=env_seconds("PLOT_INTERVAL_SECONDS", 30),
             infra_give_up_s=env_seconds("INFRA_GIVE_UP_SECONDS", 300),
-            stall_s=env_seconds("STALL_SECONDS", 300), term_grace_s=env_seconds("TERM_GRACE_SECONDS", 13))
+            stall_s=env_seconds("STALL_SECONDS", 300),
+            term_grace_s=env_seconds("TERM_GRACE_SECONDS", preemption.STOP_WITHIN_S))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -406,7 +408,18 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="`python -m workload COMMAND --help` explains each command, with an example. "
                                        "LOG_LEVEL (default INFO) sets the log level of every command.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_seed(sub)
+    add_worker(sub)
+    add_status(sub)
+    add_requeue(sub)
+    add_export(sub)
+    add_score(sub)
+    add_local(sub)
+    return p
 
+
+def add_seed(sub: Any) -> None:
+    """`seed`: the dataset source and how it is read, the runs, the simulator's knobs."""
     s = _sub(sub, "seed", "put the dataset on the share and enqueue one item per (run, training day); idempotent",
              "python -m workload seed --runs-file sweep.json --datasets ./data --dataset fraud")
     add_share(s)
@@ -435,6 +448,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-seed", type=int, help="simulator seed (no env; default: the preset's)")
     s.set_defaults(fn=seed)
 
+
+def add_worker(sub: Any) -> None:
+    """`worker`: the queue, the share and the lease and checkpoint timings."""
     w = _sub(sub, "worker", "drain the queue: claim, train, checkpoint, report, ack; exit 0 only when every item is "
              "done or dead-lettered",
              "REDIS_PASSWORD=... python -m workload worker --share /mnt/share --redis-url redis://redis:6379/0",
@@ -455,6 +471,9 @@ def parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (env TORCH_THREADS; default: torch's choice)")
     w.set_defaults(fn=worker)
 
+
+def add_status(sub: Any) -> None:
+    """`status`: a queue's summary, from its address or a `make local` folder."""
     st = _sub(sub, "status", "the queue per run: pending, leased (by whom, until when), done, dead-lettered, "
               "latest test figures", "python -m workload status --dir local    # the Redis of a running `make local`")
     add_share(st)
@@ -464,6 +483,9 @@ def parser() -> argparse.ArgumentParser:
                          "and share instead of --redis-url/--share (no env; default none)")
     st.set_defaults(fn=status)
 
+
+def add_requeue(sub: Any) -> None:
+    """`requeue`: dead letters back to pending, all or some."""
     rq = _sub(sub, "requeue", "put dead-lettered items back to pending with their attempts reset, and print them",
               "python -m workload requeue --run main    # after fixing the day files `status` named")
     add_redis(rq)
@@ -471,6 +493,9 @@ def parser() -> argparse.ArgumentParser:
     rq.add_argument("--item", help="only this item, <run>/<shard> as `status` prints it (no env; default: all)")
     rq.set_defaults(fn=requeue)
 
+
+def add_export(sub: Any) -> None:
+    """`export`: a run's results to a folder or a bucket."""
     ex = _sub(sub, "export", "copy a run's report, metrics.jsonl, pictures and model (safetensors: weights, "
               "normalisation, feature names; no pickle) to FOLDER/RUN/ or gs://BUCKET/PREFIX/RUN/; idempotent",
               "python -m workload export --share local/share --run main --to gs://my-bucket/results")
@@ -481,8 +506,9 @@ def parser() -> argparse.ArgumentParser:
                          "(env OUTPUT_URI; no default)")
     ex.set_defaults(fn=export_cmd)
 
-    add_score(sub)
 
+def add_local(sub: Any) -> None:
+    """`local`: the whole system on this machine."""
     lo = _sub(sub, "local", "everything on this machine: an embedded Redis, a local folder as the share, N worker "
               "processes; run it again to resume",
               "python -m workload local --runs-file sweep.json --workers 3    # `make local ARGS=...`")
@@ -503,7 +529,6 @@ def parser() -> argparse.ArgumentParser:
     lo.add_argument("--requeue", action="store_true",
                     help="put dead-lettered shards back first, after a fix (no env; default False)")
     lo.set_defaults(fn=lambda a: __import__("workload.runtime.local", fromlist=["main"]).main(a))
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -347,3 +347,45 @@ def test_a_fence_taken_back_after_a_collector_removed_it_is_no_error(tmp_path: P
     monkeypatch.setattr(CheckpointStore, "manifests", manifests)
     assert store.fence(5) is False
     assert real_manifests(store)[0][0] == 6
+
+
+@pytest.mark.parametrize(("seq", "token"), [(1, 0), (7, 42), (99_999_999, 10**12), (10**8, 3)])
+def test_a_checkpoint_name_parses_back_to_the_numbers_that_made_it(seq: int, token: int) -> None:
+    name = ckpt.checkpoint_name(seq, token)
+    assert ckpt.parse_checkpoint_name(name) == (seq, token)
+    assert ckpt.parse_manifest_name(ckpt.manifest_name(token)) == token
+    assert CheckpointStore(Path("/run")).next_path(token).name == ckpt.checkpoint_name(1, token)
+
+
+@pytest.mark.parametrize("name", ["ckpt-00000001-t1.pt.tmp", ".ckpt-00000001-t1.pt.x1y2.tmp", "ckpt-1-t1.pt",
+                                  "ckpt-00000001-t.pt", "manifest-t000000000001.json", "model.pt"])
+def test_other_file_names_are_not_checkpoints(name: str) -> None:
+    assert ckpt.parse_checkpoint_name(name) is None
+
+
+@pytest.mark.parametrize("name", ["manifest-t000000000001.json.tmp", "manifest-t1.json", "manifest-t.json",
+                                  "ckpt-00000001-t1.pt", "manifest.json"])
+def test_other_file_names_are_not_manifests(name: str) -> None:
+    assert ckpt.parse_manifest_name(name) is None
+
+
+def test_what_save_promoted_is_described_from_its_name_alone(tmp_path: Path) -> None:
+    """The worker reports from the checkpoint it just promoted without reading it back: its seq and token
+    come from the file name, as a load would give them."""
+    store = CheckpointStore(tmp_path)
+    save(store, 1, token=3)
+    path = store.save(state(2), path=store.next_path(3), may_promote=lambda: True)
+    promoted = ckpt.Loaded.promoted(state(2), path)
+    loaded = store.load()
+    assert (promoted.path, promoted.seq, promoted.token) == (loaded.path, loaded.seq, loaded.token) == (path, 2, 3)
+    far = ckpt.Loaded.promoted(state(2), store.dir / ckpt.checkpoint_name(123_456_789, 4))
+    assert (far.seq, far.token) == (123_456_789, 4), "a ninth digit of seq is read too"
+    with pytest.raises(ValueError, match=r"model\.pt is not a checkpoint file name$"):
+        ckpt.Loaded.promoted(state(2), tmp_path / "model.pt")
+
+
+def test_a_lease_is_superseded_by_the_highest_token_that_fenced_after_it(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.superseded_by(5) is None, "no folder yet"
+    assert store.fence(5) and store.fence(7) and not store.fence(6)
+    assert [store.superseded_by(t) for t in (4, 5, 6, 7, 8)] == [7, 7, 7, None, None]

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from workload.core import faults
-from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, NonFinite
+from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, ItemFault, NonFinite
 from workload.data import dataset as ds
 from workload.data import features, simulator
 from workload.model import metrics, plots
@@ -42,8 +42,10 @@ from workload.model.report import rendered_from as report_source
 from workload.model.trainer import Trainer
 from workload.queue import plan
 from workload.queue.workqueue import Item, QueueUnavailable, WorkQueue, connect
+from workload.runtime.heartbeat import Heartbeat, LeaseLost
 from workload.runtime.redis_server import RedisServer
-from workload.runtime.worker import Heartbeat, LeaseLost, Outcome, PermanentError, Worker, WorkerConfig, check_finite
+from workload.runtime.steps import Attempt, Outcome, check_finite
+from workload.runtime.worker import Worker, WorkerConfig
 from workload.share.checkpoint import CheckpointStore
 from workload.share.paths import METRICS_PNG, PR_CURVE_PNG
 
@@ -403,8 +405,9 @@ def test_a_report_from_a_checkpoint_a_newer_lease_superseded_is_not_written(env:
     beat = Heartbeat(queue, lease, ttl_s=10, interval_s=1)
     assert beat.confirm(), "our lease still holds"
     with pytest.raises(LeaseLost):
-        worker._report(store, lease, beat, ours, Trainer.from_state(ours.state), worker.dataset("fraud"),
-                       draw=False)
+        attempt = Attempt(worker.cfg, queue, lease, beat, worker.dataset("fraud"), worker.hparams(lease),
+                          touch=worker.touch, stop=worker.stop)
+        attempt.report(ours, Trainer.from_state(ours.state), draw=False)
     assert report.read_text() == "the newer lease's report\n"
 
 
@@ -416,7 +419,7 @@ def test_the_worker_refuses_a_bad_run_name_on_its_own_as_an_item_fault(env: Shar
     lease = queue.claim("w1", 10)
     bad = dataclasses.replace(lease, item=dataclasses.replace(lease.item, run=run))
     beat = Heartbeat(queue, lease, ttl_s=10, interval_s=1)
-    with pytest.raises(PermanentError, match=rf"^run {re.escape(repr(run))} is not allowed: use "):
+    with pytest.raises(ItemFault, match=rf"^run {re.escape(repr(run))} is not allowed: use "):
         Worker(env.config(), queue)._apply(bad, beat)
     assert {p.name for p in (env.share / "output").iterdir()} == {"main"}, "nothing written for the bad run"
 

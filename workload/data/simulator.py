@@ -121,71 +121,24 @@ def _available_terminals(
 
 
 def simulate(spec: SimulationSpec) -> Simulation:
-    """Draw profiles, transactions and fraud for ``spec`` (in memory; ``generate`` writes files)."""
+    """Draw profiles, transactions and fraud for ``spec`` (in memory; ``generate`` writes files).
+    The steps draw from one generator in this order: reordering them changes every dataset."""
     rng = np.random.default_rng(spec.seed)
-    n_days = spec.days
-
     # Profiles (handbook 3.2, 3.3).
     customer_xy = rng.uniform(0, 100, size=(spec.customers, 2))
     mean_amount = rng.uniform(5, 100, size=spec.customers)
-    std_amount = mean_amount / 2
     mean_nb_tx = rng.uniform(0, 4, size=spec.customers)
     terminal_xy = rng.uniform(0, 100, size=(spec.terminals, 2))
-    offsets, terminal_ids = _available_terminals(customer_xy, terminal_xy, spec.radius)
-    n_available = np.diff(offsets)
-
-    # Transactions (handbook 3.5): Poisson count per customer and day, time around noon (draws
-    # outside the day are dropped, as the handbook does), normal amount (negatives redrawn
-    # uniformly in [0, 2*mean], cents, at least 0.01), a uniformly chosen terminal in reach
-    # (customers with none in reach make no transactions).
-    per_day = rng.poisson(np.broadcast_to(mean_nb_tx[:, None], (spec.customers, n_days)))
-    customer = np.repeat(np.repeat(np.arange(spec.customers), n_days), per_day.ravel())
-    day = np.repeat(np.tile(np.arange(n_days), spec.customers), per_day.ravel())
-    time_of_day = rng.normal(SECONDS_PER_DAY / 2, 20000, size=len(customer)).astype(np.int64)
-    amount = rng.normal(mean_amount[customer], std_amount[customer])
-    redraw = rng.uniform(0, 2 * mean_amount[customer])
-    amount = np.maximum(np.round(np.where(amount < 0, redraw, amount), 2), 0.01)  # no 0.00 after rounding
-    pick = rng.random(len(customer))
-    keep = (time_of_day > 0) & (time_of_day < SECONDS_PER_DAY) & (n_available[customer] > 0)
-    customer, day, time_of_day, amount, pick = (a[keep] for a in (customer, day, time_of_day, amount, pick))
-    terminal = terminal_ids[offsets[customer] + (pick * n_available[customer]).astype(np.int64)]
-    seconds = day * SECONDS_PER_DAY + time_of_day
-
-    # Chronological order defines TRANSACTION_ID; ties broken by customer for determinism.
-    order = np.lexsort((customer, seconds))
-    customer, day, seconds, amount, terminal = (a[order] for a in (customer, day, seconds, amount, terminal))
+    customer, day, seconds, amount, terminal = _transactions(rng, spec, customer_xy, mean_amount, mean_nb_tx,
+                                                             terminal_xy)
     fraud = np.zeros(len(customer), dtype=np.int64)
     scenario = np.zeros(len(customer), dtype=np.int64)
 
     # Scenario 1: large amounts.
     large = amount > FRAUD_AMOUNT_THRESHOLD
     fraud[large], scenario[large] = 1, 1
-
-    # Scenario 2: a terminal compromised on day d makes fraud of its transactions on days d..d+27.
-    compromised_terminals = np.stack(
-        [rng.choice(spec.terminals, COMPROMISED_TERMINALS_PER_DAY, replace=False) for _ in range(n_days)]
-    ).reshape(n_days, COMPROMISED_TERMINALS_PER_DAY)
-    hit = np.zeros((spec.terminals, n_days + 1), dtype=np.int64)
-    compromise_day = np.repeat(np.arange(n_days), COMPROMISED_TERMINALS_PER_DAY)
-    np.add.at(hit, (compromised_terminals.ravel(), compromise_day + 1), 1)
-    hits_so_far = np.cumsum(hit, axis=1)  # [:, d + 1] = compromises on days <= d
-    since = np.maximum(day + 1 - TERMINAL_COMPROMISE_DAYS, 0)
-    on_compromised = hits_so_far[terminal, day + 1] - hits_so_far[terminal, since] > 0
-    fraud[on_compromised], scenario[on_compromised] = 1, 2
-
-    # Scenario 3: a customer compromised on day d has a third of its transactions on days d..d+13
-    # multiplied by 5 (applied day after day, as in the handbook).
-    compromised_customers = np.stack(
-        [rng.choice(spec.customers, COMPROMISED_CUSTOMERS_PER_DAY, replace=False) for _ in range(n_days)]
-    ).reshape(n_days, COMPROMISED_CUSTOMERS_PER_DAY)
-    by_customer = np.argsort(customer, kind="stable")
-    starts = np.searchsorted(customer[by_customer], np.arange(spec.customers + 1))
-    for d in range(n_days):
-        rows = np.concatenate([by_customer[starts[c] : starts[c + 1]] for c in compromised_customers[d]])
-        rows = rows[(day[rows] >= d) & (day[rows] < d + CUSTOMER_COMPROMISE_DAYS)]
-        chosen = rng.choice(rows, int(len(rows) * CUSTOMER_FRAUD_SHARE), replace=False)
-        amount[chosen] = amount[chosen] * CUSTOMER_FRAUD_AMOUNT_FACTOR
-        fraud[chosen], scenario[chosen] = 1, 3
+    compromised_terminals = _compromise_terminals(rng, spec, day, terminal, fraud, scenario)
+    compromised_customers = _compromise_customers(rng, spec, customer, day, amount, fraud, scenario)
 
     start = np.datetime64(spec.start_date, "s")
     transactions = pd.DataFrame(
@@ -211,6 +164,73 @@ def simulate(spec: SimulationSpec) -> Simulation:
         compromised_terminals=compromised_terminals,
         compromised_customers=compromised_customers,
     )
+
+
+def _transactions(rng: np.random.Generator, spec: SimulationSpec, customer_xy: np.ndarray, mean_amount: np.ndarray,
+                  mean_nb_tx: np.ndarray, terminal_xy: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(customer, day, seconds, amount, terminal) of every transaction, in TRANSACTION_ID order.
+
+    Handbook 3.5: Poisson count per customer and day, time around noon (draws outside the day are
+    dropped, as the handbook does), normal amount (negatives redrawn uniformly in [0, 2*mean], cents,
+    at least 0.01), a uniformly chosen terminal in reach (customers with none in reach make no
+    transactions)."""
+    n_days = spec.days
+    std_amount = mean_amount / 2
+    offsets, terminal_ids = _available_terminals(customer_xy, terminal_xy, spec.radius)
+    n_available = np.diff(offsets)
+    per_day = rng.poisson(np.broadcast_to(mean_nb_tx[:, None], (spec.customers, n_days)))
+    customer = np.repeat(np.repeat(np.arange(spec.customers), n_days), per_day.ravel())
+    day = np.repeat(np.tile(np.arange(n_days), spec.customers), per_day.ravel())
+    time_of_day = rng.normal(SECONDS_PER_DAY / 2, 20000, size=len(customer)).astype(np.int64)
+    amount = rng.normal(mean_amount[customer], std_amount[customer])
+    redraw = rng.uniform(0, 2 * mean_amount[customer])
+    amount = np.maximum(np.round(np.where(amount < 0, redraw, amount), 2), 0.01)  # no 0.00 after rounding
+    pick = rng.random(len(customer))
+    keep = (time_of_day > 0) & (time_of_day < SECONDS_PER_DAY) & (n_available[customer] > 0)
+    customer, day, time_of_day, amount, pick = (a[keep] for a in (customer, day, time_of_day, amount, pick))
+    terminal = terminal_ids[offsets[customer] + (pick * n_available[customer]).astype(np.int64)]
+    seconds = day * SECONDS_PER_DAY + time_of_day
+    # Chronological order defines TRANSACTION_ID; ties broken by customer for determinism.
+    order = np.lexsort((customer, seconds))
+    return tuple(a[order] for a in (customer, day, seconds, amount, terminal))
+
+
+def _compromise_terminals(rng: np.random.Generator, spec: SimulationSpec, day: np.ndarray, terminal: np.ndarray,
+                          fraud: np.ndarray, scenario: np.ndarray) -> np.ndarray:
+    """Scenario 2: a terminal compromised on day d makes fraud of its transactions on days d..d+27.
+    Marks `fraud` and `scenario` in place; returns the terminals compromised each day."""
+    n_days = spec.days
+    compromised_terminals = np.stack(
+        [rng.choice(spec.terminals, COMPROMISED_TERMINALS_PER_DAY, replace=False) for _ in range(n_days)]
+    ).reshape(n_days, COMPROMISED_TERMINALS_PER_DAY)
+    hit = np.zeros((spec.terminals, n_days + 1), dtype=np.int64)
+    compromise_day = np.repeat(np.arange(n_days), COMPROMISED_TERMINALS_PER_DAY)
+    np.add.at(hit, (compromised_terminals.ravel(), compromise_day + 1), 1)
+    hits_so_far = np.cumsum(hit, axis=1)  # [:, d + 1] = compromises on days <= d
+    since = np.maximum(day + 1 - TERMINAL_COMPROMISE_DAYS, 0)
+    on_compromised = hits_so_far[terminal, day + 1] - hits_so_far[terminal, since] > 0
+    fraud[on_compromised], scenario[on_compromised] = 1, 2
+    return compromised_terminals
+
+
+def _compromise_customers(rng: np.random.Generator, spec: SimulationSpec, customer: np.ndarray, day: np.ndarray,
+                          amount: np.ndarray, fraud: np.ndarray, scenario: np.ndarray) -> np.ndarray:
+    """Scenario 3: a customer compromised on day d has a third of its transactions on days d..d+13
+    multiplied by 5 (applied day after day, as in the handbook). Changes `amount`, `fraud` and
+    `scenario` in place; returns the customers compromised each day."""
+    n_days = spec.days
+    compromised_customers = np.stack(
+        [rng.choice(spec.customers, COMPROMISED_CUSTOMERS_PER_DAY, replace=False) for _ in range(n_days)]
+    ).reshape(n_days, COMPROMISED_CUSTOMERS_PER_DAY)
+    by_customer = np.argsort(customer, kind="stable")
+    starts = np.searchsorted(customer[by_customer], np.arange(spec.customers + 1))
+    for d in range(n_days):
+        rows = np.concatenate([by_customer[starts[c] : starts[c + 1]] for c in compromised_customers[d]])
+        rows = rows[(day[rows] >= d) & (day[rows] < d + CUSTOMER_COMPROMISE_DAYS)]
+        chosen = rng.choice(rows, int(len(rows) * CUSTOMER_FRAUD_SHARE), replace=False)
+        amount[chosen] = amount[chosen] * CUSTOMER_FRAUD_AMOUNT_FACTOR
+        fraud[chosen], scenario[chosen] = 1, 3
+    return compromised_customers
 
 
 def _write_parquet_atomically(frame: pd.DataFrame, path: Path) -> None:

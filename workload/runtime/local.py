@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workload.core import preemption
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
 from workload.model import report
-from workload.queue.workqueue import WorkQueue, connect
+from workload.queue.workqueue import Counts, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer, die_with_parent
 from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_TXT, share_paths
 
@@ -138,82 +139,121 @@ def main(args: argparse.Namespace) -> int:
         server.start()
         write_connection(base, server, share)
         log.info("Redis %s (AOF in %s); share %s", server.url, server.data_dir, share)
-        env = {**os.environ, "REDIS_URL": server.url, "REDIS_PASSWORD": server.password, "SHARE_DIR": str(share),
-               "TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.workers)),
-               "CHECKPOINT_INTERVAL_SECONDS": str(args.checkpoint_interval),
-               "LEASE_TTL_SECONDS": str(args.lease_ttl)}
-        seeded = subprocess.run(seed_command(args), env=env, preexec_fn=die_with_parent())
-        if seeded.returncode != 0:
+        env = worker_env(args, server, share)
+        seeded = seed(args, env)
+        if seeded != 0:
             log.error("seeding failed (see above)")
-            return seeded.returncode if seeded.returncode > 0 else EXIT_FAILED
-
+            return seeded if seeded > 0 else EXIT_FAILED
         queue = WorkQueue(connect(server.url, server.password))
-        if args.requeue:
-            ids = queue.requeue()
-            log.info("requeued %d dead-lettered shard(s)%s", len(ids), f": {', '.join(ids)}" if ids else "")
-        before = queue.counts()
-        if before.drained:
-            log.info("nothing new to train: %d shard(s) applied, %d dead-lettered (delete %s to start over%s)",
-                     before.done, before.dead, base, "; `--requeue` retries the dead-lettered" if before.dead else "")
-        for i in range(args.workers if not before.drained else 0):
-            out = open(logs / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "workload", "worker", "--worker-id", f"local-{i}"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=die_with_parent()))
-        if workers:
-            log.info("%d workers started; logs in %s", len(workers), logs)
-            log.info("queue status from another terminal: %s -m workload status --dir %s",
-                     shlex.quote(sys.executable), shlex.quote(str(args.dir)))
-        tty = sys.stderr.isatty()
-        last_print = 0.0
-        while any(w.poll() is None for w in workers):
-            c = queue.counts()
-            now = time.monotonic()
-            line = progress_line(c.done, c.dead, c.leased, c.total, now - started)
-            if tty:
-                print("\r" + line, end="", file=sys.stderr, flush=True)
-            elif now - last_print >= 10:
-                print(line, file=sys.stderr, flush=True)
-                last_print = now
-            time.sleep(0.5)
-        if workers:
-            c = queue.counts()
-            print(("\r" if tty else "") + progress_line(c.done, c.dead, c.leased, c.total,
-                                                        time.monotonic() - started), file=sys.stderr)
-        codes = [w.returncode for w in workers]
-        for i, code in enumerate(codes):
-            if code not in (EXIT_DONE, EXIT_DEAD_LETTERS):
-                tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
-                log.error("worker local-%d exited %d; last lines of its log:\n%s", i, code, "\n".join(tail))
-        summary(queue, share)
-        code = verdict(codes) if workers else (EXIT_DEAD_LETTERS if before.dead else EXIT_DONE)
-        if code == EXIT_DEAD_LETTERS:
-            log.error("some shards are dead-lettered (listed above with their errors): fix them, then run "
-                      "again with --requeue (make local ARGS=--requeue)")
-        elif code in (EXIT_INFRA, EXIT_STALLED):
-            log.error("workers stopped on an infrastructure fault (above); nothing was dead-lettered for it: "
-                      "fix it and run again to resume")
-        return code
+        before = requeue_and_count(args, queue, base)
+        if not before.drained:
+            start_workers(args, env, logs, workers)
+        watch(queue, workers, started)
+        return finish(queue, share, logs, workers, before)
     except KeyboardInterrupt:
         interrupted = True
         print(file=sys.stderr)
         log.warning("interrupted: workers release their items and stop; run again to resume")
         return 130
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for w in workers:
-            try:
-                w.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_workers(workers)
         server.stop()
         (base / CONNECTION).unlink(missing_ok=True)
         if interrupted:
             log.info("stopped cleanly after %.0fs", time.monotonic() - started)
+
+
+def worker_env(args: argparse.Namespace, server: RedisServer, share: Path) -> dict[str, str]:
+    """The environment of the seed and worker processes: what the Jobs' pods get from the stack."""
+    return {**os.environ, "REDIS_URL": server.url, "REDIS_PASSWORD": server.password, "SHARE_DIR": str(share),
+            "TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.workers)),
+            "CHECKPOINT_INTERVAL_SECONDS": str(args.checkpoint_interval),
+            "LEASE_TTL_SECONDS": str(args.lease_ttl)}
+
+
+def seed(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """`python -m workload seed` as the loader Job runs it; its exit code."""
+    return subprocess.run(seed_command(args), env=env, preexec_fn=die_with_parent()).returncode
+
+
+def requeue_and_count(args: argparse.Namespace, queue: WorkQueue, base: Path) -> Counts:
+    """Dead letters back first with --requeue; the queue's counts before any worker starts."""
+    if args.requeue:
+        ids = queue.requeue()
+        log.info("requeued %d dead-lettered shard(s)%s", len(ids), f": {', '.join(ids)}" if ids else "")
+    before = queue.counts()
+    if before.drained:
+        log.info("nothing new to train: %d shard(s) applied, %d dead-lettered (delete %s to start over%s)",
+                 before.done, before.dead, base, "; `--requeue` retries the dead-lettered" if before.dead else "")
+    return before
+
+
+def start_workers(args: argparse.Namespace, env: dict[str, str], logs: Path,
+                  workers: list[subprocess.Popen[bytes]]) -> None:
+    """The Job's pods: `--workers` worker processes, each logging to its own file (appended to
+    `workers` one by one, so an interrupt stops those already started)."""
+    for i in range(args.workers):
+        out = open(logs / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "workload", "worker", "--worker-id", f"local-{i}"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent()))
+    log.info("%d workers started; logs in %s", len(workers), logs)
+    log.info("queue status from another terminal: %s -m workload status --dir %s",
+             shlex.quote(sys.executable), shlex.quote(str(args.dir)))
+
+
+def watch(queue: WorkQueue, workers: list[subprocess.Popen[bytes]], started: float) -> None:
+    """A progress bar while any worker runs (a line every 10 s when stderr is not a terminal)."""
+    tty = sys.stderr.isatty()
+    last_print = 0.0
+    while any(w.poll() is None for w in workers):
+        c = queue.counts()
+        now = time.monotonic()
+        line = progress_line(c.done, c.dead, c.leased, c.total, now - started)
+        if tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif now - last_print >= 10:
+            print(line, file=sys.stderr, flush=True)
+            last_print = now
+        time.sleep(0.5)
+    if workers:
+        c = queue.counts()
+        print(("\r" if tty else "") + progress_line(c.done, c.dead, c.leased, c.total,
+                                                    time.monotonic() - started), file=sys.stderr)
+
+
+def finish(queue: WorkQueue, share: Path, logs: Path, workers: list[subprocess.Popen[bytes]],
+           before: Counts) -> int:
+    """The run's exit code from the workers' (a failed worker's last log lines shown), and the summary."""
+    codes = [w.returncode for w in workers]
+    for i, code in enumerate(codes):
+        if code not in (EXIT_DONE, EXIT_DEAD_LETTERS):
+            tail = (logs / f"worker-{i}.log").read_text(errors="replace").splitlines()[-15:]
+            log.error("worker local-%d exited %d; last lines of its log:\n%s", i, code, "\n".join(tail))
+    summary(queue, share)
+    code = verdict(codes) if workers else (EXIT_DEAD_LETTERS if before.dead else EXIT_DONE)
+    if code == EXIT_DEAD_LETTERS:
+        log.error("some shards are dead-lettered (listed above with their errors): fix them, then run "
+                  "again with --requeue (make local ARGS=--requeue)")
+    elif code in (EXIT_INFRA, EXIT_STALLED):
+        log.error("workers stopped on an infrastructure fault (above); nothing was dead-lettered for it: "
+                  "fix it and run again to resume")
+    return code
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to those still running, as a preemption would; killed if still there after the pod's
+    grace period."""
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + preemption.GRACE_PERIOD_S
+    for w in workers:
+        try:
+            w.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.kill()
 
 
 def summary(queue: WorkQueue, share: Path) -> None:

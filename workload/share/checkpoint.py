@@ -43,9 +43,32 @@ from workload.share.fsutil import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^ckpt-(\d{8})-t(\d+)\.pt$")
-_MANIFEST = re.compile(r"^manifest-t(\d{12})\.json$")
+# What the two name makers below write (zero-padded, so names sort as numbers up to 10**8 and 10**12).
+_NAME = re.compile(r"^ckpt-(\d{8,})-t(\d+)\.pt$")
+_MANIFEST = re.compile(r"^manifest-t(\d{12,})\.json$")
 KEEP_MANIFESTS = 3  # the newest leases' manifests: a fallback if the newest is unreadable
+
+
+def checkpoint_name(seq: int, token: int) -> str:
+    """The file name of checkpoint `seq` written under lease `token`; `parse_checkpoint_name` inverts it."""
+    return f"ckpt-{seq:08d}-t{token}.pt"
+
+
+def parse_checkpoint_name(name: str) -> tuple[int, int] | None:
+    """(seq, token) of a name `checkpoint_name` made; None for any other file (a temp file, a stray)."""
+    m = _NAME.match(name)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def manifest_name(token: int) -> str:
+    """The file name of lease `token`'s manifest; `parse_manifest_name` inverts it."""
+    return f"manifest-t{token:012d}.json"
+
+
+def parse_manifest_name(name: str) -> int | None:
+    """The lease token of a name `manifest_name` made; None for any other file."""
+    m = _MANIFEST.match(name)
+    return int(m[1]) if m else None
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,14 @@ class Loaded:
     path: Path
     seq: int
     token: int = 0
+
+    @classmethod
+    def promoted(cls, state: dict[str, Any], path: Path) -> Loaded:
+        """What `CheckpointStore.save` just promoted at `path`, without reading it back."""
+        parsed = parse_checkpoint_name(path.name)
+        if parsed is None:
+            raise ValueError(f"{path} is not a checkpoint file name")
+        return cls(state=state, path=path, seq=parsed[0], token=parsed[1])
 
 
 def _order(entry: dict[str, Any]) -> tuple[int, int]:
@@ -69,14 +100,20 @@ class CheckpointStore:
 
     # -- manifests -------------------------------------------------------------------------------
     def manifest_path(self, token: int) -> Path:
-        return self.dir / f"manifest-t{token:012d}.json"
+        return self.dir / manifest_name(token)
 
     def manifests(self) -> list[tuple[int, Path]]:
         """Every lease's manifest, highest token first."""
         if not self.dir.is_dir():
             return []
-        found = [(int(m[1]), p) for p in self.dir.iterdir() if (m := _MANIFEST.match(p.name))]
+        found = [(t, p) for p in self.dir.iterdir() if (t := parse_manifest_name(p.name)) is not None]
         return sorted(found, reverse=True)
+
+    def superseded_by(self, token: int) -> int | None:
+        """The fencing rule: the highest token above `token` that has written a manifest here (then
+        lease `token` is stale and must write nothing), or None while `token` is the newest."""
+        found = self.manifests()
+        return found[0][0] if found and found[0][0] > token else None
 
     @property
     def manifest(self) -> Path:
@@ -88,13 +125,13 @@ class CheckpointStore:
         """The highest lease token anything in this folder was written under (0 if none)."""
         tokens = [t for t, _ in self.manifests()]
         if self.dir.is_dir():
-            tokens += [int(m[2]) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
+            tokens += [parsed[1] for p in self.dir.iterdir() if (parsed := parse_checkpoint_name(p.name))]
         return max(tokens, default=0)
 
     def _read_manifest(self, path: Path) -> list[dict[str, Any]]:
         entries = json.loads(path.read_text())["entries"]
         for e in entries:
-            if not _NAME.match(e["file"]):
+            if parse_checkpoint_name(e["file"]) is None:
                 raise ValueError(f"entry {e['file']!r} is not a checkpoint file name")
         return sorted(entries, key=_order, reverse=True)
 
@@ -109,10 +146,10 @@ class CheckpointStore:
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("checkpoint manifest %s is unreadable (%s); trying the previous one", path, exc)
         found = []
-        for path in self.dir.glob("ckpt-*.pt") if self.dir.exists() else []:
-            m = _NAME.match(path.name)
-            if m:
-                found.append({"file": path.name, "seq": int(m[1]), "token": int(m[2]), "sha256": None})
+        for path in self.dir.iterdir() if self.dir.exists() else []:
+            parsed = parse_checkpoint_name(path.name)
+            if parsed:
+                found.append({"file": path.name, "seq": parsed[0], "token": parsed[1], "sha256": None})
         if found:
             log.warning("no readable checkpoint manifest in %s; scanning the folder", self.dir)
         return sorted(found, key=_order, reverse=True)
@@ -145,14 +182,13 @@ class CheckpointStore:
         """Claim the run on the share for lease `token`: write its manifest (the newest one's entries)
         before anything else, so from now on every lower token is ignored. False if a higher token
         already wrote here (then this lease is stale, or the queue's token counter is behind)."""
-        found = self.manifests()
-        if found and found[0][0] > token:
+        if self.superseded_by(token) is not None:
             return False
-        if found and found[0][0] == token:
+        if self.manifest_path(token).exists():
             return True
         entries = self._entries()
         atomic_write_text(self.manifest_path(token), json.dumps({"entries": entries}, indent=1) + "\n")
-        if self.manifests()[0][0] > token:  # frozen while writing it, past the lease: take it back
+        if self.superseded_by(token) is not None:  # frozen while writing it, past the lease: take it back
             self.manifest_path(token).unlink(missing_ok=True)
             return False
         return True
@@ -161,16 +197,16 @@ class CheckpointStore:
         """Where the next checkpoint goes; the token in the name keeps a stale writer's file apart."""
         entries = self._entries()
         seq = (max(int(e["seq"]) for e in entries) + 1) if entries else 1
-        return self.dir / f"ckpt-{seq:08d}-t{token}.pt"
+        return self.dir / checkpoint_name(seq, token)
 
     def save(self, state: dict[str, Any], *, path: Path, may_promote: Callable[[], bool]) -> Path | None:
         """Write `state` atomically to `path` (from `next_path`), then promote it if `may_promote()`
         (the lease check) allows and no higher lease has written here. Returns `path`, or None when
         the writer lost its lease (nothing promoted, nothing deleted)."""
-        m = _NAME.match(path.name)
-        if path.parent != self.dir or not m:
+        parsed = parse_checkpoint_name(path.name)
+        if path.parent != self.dir or not parsed:
             raise ValueError(f"{path} is not a checkpoint path of {self.dir}; use next_path()")
-        token = int(m[2])
+        seq, token = parsed
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
@@ -181,13 +217,13 @@ class CheckpointStore:
             path.unlink(missing_ok=True)
             return None
         faults.point("promote")
-        newer = [t for t, _ in self.manifests() if t > token]
-        if newer:
+        newer = self.superseded_by(token)
+        if newer is not None:
             log.warning("lease token %d wrote %s after ours (%d): we are stale; discarding %s (fencing)",
-                        max(newer), self.manifest_path(max(newer)).name, token, path.name)
+                        newer, self.manifest_path(newer).name, token, path.name)
             path.unlink(missing_ok=True)
             return None
-        entry = {"file": path.name, "seq": int(m[1]), "token": token,
+        entry = {"file": path.name, "seq": seq, "token": token,
                  "sha256": hashlib.sha256(data).hexdigest(), "boundary": state.get("progress") is None}
         entries = [e for e in self._entries() if e["file"] != path.name]
         kept = self._retain([entry, *entries])
@@ -210,10 +246,9 @@ class CheckpointStore:
         A stale writer reaches this only if no higher manifest existed a moment ago; even then it
         deletes only files that no manifest names, and a newer lease adopts its entries from a
         manifest, so what the newer lease loads is named and stays."""
-        manifests = self.manifests()
-        if manifests and manifests[0][0] > token:
+        if self.superseded_by(token) is not None:
             return  # a newer lease owns the folder now: it prunes
-        for t, path in manifests[KEEP_MANIFESTS:]:
+        for t, path in self.manifests()[KEEP_MANIFESTS:]:
             if t < token:
                 path.unlink(missing_ok=True)
         named: set[str] = set()
@@ -225,8 +260,8 @@ class CheckpointStore:
             except (ValueError, KeyError, TypeError):
                 return  # cannot tell what that manifest keeps: delete nothing
         for path in self.dir.iterdir():
-            m = _NAME.match(path.name)
-            if m and path.name not in named and int(m[2]) <= token:
+            parsed = parse_checkpoint_name(path.name)
+            if parsed and path.name not in named and parsed[1] <= token:
                 path.unlink(missing_ok=True)
             elif path.name.endswith(".tmp"):
                 try:
