@@ -9,7 +9,12 @@ instant (the schedule comes from one seed, printed, so a failure can be replayed
 * SIGSTOP for longer than the lease TTL, then SIGCONT (a frozen VM): the worker wakes up stale and
   must change nothing;
 * a full share: an extra worker whose writes fail with EFBIG (RLIMIT_FSIZE, so no root is needed)
-  must exit EXIT_INFRA having charged no attempt and dead-lettered nothing.
+  must exit EXIT_INFRA having charged no attempt and dead-lettered nothing;
+* Redis restored from an old backup (its AOF copied when only half the runs were seeded: runs,
+  items, done marks and the token counter all go back in time): the workers catch the queue up from
+  the share and must not exit 0 before the share's plan is applied;
+* Redis out of memory (maxmemory under noeviction: every write answers OOM) or frozen (SIGSTOP), each
+  for longer than the lease: the platform's fault, which must charge no attempt and lose no lease.
 
 On top, Redis is SIGKILLed and restarted once (keeping its data) and wiped once (restarted empty:
 the workers restore the queue from the share). At the end every run must hold every shard exactly
@@ -38,7 +43,7 @@ from workload.data.dataset import Dataset
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
-DISTURBANCES = ("kill", "term", "stop", "full")
+DISTURBANCES = ("kill", "term", "stop", "full", "redis-old", "redis-oom", "redis-freeze")
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class ChaosResult:
     full_shares: int = 0
     redis_restarts: int = 0
     redis_wipes: int = 0
+    redis_old: int = 0
+    redis_ooms: int = 0
+    redis_freezes: int = 0
     not_replaced: int = 0  # pods that ended after a peer exited 0: Kubernetes starts no replacement
     wall_s: float = 0.0
     lost_work_s: float = 0.0  # upper bound: per SIGKILL of a lease holder, time since its run's last promote
@@ -75,6 +83,8 @@ class ChaosResult:
         return (f"chaos seed={self.seed}: {self.workers} workers, {self.runs} runs x {self.shards} shards; "
                 f"{self.kills} SIGKILL, {self.terms} SIGTERM, {self.stops} SIGSTOP past the lease, "
                 f"{self.full_shares} full share, {self.redis_restarts} Redis restart, {self.redis_wipes} Redis wipe, "
+                f"{self.redis_old} Redis from an old backup, {self.redis_ooms} Redis OOM, {self.redis_freezes} Redis "
+                "freeze, "
                 f"{self.not_replaced} pod(s) not replaced after a success; "
                 f"wall {self.wall_s:.1f}s; lost work <= {self.lost_work_s:.2f}s (sum over SIGKILLs): {verdict}")
 
@@ -160,7 +170,10 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
 
     cluster = _cluster(workdir / "chaos", dataset_src, cfg)
     try:
-        cluster.seed(run_specs(cfg.runs))
+        specs = run_specs(cfg.runs)
+        cluster.seed(dict(list(specs.items())[:max(1, cfg.runs // 2)]))
+        backup = cluster.copy_redis(workdir / "chaos-redis-backup")  # half the runs: a queue behind the share
+        cluster.seed(specs)
         live: dict[str, subprocess.Popen[bytes]] = {}
         spawned = 0
 
@@ -205,6 +218,9 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
                 cluster.wipe_redis()
                 result.redis_wipes += 1
             kind = rng.choice(DISTURBANCES)
+            if kind.startswith("redis-"):
+                _disturb_redis(cluster, kind, backup, rng, cfg, result)
+                continue
             if kind == "full":
                 spawn_full()
                 result.full_shares += 1
@@ -266,6 +282,29 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
         cluster.server.kill()
 
 
+def _disturb_redis(cluster: Cluster, kind: str, backup: Path, rng: random.Random, cfg: ChaosConfig,
+                   result: ChaosResult) -> None:
+    """Redis goes back in time, runs out of memory, or freezes: the platform's faults."""
+    if kind == "redis-old":
+        cluster.restore_redis(backup)
+        result.redis_old += 1
+        return
+    hold = cfg.lease_ttl_s * rng.uniform(1.3, 2.0)  # past every lease
+    if kind == "redis-oom":
+        admin = cluster.server.client()
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")
+        time.sleep(hold)
+        admin.config_set("maxmemory", "0")
+        result.redis_ooms += 1
+        return
+    assert cluster.server.proc is not None
+    cluster.server.proc.send_signal(signal.SIGSTOP)
+    time.sleep(hold)
+    cluster.server.proc.send_signal(signal.SIGCONT)
+    result.redis_freezes += 1
+
+
 def _limit_file_size() -> None:
     """preexec_fn: this process may write no file past 16 KiB (a checkpoint is ~30 KiB): a full share
     without root. Python ignores SIGXFSZ, so the write fails with EFBIG instead of killing it."""
@@ -276,13 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=ChaosConfig.workers)
     p.add_argument("--runs", type=int, default=ChaosConfig.runs)
-    p.add_argument("--events", type=int, default=ChaosConfig.events, help="worker SIGKILL/SIGTERM events")
+    p.add_argument("--events", type=int, default=ChaosConfig.events, help="worker and Redis disturbances")
     p.add_argument("--seed", type=int, help="replay a schedule (default: random, printed)")
     p.add_argument("--dir", type=Path, help="keep the clusters' files here (default: a temp folder)")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"chaos seed {seed} (replay with --seed {seed}): {args.workers} workers, {args.runs} runs, "
-          f"{args.events} disturbances + 1 Redis restart + 1 Redis wipe", flush=True)
+          f"{args.events} disturbances (worker and Redis faults) + 1 Redis restart + 1 Redis wipe", flush=True)
     cfg = ChaosConfig(workers=args.workers, runs=args.runs, events=args.events, seed=seed)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         workdir = args.dir or Path(tmp)

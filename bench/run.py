@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench import data, inprocess, mutation, queue_clients, recovery
+from bench import data, featurecost, inprocess, mutation, queue_clients, recovery
 from workload.data.dataset import Dataset
 from workload.model.trainer import FraudMLP, HParams, Normalizer, average, decay_at
 from workload.runtime.redis_server import RedisServer
@@ -410,11 +410,14 @@ def markdown(res: Results, command: str, wall_s: float) -> str:
 
 
 def mutation_block(path: Path) -> str:
-    """The figures `make mutation --write` recorded in the file, carried over: this run does not remeasure them."""
+    """The figures `make mutation --write` and `python -m bench.featurecost --write` recorded in the file,
+    carried over: this run does not remeasure them."""
     text = path.read_text() if path.exists() else ""
-    if mutation.BEGIN not in text or mutation.END not in text:
-        return ""
-    return "\n" + mutation.BEGIN + text.partition(mutation.BEGIN)[2].partition(mutation.END)[0] + mutation.END + "\n"
+    out = ""
+    for begin, end in ((mutation.BEGIN, mutation.END), (featurecost.BEGIN, featurecost.END)):
+        if begin in text and end in text:
+            out += "\n" + begin + text.partition(begin)[2].partition(end)[0] + end + "\n"
+    return out
 
 
 def explain(res: Results) -> list[str]:

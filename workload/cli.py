@@ -36,7 +36,7 @@ from workload.data import publish, reading, simulator, source
 from workload.model import report
 from workload.model.hparams import HParams, parse_runs
 from workload.queue import plan
-from workload.queue.workqueue import QueueInterrupted, QueueUnavailable, WorkQueue, connect
+from workload.queue.workqueue import CALL_TIMEOUT_S, QueueInterrupted, QueueUnavailable, WorkQueue, connect
 from workload.share.fsutil import clean_stale_tmp, tmp_dir_for
 from workload.share.paths import NAME, REPORT_TXT, check_name, share_paths
 
@@ -104,10 +104,11 @@ def env_seconds(name: str, default: float) -> float:
     return value
 
 
-def make_queue(args: argparse.Namespace, password: str | None = None, retry_for_s: float | None = None) -> WorkQueue:
+def make_queue(args: argparse.Namespace, password: str | None = None, retry_for_s: float | None = None,
+               call_timeout_s: float = CALL_TIMEOUT_S) -> WorkQueue:
     retry = retry_for_s if retry_for_s is not None else env_seconds("REDIS_RETRY_SECONDS", 300)
-    return WorkQueue(connect(args.redis_url, password or env("REDIS_PASSWORD")), args.queue_prefix,
-                     max_attempts=getattr(args, "max_attempts", 5), retry_for_s=retry)
+    return WorkQueue(connect(args.redis_url, password or env("REDIS_PASSWORD"), timeout_s=call_timeout_s),
+                     args.queue_prefix, max_attempts=getattr(args, "max_attempts", 5), retry_for_s=retry)
 
 
 # -- seed -------------------------------------------------------------------------------------------
@@ -118,9 +119,13 @@ def load_runs(args: argparse.Namespace) -> dict[str, HParams]:
     if args.runs_file:
         where = f"--runs-file {args.runs_file}"
         try:
-            specs.update(json.loads(Path(args.runs_file).read_text()))
-        except (OSError, ValueError, TypeError) as exc:
+            loaded = json.loads(Path(args.runs_file).read_text())
+        except (OSError, ValueError) as exc:
             raise UsageError(f"{where}: cannot read it as JSON {{run name: {{hyperparameters}}}}: {exc}") from exc
+        if not isinstance(loaded, dict) or not loaded:  # never the default run in place of a sweep
+            raise UsageError(f"{where}: expected a non-empty object {{run name: {{hyperparameters}}}}, "
+                             f"got {json.dumps(loaded)[:80]}")
+        specs.update(loaded)
     for name in args.run or []:
         specs.setdefault(name, {})
     try:
@@ -276,6 +281,7 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- status -----------------------------------------------------------------------------------------
 STATUS_RETRY_S = 3.0  # status is for a person at a terminal: fail fast when Redis is unreachable
+STATUS_CALL_TIMEOUT_S = 0.75  # ... or frozen: the client tries each call 4 times, so about 3.5 s in all
 
 
 def status(args: argparse.Namespace) -> int:
@@ -288,7 +294,7 @@ def status(args: argparse.Namespace) -> int:
         except LocalNotRunning as exc:
             raise UsageError(str(exc)) from None
         args.redis_url, args.share, password = conn.url, conn.share, conn.password
-    queue = make_queue(args, password, STATUS_RETRY_S)
+    queue = make_queue(args, password, STATUS_RETRY_S, STATUS_CALL_TIMEOUT_S)
     snap = queue.snapshot()
     c = queue.counts()
     out = [f"queue {args.queue_prefix}: {c.total} items: {c.pending} pending, {c.leased} leased, {c.done} done, "
@@ -311,6 +317,10 @@ def status(args: argparse.Namespace) -> int:
         if m:
             out.append(f"  latest: after {m['shard']}: {report.figures_line(m)}")
             out.append(f"  report: {output_dir / run / REPORT_TXT}")
+    try:
+        out.append(plan.gap(queue, args.share).line())
+    except (plan.PlanError, ds.DatasetError) as exc:
+        out.append(f"share vs queue: cannot read the share's plan: {exc}")
     if c.drained and not queue.seeded():
         out.append("the queue was never seeded (or Redis lost its data): a worker restores it from the share's "
                    "run records, or run `python -m workload seed`")

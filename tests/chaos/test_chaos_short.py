@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(240)
 def test_short_chaos_run_applies_every_shard_exactly_once(tmp_path: Path) -> None:
     result = run_chaos(ChaosConfig(workers=2, runs=2, events=5, seed=20261122), tmp_path)
     print(result.summary())
-    disturbed = result.kills + result.terms + result.stops + result.full_shares
+    disturbed = (result.kills + result.terms + result.stops + result.full_shares + result.redis_old
+                 + result.redis_ooms + result.redis_freezes)
     assert disturbed >= 3 and result.redis_restarts == 1 and result.redis_wipes == 1, \
         f"the run finished before it was disturbed: {result.summary()}"
     assert not result.violations, "\n".join(result.violations)

@@ -16,7 +16,7 @@ import torch
 
 from workload.data import dataset as ds
 from workload.data import simulator
-from workload.queue.workqueue import Counts, WorkQueue, connect
+from workload.queue.workqueue import Counts, Lease, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
@@ -120,6 +120,26 @@ class Cluster:
             f.unlink()
         self.server.start()
 
+    def _aof(self) -> list[Path]:
+        """Redis's append-only file(s): one appendonly.aof, or appendonlydir/ (Redis 7)."""
+        return [p for p in self.server.data_dir.iterdir() if p.name == "appendonlydir" or p.suffix == ".aof"]
+
+    def copy_redis(self, to: Path) -> Path:
+        """Redis's AOF as it is now (every write is fsynced to it): a backup to restore later."""
+        to.mkdir(parents=True)
+        for p in self._aof():
+            (shutil.copytree if p.is_dir() else shutil.copyfile)(p, to / p.name)
+        return to
+
+    def restore_redis(self, backup: Path) -> None:
+        """Restart Redis from an older AOF copy (a volume restored from a backup): same port and password."""
+        self.server.kill()
+        for p in self._aof():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        for p in backup.iterdir():
+            (shutil.copytree if p.is_dir() else shutil.copyfile)(p, self.server.data_dir / p.name)
+        self.server.start()
+
     def outside_share(self) -> set[str]:
         """Every path under the test's folder that is not the share, Redis's data or a log: what a
         hostile item must never create."""
@@ -139,6 +159,17 @@ class Cluster:
             assert time.monotonic() - start < timeout_s, f"timed out waiting for {what}"
             time.sleep(0.05)
         return time.monotonic() - start
+
+
+def poll_claim(q: WorkQueue, owner: str, ttl_s: float, timeout_s: float = 10) -> Lease:
+    """Claim as an idle worker does, polling every 10 ms until an expired lease is reaped and taken. (Redis
+    cannot tell nobody calling from its own outage: after a silent spell longer than a third of a lease's
+    TTL, the first claim forgives that lease the spell once; polling on, it expires.)"""
+    deadline = time.monotonic() + timeout_s
+    while not (lease := q.claim(owner, ttl_s=ttl_s)):
+        assert time.monotonic() < deadline, "the expired lease was never reaped"
+        time.sleep(0.01)
+    return lease
 
 
 def is_stopped(proc: subprocess.Popen[bytes]) -> bool:

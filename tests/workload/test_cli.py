@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from exports import one_error_line
 from harness import HPARAMS, ROOT, Cluster, interruptible
 
 pytestmark = pytest.mark.timeout(300)
@@ -73,7 +74,8 @@ def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, tmp_p
     out = cli(cluster, "seed", "--datasets", str(src), "--dataset", "other")
     assert out.returncode == 2 and "x.pkl: .pkl files are never read" in out.stderr
     assert not (cluster.share / "datasets" / "other").exists()
-    assert not [p for p in (cluster.share / "datasets").iterdir() if p.name.startswith(".")], "temp left behind"
+    assert not [p for p in (cluster.share / "datasets").iterdir() if p.name.startswith(".") and p.suffix != ".lock"], \
+        "temp left behind"
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -95,6 +97,13 @@ def test_runs_file_errors(cluster: Cluster, tmp_path: Path) -> None:
     bad.write_text("{")
     out = cli(cluster, "seed", "--runs-file", str(bad))
     assert out.returncode == 2 and f"--runs-file {bad}: cannot read it as JSON" in out.stderr
+    for empty in ("{}", "[]", "null"):  # never the default run in place of the sweep the file was meant to hold
+        bad.write_text(empty)
+        out = cli(cluster, "seed", "--runs-file", str(bad))
+        assert out.returncode == 2, out.stderr
+        assert f"--runs-file {bad}: expected a non-empty object {{run name: {{hyperparameters}}}}, got {empty}" \
+            in one_error_line(out.stderr)
+    assert not (cluster.share / "runs").exists() and cluster.counts().total == 0
 
 
 @pytest.mark.parametrize(("password", "message"), [("not-it", "refused the password"), ("", "requires a password")])
@@ -171,6 +180,21 @@ def test_status_fails_fast_when_redis_is_unreachable(cluster: Cluster) -> None:
     out = cli(cluster, "status")
     assert out.returncode == 3 and "Redis unreachable" in out.stderr
     assert time.monotonic() - started < 15, "status is for a person at a terminal: seconds, not minutes"
+
+
+def test_status_fails_fast_when_redis_is_frozen(cluster: Cluster) -> None:
+    """A frozen Redis accepts the connection and never answers: only the call timeout ends the wait
+    (about 4 s; a bound of 15 s stays clear of a loaded machine and of the 40 s a worker's timeout gives)."""
+    cluster.seed()
+    cluster.server.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        out = cli(cluster, "status")
+        took = time.monotonic() - started
+    finally:
+        cluster.server.proc.send_signal(signal.SIGCONT)
+    assert out.returncode == 3 and "Redis unreachable" in out.stderr and "Timeout" in out.stderr, out.stderr
+    assert took < 15, f"status took {took:.1f}s against a frozen Redis"
 
 
 def test_a_killed_seeders_temporary_folder_is_cleaned(cluster: Cluster) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workload.data import features, featurestore, schema
+from workload.data import features, featurestore, schema, simulator
 from workload.data.dataset import (
     MANIFEST,
     Dataset,
@@ -673,4 +673,33 @@ def test_the_same_day_in_training_and_testing_is_refused(tmp_path: Path, dataset
         write_manifest(root)
     assert str(err.value) == ("testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06) overlaps "
                               "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
-                              "history, training, testing or scoring, never two of them")
+                                                            "history, training, testing or scoring, never two of them")
+
+
+def test_a_long_history_file_is_in_the_window_of_each_day_it_reaches(tmp_path: Path) -> None:
+    """A bank's history often comes as one dump of many weeks, then daily files: the dump starts more
+    than LOOKBACK_DAYS before a day whose window still reaches its end, and must be found (windows are
+    looked up by first day, so a long file's start must not hide it). The same transactions as daily
+    files give the same features."""
+    spec = simulator.SimulationSpec(customers=60, terminals=40, train_days=features.LOOKBACK_DAYS + 8,
+                                    test_days=1, start_date="2018-01-01", seed=3)
+    daily = tmp_path / "daily"
+    simulator.generate(daily, spec)
+    days = sorted((daily / "training").iterdir())
+    history, training = days[:-4], days[-4:]
+    (daily / "history").mkdir()
+    for path in history:
+        path.rename(daily / "history" / path.name)
+    dump = shutil.copytree(daily, tmp_path / "dump")
+    shutil.rmtree(dump / "history")
+    (dump / "history").mkdir()
+    frames = [pd.read_parquet(daily / "history" / p.name) for p in history]
+    pd.concat(frames, ignore_index=True).to_parquet(dump / "history" / history[0].name, index=False)
+    for root in (daily, dump):
+        write_manifest(root)
+    first = f"training/{training[0].name}"
+    assert (pd.Timestamp(training[0].stem) - pd.Timestamp(history[0].stem)).days > features.LOOKBACK_DAYS
+    got, want = Dataset(dump).compute_features(first), Dataset(daily).compute_features(first)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -20,7 +20,7 @@ from harness import ROOT, Cluster
 from safetensors import safe_open
 
 from workload import cli
-from workload.data import schema
+from workload.data import features, schema
 from workload.model import metrics
 from workload.model.export import HEADER_KEY, MODEL_FILE, load_model
 from workload.runtime.redis_server import free_port
@@ -235,9 +235,13 @@ def test_score_refuses_a_model_from_other_features_or_another_tool(sweep: Path, 
     state = CheckpointStore(sweep / "share" / "output" / "main").load().state
     other = tmp_path / "other.safetensors"
     other.write_bytes(model_bytes({**state, "feature_names": ["amount", *state["feature_names"][1:]]}))
+    older = tmp_path / "older.safetensors"  # the same feature names, computed another way
+    older.write_bytes(model_bytes({**state, "feature_version": "1-delay-in-days"}))
     foreign = tmp_path / "foreign.safetensors"
     save_file({"w": torch.zeros(2)}, str(foreign))
-    cases = ((other, "was trained on features ['amount', "), (foreign, "without the 'spot_trainer' header"))
+    cases = ((other, "was trained on features ['amount', "), (foreign, "without the 'spot_trainer' header"),
+             (older, "was trained on feature version '1-delay-in-days'; this code computes version "
+                     f"{features.FEATURE_VERSION!r}: score with the code version that trained it"))
     for model, message in cases:
         code, _, err = in_process(capsys, "score", "--model", str(model), "--datasets", str(dataset_src), "--out",
                                   str(tmp_path / "s.parquet"))

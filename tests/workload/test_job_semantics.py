@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import Cluster, JobSucceeded, is_stopped
+from harness import Cluster, JobSucceeded, is_stopped, poll_claim
 from test_worker_faults import assert_exactly_once
 
 from workload.core.errors import EXIT_DEAD_LETTERS
@@ -123,7 +123,7 @@ def test_a_worker_whose_heartbeat_has_not_noticed_the_takeover_does_not_promote(
     stale = queue.claim("stale", ttl_s=0.2)
     assert stale is not None
     time.sleep(0.4)
-    fresh = queue.claim("peer", ttl_s=30)
+    fresh = poll_claim(queue, "peer", ttl_s=30)
     assert fresh is not None and fresh.item == stale.item and fresh.token > stale.token
     cfg = WorkerConfig(share=cluster.share, redis_url=cluster.server.url, redis_password=cluster.server.password,
                        worker_id="stale", lease_ttl_s=30, heartbeat_s=10, checkpoint_interval_s=600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant, real_export, shuffled
-from harness import HPARAMS, ROOT, Cluster, same_weights
+from harness import HPARAMS, ROOT, Cluster, is_stopped, same_weights
 
 from workload.data import dataset as ds
 from workload.data import features, publish, schema
@@ -142,7 +143,8 @@ def test_transaction_ids_must_be_unique_across_the_dataset(tmp_path: Path, datas
     with pytest.raises(ds.DatasetError, match=r"TRANSACTION_ID 0 is in both .*/export/\w+/2018-04-0\d\.parquet and "
                                               r".*/export/\w+/2018-04-0\d\.parquet; transaction IDs must be unique"):
         publish_from(folder, root)
-    assert not root.exists() and not list(root.parent.iterdir()), "nothing published, no staging left"
+    assert not root.exists() and list(root.parent.iterdir()) == [publish.lock_path(root)], \
+        "nothing published, no staging left"
 
 
 def test_a_new_day_reusing_published_ids_is_refused(tmp_path: Path, dataset_src: Path) -> None:
@@ -214,7 +216,8 @@ def test_a_bad_file_is_refused_in_one_line_naming_the_users_file(cluster: Cluste
     line = one_error_line(out.stderr)
     assert f"dataset problem: {bad}: {BAD_FILES[case][2]}" in line, line
     datasets = cluster.share / "datasets"
-    assert not (datasets / "mine").exists() and not list(datasets.iterdir()), "nothing published, nothing left"
+    assert not (datasets / "mine").exists() and list(datasets.iterdir()) == [datasets / ".mine.lock"], \
+        "nothing published, nothing left"
     assert cluster.counts().total == 0
 
 
@@ -235,4 +238,53 @@ def test_a_folder_laid_out_by_hand_is_not_overwritten(tmp_path: Path, dataset_sr
     with pytest.raises(ds.DatasetError, match=f"{root} is on the share without a manifest.json"):
         publish_from(copy_files(dataset_src, tmp_path / "export"), root)
     assert (root / "training" / "mine.parquet").read_bytes() == b"someone's file"
-    assert [p.name for p in root.parent.iterdir()] == ["d"], "no staging left"
+    assert sorted(p.name for p in root.parent.iterdir()) == [".d.lock", "d"], "no staging left"
+
+
+def test_racing_loaders_never_unpublish_a_day(cluster: Cluster, tmp_path: Path) -> None:
+    """A reload racing a slower loader, each listing the source at another time: the slower one is
+    frozen just before it writes its manifest; the faster one, which saw one more day, must not
+    publish (and enqueue) that day only to have the slower one's manifest drop it."""
+    late = ("training/2018-04-05.parquet", "training/2018-04-06.parquet")
+    folder = copy_files(cluster.dataset_src, tmp_path / "export", keep=lambda rel: rel not in late)
+    assert seed(cluster, "--datasets", str(folder)).returncode == 0
+    copy_files(cluster.dataset_src, folder, keep=lambda rel: rel == late[0])
+    logs = {name: tmp_path / f"{name}.log" for name in ("slow", "fast")}
+
+    def start(name: str, **extra: str) -> subprocess.Popen[bytes]:
+        with open(logs[name], "wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "workload", "seed", "--datasets", str(folder)],
+                                    env=cluster.env(**extra), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    slow = start("slow", WORKLOAD_FAULT="mid-write:1", WORKLOAD_FAULT_ACTION="stop")  # mid-manifest
+    cluster.procs.append(slow)
+    cluster.wait_for(lambda: is_stopped(slow), what="the slow loader to freeze while writing its manifest")
+    copy_files(cluster.dataset_src, folder, keep=lambda rel: rel == late[1])
+    fast = start("fast")
+    cluster.procs.append(fast)
+    cluster.wait_for(lambda: fast.poll() is not None or "waiting for its turn" in logs["fast"].read_text(),
+                     what="the fast loader to finish or wait")
+    slow.send_signal(signal.SIGCONT)
+    codes = [slow.wait(120), fast.wait(120)]
+    assert codes == [0, 0], logs["slow"].read_text() + logs["fast"].read_text()
+    root = cluster.share / "datasets" / "fraud"
+    published = set(ds.Dataset(root).training_shards())
+    assert {f"training/2018-04-0{d}.parquet" for d in range(1, 7)} == published
+    queue = cluster.queue()
+    queued = {json.loads(v)["shard"] for v in queue.redis.hvals(queue.keys.items)}
+    assert queued == published, "every published day is queued, and nothing else"
+
+
+def test_the_next_seed_removes_a_killed_loaders_staging_copy(cluster: Cluster, tmp_path: Path) -> None:
+    folder = copy_files(cluster.dataset_src, tmp_path / "export")
+    killed = subprocess.run([sys.executable, "-m", "workload", "seed", "--datasets", str(folder)],
+                            env=cluster.env(WORKLOAD_FAULT="mid-write:1"), cwd=ROOT, capture_output=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    datasets = cluster.share / "datasets"
+    left = list(datasets.glob(".fraud.staging-*"))
+    assert len(left) == 1 and (left[0] / DAY3).exists(), "the killed loader left its staging copy"
+    out = seed(cluster, "--datasets", str(folder))
+    assert out.returncode == 0, out.stderr
+    assert f"removing {left[0]}, left by a loader that was stopped mid-copy" in out.stderr
+    assert sorted(p.name for p in datasets.iterdir()) == [".fraud.lock", "fraud"]
+    assert len(ds.Dataset(datasets / "fraud").training_shards()) == 6

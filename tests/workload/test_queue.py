@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from harness import poll_claim
 
 from workload.queue.workqueue import Counts, Item, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
@@ -61,7 +62,7 @@ def test_stale_owner_cannot_ack_heartbeat_or_release(redis_server: RedisServer) 
     stale = q.claim("w1", ttl_s=0.2)
     assert stale
     time.sleep(0.3)
-    fresh = q.claim("w2", ttl_s=30)  # reaps the expired lease, then takes the item over
+    fresh = poll_claim(q, "w2", ttl_s=30)  # reaps the expired lease, then takes the item over
     assert fresh and fresh.item == stale.item and fresh.token > stale.token
     assert fresh.attempts == 1  # the expiry counted as a failed attempt
     assert not q.ack(stale)
@@ -136,10 +137,12 @@ def test_permanent_error_dead_letters_at_once(redis_server: RedisServer) -> None
 def test_expired_leases_dead_letter_after_max_attempts(redis_server: RedisServer) -> None:
     q = make_queue(redis_server, max_attempts=2)
     q.enqueue(items("a", 1))
-    for _ in range(2):
-        assert q.claim("w1", ttl_s=0.1)
-        time.sleep(0.15)
-    assert q.reap() == 1
+    assert q.claim("w1", ttl_s=0.1)
+    assert poll_claim(q, "w1", ttl_s=0.1)  # the first expiry (reaped by polling: see poll_claim)
+    deadline = time.monotonic() + 10
+    while not q.reap():
+        assert time.monotonic() < deadline, "a 0.1 s lease never expired"
+        time.sleep(0.01)
     c = q.counts()
     assert c.drained and c.dead == 1
     assert "stopped heartbeating" in q.snapshot()["runs"]["a"]["dead"]["a/training/day00.parquet"]["error"]
@@ -220,7 +223,7 @@ def test_every_key_the_scripts_write_is_one_that_keys_names(redis_server: RedisS
     assert q.release(q.claim("w2", ttl_s=30), permanent=True) == "dead"  # a/day02
 
     k = q.keys
-    named = {k.items, k.runs, k.attempts, k.errors, k.done, k.dead, k.acked_by, k.token, k.seeded, k.leases,
+    named = {k.items, k.runs, k.attempts, k.errors, k.done, k.dead, k.acked_by, k.token, k.seeded, k.leases, k.alive,
              *(k.pending(run) for run in ("a", "b")), *(k.lease(run) for run in ("a", "b"))}
     seen = {key.decode() for key in q.redis.keys("*") if not key.startswith(b"u:")}
     assert seen - named == set(), "keys a script named itself"

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness import poll_claim
 
 from workload.core import faults
 from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, ItemFault, NonFinite
@@ -376,7 +377,7 @@ def test_a_worker_frozen_past_its_lease_promotes_nothing(env: Share) -> None:
     queue = env.seed()
     stale = queue.claim("stale", ttl_s=0.2)
     time.sleep(0.4)
-    fresh = queue.claim("peer", ttl_s=30)
+    fresh = poll_claim(queue, "peer", ttl_s=30)
     assert fresh.item == stale.item and fresh.token > stale.token
     worker = Worker(env.config(worker_id="stale", lease_ttl_s=30, heartbeat_s=10), queue)
     assert worker.process(stale) is Outcome.LOST
@@ -598,7 +599,7 @@ def test_heartbeats_keep_a_short_lease_alive_and_notice_a_takeover(env: Share) -
     beat_for(beat, 1.5)  # two TTLs
     assert queue.holds(lease) and not beat.lost.is_set(), "renewed past two TTLs"
     time.sleep(0.8)
-    peer = queue.claim("w2", ttl_s=10)
+    peer = poll_claim(queue, "w2", ttl_s=10)
     assert peer is not None and peer.item == lease.item
     assert beat.beat() is False and beat.lost.is_set()
     assert beat.confirm() is False

@@ -24,6 +24,7 @@ is never read (a pickle on a shared read-write volume is remote code execution).
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import logging
@@ -508,6 +509,7 @@ class Dataset:
         self.root = Path(root)
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
         self._cache_rows = cache_rows
+        self._cached_rows = 0
         self._load()
 
     def _load(self) -> None:
@@ -515,8 +517,20 @@ class Dataset:
         self.files: list[dict[str, Any]] = manifest["files"]
         self.reading = manifest_reading(manifest)
         self._by_path = {f["path"]: f for f in self.files}
+        # Files by first day, for windows found by bisection: a day's cost must not grow with the days
+        # before it (years of daily files).
+        self._by_first = sorted(range(len(self.files)), key=lambda i: self.files[i]["first"])
+        self._firsts = [self.files[i]["first"] for i in self._by_first]
+        self._longest = max(((pd.Timestamp(f["last"]) - pd.Timestamp(f["first"])).days for f in self.files), default=0)
         self._test: Examples | None = None
         self._skipped: set[str] = set()
+
+    def _overlapping(self, start: pd.Timestamp, last: pd.Timestamp) -> list[dict[str, Any]]:
+        """The files with a day in [start, last], in manifest order."""
+        lo = bisect.bisect_left(self._firsts, str((start - pd.Timedelta(days=self._longest)).date()))
+        hi = bisect.bisect_right(self._firsts, str(last.date()))
+        hits = sorted(i for i in self._by_first[lo:hi] if pd.Timestamp(self.files[i]["last"]) >= start)
+        return [self.files[i] for i in hits]
 
     def training_shards(self) -> list[str]:
         """Training files in chronological order of their first transaction."""
@@ -545,8 +559,9 @@ class Dataset:
         where = f"{path} (from {source})" if source != rel else str(path)
         frame = read_transactions(path, where, self.reading, labelled(rel))
         self._cache[rel] = frame
-        while len(self._cache) > 1 and sum(len(f) for f in self._cache.values()) > self._cache_rows:
-            self._cache.popitem(last=False)
+        self._cached_rows += len(frame)  # kept, not summed: a read must not cost more with every day cached
+        while len(self._cache) > 1 and self._cached_rows > self._cache_rows:
+            self._cached_rows -= len(self._cache.popitem(last=False)[1])
         return frame
 
     def transactions(self, rel: str) -> pd.DataFrame:
@@ -564,21 +579,20 @@ class Dataset:
         last = max(pd.Timestamp(self._by_path[t]["last"]) for t in targets)
         start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
         parts = []
-        for f in self.files:
+        for f in self._overlapping(start, last):  # every target is in it: its days are within [first, last]
             is_target = f["path"] in targets
-            if is_target or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
-                try:
-                    frame = self._read(f["path"])
-                except (OSError, DatasetError) as exc:
-                    if is_target or is_infra(exc):
-                        raise  # a sick share must not silently change a day's features
-                    # One bad day must not poison every shard whose window reaches it: that day is
-                    # dead-lettered as its own item; here it is left out of the history, loudly.
-                    if f["path"] not in self._skipped:
-                        log.warning("leaving %s out of feature history and evaluation: %s", f["path"], exc)
-                        self._skipped.add(f["path"])
-                    continue
-                parts.append(frame.assign(_target=is_target))
+            try:
+                frame = self._read(f["path"])
+            except (OSError, DatasetError) as exc:
+                if is_target or is_infra(exc):
+                    raise  # a sick share must not silently change a day's features
+                # One bad day must not poison every shard whose window reaches it: that day is
+                # dead-lettered as its own item; here it is left out of the history, loudly.
+                if f["path"] not in self._skipped:
+                    log.warning("leaving %s out of feature history and evaluation: %s", f["path"], exc)
+                    self._skipped.add(f["path"])
+                continue
+            parts.append(frame.assign(_target=is_target))
         frame = pd.concat(parts, ignore_index=True)
         end = last + pd.Timedelta(days=1)
         days = frame[schema.TX_DATETIME]
@@ -608,14 +622,13 @@ class Dataset:
         start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)
         keys = ("path", "rows", "frauds", "first", "last", "start", "end")
         out = []
-        for f in self.files:
-            if f["path"] == rel or (pd.Timestamp(f["last"]) >= start and pd.Timestamp(f["first"]) <= last):
-                try:
-                    st = (self.root / f["path"]).stat()
-                    seen: dict[str, Any] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-                except OSError as exc:
-                    seen = {"missing": exc.strerror or str(exc)}
-                out.append({**{k: f.get(k) for k in keys}, **seen})
+        for f in self._overlapping(start, last):
+            try:
+                st = (self.root / f["path"]).stat()
+                seen: dict[str, Any] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+            except OSError as exc:
+                seen = {"missing": exc.strerror or str(exc)}
+            out.append({**{k: f.get(k) for k in keys}, **seen})
         return out
 
     def stored_features(self, rel: str) -> dict[str, np.ndarray]:

@@ -13,15 +13,23 @@
   half-added day. ``seed`` then enqueues them for every run (see ``workload.queue.plan``).
 - **Nothing half-done.** Files are copied to a staging folder on the share first; a bad file, an
   unreachable bucket or a kill leaves the published dataset as it was.
+- **One publisher at a time.** Two loaders on one dataset (a reload racing a slower one, each seeing
+  another listing of the source) take turns under a lock on the share (``.<name>.lock`` beside the
+  dataset; POSIX locks, which NFS carries to the server and the kernel drops when the holder dies).
+  The second reads the manifest the first wrote and adds only what is still new: a published day
+  stays published, and no loader enqueues a day that another loader's manifest then drops.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import shutil
-import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +38,7 @@ from workload.core import faults
 from workload.data import dataset as ds
 from workload.data.reading import AS_IS, Reading
 from workload.data.source import Source, SourceFile
-from workload.share.fsutil import fsync_dir
+from workload.share.fsutil import FILE_MODE, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +88,33 @@ def publish(root: Path, src: Source, reading: Reading = AS_IS,
     """Bring the dataset at `root` up to date with `src`, its files read through `reading`: copy
     what is new, refuse what changed. `required`: the roles the dataset must have (score needs none).
 
-    Two seeders at once (a loader retried while the first still runs) stage separately; the first
-    to rename publishes, the other finds the dataset published and syncs against it."""
+    Loaders of one dataset take turns: the later one syncs against what the earlier one published."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _publishing(root):
+        _remove_staging(root)
+        return _publish(root, src, reading, required)
+
+
+def lock_path(root: Path) -> Path:
+    """The dataset's publishing lock: beside it, since the dataset's folder appears by one rename."""
+    return root.parent / f".{root.name}.lock"
+
+
+@contextmanager
+def _publishing(root: Path) -> Iterator[None]:
+    """Hold the dataset's publishing lock (waiting for another loader's turn to end)."""
+    fd = os.open(lock_path(root), os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
-        return _publish(root, src, reading, required)
-    except _PublishedMeanwhile:
-        return _publish(root, src, reading, required)
-
-
-class _PublishedMeanwhile(Exception):
-    pass
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            log.info("dataset %s: another loader is publishing it; waiting for its turn to end", root.name)
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...]) -> Outcome:
@@ -127,7 +152,6 @@ def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...
 def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published: list[dict[str, Any]],
          reading: Reading, required: tuple[str, ...]) -> list[dict[str, Any]]:
     """Copy `new` into a staging folder, validate them with the published files, then publish."""
-    _remove_stale_staging(root)
     staging = root.parent / f".{root.name}.staging-{uuid.uuid4().hex[:12]}"  # unique: loader pods are all pid 1
     staging.mkdir(parents=True)  # with the umask's mode, as the published folder must have (mkdtemp would give 0700)
     try:
@@ -150,12 +174,7 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
         faults.point("staged")
         if first:
             ds.save_manifest(staging, entries, src.uri, reading)
-            try:
-                os.rename(staging, root)  # the whole dataset appears at once
-            except OSError:
-                if not (root / ds.MANIFEST).exists():
-                    raise
-                raise _PublishedMeanwhile() from None
+            os.rename(staging, root)  # the whole dataset appears at once
             fsync_dir(root.parent)
             faults.point("published")
         else:
@@ -173,14 +192,12 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _remove_stale_staging(root: Path, older_than_s: float = 86400) -> None:
-    """Staging folders left by a seeder killed mid-copy (a day old: no live seeder is that slow)."""
+def _remove_staging(root: Path) -> None:
+    """Staging folders left by a loader killed mid-copy: only the lock's holder stages, so under the
+    lock every one found is a leftover."""
     for stale in root.parent.glob(f".{root.name}.staging-*"):
-        try:
-            if time.time() - stale.stat().st_mtime > older_than_s:
-                shutil.rmtree(stale, ignore_errors=True)
-        except FileNotFoundError:
-            continue
+        log.warning("dataset %s: removing %s, left by a loader that was stopped mid-copy", root.name, stale)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _log_added(root: Path, uri: str, added: list[dict[str, Any]], first: bool) -> None:

@@ -198,6 +198,10 @@ def score_dataset(model: Path, src: str, out: str, days: str = "scoring", readin
     if trainer.feature_names != features.FEATURE_NAMES:
         raise ScoreError(f"--model {model} was trained on features {list(trainer.feature_names)}; this code "
                          f"computes {list(features.FEATURE_NAMES)}: score with the code version that trained it")
+    if trainer.feature_version != features.FEATURE_VERSION:  # same names, other arithmetic: scores would be wrong
+        raise ScoreError(f"--model {model} was trained on feature version {trainer.feature_version!r}; this "
+                         f"code computes version {features.FEATURE_VERSION!r}: score with the code version that "
+                         "trained it")
     with tempfile.TemporaryDirectory(prefix="score-") as tmp:
         scored = score_days(trainer, open_dataset(str(src), Path(tmp), reading), DAYS[days], str(src))
     files = outputs(str(out), scored)

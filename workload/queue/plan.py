@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workload.data.dataset import Dataset
+from workload.data.dataset import MANIFEST, Dataset
 from workload.queue.workqueue import Item, WorkQueue
 from workload.share.fsutil import FILE_MODE, fsync_dir
 from workload.share.paths import check_name, runs_dir, share_paths
@@ -112,12 +112,28 @@ def runs(share: Path) -> dict[str, RunSpec]:
     return found
 
 
+def live(share: Path) -> dict[str, RunSpec]:
+    """The recorded runs whose dataset is published; each run whose dataset is gone is named, with what
+    to do, and skipped, so that one stale record never stops the healthy runs from seeding or training."""
+    datasets_dir, _ = share_paths(share)
+    found = {}
+    for name, rs in runs(share).items():
+        manifest = datasets_dir / rs.dataset / MANIFEST
+        if manifest.exists():
+            found[name] = rs
+        else:
+            log.warning("run %s is skipped: its dataset %r is gone from the share (%s is missing); publish it "
+                        "again (seed --dataset %s --datasets SOURCE) or retire the run by removing %s", name,
+                        rs.dataset, manifest, rs.dataset, runs_dir(share) / f"{name}.json")
+    return found
+
+
 def items(share: Path, only: dict[str, RunSpec] | None = None) -> list[Item]:
-    """The (run, training day) items of every recorded run (or of `only`), in chronological order."""
+    """The (run, training day) items of every live run (or of `only`), in chronological order."""
     datasets_dir, _ = share_paths(share)
     datasets: dict[str, Dataset] = {}
     out = []
-    for spec in (runs(share) if only is None else only).values():
+    for spec in (live(share) if only is None else only).values():
         if spec.dataset not in datasets:
             datasets[spec.dataset] = Dataset(datasets_dir / spec.dataset)
         shards = datasets[spec.dataset].training_shards()
@@ -132,7 +148,7 @@ def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
     already records them."""
     from workload.share.checkpoint import CheckpointStore  # torch: only workers pay for it
 
-    specs = runs(share)
+    specs = live(share)
     _, output_dir = share_paths(share)
     for rs in specs.values():
         try:
@@ -152,3 +168,64 @@ def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
     done = queue.mark_done([it for it in todo if it.shard in applied[it.run]])
     queue.mark_seeded()
     return {"runs": len(specs), "enqueued": added, "already_applied": done}
+
+
+@dataclass(frozen=True)
+class Gap:
+    """What the queue lacks of the share's plan: a Redis wiped, or restored from an older snapshot."""
+
+    runs: int
+    items: int
+    missing_runs: list[str]
+    missing_items: list[str]
+    token: int
+    token_floor: int
+
+    def __bool__(self) -> bool:
+        return bool(self.missing_runs or self.missing_items or self.token < self.token_floor)
+
+    def line(self) -> str:
+        """One line for `status` and the worker's log."""
+        head = f"share vs queue: the share's plan is {self.runs} run(s), {self.items} item(s)"
+        if not self:
+            return head + "; the queue holds them all"
+        lacks = []
+        if self.missing_runs:
+            lacks.append(f"{len(self.missing_runs)} run(s) ({_some(self.missing_runs)})")
+        if self.missing_items:
+            lacks.append(f"{len(self.missing_items)} item(s) ({_some(self.missing_items)})")
+        if self.token < self.token_floor:
+            lacks.append(f"a token counter at {self.token}, below the share's {self.token_floor}")
+        return (head + "; the queue is BEHIND: it lacks " + ", ".join(lacks) +
+                " (Redis restored from an older snapshot?); a worker adds them at start and before it exits")
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def gap(queue: WorkQueue, share: Path) -> Gap:
+    """Compare the queue with the share's plan (run records plus published days)."""
+    from workload.share.checkpoint import CheckpointStore  # torch: only workers and status pay for it
+
+    specs = live(share)
+    todo = items(share, specs)
+    ids, spec_runs, token = queue.known()
+    _, output_dir = share_paths(share)
+    floor = max((CheckpointStore(output_dir / run).highest_token() for run in specs), default=0)
+    return Gap(runs=len(specs), items=len(todo), missing_runs=sorted(set(specs) - spec_runs),
+               missing_items=[it.id for it in todo if it.id not in ids], token=token, token_floor=floor)
+
+
+def reconcile(queue: WorkQueue, share: Path) -> Gap | None:
+    """Bring a queue that is behind the share up to it (as `restore` does for an empty one); returns
+    the gap it closed, None when there was none. Idempotent: workers may race through it."""
+    found = gap(queue, share)
+    if not found:
+        return None
+    log.warning("%s", found.line())
+    got = restore(queue, share)
+    log.warning("reconciled the queue from the share: added %d item(s), %d of them already applied in the "
+                "checkpoints (marked done); token counter at least %d", got["enqueued"], got["already_applied"],
+                found.token_floor)
+    return found

@@ -50,7 +50,7 @@ class Keys:
     order, and reads them by name (``K.items``); no script spells a key name itself."""
 
     FIELDS = ("items", "runs", "specs", "leases", "attempts", "errors", "done", "dead", "acked_by", "token",
-              "seeded", "pending_of", "lease_of")
+              "seeded", "alive", "pending_of", "lease_of")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -65,10 +65,11 @@ class Keys:
         self.acked_by = f"{prefix}:acked_by"  # hash  item id -> the owner whose ack made it done
         self.token = f"{prefix}:token"  # int   fencing token counter
         self.seeded = f"{prefix}:seeded"  # string  set by seed/restore: a queue without it was never filled
+        self.alive = f"{prefix}:alive"  # int   server time (ms) a lease script last ran: gaps are Redis's outages
         # Per-run keys are these stems + the run name. A script that walks the runs (claim, reap, counts)
         # only learns them inside Redis, so it gets the stem and appends the run (pending_key/lease_key).
         self.pending_of = f"{prefix}:pending:"  # zset  item id -> chronological seq
-        self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, claimed_at, seq
+        self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, ttl, forgiven, claimed_at, seq
 
     def pending(self, run: str) -> str:
         return self.pending_of + run
@@ -131,7 +132,27 @@ local function drop_lease(run)
   redis.call('DEL', lease_key(run))
   redis.call('ZREM', K.leases, run)
 end
+-- Time Redis itself was away (frozen, out of memory, restarting) is not held against a lease: its
+-- owner could not renew it then. When no lease script ran for more than a third of a lease's TTL
+-- (a live owner renews three times a TTL), a lease still valid when Redis was last seen moves on by
+-- the gap, once: only its owner's next renewal earns it another. A dead owner's lease is delayed by
+-- one gap, then expires (Redis cannot tell an idle spell from a frozen one).
+local function forgive(now)
+  local last = tonumber(redis.call('GET', K.alive) or now)
+  redis.call('SET', K.alive, now)
+  local gap = now - last
+  if gap <= 0 then return end
+  for _, run in ipairs(redis.call('ZRANGEBYSCORE', K.leases, last, '+inf')) do
+    local l = redis.call('HMGET', lease_key(run), 'deadline', 'ttl', 'forgiven')
+    if l[1] and l[3] ~= '1' and gap * 3 > tonumber(l[2] or '0') then
+      local deadline = tonumber(l[1]) + gap
+      redis.call('HSET', lease_key(run), 'deadline', deadline, 'forgiven', '1')
+      redis.call('ZADD', K.leases, deadline, run)
+    end
+  end
+end
 local function reap(now, max_attempts)
+  forgive(now)
   local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now)
   for _, run in ipairs(expired) do
     local l = redis.call('HMGET', lease_key(run), 'item', 'owner', 'seq')
@@ -174,7 +195,7 @@ for _, run in ipairs(runs) do
       local token = redis.call('INCR', K.token)
       local deadline = now + tonumber(A.ttl_ms)
       redis.call('HSET', lease_key(run), 'item', id, 'owner', A.owner, 'token', token,
-                 'deadline', deadline, 'claimed_at', now, 'seq', seq)
+                 'deadline', deadline, 'ttl', A.ttl_ms, 'claimed_at', now, 'seq', seq)
       redis.call('ZADD', K.leases, deadline, run)
       local attempts = tonumber(redis.call('HGET', K.attempts, id) or '0')
       return {redis.call('HGET', K.items, id) or '', token, deadline, attempts, id, run}
@@ -186,15 +207,18 @@ return false
 
 # -> new deadline, or 0 when the lease is not ours any more
 _HEARTBEAT = _Lua(("run", "token", "owner", "ttl_ms"), _HELPERS + """
+local now = now_ms()
+forgive(now)
 if not owns(A.run, A.token, A.owner) then return 0 end
-local deadline = now_ms() + tonumber(A.ttl_ms)
-redis.call('HSET', lease_key(A.run), 'deadline', deadline)
+local deadline = now + tonumber(A.ttl_ms)
+redis.call('HSET', lease_key(A.run), 'deadline', deadline, 'ttl', A.ttl_ms, 'forgiven', '0')
 redis.call('ZADD', K.leases, deadline, A.run)
 return deadline
 """)
 
 # -> {1, owner} acked, {2, who acked it} already done (a retried ack, or a peer's), {0, ''} refused
 _ACK = _Lua(("run", "token", "owner", "id"), _HELPERS + """
+forgive(now_ms())
 if owns(A.run, A.token, A.owner) and redis.call('HGET', lease_key(A.run), 'item') == A.id then
   drop_lease(A.run)
   redis.call('SADD', K.done, A.id)
@@ -210,10 +234,11 @@ return {0, ''}
 
 # mode: 'preempted' | 'error' | 'dead' -> 'pending' | 'dead' | '' (refused: not the lease owner)
 _RELEASE = _Lua(("run", "token", "owner", "mode", "error", "max_attempts"), _HELPERS + """
+local now = now_ms()
+forgive(now)
 if not owns(A.run, A.token, A.owner) then return '' end
 local l = redis.call('HMGET', lease_key(A.run), 'item', 'owner', 'seq')
 drop_lease(A.run)
-local now = now_ms()
 if A.mode == 'preempted' then
   redis.call('ZADD', pending_key(A.run), tonumber(l[3]), l[1])
   return 'pending'
@@ -374,6 +399,27 @@ class Counts:
         return self.pending == 0 and self.leased == 0
 
 
+# Error replies about Redis's state, not about the request: out of memory under noeviction, a script
+# running too long, loading its data set, a read-only replica, a failed disk save. They pass: wait.
+# (redis-py strips the code from the replies it maps to a class; a script's error keeps it in the text.)
+_STATE_CODES = ("OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "MISCONF", "NOREPLICAS", "TRYAGAIN",
+                "CLUSTERDOWN")
+_STATE_CLASSES = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+                  redis.exceptions.MasterDownError, redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether `exc` says Redis cannot serve now (unreachable, timed out, or in a state that passes):
+    an infrastructure fault to wait out, never the item's."""
+    if isinstance(exc, redis.AuthenticationError):
+        return False  # a ConnectionError subclass, but waiting will not fix a wrong password
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *_STATE_CLASSES)):
+        return True
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and any(
+        text.startswith(code + " ") or f"-{code} " in text for code in _STATE_CODES)
+
+
 class QueueUnavailable(RuntimeError):
     """Redis stayed unreachable for longer than the retry budget (an infrastructure fault)."""
 
@@ -422,19 +468,22 @@ class WorkQueue:
 
     # -- connection loss -------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
-        """Retry `call` with capped exponential backoff while Redis is unreachable (e.g. restarting)."""
+        """Retry `call` with capped exponential backoff while Redis is unreachable (e.g. restarting) or
+        cannot serve (out of memory, loading): `transient` errors."""
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.2
         while True:
             try:
                 return call()
-            except redis.AuthenticationError:
-                raise  # a ConnectionError subclass, but waiting will not fix a wrong password
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except redis.RedisError as exc:
+                if not transient(exc):
+                    raise
+                away = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+                why = "unreachable" if away else "unable to serve"
                 if time.monotonic() + delay > deadline:
                     raise QueueUnavailable(
-                        f"Redis unreachable for {self.retry_for_s:.0f}s during {what}: {exc}") from exc
-                log.warning("Redis unreachable during %s (%s); retrying in %.1fs", what, exc, delay)
+                        f"Redis {why} for {self.retry_for_s:.0f}s during {what}: {exc}") from exc
+                log.warning("Redis %s during %s (%s); retrying in %.1fs", why, what, exc, delay)
                 if self.interrupt.wait(delay):
                     raise QueueInterrupted(f"stopped while Redis was unreachable (during {what}): {exc}") from exc
                 delay = min(delay * 2, 5.0)
@@ -551,6 +600,18 @@ class WorkQueue:
         return bool(self._retrying("seeded", lambda: self.redis.exists(self.keys.seeded)))
 
     # -- observers -------------------------------------------------------------------------------
+    def known(self) -> tuple[set[str], set[str], int]:
+        """(item ids, runs with hyperparameters, token counter), read together: what the queue knows,
+        to compare with the share (a Redis restored from an older snapshot knows less)."""
+        def read() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hkeys(self.keys.items).hkeys(self.keys.specs).get(self.keys.token)
+            return pipe.execute()
+
+        ids, specs, token = self._retrying("known", read)
+        return ({i.decode(errors="replace") for i in ids}, {r.decode(errors="replace") for r in specs},
+                int(token or 0))
+
     def pending_in_run(self, run: str) -> int:
         return int(self._retrying("pending_in_run", lambda: self.redis.zcard(self.keys.pending(run))))
 

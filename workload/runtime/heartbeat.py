@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from workload.core.errors import EXIT_STALLED
-from workload.queue.workqueue import Lease, WorkQueue
+from workload.queue.workqueue import Lease, WorkQueue, transient
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,9 @@ class Heartbeat(threading.Thread):
                 return False
             self._valid_until = sent + self.ttl_s
             return True
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
+            if not transient(exc):  # out of memory, loading, unreachable: Redis's fault, not the lease's
+                raise
             if time.monotonic() >= self._valid_until:
                 log.warning("heartbeat for %s failed (%s) and the lease's validity ran out", self.lease.item.id, exc)
                 self.lost.set()

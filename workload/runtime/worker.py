@@ -88,6 +88,7 @@ class Worker:
 
     def _loop(self) -> int:
         waiting_logged = False
+        self.reconcile()
         while not self.stop.is_set():
             lease = self.queue.claim(self.cfg.worker_id, self.cfg.lease_ttl_s)
             if lease:
@@ -108,6 +109,8 @@ class Worker:
                     log.error("the queue is empty and was never seeded, and the share %s records no runs: "
                               "run `python -m workload seed` first; exiting %d", self.cfg.share, EXIT_INFRA)
                     return EXIT_INFRA
+                if self.reconcile():  # the share's plan holds more than Redis: a restore from an old snapshot
+                    continue
                 if counts.dead:
                     self._log_dead_letters()
                     log.error("queue drained: %d done, %d DEAD-LETTERED of %d; exiting %d (see `python -m "
@@ -153,6 +156,15 @@ class Worker:
                     got["runs"], got["enqueued"], got["already_applied"])
         return True
 
+    def reconcile(self) -> bool:
+        """Add to the queue what the share's plan holds and Redis lacks (True when anything was): exit 0
+        means the share's plan is done, not only the queue Redis happens to hold."""
+        try:
+            return plan.reconcile(self.queue, self.cfg.share) is not None
+        except (plan.PlanError, DatasetError) as exc:
+            log.warning("cannot compare the queue with the share's plan: %s", exc)
+            return False
+
     def process(self, lease: Lease) -> Outcome:
         """One claimed item: its heartbeat runs while `_apply` takes it through the protocol's steps;
         whatever stops it is classified (`_settle`)."""
@@ -192,6 +204,9 @@ class Worker:
         if isinstance(exc, LeaseLost):
             log.warning("lost the lease on %s: abandoning it (the new owner resumes from the last "
                         "promoted checkpoint)", item.id)
+            # Lost from here, perhaps not in Redis: a lease Redis kept through its own outage goes back
+            # at no cost (refused when a newer owner holds it).
+            self.queue.release(lease)
             return Outcome.LOST
         if isinstance(exc, ItemFault):
             state = self.queue.release(lease, error=str(exc), permanent=True)
