@@ -130,8 +130,16 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "trainer",
         ("workload/model/trainer.py",),
-        ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py"),
+        ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py", "tests/model/test_first_days.py"),
         cpu_minutes=4.4,
+    ),
+    # Which days calibrate a model, and the fit: one module-scoped fixture trains a run on simulated days
+    # (~20 CPU s), which every mutant pays once. Not measured yet: cpu_minutes is a guess.
+    Group(
+        "calibration",
+        ("workload/model/calibration.py",),
+        ("tests/model/test_calibration.py",),
+        cpu_minutes=30.0,
     ),
     # The infra components whose rendered specs carry the product's guarantees (Job failure rules and
     # security context, Redis password/AOF/NetworkPolicy, Workload Identity roles and conditions, the
