@@ -297,6 +297,9 @@ class JobConfig:
     score_run: str = ""
     # How long a pod rides out an infrastructure fault before its exit 3 fails the Job.
     infra_retry_budget_minutes: int = 30
+    # A cron line (Kubernetes CronJob syntax) on which the loader reloads and, for new work, starts
+    # training; '' = off.
+    schedule: str = ""
 
     @property
     def scored_runs(self) -> tuple[str, ...]:
@@ -440,6 +443,10 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
     network = _network(r)
     filestore = _filestore(r)
     jobs = _jobs(r)
+    data = _data(r)
+    if jobs.schedule and not data.dataset:
+        # Simulated data never gains days: a schedule would only start pods to find nothing new.
+        raise ConfigError("schedule", jobs.schedule, "empty unless datasetUri is set (new days come from there)")
     return StackConfig(
         stack=stack,
         project_id=project_id,
@@ -452,7 +459,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         gpu=gpu,
         filestore=filestore,
         jobs=jobs,
-        data=_data(r),
+        data=data,
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
     )
 
@@ -554,7 +561,23 @@ def _jobs(r: _Reader) -> JobConfig:
         worker_memory=r.matching("workerMemory", _QUANTITY, quantity),
         score_run=score_run,
         infra_retry_budget_minutes=r.int("infraRetryBudgetMinutes", 1, 1440),
+        schedule=_schedule(r.raw("schedule")),
     )
+
+
+# A CronJob's schedule as Kubernetes parses it (robfig/cron's standard parser, five fields, or a macro;
+# kubernetes pkg/apis/batch/validation/validation.go validateScheduleFormat), checked here so a typo
+# fails at preview rather than at the API server. TZ= / CRON_TZ= prefixes are refused by the API server.
+_CRON_FIELD = r"(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?"
+_CRON = re.compile(rf"^{_CRON_FIELD}(,{_CRON_FIELD})*( {_CRON_FIELD}(,{_CRON_FIELD})*){{4}}$")
+_CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+
+def _schedule(text: str) -> str:
+    if text and not (_CRON.match(text) or text in _CRON_MACROS):
+        raise ConfigError("schedule", text, "empty (off) or a cron line of five fields such as '0 3 * * *', "
+                          "or one of " + ", ".join(_CRON_MACROS))
+    return text
 
 
 def _runs(r: _Reader) -> str:

@@ -41,6 +41,11 @@ ENV_OUTPUT_URI = "OUTPUT_URI"
 RUNS_DIR = "/etc/spot-trainer"
 RUNS_KEY = "runs.json"
 RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
+# With `schedule`: the training Job the scheduled loader may create (`seed --launch-job`), mounted from a
+# ConfigMap (key LAUNCH_KEY) at LAUNCH_DIR (infra/schedule.py).
+LAUNCH_DIR = "/etc/spot-trainer-launch"
+LAUNCH_KEY = "job.json"
+LAUNCH_FILE = f"{LAUNCH_DIR}/{LAUNCH_KEY}"
 
 # Pod-template annotation of both Jobs: a hash of what the loader seeds (runs, data source) and the image.
 # A change to any of them changes both pod templates, and Kubernetes Job templates are immutable, so the

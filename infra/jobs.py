@@ -201,7 +201,8 @@ def _pod_template(
         spec["serviceAccountName"] = service_account
         # Workload Identity needs the pod's service account token: Google's own GKE workloads turn it
         # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
-        # not reach Google APIs through Workload Identity). The account has no Kubernetes RBAC role.
+        # not reach Google APIs through Workload Identity). Only the loader's account has a Kubernetes
+        # role, and only with `schedule` set: create Jobs in its namespace (infra/schedule.py).
         spec["automountServiceAccountToken"] = True
     if args.share_zone:
         # The share lives in one zone: reading it from another costs inter-zone traffic on every read.
@@ -264,6 +265,94 @@ def one_off_pod(
     return pulumi.Output.from_input(image).apply(render)
 
 
+def loader_template(
+    args: JobArgs,
+    image: pulumi.Input[str],
+    redis: RedisQueue,
+    share: FilestoreShare,
+    identity: WorkloadIdentity | None,
+    runs_config_map: pulumi.Input[str],
+    seed_inputs: pulumi.Input[str],
+    extra_args: list[str] | None = None,
+    volumes: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The loader's pod (`seed` on CPU, the runs file mounted): the loader Job's and the schedule's."""
+    runs_volume = (
+        {"name": RUNS_VOLUME, "configMap": {"name": runs_config_map}},
+        {"name": RUNS_VOLUME, "mountPath": contract.RUNS_DIR, "readOnly": True},
+    )
+    data = args.data
+    return _pod_template(
+        contract.LOADER,
+        image,
+        contract.loader_args(data.dataset_name, args.jobs.dataset_preset, data.dataset.uri if data.dataset else None)
+        + (extra_args or []),
+        {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+        args,
+        redis,
+        share,
+        service_account=identity.ksa_name if identity else None,
+        volumes=[runs_volume, *(volumes or [])],
+        annotations={contract.SEED_INPUTS_ANNOTATION: seed_inputs},
+        env=loader_env(data),
+    )
+
+
+def loader_spec(jobs: JobConfig, template: dict[str, Any]) -> dict[str, Any]:
+    """The loader Job's spec, and the scheduled loader's: the same exit codes, the same rules."""
+    return {
+        # The first counted failure (bad config, a crash) fails the Job (and `pulumi up`) at once;
+        # preemptions and transient exits are retried (failure_policy) until the deadline.
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
+        "podFailurePolicy": failure_policy(contract.LOADER),
+        "template": template,
+    }
+
+
+def training_spec(
+    args: JobArgs,
+    image: pulumi.Input[str],
+    redis: RedisQueue,
+    share: FilestoreShare,
+    capacity: GpuCapacity,
+    identity: WorkloadIdentity | None,
+    seed_inputs: pulumi.Input[str],
+) -> dict[str, Any]:
+    """The training Job's spec: the stack's training Job and the one the schedule starts share it."""
+    jobs = args.jobs
+    gpus = str(args.gpu_count)
+    template = _pod_template(
+        contract.WORKER,
+        image,
+        contract.WORKER_ARGS,
+        {
+            "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
+            "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
+        },
+        args,
+        redis,
+        share,
+        node_selector=capacity.node_selector,
+        tolerations=capacity.tolerations,
+        service_account=identity.ksa_name if identity else None,
+        env=[
+            {"name": contract.ENV_EXPECTED_GPUS, "value": gpus},
+            *([{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else []),
+        ],
+        # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
+        annotations={contract.SEED_INPUTS_ANNOTATION: seed_inputs},
+    )
+    return {
+        # Work-queue Job: no completions; done when a pod exits 0 (queue drained) and none run.
+        "parallelism": jobs.parallelism,
+        "backoffLimit": jobs.backoff_limit,
+        "activeDeadlineSeconds": jobs.active_deadline_seconds,
+        "podFailurePolicy": failure_policy(contract.WORKER, gpu=True),
+        "template": template,
+    }
+
+
 class LoaderJob(pulumi.ComponentResource):
     """Puts the datasets on the share (synced from ``datasetUri``, or simulated) and enqueues (run, day)
     items for the stack's ``runs``; always awaited, because workers that start on an empty queue would
@@ -306,36 +395,11 @@ class LoaderJob(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=provider, delete_before_replace=True),
         )
         self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(args, ref))
-        runs_volume = (
-            {"name": RUNS_VOLUME, "configMap": {"name": self.runs.metadata.name}},
-            {"name": RUNS_VOLUME, "mountPath": contract.RUNS_DIR, "readOnly": True},
-        )
-        template = _pod_template(
-            contract.LOADER,
-            image,
-            contract.loader_args(
-                args.data.dataset_name, jobs.dataset_preset, args.data.dataset.uri if args.data.dataset else None
-            ),
-            {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
-            args,
-            redis,
-            share,
-            service_account=identity.ksa_name if identity else None,
-            volumes=[runs_volume],
-            annotations={contract.SEED_INPUTS_ANNOTATION: self.seed_inputs},
-            env=loader_env(args.data),
-        )
+        template = loader_template(args, image, redis, share, identity, self.runs.metadata.name, self.seed_inputs)
         self.job = k8s.batch.v1.Job(
             name,
             metadata=_job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
-            spec={
-                # The first counted failure (bad config, a crash) fails the Job and `pulumi up` at once;
-                # preemptions and transient exits are retried (failure_policy) until the deadline.
-                "backoffLimit": 0,
-                "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
-                "podFailurePolicy": failure_policy(contract.LOADER),
-                "template": template,
-            },
+            spec=loader_spec(jobs, template),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,
@@ -378,28 +442,6 @@ class TrainingJob(pulumi.ComponentResource):
         super().__init__("spot-trainer:k8s:TrainingJob", name, None, opts)
         jobs = args.jobs
         self.name = f"{contract.APP}-{contract.WORKER}"
-        gpus = str(args.gpu_count)
-        template = _pod_template(
-            contract.WORKER,
-            image,
-            contract.WORKER_ARGS,
-            {
-                "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
-                "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
-            },
-            args,
-            redis,
-            share,
-            node_selector=capacity.node_selector,
-            tolerations=capacity.tolerations,
-            service_account=identity.ksa_name if identity else None,
-            env=[
-                {"name": contract.ENV_EXPECTED_GPUS, "value": gpus},
-                *([{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else []),
-            ],
-            # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
-            annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
-        )
         timeouts = None
         if not jobs.skip_await:
             wait = f"{jobs.timeout_minutes}m"
@@ -407,14 +449,7 @@ class TrainingJob(pulumi.ComponentResource):
         self.job = k8s.batch.v1.Job(
             name,
             metadata=_with_quota(_job_metadata(self.name, contract.WORKER, namespace, jobs.skip_await), quota),
-            spec={
-                # Work-queue Job: no completions; done when a pod exits 0 (queue drained) and none run.
-                "parallelism": jobs.parallelism,
-                "backoffLimit": jobs.backoff_limit,
-                "activeDeadlineSeconds": jobs.active_deadline_seconds,
-                "podFailurePolicy": failure_policy(contract.WORKER, gpu=True),
-                "template": template,
-            },
+            spec=training_spec(args, image, redis, share, capacity, identity, loader.seed_inputs),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,

@@ -24,6 +24,7 @@ from infra.jobs import JobArgs, LoaderJob, ScoringJob, TrainingJob, one_off_pod
 from infra.network import Network, NetworkArgs
 from infra.quota import check as check_gpu_quota
 from infra.redis import RedisQueue
+from infra.schedule import ScheduledLoad
 from infra.services import ProjectServices, apis
 from infra.share_prep import SharePreparation
 
@@ -122,6 +123,12 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         if worker_identity else None
     )  # fmt: skip
 
+    # With `schedule` (datasetUri required, infra.config): reloads and, for new work, trains on its own.
+    scheduled = ScheduledLoad(
+        "schedule", work, image.ref, redis, share, capacity, loader, loader_identity, worker_identity,
+        cluster.provider, ns,
+    ) if cfg.jobs.schedule and loader_identity else None  # fmt: skip
+
     n = f"-n {cfg.namespace}"
     workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
     return {
@@ -134,6 +141,7 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "loaderJob": loader.name,
         "trainingJob": training.name,
         "scoringJob": scoring.name if scoring else "",
+        "scheduledLoader": scheduled.name if scheduled else "",
         # The GPU quota limits read at this `pulumi up` (checkGpuQuota).
         "gpuQuota": quota if quota is not None else "not checked",
         "datasetUri": data.dataset.uri if data.dataset else "",

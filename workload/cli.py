@@ -37,6 +37,7 @@ from workload.model import report
 from workload.model.hparams import HParams, parse_runs
 from workload.queue import plan
 from workload.queue.workqueue import CALL_TIMEOUT_S, QueueInterrupted, QueueUnavailable, WorkQueue, connect
+from workload.runtime import launch
 from workload.share.fsutil import clean_stale_tmp, tmp_dir_for
 from workload.share.paths import NAME, REPORT_TXT, check_name, share_paths
 
@@ -239,6 +240,8 @@ def seed(args: argparse.Namespace) -> int:
     c = queue.counts()
     log.info("queued %d new item(s) (%d already known) for run(s) %s; queue: %d pending, %d leased, %d done, "
              "%d dead", added, len(items) - added, ", ".join(runs), c.pending, c.leased, c.done, c.dead)
+    if args.launch_job:  # the scheduled loader: start training only for work to train
+        log.info("%s", launch.launch(Path(args.launch_job), added, c))
     return 0
 
 
@@ -456,6 +459,9 @@ def add_seed(sub: Any) -> None:
                             "preset's)")
     s.add_argument("--start-date", help="first simulated day, YYYY-MM-DD (no env; default: the preset's)")
     s.add_argument("--sim-seed", type=int, help="simulator seed (no env; default: the preset's)")
+    s.add_argument("--launch-job", help="after enqueueing, create this training Job (a JSON manifest) through "
+                                        "the pod's Kubernetes API when there is work to train (no env; default "
+                                        "none; the scheduled loader's)")
     s.set_defaults(fn=seed)
 
 
@@ -558,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     except source.SourceError as exc:
         log.error("dataset source: %s", exc)
         return EXIT_BAD_CONFIG
+    except launch.LaunchError as exc:  # the API server refused or was unreachable: no item is at fault
+        log.error("%s", exc)
+        return EXIT_INFRA
     except QueueInterrupted as exc:
         log.error("%s", exc)
         return EXIT_TERMINATED

@@ -303,3 +303,33 @@ def test_the_known_flag_may_come_as_zeros_and_ones() -> None:
         metrics.evaluate(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS, known[:7])
     with pytest.raises(ValueError, match="^scores has 8 values, days 8, cards 7$"):
         metrics.card_precision_top_k(CP_SCORES, CP_LABELS, CP_DAYS, CP_CARDS[:7])
+
+
+def test_alert_thresholds_count_cards_a_day_and_false_positives() -> None:
+    days = np.array(["2018-08-08"] * 4 + ["2018-08-09"] * 4, dtype="datetime64[D]")
+    cards = np.array([1, 1, 2, 3, 1, 2, 3, 4])
+    scores = np.array([0.9, 0.1, 0.8, 0.2, 0.7, 0.6, 0.5, 0.4])
+    labels = np.array([1, 0, 0, 0, 0, 1, 0, 0])
+    alerts = metrics.alert_thresholds(scores, labels, days, cards, k=2, max_fpr=0.34)
+    # Card-days by best score: 0.9 (1, fraud), 0.8, 0.7, 0.6 (2, fraud), 0.5, 0.4, 0.2: two a day -> 0.6.
+    assert alerts["top100_cards"] == {"threshold": 0.6, "precision": 0.5, "recall": 1.0, "alerts_per_day": 2.0}
+    # 6 legitimate transactions: at most 2 false positives (0.8, 0.7) -> threshold 0.6 catches both frauds.
+    assert alerts["fpr_1pct"] == {"threshold": 0.6, "precision": 0.5, "recall": 1.0, "false_positive_rate": 2 / 6}
+    columns = metrics.alert_columns([{"alerts": alerts}], scores)
+    assert columns["alert_top100_cards"].tolist() == [True, False, True, False, True, True, False, False]
+    assert metrics.alert_columns([{}], scores) == {}
+
+
+def test_reliability_brier_and_calibration_error_by_hand() -> None:
+    probs = np.array([0.0005, 0.0005, 0.002, 0.5, 0.7, 1.0])
+    labels = np.array([0, 0, 1, 0, 1, 1])
+    rows = metrics.reliability(probs, labels)
+    # Bins [0, .001), [.001, .003), [.4, .6), [.6, .8), [.8, 1] (1.0 falls in the last one); empty bins left out.
+    assert [(r["low"], r["high"], r["n"], r["frauds"]) for r in rows] == [
+        (0.0, 0.001, 2, 0), (0.001, 0.003, 1, 1), (0.4, 0.6, 1, 0), (0.6, 0.8, 1, 1), (0.8, 1.0, 1, 1)]
+    assert rows[0]["predicted"] == pytest.approx(0.0005) and rows[1]["observed"] == 1.0
+    assert metrics.brier(probs, labels) == pytest.approx((2 * 0.0005**2 + 0.998**2 + 0.25 + 0.09) / 6)
+    assert metrics.expected_calibration_error(probs, labels) == pytest.approx(
+        (2 * 0.0005 + 0.998 + 0.5 + 0.3 + 0.0) / 6)
+    assert math.isnan(metrics.brier(probs[:0], labels[:0]))
+    assert math.isnan(metrics.expected_calibration_error(probs[:0], labels[:0]))

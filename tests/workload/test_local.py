@@ -4,6 +4,7 @@ and a second run that trains nothing new."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,13 @@ def test_local_leaves_report_pictures_and_checkpoints(local_run) -> None:
     assert len(list((run_dir / "checkpoints").glob("ckpt-*.pt"))) >= 1
     assert f"report:  {run_dir / 'report.txt'}" in out.stdout
     assert "21/21 shards applied" in out.stdout
+    # The summary: AP with CP@100 next to it, and the newest model's two alert rules.
+    assert re.search(r"test days: average precision \d\.\d{3} vs base rate \d\.\d{4}; card precision@100 \d\.\d{3};",
+                     out.stdout), out.stdout
+    assert "top 100 cards a day: threshold" in out.stdout and "1% false-positive rate: threshold" in out.stdout
+    # The report ends with the newest model's reliability tables, calibrated on days the delay allows.
+    assert "before calibration" in report and "after calibration" in report
+    assert report.count("calibration: fitted on 7 day(s)") >= 1, report
 
 
 def test_the_model_finds_fraud_better_than_a_linear_baseline(local_run) -> None:

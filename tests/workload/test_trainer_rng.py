@@ -67,7 +67,7 @@ def test_restored_trainer_draws_what_the_uninterrupted_one_draws() -> None:
     torch.manual_seed(12345)  # a new process: whatever state the global generator happens to be in
     torch.rand(100)
     restored = Trainer.from_state(saved, torch.device("cpu"))
-    assert restored.progress == {"shard": SHARD, "epoch": 0, "batch": 5}
+    assert restored.progress == {"shard": SHARD, "epoch": 0, "batch": 5, "epochs": trainer.hp.epochs}
     resumed: list[torch.Tensor] = []
     assert train(restored, x, y, steps=None, masks=resumed)
 

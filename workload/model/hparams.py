@@ -25,6 +25,7 @@ _RULES: dict[str, tuple[str, str]] = {
     "pos_weight_cap": ("number", "a number >= 1"),
     "seed": ("int", "a whole number >= 0"),
     "ema_decay": ("number", "0 <= ema_decay < 1 (0: score with the raw weights)"),
+    "min_steps": ("int", "a whole number >= 0 (0: every day trains `epochs` epochs)"),
 }
 
 
@@ -51,6 +52,9 @@ class HParams:
     # 0 scores with the raw weights): it smooths out the last batches' noise. On the handbook's
     # split it lifted average precision from 0.672 to 0.704 (docs/benchmarks.md).
     ema_decay: float = 0.999
+    # A run's first days train more epochs (up to MAX_EPOCH_FACTOR x `epochs`) until the run has made
+    # `min_steps` optimizer steps: a few days of data are otherwise too few steps to fit (README, Model).
+    min_steps: int = 0
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "hyperparameters") -> HParams:
@@ -69,11 +73,12 @@ class HParams:
         hp = cls(hidden=tuple(values["hidden"]), lr=float(values["lr"]), weight_decay=float(values["weight_decay"]),
                  epochs=values["epochs"], batch_size=values["batch_size"],
                  pos_weight_cap=float(values["pos_weight_cap"]), seed=values["seed"],
-                 ema_decay=float(values["ema_decay"]))
+                 ema_decay=float(values["ema_decay"]), min_steps=values["min_steps"])
         checks = [("hidden", all(h >= 1 for h in hp.hidden)), ("lr", 0 < hp.lr < 1),
                   ("weight_decay", hp.weight_decay >= 0), ("epochs", hp.epochs >= 1),
                   ("batch_size", hp.batch_size >= 1), ("pos_weight_cap", hp.pos_weight_cap >= 1),
-                  ("seed", 0 <= hp.seed < 2**63), ("ema_decay", 0 <= hp.ema_decay < 1)]
+                  ("seed", 0 <= hp.seed < 2**63), ("ema_decay", 0 <= hp.ema_decay < 1),
+                  ("min_steps", hp.min_steps >= 0)]
         for key, ok in checks:
             if not ok:
                 raise ValueError(f"{where}: {key}={getattr(hp, key)!r} is not allowed; must be {_RULES[key][1]}")

@@ -210,3 +210,96 @@ def logistic_regression_baseline(
             break
     test = (np.asarray(x_test, dtype=np.float64) - mean) / std
     return 1 / (1 + np.exp(-np.clip(np.c_[test, np.ones(len(test))] @ coef, -30, 30)))
+
+
+# -- probabilities: are they right, and where would an analyst set the alert? -------------------------
+# Predicted-probability bins of the reliability table (and of the expected calibration error): fine at
+# the bottom, where almost every transaction lies, coarse at the top, where the alerts are.
+RELIABILITY_BINS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def reliability(probs: np.ndarray, labels: np.ndarray) -> list[dict[str, float]]:
+    """Per bin of predicted probability [low, high) (the last one holds 1.0): rows, frauds, the mean
+    prediction and the observed fraud rate. Empty bins are left out."""
+    probs, labels = _as_arrays(probs, labels)
+    edges = np.asarray(RELIABILITY_BINS)
+    which = np.clip(np.searchsorted(edges, probs, side="right") - 1, 0, len(edges) - 2)
+    rows = []
+    for b in range(len(edges) - 1):
+        inside = which == b
+        n = int(inside.sum())
+        if n:
+            rows.append({"low": float(edges[b]), "high": float(edges[b + 1]), "n": float(n),
+                         "frauds": float(labels[inside].sum()), "predicted": float(probs[inside].mean()),
+                         "observed": float(labels[inside].mean())})
+    return rows
+
+
+def brier(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Mean squared error of the probabilities (nan without rows)."""
+    probs, labels = _as_arrays(probs, labels)
+    return float(np.mean((probs - labels) ** 2)) if len(probs) else float("nan")
+
+
+def expected_calibration_error(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Row-weighted mean gap between predicted and observed fraud rate over the reliability bins."""
+    rows = reliability(probs, labels)
+    n = sum(r["n"] for r in rows)
+    return float(sum(r["n"] * abs(r["predicted"] - r["observed"]) for r in rows) / n) if n else float("nan")
+
+
+def alert_thresholds(scores: np.ndarray, labels: np.ndarray, days: np.ndarray, cards: np.ndarray,
+                     k: int = TOP_K, max_fpr: float = MAX_FPR) -> dict[str, dict[str, float]]:
+    """Two alert rules an analyst can adopt, each a score threshold (alert when score >= threshold)
+    with the precision and recall it had on these (test) days:
+
+    - ``top100_cards``: the threshold that alerts ``k`` cards a day on average (a card alerts on a day
+      when its best transaction does); precision and recall over (day, card) pairs;
+    - ``fpr_1pct``: the lowest threshold whose false-positive rate over transactions stays within
+      ``max_fpr`` (the highest recall it allows); precision and recall over transactions.
+    A threshold of inf alerts nothing (no threshold qualifies)."""
+    scores, labels = _as_arrays(scores, labels)
+    days, cards = np.asarray(days).ravel(), np.asarray(cards).ravel()
+    nan = float("nan")
+    out = {"top100_cards": {"threshold": nan, "precision": nan, "recall": nan, "alerts_per_day": nan},
+           "fpr_1pct": {"threshold": nan, "precision": nan, "recall": nan, "false_positive_rate": nan}}
+    if len(scores) == 0:
+        return out
+    pairs, inverse = np.unique(np.c_[days.astype("datetime64[D]").astype(np.int64), cards.astype(np.int64)],
+                               axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    best = np.full(len(pairs), -np.inf)
+    np.maximum.at(best, inverse, scores)
+    fraud = np.zeros(len(pairs))
+    np.maximum.at(fraud, inverse, labels)
+    n_days = len(np.unique(pairs[:, 0]))
+    threshold = float(np.sort(best)[::-1][min(k * n_days, len(best)) - 1])
+    alerted = best >= threshold
+    out["top100_cards"] = {"threshold": threshold, "precision": float(fraud[alerted].mean()),
+                           "recall": float(fraud[alerted].sum() / fraud.sum()) if fraud.sum() else nan,
+                           "alerts_per_day": float(alerted.sum() / n_days)}
+    n_pos, n_neg = labels.sum(), len(labels) - labels.sum()
+    if n_pos and n_neg:
+        tps, fps = _curve(scores, labels)
+        allowed = np.nonzero(fps / n_neg <= max_fpr)[0]
+        if len(allowed):
+            i = allowed[-1]
+            out["fpr_1pct"] = {"threshold": float(np.sort(scores)[::-1][int(tps[i] + fps[i]) - 1]),
+                               "precision": float(tps[i] / (tps[i] + fps[i])), "recall": float(tps[i] / n_pos),
+                               "false_positive_rate": float(fps[i] / n_neg)}
+        else:
+            out["fpr_1pct"] = {"threshold": float("inf"), "precision": nan, "recall": 0.0, "false_positive_rate": 0.0}
+    return out
+
+
+ALERT_COLUMNS = {"top100_cards": "alert_top100_cards", "fpr_1pct": "alert_1pct_fpr"}
+
+
+def alert_columns(history: list[dict], scores: np.ndarray) -> dict[str, np.ndarray]:
+    """For `score`: whether each score would alert under the newest model's thresholds (the last
+    history entry's), one boolean column per rule; {} for a model that has none (an older format)."""
+    alerts = history[-1].get("alerts") if history else None
+    if not alerts:
+        return {}
+    scores = np.asarray(scores, dtype=np.float64)
+    return {column: scores >= float(alerts[rule]["threshold"]) for rule, column in ALERT_COLUMNS.items()}

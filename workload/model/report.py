@@ -77,6 +77,7 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
             f"{_fmt(h.get('card_precision_top100', float('nan')))}",
             f"precision of the top 100 transactions per test day: {_fmt(h['precision_top100'])}",
             f"recall at 1% false-positive rate: {_fmt(h['recall_at_1pct_fpr'])}",
+            *([calibration_line(h)] if "brier" in h else []),
             "",
         ]
     if history:
@@ -85,7 +86,41 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
             "Accuracy alone says little here: predicting 'legitimate' for every transaction scores "
             f"{_fmt(1 - last['base_rate'])} on the test days. Average precision of a random guess is the "
             f"base rate ({_fmt(last['base_rate'])}); this model reaches {_fmt(last['average_precision'])}.")
+        if "reliability" in last:
+            lines += ["", *newest_model_section(last)]
     return "\n".join(lines) + "\n"
+
+
+def calibration_line(h: dict[str, Any]) -> str:
+    """One day's calibration in one line: on which days, and what it did to Brier score and ECE."""
+    days = h.get("calibration_days") or []
+    fitted = (f"fitted on {len(days)} day(s) {days[0]}..{days[-1]}" if days else
+              "none (no training day's labels were the label delay old before the test days)")
+    return (f"calibration: {fitted}; Brier score {_fmt(h['brier_raw'])} -> {_fmt(h['brier'])}, "
+            f"expected calibration error {_fmt(h['ece_raw'])} -> {_fmt(h['ece'])}")
+
+
+def newest_model_section(h: dict[str, Any]) -> list[str]:
+    """The newest model's reliability tables (before and after calibration) and alert thresholds."""
+    lines = ["Newest model: are its scores probabilities? (test days; reliability per bin of predicted "
+             "probability; a calibrated model's predicted and observed rates agree)"]
+    for title, key in (("before calibration (the network's own sigmoid)", "reliability_raw"),
+                       ("after calibration (what score and export give)", "reliability")):
+        lines += [f"  {title}:", f"    {'bin':>13} {'rows':>9} {'frauds':>7} {'predicted':>9} {'observed':>9}"]
+        lines += [f"    {r['low']:>6.3f}-{r['high']:<6.3f} {int(r['n']):>9} {int(r['frauds']):>7} "
+                  f"{r['predicted']:>9.4f} {r['observed']:>9.4f}" for r in h[key]]
+    lines += ["", "Alert thresholds of the newest model (alert when score >= threshold; figures on the test days):",
+              *alert_lines(h["alerts"])]
+    return lines
+
+
+def alert_lines(alerts: dict[str, dict[str, float]]) -> list[str]:
+    """The two alert rules, one line each (the report and the local summary print them)."""
+    cards, fpr = alerts["top100_cards"], alerts["fpr_1pct"]
+    return [f"  top 100 cards a day: threshold {_fmt(cards['threshold'], 6)} ({_fmt(cards['alerts_per_day'], 1)} "
+            f"cards/day): precision {_fmt(cards['precision'], 3)}, recall {_fmt(cards['recall'], 3)} of fraud cards",
+            f"  1% false-positive rate: threshold {_fmt(fpr['threshold'], 6)}: precision {_fmt(fpr['precision'], 3)}, "
+            f"recall {_fmt(fpr['recall'], 3)} of fraud transactions"]
 
 
 def metrics_jsonl(history: list[dict[str, Any]]) -> str:
@@ -144,5 +179,5 @@ def latest_metrics(run_dir: Path) -> dict[str, Any] | None:
 def figures_line(m: dict[str, Any]) -> str:
     """The latest test-day figures in one line (`status` and the local summary print it)."""
     return (f"average precision {m['average_precision']:.3f} vs base rate {m['base_rate']:.4f}; "
-            f"ROC AUC {m['roc_auc']:.3f}; card precision@100 {m.get('card_precision_top100', float('nan')):.3f}; "
+            f"card precision@100 {m.get('card_precision_top100', float('nan')):.3f}; ROC AUC {m['roc_auc']:.3f}; "
             f"recall@1%FPR {m['recall_at_1pct_fpr']:.3f}")

@@ -21,7 +21,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -62,6 +62,7 @@ class Scored:
     scores: np.ndarray
     labels: np.ndarray
     cards: np.ndarray
+    alerts: dict[str, np.ndarray] = field(default_factory=dict)  # metrics.alert_columns of the scores
 
 
 def _rank(day: Scored) -> np.ndarray:
@@ -83,8 +84,11 @@ OUTPUT: dict[str, tuple[pa.DataType, Callable[[Scored], np.ndarray]]] = {
 
 def table(days: list[Scored]) -> pa.Table:
     """The `OUTPUT` columns of `days`, one after the other."""
-    return pa.table({name: pa.array(np.concatenate([value(d) for d in days]) if days else [], kind)
-                     for name, (kind, value) in OUTPUT.items()})
+    columns = {name: pa.array(np.concatenate([value(d) for d in days]) if days else [], kind)
+               for name, (kind, value) in OUTPUT.items()}
+    alerts = {name: pa.array(np.concatenate([d.alerts[name] for d in days]), pa.bool_())
+              for name in (days[0].alerts if days else {})}  # one column per alert rule of the model
+    return pa.table({**columns, **alerts})
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -131,8 +135,10 @@ def score_days(trainer: Trainer, data: ds.Dataset, roles: tuple[str, ...], src: 
     for rel in targets:
         examples = data.examples([rel])
         times = data.transactions(rel).set_index(schema.TRANSACTION_ID)[schema.TX_DATETIME]
-        out.append(Scored(rel=rel, ids=examples.ids, times=times.loc[examples.ids].to_numpy(),
-                          scores=trainer.score(examples.x), labels=examples.y, cards=examples.card))
+        scores = trainer.score(examples.x)
+        out.append(Scored(rel=rel, ids=examples.ids, times=times.loc[examples.ids].to_numpy(), scores=scores,
+                          labels=examples.y, cards=examples.card,
+                          alerts=metrics.alert_columns(trainer.history, scores)))
     return out
 
 
@@ -204,6 +210,9 @@ def score_dataset(model: Path, src: str, out: str, days: str = "scoring", readin
     log.info("scored %d transactions of %d day(s) with run %r's model (%d day(s) trained); wrote %s", rows,
              len(scored), trainer.run, len(trainer.applied), ", ".join(files) if len(files) <= 3 else
              f"{len(files)} files under {out}")
+    if scored and scored[0].alerts:  # the rules' thresholds, with their precision and recall on the test days
+        log.info("alert columns, from the model's test days:\n%s",
+                 "\n".join(report.alert_lines(trainer.history[-1]["alerts"])))
     labels = np.concatenate([d.labels for d in scored])
     if labels.sum() == 0:
         return {}

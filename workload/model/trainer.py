@@ -28,7 +28,10 @@ from torch import nn
 import workload
 from workload.model.hparams import HParams
 
-FORMAT = 2  # 2: averaged weights, feature version, last-epoch accuracy in progress
+FORMAT = 3  # 3: calibration (scale, shift); 2: averaged weights, feature version, last-epoch accuracy
+READABLE = (2, 3)  # a format-2 checkpoint loads uncalibrated and is calibrated at its next applied day
+
+MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
 
 # cuBLAS is deterministic only with a fixed workspace; read when the first CUDA handle is made.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -137,6 +140,9 @@ class Trainer:
         self._correct: torch.Tensor | None = None  # last-epoch rows classified right, while in it
         self._loss_sum: torch.Tensor | None = None  # this process's last-epoch losses, summed on the device
         self.steps = 0  # optimizer steps over the run's life: the weight average's warm-up reads it
+        # p = sigmoid(scale * logit + shift): fitted after each applied day (model.calibration).
+        self.calibration = {"scale": torch.tensor(1.0, dtype=torch.float64),
+                            "shift": torch.tensor(0.0, dtype=torch.float64)}
 
     # -- checkpoint contents -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -151,12 +157,14 @@ class Trainer:
             "applied": list(self.applied), "progress": self._progress_state(),
             "history": [dict(h) for h in self.history],
             "reapplied": [dict(r) for r in self.reapplied],
+            "calibration": {k: v.clone() for k, v in self.calibration.items()},
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device | None = None) -> Trainer:
-        if state.get("format") != FORMAT:
-            raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (expected {FORMAT})")
+        if state.get("format") not in READABLE:
+            raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (readable: "
+                             f"{', '.join(map(str, READABLE))}); start a new run with this code version")
         hp = HParams.from_dict(state["hparams"], where="checkpoint hparams")
         trainer = cls(state["run"], hp, tuple(state["feature_names"]), device, str(state["feature_version"]))
         trainer.model.load_state_dict(state["model"])
@@ -172,7 +180,13 @@ class Trainer:
         trainer.progress = progress
         trainer.history = [dict(h) for h in state["history"]]
         trainer.reapplied = [dict(r) for r in state.get("reapplied", [])]
+        if "calibration" in state:
+            trainer.set_calibration(float(state["calibration"]["scale"]), float(state["calibration"]["shift"]))
         return trainer
+
+    def set_calibration(self, scale: float, shift: float) -> None:
+        self.calibration = {"scale": torch.tensor(float(scale), dtype=torch.float64),
+                            "shift": torch.tensor(float(shift), dtype=torch.float64)}
 
     def _progress_state(self) -> dict[str, Any] | None:
         if not self.progress:
@@ -188,8 +202,17 @@ class Trainer:
         if self.progress and self.progress["shard"] == shard:
             return  # resuming mid-shard: statistics already include it
         self.norm.update(x)
-        self.progress = {"shard": shard, "epoch": 0, "batch": 0}
+        self.progress = {"shard": shard, "epoch": 0, "batch": 0, "epochs": self.epochs_for(len(x))}
         self._correct = None
+
+    def epochs_for(self, rows: int) -> int:
+        """Epochs over a day of `rows` rows: `epochs`, more while the run is short of `min_steps` steps
+        (at most MAX_EPOCH_FACTOR x). Fixed when the day begins and kept in the progress, so a resume
+        trains the same number."""
+        hp = self.hp
+        batches = max(1, math.ceil(rows / hp.batch_size))
+        wanted = math.ceil(max(0, hp.min_steps - self.steps) / batches)
+        return min(max(hp.epochs, wanted), MAX_EPOCH_FACTOR * hp.epochs)
 
     def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
         """Train from `self.progress` to the end of the shard. `after_step()` runs at every batch
@@ -205,9 +228,10 @@ class Trainer:
         batches = math.ceil(n / hp.batch_size)
         params, averaged = list(self.model.parameters()), list(self.averaged.parameters())
         self.model.train()
-        while self.progress["epoch"] < hp.epochs:
+        epochs = int(self.progress.get("epochs", hp.epochs))  # a format-2 checkpoint's progress has none
+        while self.progress["epoch"] < epochs:
             epoch = self.progress["epoch"]
-            last_epoch = epoch == hp.epochs - 1
+            last_epoch = epoch == epochs - 1
             gen = torch.Generator().manual_seed(_shard_seed(hp.seed, shard, epoch))
             order = torch.randperm(n, generator=gen).to(self.device)  # one copy per epoch, indexed there
             for b in range(self.progress["batch"], batches):
@@ -225,10 +249,10 @@ class Trainer:
                     hits = ((logits.detach() >= 0) == (target >= 0.5)).sum()
                     self._correct = hits if self._correct is None else self._correct + hits
                     self._loss_sum = loss.detach() + (0 if self._loss_sum is None else self._loss_sum)
-                self.progress = {"shard": shard, "epoch": epoch, "batch": b + 1}
+                self.progress = {"shard": shard, "epoch": epoch, "batch": b + 1, "epochs": epochs}
                 if not after_step():
                     return False
-            self.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0}
+            self.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0, "epochs": epochs}
         return True
 
     def finish_shard(self, entry: dict[str, Any]) -> None:
@@ -250,11 +274,19 @@ class Trainer:
         return None if self._loss_sum is None else float(self._loss_sum)
 
     @torch.no_grad()
-    def score(self, x: np.ndarray, batch: int = 1 << 18) -> np.ndarray:
-        """Fraud probability per row, from the averaged weights, on the device in large batches."""
+    def logits(self, x: np.ndarray, batch: int = 1 << 18) -> np.ndarray:
+        """Raw logits per row, from the averaged weights, on the device in large batches."""
         xs = self.norm.apply(x, self.device)
-        out = [torch.sigmoid(self.averaged(xs[i:i + batch])) for i in range(0, len(xs), batch)]
+        out = [self.averaged(xs[i:i + batch]) for i in range(0, len(xs), batch)]
         return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.float32)
+
+    def score(self, x: np.ndarray, batch: int = 1 << 18, calibrated: bool = True) -> np.ndarray:
+        """Fraud probability per row (float32); `calibrated=False`: the class-weighted network's own
+        sigmoid, which ranks the same but overstates fraud."""
+        z = torch.from_numpy(self.logits(x, batch))
+        if calibrated:  # in float32, as the network's sigmoid: identity calibration changes no bit
+            z = z * self.calibration["scale"].float() + self.calibration["shift"].float()
+        return torch.sigmoid(z).numpy()
 
 
 def decay_at(decay: float, step: int) -> float:

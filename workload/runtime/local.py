@@ -267,6 +267,8 @@ def summary(queue: WorkQueue, share: Path) -> None:
         m = report.latest_metrics(output_dir / run) if NAME.match(run) else None  # a hostile name: no path
         if m:
             lines.append(f"    test days: {report.figures_line(m)}")
+            if m.get("alerts"):
+                lines += ["    alert thresholds:", *(f"  {line}" for line in report.alert_lines(m["alerts"]))]
         lines.append(f"    report:  {output_dir / run / REPORT_TXT}")
         lines.append(f"    plots:   {output_dir / run / METRICS_PNG}, {output_dir / run / PR_CURVE_PNG}")
     print("\n".join(lines))

@@ -30,7 +30,7 @@ from workload.core import faults
 from workload.core.errors import ItemFault, NonFinite
 from workload.data import features
 from workload.data.dataset import Dataset, Examples
-from workload.model import export, metrics, report
+from workload.model import calibration, export, metrics, report
 from workload.model.trainer import HParams, Trainer
 from workload.queue.workqueue import Lease, WorkQueue
 from workload.runtime.config import WorkerConfig
@@ -204,6 +204,7 @@ class Attempt:
         """Score the test days and close the day in the trainer's history, naming the checkpoint it
         goes into; nothing non-finite gets that far. Returns that checkpoint's path and the scores."""
         path = self.store.next_path(self.lease.token)
+        calibrated_on = calibration.refit(trainer, self.dataset, self.item.shard)
         test = self.dataset.test_examples()
         self.touch()
         test_scores = trainer.score(test.x)
@@ -215,6 +216,7 @@ class Attempt:
             "last_day": str(examples.day.max()) if len(examples.day) else "",
             "train_accuracy": trainer.train_accuracy(len(examples.y)),
             "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
+            **calibration.assess(trainer, test, test_scores, calibrated_on),
         }
         trainer.finish_shard(entry)
         return path, test_scores

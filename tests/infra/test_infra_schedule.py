@@ -1,0 +1,121 @@
+"""Continuous training (issue 22, Build 5): with `schedule`, a CronJob runs the loader's command and the
+loader starts the training Job that Pulumi rendered, only for work to train (tests/workload/test_launch.py).
+
+Checked for what they mean: the CronJob and the Job body it may post are strictly valid against
+Kubernetes 1.33, pass the policy pack, and are played through the Job controller's rules as the stack's
+Jobs are; the right to post is `create` on `jobs` in the namespace, for the loader's account only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+
+import kubernetes_validate
+import pytest
+
+from infra import config, contract, render, schedule
+from infra.render import Rendered
+from policy import offline
+from tests.infra.job_controller import FailedPod, JobController
+from workload.core import errors
+
+Render = Callable[..., Rendered]
+CRON = "kubernetes:batch/v1:CronJob"
+JOB = "kubernetes:batch/v1:Job"
+DAILY = {"datasetUri": "gs://acme-fraud/exports/v1", "schedule": "0 3 * * *"}
+
+
+def _posted(r: Rendered) -> dict:
+    """The training Job the scheduled loader posts, as the mounted file holds it."""
+    (cm,) = [c for c in r.of_type("kubernetes:core/v1:ConfigMap") if c.name == "schedule-job"]
+    return json.loads(cm.inputs["data"][contract.LAUNCH_KEY])
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_the_schedule_runs_the_loader_which_may_start_the_stacks_training_job(stack: str, rendered: Render) -> None:
+    r = rendered(stack, **DAILY)
+    cron, loader, training = r.one(CRON, "schedule"), r.one(JOB, "loader"), r.one(JOB, "training")
+    spec = cron.inputs["spec"]
+    assert (spec["schedule"], spec["concurrencyPolicy"], spec["startingDeadlineSeconds"]) == (
+        "0 3 * * *", "Forbid", schedule.STARTING_DEADLINE_S)
+    job = spec["jobTemplate"]["spec"]
+    pod, loader_pod = job["template"]["spec"], loader.inputs["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [*loader_pod["containers"][0]["args"], "--launch-job", contract.LAUNCH_FILE]
+    assert pod["serviceAccountName"] == loader_pod["serviceAccountName"] == f"{contract.APP}-{contract.LOADER}"
+    assert container["image"] == loader_pod["containers"][0]["image"]
+    assert "@sha256:" in container["image"]
+    # The loader's own rules: same exit codes, same failure policy, same limits.
+    assert {k: v for k, v in job.items() if k != "template"} == {
+        k: v for k, v in loader.inputs["spec"].items() if k != "template"}
+    assert loader.urn in cron.dependencies
+
+    posted = _posted(r)
+    assert posted["spec"] == {**training.inputs["spec"], "ttlSecondsAfterFinished": schedule.SCHEDULED_JOB_TTL_S}
+    assert posted["metadata"]["name"] == schedule.SCHEDULED_JOB != training.inputs["metadata"]["name"]
+
+    kubernetes_validate.validate(render.to_manifest(cron), "1.33", strict=True)
+    kubernetes_validate.validate(posted, "1.33", strict=True)
+    as_resource = replace(training, name="scheduled-training", urn=training.urn + "-scheduled",
+                          inputs={**posted, "metadata": {**posted["metadata"], "namespace": r.config.namespace}})
+    assert offline.mandatory(offline.check([*r.resources, as_resource], offline.facts_of(r))) == []
+    assert r.outputs["scheduledLoader"] == f"{contract.APP}-{contract.LOADER}-scheduled"
+
+
+def test_only_the_loaders_account_may_create_jobs_and_only_with_a_schedule(rendered: Render) -> None:
+    r = rendered("dev", **DAILY)
+    (role,) = r.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert role.inputs["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+    (binding,) = r.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert binding.inputs["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                         "name": role.inputs["metadata"]["name"]}
+    assert binding.inputs["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{contract.APP}-{contract.LOADER}", "namespace": r.config.namespace}]
+    for manifest in (role, binding):
+        kubernetes_validate.validate(render.to_manifest(manifest), "1.33", strict=True)
+    unscheduled = rendered("dev", datasetUri=DAILY["datasetUri"])
+    assert not unscheduled.of_type(CRON)
+    assert not unscheduled.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert unscheduled.outputs["scheduledLoader"] == ""
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_scheduled_jobs_fail_and_retry_as_the_stacks_jobs_do(stack: str, rendered: Render) -> None:
+    r = rendered(stack, **DAILY)
+    load = JobController(r.one(CRON, "schedule").inputs["spec"]["jobTemplate"]["spec"])
+    assert load.pod_failed(FailedPod({contract.LOADER: 1}, ("DisruptionTarget",))) is None  # preempted
+    assert load.pod_failed(FailedPod({contract.LOADER: errors.EXIT_TERMINATED})) is None
+    # The launcher could not reach the API server for the budget: an infrastructure fault fails the load.
+    assert load.pod_failed(FailedPod({contract.LOADER: errors.EXIT_INFRA})) == "PodFailurePolicy"
+    bad = JobController(r.one(CRON, "schedule").inputs["spec"]["jobTemplate"]["spec"])
+    assert bad.pod_failed(FailedPod({contract.LOADER: errors.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
+
+    train = JobController(_posted(r)["spec"])
+    assert train.pod_failed(FailedPod({contract.WORKER: 1}, ("DisruptionTarget",))) is None
+    assert train.ignored == 1 and train.counted == 0
+    assert train.pod_failed(FailedPod({contract.WORKER: errors.EXIT_GPU_UNUSABLE})) == "PodFailurePolicy"
+
+
+@pytest.mark.parametrize(("value", "allowed"), [
+    ("0 3 * *", "empty (off) or a cron line of five fields such as '0 3 * * *', or one of @yearly, @annually, "
+                "@monthly, @weekly, @daily, @midnight, @hourly"),
+    ("TZ=UTC 0 3 * * *", None),
+    ("@every 1h", None),
+])  # fmt: skip
+def test_a_bad_schedule_is_one_line_at_preview(value: str, allowed: str | None) -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load(render.stack_config("dev", {**DAILY, "schedule": value}), stack="dev")
+    assert str(err.value).startswith(f"config spot-trainer:schedule={value!r} is not allowed: empty (off) or a cron")
+    if allowed:
+        assert str(err.value).endswith(allowed)
+    for good in ("0 3 * * *", "*/15 2-5 1,15 * MON-FRI", "@daily"):
+        assert config.load(render.stack_config("dev", {**DAILY, "schedule": good}), stack="dev").jobs.schedule == good
+
+
+def test_a_schedule_without_a_bucket_is_refused() -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load(render.stack_config("dev", {"schedule": "0 3 * * *"}), stack="dev")
+    assert str(err.value) == ("config spot-trainer:schedule='0 3 * * *' is not allowed: empty unless datasetUri is "
+                              "set (new days come from there)")

@@ -1,0 +1,87 @@
+"""Starting a training Job from the scheduled loader (``seed --launch-job FILE``), only for work to train.
+
+GPU pods cannot wait on a CPU step inside themselves (a pod's GPU is reserved for its whole life, init
+containers included), so the scheduled loader, on CPU, decides and creates the training Job itself. The
+Job's body is the file Pulumi rendered from the same code as the stack's training Job (infra/jobs.py),
+mounted from a ConfigMap; the pod's service account may only create Jobs in its namespace.
+
+The decision is tested against a real Redis. The HTTP call itself is untested here: no Kubernetes API
+server can run on the development machines, and a hand-made one would only test our own guess of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from workload.queue.workqueue import Counts
+
+log = logging.getLogger(__name__)
+
+# Where Kubernetes mounts a pod's service-account credentials (kubernetes.io/docs, "Accessing the
+# Kubernetes API from a Pod": token, ca.crt, namespace under this folder; the API server's address in
+# KUBERNETES_SERVICE_HOST / KUBERNETES_SERVICE_PORT).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+API_TIMEOUT_S = 30.0
+
+
+class LaunchError(RuntimeError):
+    """The API server refused or could not be reached: the loader exits with the infrastructure code."""
+
+
+def should_launch(added: int, counts: Counts) -> bool:
+    """Train only what is new or still waiting: items this seed enqueued, or pending ones left by an
+    earlier Job (failed, deadline, preempted out). Leased items alone have a live worker already."""
+    return added > 0 or counts.pending > 0
+
+
+def read_job(path: Path) -> dict[str, Any]:
+    """The training Job's body as Pulumi rendered it (a Job manifest in JSON)."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"training Job template {path}: {exc}") from exc
+    if not isinstance(body, dict) or body.get("kind") != "Job":
+        raise LaunchError(f"training Job template {path}: not a Job manifest (kind {body.get('kind')!r})"
+                          if isinstance(body, dict) else f"training Job template {path}: not a JSON object")
+    return body
+
+
+def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR) -> str:
+    """POST the Job to the pod's own namespace with the pod's token, verified by the cluster's CA.
+
+    Returns "created" or "exists": a Job of that name still present (training or finished, before its
+    ttlSecondsAfterFinished removes it) drains the same queue, so a second one is not needed.
+    UNTESTED HERE: no API server can run on these machines."""
+    import requests  # in the image through google-cloud-storage
+
+    try:
+        namespace = (sa_dir / "namespace").read_text().strip()
+        token = (sa_dir / "token").read_text().strip()
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    except (OSError, KeyError) as exc:
+        raise LaunchError(f"cannot create the training Job: not in a pod with a service-account token and "
+                          f"KUBERNETES_SERVICE_HOST ({exc})") from exc
+    url = f"https://{host}:{port}/apis/batch/v1/namespaces/{namespace}/jobs"
+    try:
+        reply = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
+                              verify=str(sa_dir / "ca.crt"), timeout=API_TIMEOUT_S)
+    except requests.RequestException as exc:
+        raise LaunchError(f"creating the training Job at {url}: {exc}") from exc
+    if reply.status_code == 409:
+        return "exists"
+    if reply.status_code >= 300:
+        raise LaunchError(f"creating the training Job at {url}: HTTP {reply.status_code}: {reply.text[:300]}")
+    return "created"
+
+
+def launch(path: Path, added: int, counts: Counts) -> str:
+    """Create the training Job when there is work; returns what happened, for the log."""
+    if not should_launch(added, counts):
+        return "nothing new: no training Job"
+    body = read_job(path)
+    name = body.get("metadata", {}).get("name")
+    return f"training Job {name}: {create_job(body)} for {added} new, {counts.pending} pending item(s)"
