@@ -73,7 +73,7 @@ UNLABELLED: frozenset[str] = frozenset(
 
 # GKE also accepts EXTENDED; "UNSPECIFIED" (or nothing) means no automatic upgrades.
 GOOD_RELEASE_CHANNELS = (*RELEASE_CHANNELS, "EXTENDED")
-REDIS_CLIENTS = frozenset({contract.LOADER, contract.WORKER})
+REDIS_CLIENTS = frozenset(contract.REDIS_CLIENTS)
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _REQUIREPASS = re.compile(r"^\s*requirepass\s+\S+", re.MULTILINE)
