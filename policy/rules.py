@@ -501,7 +501,7 @@ def _selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
 
 
 def _only_clients(selector: Mapping[str, Any]) -> bool:
-    """True when every pod the selector can match is one of this app's loader or worker pods."""
+    """True when every pod the selector can match is one of this app's Redis clients (contract.REDIS_CLIENTS)."""
     names = {selector.get("matchLabels", {}).get(contract.NAME_LABEL)}
     components = {_map(selector.get("matchLabels")).get(contract.COMPONENT_LABEL)}
     for e in map(_map, _list(selector.get("matchExpressions"))):

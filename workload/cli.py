@@ -1,4 +1,5 @@
-"""Command line (also the container entrypoint): seed, worker, status, export, score, local.
+"""Command line (also the container entrypoint): seed, worker, status, export, score,
+wait-drained, local.
 
 Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;
 `--help` on each command names them, with defaults and an example.
