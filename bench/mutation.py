@@ -177,7 +177,7 @@ GROUPS: tuple[Group, ...] = (
         ("infra/quota.py",),
         ("tests/infra/test_infra_quota.py",),
     ),
-    # schedule: the CronJob, the training Job it may post, and the one right it needs to post it.
+    # schedule: the CronJob, the training and scoring Jobs it may post, and the one right it needs to post them.
     Group(
         "schedule",
         ("infra/schedule.py",),
@@ -262,7 +262,8 @@ GROUPS: tuple[Group, ...] = (
         ("workload/runtime/gpu.py",),
         ("tests/workload/test_gpu.py",),
     ),
-    # launch: the scheduled loader's decision to start a training Job (the API call itself cannot run here).
+    # launch: the scheduled loader's decisions to start the training and scoring Jobs, and the scorer's wait for a
+    # drained queue (the API call itself cannot run here).
     Group(
         "launch",
         ("workload/runtime/launch.py",),

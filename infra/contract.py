@@ -14,6 +14,9 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
 # The scoring Job's pods (CPU): score the scoring/ days with a run's newest model.
 SCORER = "scorer"
+# The pods the Redis NetworkPolicy admits (and the policy pack allows): the scorer's init container waits
+# on the queue (infra/jobs.py scoring_spec).
+REDIS_CLIENTS = (LOADER, WORKER, SCORER)
 # The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
 SHARE_PREP = "share-prep"
 
@@ -46,6 +49,8 @@ RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
 LAUNCH_DIR = "/etc/spot-trainer-launch"
 LAUNCH_KEY = "job.json"
 LAUNCH_FILE = f"{LAUNCH_DIR}/{LAUNCH_KEY}"
+SCORING_LAUNCH_KEY = "scoring.json"  # the scoring Job's body, beside it in the same ConfigMap
+SCORING_LAUNCH_FILE = f"{LAUNCH_DIR}/{SCORING_LAUNCH_KEY}"
 
 # Pod-template annotation of both Jobs: a hash of what the loader seeds (runs, data source) and the image.
 # A change to any of them changes both pod templates, and Kubernetes Job templates are immutable, so the
@@ -107,6 +112,15 @@ def score_args(run: str, dataset: str, output_uri: str) -> list[str]:
         "score", "--model", f"{SHARE_DIR}/output/{run}", "--datasets", f"{SHARE_DIR}/datasets/{dataset}",
         "--days", "scoring", "--out", f"{output_uri}/{run}/scores/",
     ]
+
+
+# The scoring pod's init container: it waits for training to drain the queue (workload/runtime/launch.py).
+WAIT_DRAINED = "wait-drained"
+
+
+def wait_drained_args(timeout_s: int) -> list[str]:
+    """``python -m workload wait-drained``: exit 0 once nothing is pending or leased, 3 after ``timeout_s``."""
+    return [WAIT_DRAINED, "--timeout", str(timeout_s)]
 
 
 WORKER_ARGS = ["worker"]

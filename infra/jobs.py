@@ -353,6 +353,47 @@ def training_spec(
     }
 
 
+def scoring_spec(
+    args: JobArgs,
+    image: pulumi.Input[str],
+    redis: RedisQueue,
+    share: FilestoreShare,
+    identity: WorkloadIdentity,
+    seed_inputs: pulumi.Input[str],
+) -> dict[str, Any]:
+    """The scoring Job's spec: the stack's scoring Job and the one the schedule starts share it.
+
+    An init container (``wait-drained``, CPU) first waits until the queue holds nothing pending or leased,
+    so every container scores with its run's newest model even when training still runs (a scheduled
+    load, or jobAwait=skip). It waits at most the training Job's own deadline and exits 3 past it; the
+    Job's deadline adds the scoring time (loaderTimeoutMinutes) to that wait."""
+    jobs, output = args.jobs, args.data.output
+    assert output is not None, "a scoring Job needs outputUri"
+    resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    template = _pod_template(
+        contract.SCORER, image, [], resources, args, redis, share,
+        service_account=identity.ksa_name,
+        annotations={contract.SEED_INPUTS_ANNOTATION: seed_inputs},
+    )  # fmt: skip
+    (base,) = template["spec"]["containers"]
+    dataset = args.data.dataset_name
+    template["spec"]["containers"] = [  # container names are DNS labels; a run name need not be one
+        {**base, "name": f"{contract.SCORER}-{i}", "args": contract.score_args(run, dataset, output.uri)}
+        for i, run in enumerate(jobs.scored_runs)
+    ]
+    template["spec"]["initContainers"] = [{
+        **base, "name": contract.WAIT_DRAINED, "args": contract.wait_drained_args(jobs.active_deadline_seconds),
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
+    }]  # fmt: skip
+    return {
+        # A bad input (exit 2) fails the Job on its first pod, as the loader's; infra exits retry.
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": jobs.active_deadline_seconds + jobs.loader_timeout_minutes * 60,
+        "podFailurePolicy": failure_policy(None, budget=False),
+        "template": template,
+    }
+
+
 class LoaderJob(pulumi.ComponentResource):
     """Puts the datasets on the share (synced from ``datasetUri``, or simulated) and enqueues (run, day)
     items for the stack's ``runs``; always awaited, because workers that start on an empty queue would
@@ -494,33 +535,14 @@ class ScoringJob(pulumi.ComponentResource):
         jobs, output = args.jobs, args.data.output
         assert output is not None, "a scoring Job needs outputUri"
         self.name = f"{contract.APP}-{contract.SCORER}"
-        resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
-        runs = jobs.scored_runs
-        template = _pod_template(
-            contract.SCORER, image, [], resources, args, redis, share,
-            service_account=identity.ksa_name,
-            # Replaced with the Jobs it follows: new data or a new image scores again (see seed_inputs).
-            annotations={contract.SEED_INPUTS_ANNOTATION: loader.seed_inputs},
-        )  # fmt: skip
-        (base,) = template["spec"]["containers"]
-        dataset = args.data.dataset_name
-        template["spec"]["containers"] = [  # container names are DNS labels; a run name need not be one
-            {**base, "name": f"{contract.SCORER}-{i}", "args": contract.score_args(run, dataset, output.uri)}
-            for i, run in enumerate(runs)
-        ]
         timeouts = None if jobs.skip_await else pulumi.CustomTimeouts(
             create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
         )
         self.job = k8s.batch.v1.Job(
             name,
             metadata=_job_metadata(self.name, contract.SCORER, namespace, skip_await=jobs.skip_await),
-            spec={
-                # A bad input (exit 2) fails the Job on its first pod, as the loader's; infra exits retry.
-                "backoffLimit": 0,
-                "activeDeadlineSeconds": jobs.loader_timeout_minutes * 60,
-                "podFailurePolicy": failure_policy(None, budget=False),
-                "template": template,
-            },
+            # Replaced with the Jobs it follows: new data or a new image scores again (see seed_inputs).
+            spec=scoring_spec(args, image, redis, share, identity, loader.seed_inputs),
             opts=pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,

@@ -175,7 +175,7 @@ class RedisQueue(pulumi.ComponentResource):
                                         {
                                             "key": contract.COMPONENT_LABEL,
                                             "operator": "In",
-                                            "values": [contract.LOADER, contract.WORKER],
+                                            "values": list(contract.REDIS_CLIENTS),
                                         }
                                     ],
                                 }

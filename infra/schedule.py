@@ -10,6 +10,10 @@ loader Job does and then, only when items were enqueued or are still pending (wo
 POSTs the training Job that Pulumi rendered here from the same code as the stack's training Job
 (``jobs.training_spec``). It reads that body from a mounted ConfigMap, so its Role needs no ``get``: only
 ``create`` on ``jobs`` in the stack's namespace, bound to the loader's service account.
+
+With ``outputUri`` too, the same ConfigMap holds the scoring Job's body (``jobs.scoring_spec``, the stack's
+scoring Job's), which the loader posts when the load published new ``scoring/`` days or started training.
+Its pod's init container waits on CPU until the queue is drained, so it scores with the newest models.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from infra import contract
 from infra.filestore import FilestoreShare
 from infra.gpu import GpuCapacity
 from infra.identity import WorkloadIdentity
-from infra.jobs import JobArgs, LoaderJob, loader_spec, loader_template, training_spec
+from infra.jobs import JobArgs, LoaderJob, loader_spec, loader_template, scoring_spec, training_spec
 from infra.redis import RedisQueue
 
 LAUNCH_VOLUME = "launch"
@@ -34,6 +38,8 @@ SCHEDULED_JOB = f"{contract.APP}-{contract.WORKER}-scheduled"
 # Cleanup for Finished Jobs"; GA since 1.23). Safe here: Pulumi does not manage this Job, so nothing
 # recreates it. Its pods' logs go with it after this long.
 SCHEDULED_JOB_TTL_S = 3600
+# The scoring Job the schedule starts: fixed name and the same TTL, for the same reasons.
+SCHEDULED_SCORING_JOB = f"{contract.APP}-{contract.SCORER}-scheduled"
 # A run missed by more than this (controller down, the previous run still active under Forbid) is skipped
 # and counted as missed, not started late; the next schedule catches up, since seeding is incremental.
 STARTING_DEADLINE_S = 3600
@@ -56,6 +62,26 @@ def scheduled_training_job(
         "metadata": {"name": SCHEDULED_JOB, "labels": contract.labels(contract.WORKER)},
         "spec": {
             **training_spec(args, image, redis, share, capacity, identity, seed_inputs),
+            "ttlSecondsAfterFinished": SCHEDULED_JOB_TTL_S,
+        },
+    }
+
+
+def scheduled_scoring_job(
+    args: JobArgs,
+    image: pulumi.Input[str],
+    redis: RedisQueue,
+    share: FilestoreShare,
+    identity: WorkloadIdentity,
+    seed_inputs: pulumi.Input[str],
+) -> dict[str, Any]:
+    """The scoring Job manifest the launcher posts: the stack's scoring Job's spec, its own name, a TTL."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": SCHEDULED_SCORING_JOB, "labels": contract.labels(contract.SCORER)},
+        "spec": {
+            **scoring_spec(args, image, redis, share, identity, seed_inputs),
             "ttlSecondsAfterFinished": SCHEDULED_JOB_TTL_S,
         },
     }
@@ -88,11 +114,17 @@ class ScheduledLoad(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, provider=provider)
         meta = {"namespace": namespace, "labels": contract.labels(contract.LOADER)}
         body = scheduled_training_job(args, image, redis, share, capacity, worker_identity, loader.seed_inputs)
+        bodies = {contract.LAUNCH_KEY: pulumi.Output.json_dumps(body)}
+        launch_args = ["--launch-job", contract.LAUNCH_FILE]
+        if args.data.output and worker_identity:  # the stack scores: so does each scheduled load
+            scoring = scheduled_scoring_job(args, image, redis, share, worker_identity, loader.seed_inputs)
+            bodies[contract.SCORING_LAUNCH_KEY] = pulumi.Output.json_dumps(scoring)
+            launch_args += ["--launch-scoring", contract.SCORING_LAUNCH_FILE]
         launch = k8s.core.v1.ConfigMap(
             f"{name}-job",
             metadata={"name": f"{contract.APP}-launch", **meta},
             # Mutable: a new image or new runs update the body in place, and the mounted file follows.
-            data={contract.LAUNCH_KEY: pulumi.Output.json_dumps(body)},
+            data=bodies,
             opts=child,
         )
         # rbac.authorization.k8s.io/v1 Role and RoleBinding (pulumi_kubernetes.rbac.v1 Role(rules=...),
@@ -116,7 +148,7 @@ class ScheduledLoad(pulumi.ComponentResource):
         )
         template = loader_template(
             args, image, redis, share, loader_identity, loader.runs.metadata.name, loader.seed_inputs,
-            extra_args=["--launch-job", contract.LAUNCH_FILE], volumes=[mount],
+            extra_args=launch_args, volumes=[mount],
         )  # fmt: skip
         # batch/v1 CronJobSpec as the provider declares it (pulumi_kubernetes/batch/v1/_inputs.py
         # CronJobSpecArgs: schedule, job_template, concurrency_policy, starting_deadline_seconds, time_zone,

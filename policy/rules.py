@@ -73,7 +73,7 @@ UNLABELLED: frozenset[str] = frozenset(
 
 # GKE also accepts EXTENDED; "UNSPECIFIED" (or nothing) means no automatic upgrades.
 GOOD_RELEASE_CHANNELS = (*RELEASE_CHANNELS, "EXTENDED")
-REDIS_CLIENTS = frozenset({contract.LOADER, contract.WORKER})
+REDIS_CLIENTS = frozenset(contract.REDIS_CLIENTS)
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _REQUIREPASS = re.compile(r"^\s*requirepass\s+\S+", re.MULTILINE)
@@ -501,7 +501,7 @@ def _selects(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
 
 
 def _only_clients(selector: Mapping[str, Any]) -> bool:
-    """True when every pod the selector can match is one of this app's loader or worker pods."""
+    """True when every pod the selector can match is one of this app's Redis clients (contract.REDIS_CLIENTS)."""
     names = {selector.get("matchLabels", {}).get(contract.NAME_LABEL)}
     components = {_map(selector.get("matchLabels")).get(contract.COMPONENT_LABEL)}
     for e in map(_map, _list(selector.get("matchExpressions"))):

@@ -1,4 +1,5 @@
-"""Command line (also the container entrypoint): seed, worker, status, export, score, local.
+"""Command line (also the container entrypoint): seed, worker, status, export, score,
+wait-drained, local.
 
 Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;
 `--help` on each command names them, with defaults and an example.
@@ -176,24 +177,25 @@ def add_reading(p: argparse.ArgumentParser) -> None:
                         "ISO 8601 only)")
 
 
-def place_dataset(args: argparse.Namespace, root: Path) -> None:
+def place_dataset(args: argparse.Namespace, root: Path) -> int:
     """Publish the dataset from `--datasets` (a folder or gs://bucket/prefix) or simulate it (see
-    workload.data.publish for the rules: one source per dataset, immutable days, appended new days)."""
+    workload.data.publish for the rules: one source per dataset, immutable days, appended new days).
+    Returns how many scoring/ days this publish added (the simulator makes none)."""
     if args.datasets:
         outcome = publish.publish(root, source.open_source(args.datasets), data_reading(args))
         log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
                  outcome.unchanged)
-        return
+        return sum(rel.startswith(f"{ds.SCORING}/") for rel in outcome.copied)
     spec = simulation_spec(args)
     uri = simulated_source(spec)
     if (root / ds.MANIFEST).exists():
         recorded = publish.recorded_source(root)
         if recorded is None:  # laid out by hand before sources were recorded
             log.info("dataset %s is already on the share: not touching it", root)
-            return
+            return 0
         publish.check_source(root, ds.read_manifest(root), uri)
         log.info("dataset %s (%s) is already on the share", root, uri)
-        return
+        return 0
     log.info("simulating transactions: %s", spec)
     started = time.monotonic()
     # Named for this host and process, so the next seed can tell a killed seeder's leftovers from a live one's.
@@ -201,6 +203,7 @@ def place_dataset(args: argparse.Namespace, root: Path) -> None:
         simulator.generate(Path(tmp), spec)
         log.info("simulated %d days in %.1fs", spec.train_days + spec.test_days, time.monotonic() - started)
         publish.publish(root, source.LocalSource(Path(tmp), uri=uri))
+    return 0
 
 
 def store_features(root: Path) -> None:
@@ -224,7 +227,7 @@ def seed(args: argparse.Namespace) -> int:
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(datasets_dir)  # a seeder killed mid-simulation left its temporary folder behind
-    place_dataset(args, datasets_dir / name)
+    new_scoring = place_dataset(args, datasets_dir / name)
     store_features(datasets_dir / name)
     queue = make_queue(args)
     for run, hp in runs.items():
@@ -242,7 +245,16 @@ def seed(args: argparse.Namespace) -> int:
              "%d dead", added, len(items) - added, ", ".join(runs), c.pending, c.leased, c.done, c.dead)
     if args.launch_job:  # the scheduled loader: start training only for work to train
         log.info("%s", launch.launch(Path(args.launch_job), added, c))
+    if args.launch_scoring:  # and scoring only for new scoring/ days or models about to change
+        training = bool(args.launch_job) and launch.should_launch(added, c)
+        log.info("%s", launch.launch_scoring(Path(args.launch_scoring), new_scoring, training))
     return 0
+
+
+def wait_drained(args: argparse.Namespace) -> int:
+    """The scoring pod's first step: the newest models are the ones trained from every queued day."""
+    drained = launch.wait_drained(make_queue(args), args.timeout, args.poll)
+    return 0 if drained else EXIT_INFRA
 
 
 # -- worker -----------------------------------------------------------------------------------------
@@ -427,6 +439,7 @@ def parser() -> argparse.ArgumentParser:
     add_requeue(sub)
     add_export(sub)
     add_score(sub)
+    add_wait_drained(sub)
     add_local(sub)
     return p
 
@@ -462,7 +475,24 @@ def add_seed(sub: Any) -> None:
     s.add_argument("--launch-job", help="after enqueueing, create this training Job (a JSON manifest) through "
                                         "the pod's Kubernetes API when there is work to train (no env; default "
                                         "none; the scheduled loader's)")
+    s.add_argument("--launch-scoring", help="then create this scoring Job (a JSON manifest) when new scoring/ days "
+                                            "were published or training was started (no env; default none; the "
+                                            "scheduled loader's)")
     s.set_defaults(fn=seed)
+
+
+def add_wait_drained(sub: Any) -> None:
+    """`wait-drained`: the scoring pod's init step (infra/jobs.py scoring_spec)."""
+    w = _sub(sub, "wait-drained", "wait until the queue holds nothing pending or leased; exit 0 when drained, "
+             "3 when --timeout passed or Redis stayed unreachable",
+             "python -m workload wait-drained --timeout 3600")
+    add_redis(w)
+    w.add_argument("--timeout", type=positive(float, "--timeout"), default=3600.0,
+                   help="seconds to wait before giving up with exit 3 (no env; default 3600; the scoring Job "
+                        "passes the training Job's activeDeadlineSeconds)")
+    w.add_argument("--poll", type=positive(float, "--poll"), default=5.0,
+                   help="seconds between looks at the queue (no env; default 5)")
+    w.set_defaults(fn=wait_drained)
 
 
 def add_worker(sub: Any) -> None:

@@ -119,3 +119,53 @@ def test_a_schedule_without_a_bucket_is_refused() -> None:
         config.load(render.stack_config("dev", {"schedule": "0 3 * * *"}), stack="dev")
     assert str(err.value) == ("config spot-trainer:schedule='0 3 * * *' is not allowed: empty unless datasetUri is "
                               "set (new days come from there)")
+
+
+SCORED = {**DAILY, "outputUri": "gs://acme-results/spot-trainer/main"}
+
+
+def _posted_scoring(r: Rendered) -> dict:
+    (cm,) = [c for c in r.of_type("kubernetes:core/v1:ConfigMap") if c.name == "schedule-job"]
+    return json.loads(cm.inputs["data"][contract.SCORING_LAUNCH_KEY])
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_with_an_output_bucket_each_load_may_start_the_stacks_scoring_job(stack: str, rendered: Render) -> None:
+    """Build 6 on the schedule: the scoring Job's body is the stack's scoring Job's own spec, the loader
+    is told where it is, and the scorer first waits (on CPU, bounded) for training to drain the queue."""
+    r = rendered(stack, **SCORED)
+    cron, scoring, training = r.one(CRON, "schedule"), r.one(JOB, "scoring"), r.one(JOB, "training")
+    (container,) = cron.inputs["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-4:] == ["--launch-job", contract.LAUNCH_FILE,
+                                      "--launch-scoring", contract.SCORING_LAUNCH_FILE]  # fmt: skip
+    posted = _posted_scoring(r)
+    assert posted["spec"] == {**scoring.inputs["spec"], "ttlSecondsAfterFinished": schedule.SCHEDULED_JOB_TTL_S}
+    assert posted["metadata"]["name"] == schedule.SCHEDULED_SCORING_JOB != scoring.inputs["metadata"]["name"]
+    pod = posted["spec"]["template"]["spec"]
+    (wait,) = pod["initContainers"]
+    deadline = int(training.inputs["spec"]["activeDeadlineSeconds"])
+    assert wait["args"] == ["wait-drained", "--timeout", str(deadline)]
+    assert posted["spec"]["activeDeadlineSeconds"] > deadline  # time to score after the longest wait
+    assert "nvidia.com/gpu" not in json.dumps(pod)  # waiting and scoring on CPU
+    assert {e["name"] for e in wait["env"]} >= {contract.ENV_REDIS_URL, contract.ENV_REDIS_PASSWORD}
+
+    kubernetes_validate.validate(posted, "1.33", strict=True)
+    as_resource = replace(scoring, name="scheduled-scoring", urn=scoring.urn + "-scheduled",
+                          inputs={**posted, "metadata": {**posted["metadata"], "namespace": r.config.namespace}})
+    assert offline.mandatory(offline.check([*r.resources, as_resource], offline.facts_of(r))) == []
+    (policy,) = r.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+    admitted = policy.inputs["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"]
+    assert pod["containers"][0]["env"] and contract.SCORER in admitted  # the waiting scorer may reach Redis
+
+    job = JobController(posted["spec"])  # the scoring Job's own rules: a wait past its deadline is retried
+    assert job.pod_failed(FailedPod({contract.WAIT_DRAINED: errors.EXIT_INFRA})) is None
+    assert job.pod_failed(FailedPod({contract.WAIT_DRAINED: 1}, ("DisruptionTarget",))) is None
+    assert job.pod_failed(FailedPod({"scorer-0": errors.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
+
+
+def test_without_an_output_bucket_the_schedule_scores_nothing(rendered: Render) -> None:
+    r = rendered("dev", **DAILY)
+    (cm,) = [c for c in r.of_type("kubernetes:core/v1:ConfigMap") if c.name == "schedule-job"]
+    assert set(cm.inputs["data"]) == {contract.LAUNCH_KEY}
+    (container,) = r.one(CRON, "schedule").inputs["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert "--launch-scoring" not in container["args"]

@@ -248,7 +248,8 @@ _NETWORK_POLICY: dict[str, Any] = {
                         "podSelector": {
                             "matchLabels": {"app.kubernetes.io/name": "spot-trainer"},
                             "matchExpressions": [
-                                {"key": "app.kubernetes.io/component", "operator": "In", "values": ["loader", "worker"]}
+                                {"key": "app.kubernetes.io/component", "operator": "In",
+                                 "values": ["loader", "worker", "scorer"]}
                             ],
                         }
                     }

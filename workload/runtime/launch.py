@@ -1,4 +1,5 @@
-"""Starting a training Job from the scheduled loader (``seed --launch-job FILE``), only for work to train.
+"""Starting the training and scoring Jobs from the scheduled loader (``seed --launch-job FILE
+--launch-scoring FILE``), only for work to do, and the scoring pod's wait for the newest models.
 
 GPU pods cannot wait on a CPU step inside themselves (a pod's GPU is reserved for its whole life, init
 containers included), so the scheduled loader, on CPU, decides and creates the training Job itself. The
@@ -14,10 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from workload.queue.workqueue import Counts
+from workload.queue.workqueue import Counts, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +40,43 @@ def should_launch(added: int, counts: Counts) -> bool:
     return added > 0 or counts.pending > 0
 
 
-def read_job(path: Path) -> dict[str, Any]:
-    """The training Job's body as Pulumi rendered it (a Job manifest in JSON)."""
+def should_score(new_scoring_days: int, training_launched: bool) -> bool:
+    """Score again only when there is something new to score: new scoring/ days, or models that the
+    training Job just launched will change."""
+    return new_scoring_days > 0 or training_launched
+
+
+def wait_drained(queue: WorkQueue, deadline_s: float, poll_s: float = 5.0) -> bool:
+    """Wait until nothing is pending or leased (every item done or dead-lettered), so the scorer reads
+    the newest models; False when ``deadline_s`` passed first. The whole queue, not only the scored
+    runs: a run's newest model is final only when its days are applied, and the queue's counts are one
+    atomic read (WorkQueue.counts) where a per-run view would need its own script."""
+    end = time.monotonic() + deadline_s
+    while True:
+        c = queue.counts()
+        if c.drained:
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            log.error("queue not drained after %.0fs: %d pending, %d leased", deadline_s, c.pending, c.leased)
+            return False
+        log.info("waiting for training to finish: %d pending, %d leased", c.pending, c.leased)
+        time.sleep(min(poll_s, left))
+
+
+def read_job(path: Path, what: str = "training") -> dict[str, Any]:
+    """The ``what`` Job's body as Pulumi rendered it (a Job manifest in JSON)."""
     try:
         body = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise LaunchError(f"training Job template {path}: {exc}") from exc
+        raise LaunchError(f"{what} Job template {path}: {exc}") from exc
     if not isinstance(body, dict) or body.get("kind") != "Job":
-        raise LaunchError(f"training Job template {path}: not a Job manifest (kind {body.get('kind')!r})"
-                          if isinstance(body, dict) else f"training Job template {path}: not a JSON object")
+        raise LaunchError(f"{what} Job template {path}: not a Job manifest (kind {body.get('kind')!r})"
+                          if isinstance(body, dict) else f"{what} Job template {path}: not a JSON object")
     return body
 
 
-def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR) -> str:
+def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: str = "training") -> str:
     """POST the Job to the pod's own namespace with the pod's token, verified by the cluster's CA.
 
     Returns "created" or "exists": a Job of that name still present (training or finished, before its
@@ -63,18 +89,18 @@ def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR) -> str:
         token = (sa_dir / "token").read_text().strip()
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     except (OSError, KeyError) as exc:
-        raise LaunchError(f"cannot create the training Job: not in a pod with a service-account token and "
+        raise LaunchError(f"cannot create the {what} Job: not in a pod with a service-account token and "
                           f"KUBERNETES_SERVICE_HOST ({exc})") from exc
     url = f"https://{host}:{port}/apis/batch/v1/namespaces/{namespace}/jobs"
     try:
         reply = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
                               verify=str(sa_dir / "ca.crt"), timeout=API_TIMEOUT_S)
     except requests.RequestException as exc:
-        raise LaunchError(f"creating the training Job at {url}: {exc}") from exc
+        raise LaunchError(f"creating the {what} Job at {url}: {exc}") from exc
     if reply.status_code == 409:
         return "exists"
     if reply.status_code >= 300:
-        raise LaunchError(f"creating the training Job at {url}: HTTP {reply.status_code}: {reply.text[:300]}")
+        raise LaunchError(f"creating the {what} Job at {url}: HTTP {reply.status_code}: {reply.text[:300]}")
     return "created"
 
 
@@ -85,3 +111,13 @@ def launch(path: Path, added: int, counts: Counts) -> str:
     body = read_job(path)
     name = body.get("metadata", {}).get("name")
     return f"training Job {name}: {create_job(body)} for {added} new, {counts.pending} pending item(s)"
+
+
+def launch_scoring(path: Path, new_scoring_days: int, training_launched: bool) -> str:
+    """Create the scoring Job when there are new scoring/ days or new models coming; its pod waits for
+    the queue to drain first (``wait-drained``). Returns what happened, for the log."""
+    if not should_score(new_scoring_days, training_launched):
+        return "nothing new to score: no scoring Job"
+    body = read_job(path, "scoring")
+    name = body.get("metadata", {}).get("name")
+    return f"scoring Job {name}: {create_job(body, what='scoring')} for {new_scoring_days} new scoring day(s)"
