@@ -32,7 +32,8 @@ OUT_COLUMNS = [schema.TRANSACTION_ID, schema.TX_DATETIME, "score", "rank"]
 def model(tmp_path_factory: pytest.TempPathFactory, dataset_src: Path) -> Path:
     """A small model trained on the training days, as `export` writes it."""
     data = ds.Dataset(dataset_src)
-    trainer = Trainer("main", HParams(epochs=2, hidden=(8,)), features.FEATURE_NAMES)
+    trainer = Trainer("main", HParams(epochs=2, hidden=(8,)), features.FEATURE_NAMES,
+                      feature_version=features.FEATURE_VERSION)
     for shard in data.training_shards():
         ex = data.examples([shard])
         trainer.begin_shard(shard, ex.x)
