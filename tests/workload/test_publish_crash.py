@@ -110,7 +110,8 @@ def test_a_seed_killed_while_appending_days(cluster: Cluster, dataset_src: Path,
     assert not staging(cluster), "the next seed, holding the dataset's lock, removes the killed one's staging folder"
 
 
-def test_the_next_seed_removes_its_datasets_staging_folders_and_no_other_datasets(cluster: Cluster, dataset_src: Path, tmp_path: Path) -> None:
+def test_the_next_seed_removes_its_datasets_staging_folders_and_no_other_datasets(cluster: Cluster, dataset_src: Path,
+                                                                                  tmp_path: Path) -> None:
     folder = user_folder(dataset_src, tmp_path / "export", lambda rel: rel not in HELD_BACK)
     assert seed(cluster, folder).returncode == 0
     datasets = cluster.share / "datasets"
