@@ -19,8 +19,10 @@ from tests.workload.harness import Cluster
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
-_TRAINING = re.compile(r"^(\S+ \S+) INFO \S+ \[(\S+)\]: (\S+): training on \d+ rows, (warm|cold) start", re.M)
-_RESUMING = re.compile(r"(\S+): training on \d+ rows, resuming at epoch (\d+) batch (\d+)")
+# "training on N rows (M of the day's), ...": the window's rows, then the day's own (Attempt.train)
+_TRAINING = re.compile(r"^(\S+ \S+) INFO \S+ \[(\S+)\]: (\S+): training on \d+ rows \(\d+ of the day's\), "
+                       r"(warm|cold) start", re.M)
+_RESUMING = re.compile(r"(\S+): training on \d+ rows \(\d+ of the day's\), resuming at epoch (\d+) batch (\d+)")
 
 
 @dataclass(frozen=True)
