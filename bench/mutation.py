@@ -22,10 +22,16 @@ surviving mutant as a one-line diff; a survivor that cannot change behaviour is 
                                               # explained survivors in bench/mutation_explained.md
     python -m bench.mutation --changed-since recorded --write   # the routine run: see below
 
+Runs accumulate: the record (docs/benchmarks.md) has a row per group naming the commit its figures were measured
+at, and a run of some groups (``--only``, ``--changed-since``) replaces only their rows and figures, keeping every
+other group's as recorded; a group never measured as it is now (a module the record lacks) shows as not measured,
+and the verdict falls short until it is. ``--no-run`` re-reports the groups build/mutation/ holds a run of (after
+editing EQUIVALENT), each at the commit it was staged at.
+
 Incremental mode: ``--changed-since REV`` runs only the groups with a module or test that changed since REV
-(committed or not, new files included) or that the recorded table lacks, and keeps the recorded figures
-(docs/benchmarks.md) of every other module; ``recorded`` is the commit the last ``--write`` names. Changes to
-shared fixtures (conftest.py, the harness) are not traced to groups: after those, run every group.
+(committed or not, new files included) or that were never measured; ``recorded``: each group since the commit its
+own recorded figures were measured at. Changes to shared fixtures (conftest.py, the harness) are not traced to
+groups: after those, run every group.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import threading
 import time
 import tomllib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -894,10 +901,24 @@ def copy_checkout(where: Path) -> Path:
 
 
 def stage(group: Group) -> Path:
-    """A fresh copy of the checkout for this group's run, its mutmut settings narrowed to the group."""
+    """A fresh copy of the checkout for this group's run, its mutmut settings narrowed to the group; the commit it
+    was copied at is noted (``MARK``), for the record and for a later ``--no-run``."""
     where = copy_checkout(STAGE / group.name)
     (where / "pyproject.toml").write_text(group_pyproject((ROOT / "pyproject.toml").read_text(), group))
+    (where / MARK).write_text(json.dumps({"commit": _head()}))
     return where
+
+
+MARK = "measured-at.json"  # in a group's stage: the commit it was copied at, then what its run took
+
+
+def staged_run(group: Group) -> tuple[str, Run] | None:
+    """The commit a group's last run (in build/mutation/) was staged at, and what it took; None when it has none."""
+    try:
+        mark = json.loads((STAGE / group.name / MARK).read_text())
+    except (OSError, ValueError):
+        return None
+    return mark["commit"], Run(mark.get("wall", 0.0), mark.get("cpu", 0.0), mark.get("jobs", 0))
 
 
 def _checkout_files() -> list[str]:
@@ -942,6 +963,8 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
         _, status, usage = os.wait4(proc.pid, 0)  # the usage of the whole tree mutmut waited for
         proc.returncode = os.waitstatus_to_exitcode(status)
     run = Run(time.monotonic() - started, usage.ru_utime + usage.ru_stime, jobs)
+    mark = json.loads((where / MARK).read_text())
+    (where / MARK).write_text(json.dumps({**mark, "wall": run.wall, "cpu": run.cpu, "jobs": run.jobs}))
     results = collect(where, group)
     problem = ""
     if proc.returncode != 0 or not any(sum(r.statuses.values()) for r in results):
@@ -1095,20 +1118,22 @@ def _recorded_block() -> list[str]:
     return text.partition(BEGIN)[2].partition(END)[0].splitlines()
 
 
-RECORDED_AT = re.compile(r"\bat (?:commit )?([0-9a-f]{7,40})\b")  # "at commit abc1234" (--write), "main at abc1234"
+# "at commit abc1234": the commit a record written before groups had their own names (see recorded_groups).
+RECORDED_AT = re.compile(r"\bat (?:commit )?([0-9a-f]{7,40})\b")
 
 
-def recorded_rev() -> str:
-    """The commit of the last recorded run (``--write`` names it)."""
-    found = next((m[1] for line in _recorded_block() if (m := RECORDED_AT.search(line))), None)
-    if found is None:
-        raise SystemExit(f"{DOCS.relative_to(ROOT)} records no commit: run every group once with --write, or "
-                         "name a commit with --changed-since REV")
-    return found
+def recorded_rev() -> str | None:
+    """The one commit a record written before groups had their own names (``--write`` named it); None if none."""
+    return next((m[1] for line in _recorded_block() if (m := RECORDED_AT.search(line))), None)
 
 
 _ROW = re.compile(r"^\| (\S+\.py) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| ")
 _SURVIVOR = re.compile(r"^- `([^`]+)`: `(.*?)` -> `(.*?)`(?:: (.+))?$")
+# A row of the groups' table: name, the commit it was measured at (absent in records older than the column),
+# mutants, and the rest (at once, wall, CPU).
+_GROUP_ROW = re.compile(r"^\| ([\w-]+) \| (?:([0-9a-f]{7,40}) \| )?(\d+) \| (.*)$")
+GROUPS_HEAD = ["| group | measured at | mutants | at once | wall | CPU |", "|---|---|---|---|---|---|"]
+NEVER = "no recorded run of its group as it is now"
 
 
 def recorded_results() -> dict[str, ModuleResult]:
@@ -1135,9 +1160,47 @@ def recorded_results() -> dict[str, ModuleResult]:
     return results
 
 
+def group_row(name: str, rev: str, mutants: int, run: Run | None) -> str:
+    if run is None or not run.jobs:  # figures re-reported without the run's timing
+        return f"| {name} | {rev} | {mutants} | | | |"
+    return f"| {name} | {rev} | {mutants} | {run.jobs} | {run.wall / 60:.1f} min | {run.cpu / 60:.1f} min |"
+
+
+def recorded_groups(recorded: dict[str, ModuleResult]) -> dict[str, tuple[str, str]]:
+    """Per group with recorded figures, the commit they were measured at and its row of the groups' table. A group
+    with a module the record lacks was never measured as it is now: it has none. A record older than the
+    'measured at' column names one commit for all (recorded_rev)."""
+    by_name = {g.name: g for g in GROUPS}
+    fallback = recorded_rev()
+    out: dict[str, tuple[str, str]] = {}
+    for line in _recorded_block():
+        if (m := _GROUP_ROW.match(line)) and m[1] in by_name and (rev := m[2] or fallback):
+            out[m[1]] = (rev, f"| {m[1]} | {rev} | {m[3]} | {m[4]}")
+    for g in GROUPS:  # a record without the groups' table (a re-report)
+        if g.name not in out and fallback:
+            out[g.name] = (fallback, group_row(g.name, fallback, sum(
+                sum(recorded[m].statuses.values()) for m in g.modules if m in recorded), None))
+    return {name: kept for name, kept in out.items() if all(m in recorded for m in by_name[name].modules)}
+
+
 def stale(group: Group, changed: set[str], recorded: dict[str, ModuleResult]) -> bool:
     """The group must run again: a module or test of it changed, or a module has no recorded figures."""
     return bool(changed & {*group.modules, *group.tests}) or any(m not in recorded for m in group.modules)
+
+
+def to_rerun(groups: list[Group], recorded: dict[str, ModuleResult], commits: dict[str, str], since: str,
+             changed: Callable[[str], set[str]] = changed_files) -> list[Group]:
+    """The groups ``--changed-since SINCE`` runs: those never measured, and those with a module or test changed
+    since SINCE; ``recorded``: since the commit each group's own figures were measured at."""
+    seen: dict[str, set[str]] = {}
+    out = []
+    for g in groups:
+        rev = commits.get(g.name) if since == "recorded" else since
+        if rev is not None and rev not in seen:
+            seen[rev] = changed(rev)
+        if rev is None or stale(g, seen[rev], recorded):
+            out.append(g)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1152,48 +1215,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-run", action="store_true",
                         help="report the last run from build/mutation/ (after editing EQUIVALENT, or to --write)")
     parser.add_argument("--changed-since", metavar="REV",
-                        help="run only the groups changed since REV ('recorded': the recorded run's commit); keep "
-                        "the recorded figures of the others")
+                        help="run only the groups changed since REV ('recorded': each group since the commit its "
+                        "recorded figures were measured at) or never measured")
     args = parser.parse_args(argv)
-    groups = [g for g in GROUPS if not args.only or g.name in args.only]
-    recorded: dict[str, ModuleResult] = {}
-    kept: set[str] = set()
+    recorded = recorded_results()
+    kept_rows = recorded_groups(recorded)
+    todo = [g for g in GROUPS if not g.pending and (not args.only or g.name in args.only)]
     if args.changed_since:
-        recorded = recorded_results()
-        changed = changed_files(recorded_rev() if args.changed_since == "recorded" else args.changed_since)
-        kept = {g.name for g in groups if not g.pending and not stale(g, changed, recorded)}
-        print(f"unchanged since {args.changed_since}, recorded figures kept: {', '.join(sorted(kept)) or 'none'}",
-              flush=True)
+        todo = to_rerun(todo, recorded, {n: rev for n, (rev, _) in kept_rows.items()}, args.changed_since)
+    if args.no_run:  # only the groups build/mutation/ holds a run of
+        if missing := [g.name for g in todo if staged_run(g) is None]:
+            print(f"no run in {STAGE.relative_to(ROOT)}/ of {', '.join(missing)}", flush=True)
+        todo = [g for g in todo if g.name not in missing]
+    names = {g.name for g in todo}
+    kept = sorted(n for n in kept_rows if n not in names)
+    print(f"recorded figures kept: {', '.join(kept) or 'none'}", flush=True)
 
     started = time.monotonic()
-    rows: list[tuple[ModuleResult, str]] = []
-    problems: list[str] = []
-    walls: list[str] = ["| group | mutants | at once | wall | CPU |", "|---|---|---|---|---|"]
-    for group in groups:
-        if group.pending:
-            print(f"{group.name}: not measured: {group.pending}", flush=True)
-    outcomes = {} if args.no_run else run_groups([g for g in groups if not g.pending and g.name not in kept],
-                                                 args.jobs, args.lanes)
-    cpu = sum(run.cpu for _, run, _ in outcomes.values())
-    for group in groups:
-        if group.pending:
-            rows += [(ModuleResult(m), group.pending) for m in group.modules]
-            continue
-        if group.name in kept:
-            rows += [(recorded[m], "") for m in group.modules]
-            continue
-        if args.no_run:
-            results, run, problem = collect(STAGE / group.name, group), Run(0.0, 0.0, 0), ""
-            print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
-        else:
-            results, run, problem = outcomes[group.name]
-            mutants = sum(sum(r.statuses.values()) for r in results)
-            walls.append(f"| {group.name} | {mutants} | {run.jobs} | {run.wall / 60:.1f} min | "
-                         f"{run.cpu / 60:.1f} min |")
-        rows += [(r, "") for r in results]
-        if problem:
-            problems.append(f"{group.name}: {problem}")
+    outcomes = {} if args.no_run else run_groups(todo, args.jobs, args.lanes)
     wall = time.monotonic() - started
+    rows, groups_table, problems, unmeasured = report_rows(todo, outcomes, recorded, kept_rows, args.no_run)
+    cpu = sum(run.cpu for _, run, _ in outcomes.values())
+    if outcomes:
+        mutants = sum(sum(r.statuses.values()) for results, _, _ in outcomes.values() for r in results)
+        groups_table.append(f"| this run | {_head()} | {mutants} | | {wall / 60:.1f} min | {cpu / 60:.1f} min |")
 
     measured = [r for r, pending in rows if not pending]
     total = ModuleResult("all measured modules")
@@ -1205,32 +1250,63 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"{unchecked} mutant(s) were never tested (an interrupted run?): they count against the score")
     survivors = [s for s in total.survivors if not s.why]
     equivalent = [s for s in total.survivors if s.why]
-    lines = table(rows) + table([(total, "")])[2:]
-    if len(walls) > 2:  # a run, not a re-report: what each group took
-        walls.append(f"| all | {sum(sum(r.statuses.values()) for r in measured)} | | {wall / 60:.1f} min | "
-                     f"{cpu / 60:.1f} min |")
-        lines = [*walls, "", *lines]
+    lines = [*GROUPS_HEAD, *groups_table, "", *table(rows), *table([(total, "")])[2:]]
     lines += ["", f"Survivors ({len(survivors)}): each is a bug the tests let through, or an equivalent mutant to "
               "explain in `EQUIVALENT` (bench/mutation.py).", *survivor_lines(survivors)]
     explained = [*lines, "", f"Equivalent ({len(equivalent)}), left out of the score:", *survivor_lines(equivalent)]
     lines += ["", f"Equivalent ({len(equivalent)}), left out of the score: listed with their reasons in "
               f"[bench/{EXPLAINED.name}](../bench/{EXPLAINED.name})."]
-    pending = sorted({p for _, p in rows if p})
-    verdict = "holds" if measured and total.score >= args.floor and not problems and not pending else "falls short"
+    verdict = "holds" if measured and total.score >= args.floor and not problems and not unmeasured else "falls short"
     summary = (f"Mutation score {total.score:.1f} % over {len(measured)} module(s) (floor {args.floor:g} %): "
-               f"{verdict}; {len(pending)} group(s) not measured; {wall / 60:.1f} min with {args.jobs} job(s) "
-               f"shared by {args.lanes} lane(s).")
+               f"{verdict}; {len(unmeasured)} group(s) not measured"
+               + (f" ({', '.join(unmeasured)})" if unmeasured else "")
+               + f"; this run: {len(todo)} group(s), {wall / 60:.1f} min with {args.jobs} job(s) shared by "
+               f"{args.lanes} lane(s).")
     print()
     print("\n".join(explained + problems + ["", summary]))
     if args.write:
-        stamp = (f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} at commit {_head()} by `make mutation`"
-                 + (f" (groups unchanged since {args.changed_since}: recorded figures kept: {', '.join(sorted(kept))})"
-                    if kept else "") + " (mutmut, "
+        command = " ".join(["python -m bench.mutation", *(sys.argv[1:] if argv is None else argv)])
+        stamp = (f"Written {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} at commit {_head()} by `{command}`"
+                 + f": groups run now: {', '.join(sorted(names)) or 'none'}; every other group's figures are kept "
+                 "from the record, each measured at the commit its row names (mutmut, "
                  f"{os.cpu_count()} cores; load average over the last 15 min at the end {os.getloadavg()[2]:.1f}).")
         write_docs(["## Mutation testing", "", f"{stamp} {summary}", "", *lines, *problems])
         write_explained(stamp, equivalent)
         print(f"wrote {DOCS.relative_to(ROOT)} and {EXPLAINED.relative_to(ROOT)}")
     return 0 if verdict == "holds" else 1
+
+
+def report_rows(ran: list[Group], outcomes: dict[str, Outcome], recorded: dict[str, ModuleResult],
+                kept_rows: dict[str, tuple[str, str]], no_run: bool
+                ) -> tuple[list[tuple[ModuleResult, str]], list[str], list[str], list[str]]:
+    """Every group's modules and row of the groups' table: a group run now (or re-reported from build/mutation/)
+    at the commit it was staged at, the others as recorded, and a group never recorded as not measured. Also the
+    problems of the groups run, and the groups not measured."""
+    rows: list[tuple[ModuleResult, str]] = []
+    groups_table, problems, unmeasured = [], [], []
+    names = {g.name for g in ran}
+    for group in GROUPS:
+        if group.pending or (group.name not in names and group.name not in kept_rows):
+            why = group.pending or NEVER
+            rows += [(ModuleResult(m), why) for m in group.modules]
+            groups_table.append(f"| {group.name} | not measured: {why} | | | | |")
+            unmeasured.append(group.name)
+        elif group.name not in names:
+            rows += [(recorded[m], "") for m in group.modules]
+            groups_table.append(kept_rows[group.name][1])
+        else:
+            staged = staged_run(group)
+            rev = staged[0] if staged else _head()
+            if no_run:
+                results, run, problem = collect(STAGE / group.name, group), staged[1] if staged else None, ""
+                print("\n".join(table([(r, "") for r in results])[2:]), flush=True)
+            else:
+                results, run, problem = outcomes[group.name]
+            rows += [(r, "") for r in results]
+            groups_table.append(group_row(group.name, rev, sum(sum(r.statuses.values()) for r in results), run))
+            if problem:
+                problems.append(f"{group.name}: {problem}")
+    return rows, groups_table, problems, unmeasured
 
 
 if __name__ == "__main__":
