@@ -211,7 +211,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "reading",
         ("workload/data/reading.py",),
-        ("tests/workload/test_bank_exports.py", "tests/workload/test_dataset.py"),
+        ("tests/workload/test_reading.py", "tests/workload/test_bank_exports.py", "tests/workload/test_dataset.py"),
     ),
     Group(
         "featurestore",
@@ -242,7 +242,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "hparams",
         ("workload/model/hparams.py",),
-        ("tests/workload/test_trainer.py", "tests/infra/test_infra_config.py"),
+        ("tests/workload/test_hparams.py", "tests/workload/test_trainer.py", "tests/infra/test_infra_config.py"),
     ),
     Group(
         "report",
@@ -362,6 +362,7 @@ STEPS = "workload/runtime/steps.py"
 HEARTBEAT = "workload/runtime/heartbeat.py"
 CHECKPOINT = "workload/share/checkpoint.py"
 FSUTIL = "workload/share/fsutil.py"
+GPU = "workload/runtime/gpu.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -402,12 +403,16 @@ LAST_SLEEP = ("confirm() waits 0.2 s between tries either way except in the leas
 NO_HASH = "an entry without the key reads as None too (entry.get): the folder scan's files have no hash"
 KNOWN_ERRNO = ("infra_errno only returns codes of INFRA_ERRNOS (or EIO), every one named in errno.errorcode: the "
                "fallback of .get is never read")
+CUDA_ONLY = ("differs only where torch has CUDA: the suite's machines have the CPU build of torch (no CUDA, no "
+             "devices, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs it on a GPU machine")
+CUDA_NEEDS = """f"CUDA {cuda} (driver {CUDA_MIN_DRIVER.get(cuda.split('.')[0], 'for it')} or newer)\""""
 EQUIVALENT: tuple[Equivalent, ...] = (
     *(Equivalent(ERRORS, 'errno.errorcode.get(code, "")', f"errno.errorcode.get(code, {after})", KNOWN_ERRNO)
       for after in ("None", "", '"XXXX"')),
     *(Equivalent(ERRORS, "errno.errorcode.get(code, code)", f"errno.errorcode.get(code{after})", KNOWN_ERRNO)
       for after in (", None", "", ", ")),
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
+    Equivalent("*", 'float("inf")', 'float("INF")', "float() reads infinity in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
     Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),
     Equivalent(FSUTIL, "half = len(data) // 2", "half = len(data) // 3",
@@ -761,6 +766,28 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(FSUTIL, "mask = os.umask(0)", "mask = None", AT_IMPORT),
     Equivalent(FSUTIL, "mask = os.umask(0)", "mask = os.umask(None)", AT_IMPORT),
     Equivalent(FSUTIL, "os.umask(mask)", "os.umask(None)", AT_IMPORT),
+    # gpu: the branches a torch with CUDA takes. The suite's machines have the CPU build (is_available() False,
+    # device_count() 0, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs on a GPU machine.
+    *(Equivalent(GPU, before, after, CUDA_ONLY) for before, after in (
+        ("is_available() and torch.cuda.device_count()", "is_available() or torch.cuda.device_count()"),
+        ("device_count() >= wanted:", "device_count() > wanted:"),
+        ("cuda = torch.version.cuda", "cuda = None"),
+        ("if cuda else", "if (cuda) and False else"),
+        ("seen = torch.cuda.device_count() if torch.cuda.is_available() else 0",
+         "seen = torch.cuda.device_count() if (torch.cuda.is_available()) and False else 0"),
+        ("seen = torch.cuda.device_count() if torch.cuda.is_available() else 0",
+         "seen = torch.cuda.device_count() if (torch.cuda.is_available()) or True else 0"),
+        *((CUDA_NEEDS, CUDA_NEEDS.replace(part, other)) for part, other in (
+            ("get(cuda.split('.')[0], 'for it')", "get(None, 'for it')"),
+            ("'for it')", "None)"), ("get(cuda.split('.')[0], 'for it')", "get('for it')"), (", 'for it')", ", )"),
+            ("split('.')", "split(None)"), ("split('.')", "split('XX.XX')"), ("[0]", "[1]"),
+            ("'for it'", "'XXfor itXX'"), ("'for it'", "'FOR IT'"))))),
+    # The one `return ""` that survives is the one after CUDA was found usable (the first, for a pod without a GPU,
+    # is checked by test_a_pod_without_a_gpu_is_left_to_the_cpu).
+    Equivalent(GPU, 'return ""', 'return "XXXX"', CUDA_ONLY),
+    Equivalent(GPU, "if device_files is None else", "if (device_files is None) and False else",
+               "the suite's machines have no /dev/nvidia<N>: the glob finds none, and None and [] both mean no device "
+               "(assigned_gpus tests `if device_files`)"),
     # queue (after the whole run):
     *(Equivalent(WORKQUEUE, "socket_connect_timeout=min(timeout_s, 3.0),", after,
                  "bounds a connect to a host that drops SYNs, which a loopback redis-server never does (it refuses or "
