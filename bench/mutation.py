@@ -1261,6 +1261,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     outcomes = {} if args.no_run else run_groups(todo, args.jobs, args.lanes)
     wall = time.monotonic() - started
+    recorded = recorded_results()  # read again: another run may have recorded other groups meanwhile
+    kept_rows = recorded_groups(recorded)
     rows, groups_table, problems, unmeasured = report_rows(todo, outcomes, recorded, kept_rows, args.no_run)
     cpu = sum(run.cpu for _, run, _ in outcomes.values())
     if outcomes:
