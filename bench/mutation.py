@@ -269,12 +269,12 @@ GROUPS: tuple[Group, ...] = (
         ("workload/runtime/gpu.py",),
         ("tests/workload/test_gpu.py",),
     ),
-    # launch: the scheduled loader's decisions to start the training and scoring Jobs, and the scorer's wait for a
-    # drained queue (the API call itself cannot run here).
+    # launch: the scheduled loader's decisions to start the training and scoring Jobs, its API call (against an HTTPS
+    # server on loopback), and the scorer's wait for a drained queue.
     Group(
         "launch",
         ("workload/runtime/launch.py",),
-        ("tests/workload/test_launch.py",),
+        ("tests/workload/test_launch_inprocess.py", "tests/workload/test_launch.py"),
         jobs_per_core=2,
     ),
     # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end,
