@@ -556,7 +556,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(TRAINER, "self.norm.apply(x, self.device)", "self.norm.apply(x, )", CPU_ONLY),
     Equivalent(TRAINER, "torch.tensor(pos_weight, device=self.device)", "torch.tensor(pos_weight, )",
                CPU_ONLY),
-    Equivalent(TRAINER, "dtype=torch.int64, device=self.device)", "dtype=torch.int64, )", CPU_ONLY),
     Equivalent(TRAINER, 'pop("correct")), device=trainer.device)', 'pop("correct")), )', CPU_ONLY),
     Equivalent(TRAINER, "digest[:8]", "digest[:9]",
                "the mask keeps bits 0-62, all in the first 8 bytes read little-endian: a 9th byte is masked away"),
@@ -711,7 +710,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
       for word in ("--appendonly", "yes", "--appendfsync", "always", "--dir", "--port")),
     Equivalent(INFRA_JOBS, "namespace, skip_await=False)", "namespace, skip_await=None)",
                "_job_metadata only asks `if skip_await:`: None and False alike"),
-    Equivalent(INFRA_JOBS, "(contract.LOADER, ref, args, {}, cfg,", "(contract.LOADER, ref, args, None, cfg,",
+    Equivalent(INFRA_JOBS, "(contract.LOADER, ref, argv, {}, args,", "(contract.LOADER, ref, argv, None, args,",
                "the one-off pod's container resources are popped right after (kubectl run sets none): {} or None"),
     *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)
       for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
@@ -719,7 +718,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                            ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"))
       for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
     *(Equivalent(INFRA_IDENTITY, f"{key}={text},", after, FREE_TEXT)
-      for key, text in (("display_name", 'f"{cfg.labels.app} {component} pods ({cfg.stack})"'),
+      for key, text in (("display_name", 'f"{site.labels.app} {component} pods ({site.stack})"'),
                         ("description", 'f"Workload Identity of the {component} pods; bucket roles only, no key"'))
       for after in ("", f"{key}=None,")),
     *(Equivalent(INFRA_IDENTITY, f'description="{text}",', after, FREE_TEXT)
