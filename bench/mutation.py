@@ -363,6 +363,8 @@ HEARTBEAT = "workload/runtime/heartbeat.py"
 CHECKPOINT = "workload/share/checkpoint.py"
 FSUTIL = "workload/share/fsutil.py"
 GPU = "workload/runtime/gpu.py"
+HPARAMS = "workload/model/hparams.py"
+READING = "workload/data/reading.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -405,6 +407,7 @@ KNOWN_ERRNO = ("infra_errno only returns codes of INFRA_ERRNOS (or EIO), every o
                "fallback of .get is never read")
 CUDA_ONLY = ("differs only where torch has CUDA: the suite's machines have the CPU build of torch (no CUDA, no "
              "devices, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs it on a GPU machine")
+SAMPLE_DATE = "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 95, 0)))"
 CUDA_NEEDS = """f"CUDA {cuda} (driver {CUDA_MIN_DRIVER.get(cuda.split('.')[0], 'for it')} or newer)\""""
 EQUIVALENT: tuple[Equivalent, ...] = (
     *(Equivalent(ERRORS, 'errno.errorcode.get(code, "")', f"errno.errorcode.get(code, {after})", KNOWN_ERRNO)
@@ -765,6 +768,32 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(FSUTIL, "mask = os.umask(0)", "mask = None", AT_IMPORT),
     Equivalent(FSUTIL, "mask = os.umask(0)", "mask = os.umask(None)", AT_IMPORT),
     Equivalent(FSUTIL, "os.umask(mask)", "os.umask(None)", AT_IMPORT),
+    # reading: the sample date check_format writes and reads back only has to be a valid date.
+    *(Equivalent(READING, SAMPLE_DATE, after, "any valid date written with the format reads back alike: the sample "
+                 "only proves the directives round-trip (which %-directives it has is checked on the format itself)")
+      for after in ("time.strftime(fmt, )",
+                    "time.strftime(fmt, time.struct_time((2019, 4, 5, 20, 21, 7, 3, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 5, 5, 20, 21, 7, 3, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 6, 20, 21, 7, 3, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 5, 21, 21, 7, 3, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 22, 7, 3, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 8, 3, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 4, 95, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 96, 0)))",
+                    "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 95, 1)))")),
+    Equivalent(READING, "ok = False", "ok = None", TRUTH),
+    *(Equivalent(READING, "first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__",
+                 after, "yaml.safe_load raises MarkedYAMLError subclasses (scanner, parser, constructor errors) whose "
+                 "text always names the problem and where: the fallback to the class name never runs")
+      for after in ("first = str(exc).strip().splitlines()[0] if (str(exc).strip()) or True else type(exc).__name__",
+                    "first = str(exc).strip().splitlines()[0] if str(None).strip() else type(exc).__name__",
+                    "first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(None).__name__")),
+    Equivalent(HPARAMS, "digest()[:4]", "digest()[:5]",
+               "the mask keeps bits 0-30, all in the first 4 bytes read little-endian: a 5th byte is masked away"),
+    Equivalent(GPU, 'expected = environ.get(ENV_EXPECTED_GPUS, "").strip()',
+               'expected = environ.get(ENV_EXPECTED_GPUS, "XXXX").strip()',
+               "only read through expected.isdigit() (assigned_gpus reads the variable itself): '' and 'XXXX' are "
+               "both no count, and one GPU is wanted"),
     # gpu: the branches a torch with CUDA takes. The suite's machines have the CPU build (is_available() False,
     # device_count() 0, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs on a GPU machine.
     *(Equivalent(GPU, before, after, CUDA_ONLY) for before, after in (

@@ -71,8 +71,8 @@ def limit(infos: Sequence[Mapping[str, Any]], region: str) -> float | None:
 
 def _value(row: Mapping[str, Any]) -> float | None:
     details = row.get("details") or {}
-    if isinstance(details, list | tuple):  # the SDK's shape: a list of one detail
-        details = details[0] if details else {}
+    if isinstance(details, list | tuple):  # the SDK's shape: a list of one detail (not empty: `or {}` above)
+        details = details[0]
     value = details.get("value")
     return float(value) if value not in (None, "") else None
 

@@ -91,3 +91,5 @@ def test_the_flags_make_one_reading_and_their_refusals_name_the_flag(tmp_path: P
         reading(None, "%Y")
     with pytest.raises(ReadingError, match=r"^DATASET_datetime-format '%Y' is not a date format"):
         reading(str(columns), "%Y", prefix="DATASET_")
+    with pytest.raises(ReadingError, match=rf"^DATASET_columns {tmp_path / 'absent'}: cannot read it"):
+        reading(str(tmp_path / "absent"), "%d/%m/%Y", prefix="DATASET_")
