@@ -312,3 +312,16 @@ def test_a_record_older_than_the_measured_at_column_names_one_commit_for_all(
                          "| all | 10 | | 33.0 min | 30.3 min |", "", *mutation.table([(r, "") for r in rows])])
     assert mutation.recorded_groups(mutation.recorded_results()) == {
         "metrics": ("8ac34d1", "| metrics | 8ac34d1 | 5 | 1 | 1.3 min | 1.3 min |")}
+
+
+def test_a_recorded_open_survivor_that_a_rule_now_explains_reads_back_as_explained(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EQUIVALENT rule added after a group's run applies to its recorded survivors: a re-report needs no rerun."""
+    _record(tmp_path, monkeypatch)
+    module = "workload/model/metrics.py"
+    mutation.write_docs([*mutation.table([(mutation.ModuleResult(module, Counter(killed=8, survived=2)), "")]),
+                         "- `workload.model.metrics.x_f__mutmut_1`: `return float(\"nan\")` -> `return float(\"NAN\")`",
+                         "- `workload.model.metrics.x_f__mutmut_2`: `return 0.0` -> `return 1.0`"])
+    result = mutation.recorded_results()[module]
+    assert [bool(s.why) for s in result.survivors] == [True, False]
+    assert (result.equivalent, result.score) == (1, 8 / 9 * 100)
