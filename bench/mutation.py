@@ -794,6 +794,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                'expected = environ.get(ENV_EXPECTED_GPUS, "XXXX").strip()',
                "only read through expected.isdigit() (assigned_gpus reads the variable itself): '' and 'XXXX' are "
                "both no count, and one GPU is wanted"),
+    # metrics: numpy's answers without rows, and the bins' index bounds.
+    Equivalent(METRICS, "if len(probs) else float(\"nan\")", "if (len(probs)) or True else float(\"nan\")",
+               "numpy's mean of no rows is nan too (with a RuntimeWarning): the same value"),
+    Equivalent(METRICS, "if fraud.sum() else nan", "if (fraud.sum()) or True else nan",
+               "without frauds both sums are numpy zeros, and numpy's 0.0 / 0.0 is nan too (with a RuntimeWarning)"),
+    Equivalent(METRICS, 'side="right") - 1, 0, len(edges) - 2)', 'side="right") - 1, None, len(edges) - 2)',
+               "probabilities are >= 0, the first edge: the bin index is never below 0, so no lower clip is needed"),
+    Equivalent(METRICS, "for b in range(len(edges) - 1):", "for b in range(len(edges) + 1):",
+               "the bin index is clipped to len(edges) - 2: the two extra bins are empty, and empty bins are left out"),
     # gpu: the branches a torch with CUDA takes. The suite's machines have the CPU build (is_available() False,
     # device_count() 0, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs on a GPU machine.
     *(Equivalent(GPU, before, after, CUDA_ONLY) for before, after in (
