@@ -351,6 +351,7 @@ INFRA_JOBS = "infra/jobs.py"
 INFRA_REDIS = "infra/redis.py"
 INFRA_SHARE_PREP = "infra/share_prep.py"
 POLICY_RULES = "policy/rules.py"
+POLICY_PACK = "policy/pack.py"
 DATASET = "workload/data/dataset.py"
 ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
@@ -794,6 +795,26 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                'expected = environ.get(ENV_EXPECTED_GPUS, "XXXX").strip()',
                "only read through expected.isdigit() (assigned_gpus reads the variable itself): '' and 'XXXX' are "
                "both no count, and one GPU is wanted"),
+    # policy/pack.py: a URN's stack, and what the analyzer always passes.
+    *(Equivalent(POLICY_PACK, 'return urn.split("::", 1)[0].rsplit(":", 1)[-1]', after,
+                 "a URN (urn:pulumi:STACK::project::type::name) splits at its first '::' into the same first piece "
+                 "whatever the limit, and 'urn:pulumi:STACK' at its last ':' into two pieces, the last one the stack")
+      for after in ('return urn.split("::", 1)[0].rsplit(":", )[-1]', 'return urn.split("::", )[0].rsplit(":", 1)[-1]',
+                    'return urn.split("::", 2)[0].rsplit(":", 1)[-1]',
+                    'return urn.split("::", 1)[0].rsplit(":", 2)[-1]',
+                    'return urn.split("::", 1)[0].rsplit(":", 1)[+1]')),
+    *(Equivalent(POLICY_PACK, "facts = stack_facts(stack=stack_of(resources[0].urn) if resources else None)", after,
+                 "no stack rule reads the stack's name, nor the env label it defaults (only onDemandFallback, "
+                 "datasetUri and outputUri, from the config): whichever stack the facts name, the same verdicts")
+      for after in ("facts = stack_facts(stack=None)",
+                    "facts = stack_facts(stack=stack_of(resources[0].urn) if (resources) and False else None)",
+                    "facts = stack_facts(stack=stack_of(resources[0].urn) if (resources) or True else None)",
+                    "facts = stack_facts(stack=stack_of(resources[1].urn) if resources else None)")),
+    *(Equivalent(POLICY_PACK, 'getattr(args.opts, "protect", False)', f'getattr(args.opts, "protect", {v})',
+                 "the analyzer always passes the resource's options (PolicyResourceOptions, which has protect): the "
+                 "fallback is never read") for v in ("None", "True")),
+    Equivalent(POLICY_PACK, "report(message, None)", "report(message, )",
+               "the SDK's report_violation takes urn=None by default (pulumi_policy/policy.py): the same call"),
     # metrics: numpy's answers without rows, and the bins' index bounds.
     Equivalent(METRICS, "if len(probs) else float(\"nan\")", "if (len(probs)) or True else float(\"nan\")",
                "numpy's mean of no rows is nan too (with a RuntimeWarning): the same value"),

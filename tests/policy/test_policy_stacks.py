@@ -385,3 +385,36 @@ def test_the_pack_refuses_an_unprotected_share_unless_data_loss_is_allowed(
     lossy = render.render(stack, {"allowDataLoss": True})
     assert not lossy.one(fs).protect and lossy.one(rules.CLUSTER).inputs["deletionProtection"] is False
     assert [v for v in offline.check_rendered(lossy) if v.policy == "stateful-protection"] == []
+
+
+def _run_stack_policy(name: str, resources: list[Registered]) -> list[tuple[str, str | None]]:
+    """Run one wrapped stack policy the way the analyzer does: every resource behind the unknown-checking proxy."""
+    (policy,) = [p for p in pack.policies() if p.name == name]
+    assert isinstance(policy, StackValidationPolicy)
+    views = [offline.stack_view(res) for res in resources]
+    args = StackValidationArgs(
+        [PolicyResource(v.type, unknown_checking_proxy(dict(v.props)), v.urn, v.name, None, None, None, [], {})  # type: ignore[arg-type]
+         for v in views]
+    )  # fmt: skip
+    reported: list[tuple[str, str | None]] = []
+    policy.validate(args, lambda message, urn=None: reported.append((message, urn)))
+    return reported
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_wrapped_stack_policy_passes_the_rendered_stacks_and_names_what_it_refuses(
+        stack: str, rendered: Callable[[str], Rendered]) -> None:
+    """Through the pack, with the facts it reads itself (the stack from the URNs, the config the engine passes:
+    none here): every stack rule passes the stack as rendered, and a refusal names the resource."""
+    r = rendered(stack)
+    for policy in pack.policies():
+        if isinstance(policy, StackValidationPolicy):
+            assert _run_stack_policy(policy.name, r.resources) == [], policy.name
+    share = r.one(rules.FILESTORE)
+    unmounted = mutated(r, rules.FILESTORE, share.name, lambda props: props.pop("networks"))
+    assert _run_stack_policy("filestore-on-cluster-network", unmounted) == [
+        (f"Filestore instance {share.name!r} names no network", share.urn)]
+    # A resource rule's facts too: env defaults to the stack's name from the URN.
+    labels = {"env": "x", "app": "spot-trainer", "team": "t"}
+    assert f"{rules.FILESTORE}: label env='x' in labels, expected {stack!r}" in _run_resource_policy(
+        "cost-labels", rules.FILESTORE, {"labels": labels}, stack=stack)
