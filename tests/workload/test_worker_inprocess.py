@@ -849,6 +849,24 @@ def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
     assert not any("pruned" in line for line in lines), "every day's boundary checkpoint is kept"
 
 
+def test_a_queue_wiped_while_the_worker_runs_is_restored_from_the_share(env: Share) -> None:
+    """The loop's own restore (run() reconciles once at its start; Redis may lose its data any time after): the
+    applied day marked done, the others enqueued again, and the queue seeded; with no runs on the share, nothing."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    queue.redis.flushall()
+    assert not queue.seeded() and queue.counts().total == 0
+    assert worker.restore()
+    c = queue.counts()
+    assert (c.done, c.pending, c.total) == (1, len(DAYS) - 1, len(DAYS)) and queue.seeded()
+    empty = Share(env.server, env.share.parent / "empty-share", env.src)
+    empty.share.mkdir()
+    queue.redis.flushall()
+    assert not Worker(empty.config(), empty.client_queue()).restore()
+    assert queue.counts().total == 0
+
+
 def test_an_empty_never_seeded_queue_with_no_runs_on_the_share_exits_3(env: Share) -> None:
     assert Worker(env.config(), env.client_queue()).run() == EXIT_INFRA
 
