@@ -810,6 +810,9 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                     "facts = stack_facts(stack=stack_of(resources[0].urn) if (resources) and False else None)",
                     "facts = stack_facts(stack=stack_of(resources[0].urn) if (resources) or True else None)",
                     "facts = stack_facts(stack=stack_of(resources[1].urn) if resources else None)")),
+    Equivalent(POLICY_PACK, "stack = stack if stack is not None else pulumi.get_stack()",
+               "stack = stack if (stack is not None) or True else pulumi.get_stack()",
+               "the pack passes no stack only from a stack policy over no resources, and no stack rule reads it"),
     *(Equivalent(POLICY_PACK, 'getattr(args.opts, "protect", False)', f'getattr(args.opts, "protect", {v})',
                  "the analyzer always passes the resource's options (PolicyResourceOptions, which has protect): the "
                  "fallback is never read") for v in ("None", "True")),

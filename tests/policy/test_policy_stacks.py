@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pulumi
 import pytest
 import yaml
 from pulumi_policy import (
@@ -28,6 +29,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
 from infra import render
+from infra.config import DATA_LOSS_KEY, PROJECT
 from infra.render import Registered, Rendered
 from policy import offline, pack, rules
 from tests.infra.test_infra_manifests import KUBERNETES_VERSION, _is_custom
@@ -418,3 +420,24 @@ def test_every_wrapped_stack_policy_passes_the_rendered_stacks_and_names_what_it
     labels = {"env": "x", "app": "spot-trainer", "team": "t"}
     assert f"{rules.FILESTORE}: label env='x' in labels, expected {stack!r}" in _run_resource_policy(
         "cost-labels", rules.FILESTORE, {"labels": labels}, stack=stack)
+
+
+@pytest.fixture
+def engine_config() -> Any:
+    """Set the config the engine passes to the pack (PULUMI_CONFIG); the render's config is restored after."""
+    from pulumi.runtime import config as runtime_config
+
+    before = dict(runtime_config.CONFIG.get())
+    yield lambda values: pulumi.runtime.set_all_config({f"{PROJECT}:{k}": v for k, v in values.items()})
+    pulumi.runtime.set_all_config(before)
+
+
+def test_the_pack_reads_its_facts_from_the_config_the_engine_passes(engine_config: Any) -> None:
+    engine_config({"env": "staging", "team": "fraud", "onDemandFallback": "True", "datasetUri": " gs://b/inX/ ",
+                   "outputUri": "gs://b/outX//", DATA_LOSS_KEY: "TRUE"})  # prefixes may end in capitals
+    assert pack.stack_facts(stack="prod") == rules.StackFacts(
+        "prod", True, {"env": "staging", "app": "spot-trainer", "team": "fraud"}, "gs://b/inX", "gs://b/outX", True)
+    engine_config({"env": "", "team": "", "onDemandFallback": "", "datasetUri": "", "outputUri": "",
+                   DATA_LOSS_KEY: ""})
+    assert pack.stack_facts(stack="dev") == rules.StackFacts(
+        "dev", False, {"env": "dev", "app": "spot-trainer", "team": None}, "", "", False)
