@@ -824,6 +824,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "fallback is never read") for v in ("None", "True")),
     Equivalent(POLICY_PACK, "report(message, None)", "report(message, )",
                "the SDK's report_violation takes urn=None by default (pulumi_policy/policy.py): the same call"),
+    # steps: a rewind's day lists.
+    Equivalent(STEPS, 'if pos.get(d, -1) > mine]', 'if pos.get(d, -1) >= mine]',
+               "run() acks a day its checkpoint already applied before any rewind: the attempt's own day is never "
+               "among the applied days here, so > and >= select the same ones"),
+    *(Equivalent(STEPS, f"if pos.get(d, -1) {op} mine]", f"if pos.get(d, {after}) {op} mine]",
+                 "a run's applied days are training days of its dataset, which keeps every published day (days are "
+                 "immutable once published): pos has each of them, the default is never read")
+      for op in (">", "<") for after in ("None", "", "+1", "-2")),
     # metrics: numpy's answers without rows, and the bins' index bounds.
     Equivalent(METRICS, "if len(probs) else float(\"nan\")", "if (len(probs)) or True else float(\"nan\")",
                "numpy's mean of no rows is nan too (with a RuntimeWarning): the same value"),
