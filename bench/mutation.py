@@ -372,6 +372,8 @@ FSUTIL = "workload/share/fsutil.py"
 GPU = "workload/runtime/gpu.py"
 HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
+SIMULATOR = "workload/data/simulator.py"
+FEATURESTORE = "workload/data/featurestore.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -824,6 +826,29 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "fallback is never read") for v in ("None", "True")),
     Equivalent(POLICY_PACK, "report(message, None)", "report(message, )",
                "the SDK's report_violation takes urn=None by default (pulumi_policy/policy.py): the same call"),
+    # simulator: chunk sizes and spare bounds; featurestore: the .npy header read.
+    *(Equivalent(SIMULATOR, "step = max(1, 2_000_000 // max(1, len(terminal_xy)))", after,
+                 "the number of customers per chunk of the distance loop: only memory and speed change, every chunk "
+                 "writes its own rows of the same result")
+      for after in ("step = max(2, 2_000_000 // max(1, len(terminal_xy)))",
+                    "step = max(1, 2000001 // max(1, len(terminal_xy)))",
+                    "step = max(1, 2_000_000 // max(2, len(terminal_xy)))")),
+    Equivalent(SIMULATOR, "np.arange(spec.days + 1))", "np.arange(spec.days + 2))",
+               "the loop over days reads bounds[d] and bounds[d + 1] for d < days: a bound past them is never read"),
+    Equivalent(SIMULATOR, "frame.to_parquet(buf, index=False)", "frame.to_parquet(buf, index=None)",
+               "the frame is reset_index(drop=True)'d: pandas keeps a RangeIndex as metadata only with index=None, "
+               "no column is written (test_the_smallest_spec_generates_its_one_day_named_by_date reads the columns)"),
+    Equivalent(SIMULATOR, "frame.to_parquet(buf, index=False)", "frame.to_parquet(buf, )",
+               "index=None is to_parquet's default: a RangeIndex stays metadata only, no column is written"),
+    Equivalent(SIMULATOR, 'np.datetime64(self.start_date, "D")', "np.datetime64(self.start_date, )",
+               "only a check: np.datetime64 parses the same strings with or without a unit (a unit only casts the "
+               "result), so the same start dates are refused"),
+    Equivalent(FEATURESTORE, "data[pos:pos + 4096]", "data[pos:pos + 4097]",
+               "the .npy header of these arrays (magic, a dict of dtype, order and shape, padded to 64 bytes) is far "
+               "below 4096 bytes: one byte more holds the same header"),
+    Equivalent(FEATURESTORE, "if version == (1, 0) else", "if (version == (1, 0)) or True else",
+               "write_array writes format 1.0 for these arrays (2.0 only for a header over 64 KiB): the 1.0 reader "
+               "is the one used either way"),
     # steps: a rewind's day lists.
     Equivalent(STEPS, 'if pos.get(d, -1) > mine]', 'if pos.get(d, -1) >= mine]',
                "run() acks a day its checkpoint already applied before any rewind: the attempt's own day is never "
