@@ -169,7 +169,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "jobs",
         tuple(f"infra/{m}.py" for m in ("jobs", "share_prep", "contract")),
-        ("tests/infra/test_infra_components.py", "tests/test_contract.py"),
+        # The scoring Job is built only with an output bucket: test_infra_scoring.py renders it.
+        ("tests/infra/test_infra_components.py", "tests/test_contract.py", "tests/infra/test_infra_scoring.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=19.0,
     ),
