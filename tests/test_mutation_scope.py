@@ -325,3 +325,22 @@ def test_a_recorded_open_survivor_that_a_rule_now_explains_reads_back_as_explain
     result = mutation.recorded_results()[module]
     assert [bool(s.why) for s in result.survivors] == [True, False]
     assert (result.equivalent, result.score) == (1, 8 / 9 * 100)
+
+
+def test_the_floor_holds_for_each_module_not_only_for_the_total(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _record(tmp_path, monkeypatch)
+    weak = mutation.ModuleResult("workload/model/metrics.py", Counter(killed=8, survived=2))
+    weak.survivors = [mutation.Survivor(f"workload.model.metrics.x_f__mutmut_{i}", weak.module, "a", "b")
+                      for i in (1, 2)]
+    strong = mutation.ModuleResult("workload/data/features.py", Counter(killed=100))
+    found = {"metrics": [weak], "features": [strong]}
+    monkeypatch.setattr(mutation, "collect", lambda where, group: found[group.name])
+    monkeypatch.setattr(mutation, "GROUPS", tuple(g for g in mutation.GROUPS if g.name in found))
+    for name in found:
+        _staged(tmp_path, name, "cccc3333")
+    assert mutation.main(["--no-run", "--write"]) == 1
+    block = mutation._recorded_block()
+    summary = next(line for line in block if "Mutation score" in line)
+    assert "Mutation score 98.2 % over 2 module(s)" in summary and "falls short" in summary
+    assert "below the floor of 90 %: workload/model/metrics.py" in block
