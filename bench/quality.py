@@ -122,13 +122,16 @@ def _days(data: ds.Dataset, first: str, last: str) -> list[str]:
 
 def default_run(parts: list[tuple[str, ds.Examples]], x_test: np.ndarray, seed: int,
                 hp: HParams | None = None) -> np.ndarray:
-    """The project's model as the workers train it: day by day, in order, warm-started."""
+    """The project's model as the workers train it: day by day, in order, warm-started, each day on its window."""
     hp = dataclasses.replace(hp or HParams(), seed=seed)
     trainer = Trainer("quality", hp, features.FEATURE_NAMES, torch.device("cpu"),
                       feature_version=features.FEATURE_VERSION)
+    days = dict(parts)
     for rel, ex in parts:
+        window = [days[d] for d in trainer.window(rel)]  # the worker's read_day: earlier applied days, then this one
         trainer.begin_shard(rel, ex.x)
-        trainer.train_shard(ex.x, ex.y, lambda: True)
+        trainer.train_shard(np.concatenate([w.x for w in window]), np.concatenate([w.y for w in window]),
+                            lambda: True)
         trainer.finish_shard({})
     return trainer.score(x_test)
 

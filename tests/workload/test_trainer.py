@@ -301,11 +301,11 @@ def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> 
     assert again.applied == ["d1", "d2"] and again.history == trainer.history and again.steps == trainer.steps
     assert again.progress is None and again.state_dict()["progress"] is None
     assert torch.equal(again.norm.mean, trainer.norm.mean) and torch.equal(again.norm.m2, trainer.norm.m2)
-    assert state["format"] == 3 and state["code_version"] == workload.__version__
+    assert state["format"] == 4 and state["code_version"] == workload.__version__
     with pytest.raises(ValueError, match=r"^checkpoint hparams: lr=2.0 is not allowed"):
         Trainer.from_state({**state, "hparams": {**state["hparams"], "lr": 2.0}}, torch.device("cpu"))
     for bad in (1, None):
-        with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(readable: 2, 3\\)"):
+        with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(readable: 2, 3, 4\\)"):
             Trainer.from_state({**state, "format": bad}, torch.device("cpu"))
 
 

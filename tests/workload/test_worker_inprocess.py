@@ -970,6 +970,49 @@ def test_a_stop_mid_day_checkpoints_releases_and_a_peer_resumes_it(env: Share, i
     assert env.state()["applied"] == DAYS
 
 
+def test_each_day_trains_on_its_window_and_one_resumed_mid_way_ends_bit_for_bit(env: Share, tmp_path: Path) -> None:
+    """`window_days` 2: each day trains on the run's newest applied day and itself, read from the feature
+    store; a third day stopped after three batches and resumed by a peer reads the same window and ends
+    with exactly the weights of an undisturbed run on another share."""
+    hp = {**QUICK, "epochs": 2, "batch_size": 32, "window_days": 2}
+    assert Worker(env.config(), env.seed({"main": hp})).run() == EXIT_DONE
+    whole = env.state()
+    data = ds.Dataset(env.share / "datasets" / "fraud")
+    rows = [len(data.examples([d]).y) for d in DAYS]
+    assert [h["train_rows"] for h in whole["history"]] == rows
+    assert [h["window_rows"] for h in whole["history"]] == [rows[0], rows[0] + rows[1], rows[1] + rows[2]]
+
+    other = Share(RedisServer(tmp_path / "redis-2").start(), tmp_path / "share-2", env.src)
+    other.share.mkdir()
+    try:
+        queue = other.seed({"main": hp})
+        worker = Worker(other.config(), queue)
+        for _ in DAYS[:2]:
+            assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+        touches = 0
+        real_touch = worker.touch
+
+        def touch() -> None:  # three touches before training, then one per batch: a stop after batch 3
+            nonlocal touches
+            touches += 1
+            if touches == 6:
+                worker.stop.set()
+            real_touch()
+
+        worker.touch = touch  # type: ignore[method-assign]
+        assert worker.process(queue.claim("w1", 10)) is Outcome.RELEASED
+        mid = other.state()
+        assert mid["progress"]["shard"] == DAYS[2] and (mid["progress"]["epoch"], mid["progress"]["batch"]) == (0, 3)
+        assert Worker(other.config(worker_id="w2"), queue).run() == EXIT_DONE
+        resumed = other.state()
+    finally:
+        other.server.kill()
+    assert resumed["applied"] == whole["applied"] == DAYS and resumed["steps"] == whole["steps"]
+    for part in ("model", "averaged"):
+        for k, v in whole[part].items():
+            assert torch.equal(v, resumed[part][k]), (part, k)
+
+
 def test_mid_day_checkpoints_are_written_every_interval(env: Share) -> None:
     queue = env.seed({"main": {**QUICK, "batch_size": 8}})
     worker = Worker(env.config(checkpoint_interval_s=0.001, keep_checkpoints=50), queue)

@@ -28,8 +28,12 @@ from torch import nn
 import workload
 from workload.model.hparams import HParams
 
-FORMAT = 3  # 3: calibration (scale, shift); 2: averaged weights, feature version, last-epoch accuracy
-READABLE = (2, 3)  # a format-2 checkpoint loads uncalibrated and is calibrated at its next applied day
+# 4: hparams carry window_days; 3: calibration (scale, shift); 2: averaged weights, feature version, last-epoch
+# accuracy
+FORMAT = 4
+# A format-2 checkpoint loads uncalibrated and is calibrated at its next applied day; one of format 2 or 3 trained
+# each day alone, and keeps doing so (window_days 1).
+READABLE = (2, 3, 4)
 
 MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
 
@@ -165,7 +169,9 @@ class Trainer:
         if state.get("format") not in READABLE:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (readable: "
                              f"{', '.join(map(str, READABLE))}); start a new run with this code version")
-        hp = HParams.from_dict(state["hparams"], where="checkpoint hparams")
+        # Before format 4 every day trained alone: the lineage goes on as it was trained, not with today's default.
+        hparams = {"window_days": 1, **state["hparams"]} if state["format"] < 4 else state["hparams"]
+        hp = HParams.from_dict(hparams, where="checkpoint hparams")
         trainer = cls(state["run"], hp, tuple(state["feature_names"]), device, str(state["feature_version"]))
         trainer.model.load_state_dict(state["model"])
         trainer.averaged.load_state_dict(state["averaged"])
@@ -197,8 +203,17 @@ class Trainer:
         return out
 
     # -- training ----------------------------------------------------------------------------------
+    def window(self, shard: str) -> list[str]:
+        """The days `shard` trains on, in order: the run's newest `window_days - 1` applied days, then itself.
+        A function of the lineage (its applied list, which a rewind cuts back), so a resumed day reads the
+        same rows in the same order."""
+        before = self.hp.window_days - 1
+        earlier = [s for s in self.applied if s != shard][-before:] if before else []
+        return [*earlier, shard]
+
     def begin_shard(self, shard: str, x: np.ndarray) -> None:
-        """Fold the shard into the normalisation statistics once, then train from its first batch."""
+        """Fold the shard's own rows `x` into the normalisation statistics once (the earlier days of its
+        window are in them already), then train from its first batch."""
         if self.progress and self.progress["shard"] == shard:
             return  # resuming mid-shard: statistics already include it
         self.norm.update(x)
@@ -215,8 +230,9 @@ class Trainer:
         return min(max(hp.epochs, wanted), MAX_EPOCH_FACTOR * hp.epochs)
 
     def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
-        """Train from `self.progress` to the end of the shard. `after_step()` runs at every batch
-        boundary (checkpoint there if due) and returns False to stop early. True when finished."""
+        """Train from `self.progress` to the end of the shard, on `x`, `y`: the rows of its window
+        (`window`), in that order. `after_step()` runs at every batch boundary (checkpoint there if due) and
+        returns False to stop early. True when finished."""
         assert self.progress is not None, "begin_shard first"
         shard, hp = self.progress["shard"], self.hp
         xs = self.norm.apply(x, self.device)  # the day's tensors move to the device once

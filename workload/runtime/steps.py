@@ -73,13 +73,13 @@ class Attempt:
         trainer = self.warm_start(loaded)
         if rewound is not None:
             trainer.reapplied = rewound
-        examples = self.read_day()
+        examples, window = self.read_day(trainer)
         if self.stop.is_set():
             return self.release_for_peer()
-        train_s = self.train(trainer, examples)
+        train_s = self.train(trainer, examples, window)
         if train_s is None:
             return self.release_for_peer()
-        path, test_scores = self.evaluate(trainer, examples, train_s)
+        path, test_scores = self.evaluate(trainer, examples, window, train_s)
         promoted = self.save_and_promote(trainer, path)
         self.report(promoted, trainer, test_scores, draw=self.pictures_due())
         entry = trainer.history[-1]
@@ -178,29 +178,34 @@ class Attempt:
                         "lineage wins", self.item.run, trainer.hp, self.hp)
         return trainer
 
-    def read_day(self) -> Examples:
+    def read_day(self, trainer: Trainer) -> tuple[Examples, Examples]:
+        """The day's examples, and those of the window it trains on (`Trainer.window`: the run's newest
+        applied days before it, then the day itself)."""
         faults.point("read")
         examples = self.dataset.examples([self.item.shard])
+        earlier = trainer.window(self.item.shard)[:-1]
+        window = Examples.concat([vars(self.dataset.examples(earlier)), vars(examples)]) if earlier else examples
         self.touch()
-        return examples
+        return examples, window
 
     # -- train with periodic checkpoints ------------------------------------------------------------
-    def train(self, trainer: Trainer, examples: Examples) -> float | None:
+    def train(self, trainer: Trainer, examples: Examples, window: Examples) -> float | None:
         """Train the day from where the trainer stands; seconds it took, or None when stopped (SIGTERM)."""
         resumed = trainer.progress
-        log.info("%s: training on %d rows, %s", self.item.id, len(examples.y),
+        log.info("%s: training on %d rows (%d of the day's), %s", self.item.id, len(window.y), len(examples.y),
                  f"resuming at epoch {resumed['epoch']} batch {resumed['batch']}"
                  if resumed and resumed["shard"] == self.item.shard else
                  f"warm start after {len(trainer.applied)} shard(s)" if trainer.applied else "cold start")
         trainer.begin_shard(self.item.shard, examples.x)
         checkpoints = PeriodicCheckpoints(self, trainer)
         started = time.monotonic()
-        if not trainer.train_shard(examples.x, examples.y, checkpoints.after_step):
+        if not trainer.train_shard(window.x, window.y, checkpoints.after_step):
             return None
         return time.monotonic() - started
 
     # -- save and promote ---------------------------------------------------------------------------
-    def evaluate(self, trainer: Trainer, examples: Examples, train_s: float) -> tuple[Path, np.ndarray]:
+    def evaluate(self, trainer: Trainer, examples: Examples, window: Examples,
+                 train_s: float) -> tuple[Path, np.ndarray]:
         """Score the test days and close the day in the trainer's history, naming the checkpoint it
         goes into; nothing non-finite gets that far. Returns that checkpoint's path and the scores."""
         path = self.store.next_path(self.lease.token)
@@ -214,7 +219,7 @@ class Attempt:
             "checkpoint": path.name, "train_rows": int(len(examples.y)), "train_frauds": int(examples.y.sum()),
             "first_day": str(examples.day.min()) if len(examples.day) else "",
             "last_day": str(examples.day.max()) if len(examples.day) else "",
-            "train_accuracy": trainer.train_accuracy(len(examples.y)),
+            "window_rows": int(len(window.y)), "train_accuracy": trainer.train_accuracy(len(window.y)),
             "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
             **calibration.assess(trainer, test, test_scores, calibrated_on),
         }
