@@ -725,6 +725,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "lowercases the name and compares values with strcasecmp); test_redis_started_from_its_rendered_"
                  "arguments runs the server from these very arguments")
       for word in ("--appendonly", "yes", "--appendfsync", "always", "--dir", "--port")),
+    Equivalent(INFRA_JOBS, "failure_policy(None, budget=False)", "failure_policy(None, budget=None)",
+               "failure_policy reads budget only as `if budget`: None and False alike"),
     Equivalent(INFRA_JOBS, "namespace, skip_await=False)", "namespace, skip_await=None)",
                "_job_metadata only asks `if skip_await:`: None and False alike"),
     Equivalent(INFRA_JOBS, "(contract.LOADER, ref, argv, {}, args,", "(contract.LOADER, ref, argv, None, args,",
