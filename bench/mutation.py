@@ -375,6 +375,7 @@ HEARTBEAT = "workload/runtime/heartbeat.py"
 CHECKPOINT = "workload/share/checkpoint.py"
 FSUTIL = "workload/share/fsutil.py"
 GPU = "workload/runtime/gpu.py"
+LAUNCH = "workload/runtime/launch.py"
 HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
 SIMULATOR = "workload/data/simulator.py"
@@ -873,6 +874,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "probabilities are >= 0, the first edge: the bin index is never below 0, so no lower clip is needed"),
     Equivalent(METRICS, "for b in range(len(edges) - 1):", "for b in range(len(edges) + 1):",
                "the bin index is clipped to len(edges) - 2: the two extra bins are empty, and empty bins are left out"),
+    # launch: header names, the poll default, the deadline's clock.
+    *(Equivalent(LAUNCH, 'headers={"Authorization": f"Bearer {token}"}', f'headers={{"{name}": f"Bearer {{token}}"}}',
+                 "HTTP field names are case-insensitive (RFC 9110, 5.1): the API server reads the same header")
+      for name in ("authorization", "AUTHORIZATION")),
+    Equivalent(LAUNCH, "poll_s: float = 5.0)", "poll_s: float = 6.0)",
+               "the one caller passes its --poll (cli wait-drained): the default is never read"),
+    Equivalent(LAUNCH, "if left <= 0:", "if left < 0:", CLOCK),
     # gpu: the branches a torch with CUDA takes. The suite's machines have the CPU build (is_available() False,
     # device_count() 0, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs on a GPU machine.
     *(Equivalent(GPU, before, after, CUDA_ONLY) for before, after in (

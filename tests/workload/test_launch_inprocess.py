@@ -147,7 +147,18 @@ def test_the_launch_lines_say_which_job_and_why(api: ApiServer, tmp_path: Path,
     assert launch.launch(path, 2, counts) == "training Job trainer-7: created for 2 new, 3 pending item(s)"
     api.status = 409
     assert launch.launch_scoring(path, 4, False) == "scoring Job trainer-7: exists for 4 new scoring day(s)"
-    assert [p[2] for p in api.posts] == [JOB, JOB]
+    assert launch.launch_scoring(path, 0, True) == "scoring Job trainer-7: exists for 0 new scoring day(s)"  # models
+    assert [p[2] for p in api.posts] == [JOB, JOB, JOB]
+    api.status = 500
+    with pytest.raises(launch.LaunchError, match=r"^creating the scoring Job at "):
+        launch.launch_scoring(path, 1, False)
+    path.write_text(json.dumps({"kind": "Job"}))  # no metadata: the line says so rather than failing
+    api.status = 201
+    assert launch.launch(path, 1, counts) == "training Job None: created for 1 new, 3 pending item(s)"
+    assert launch.launch_scoring(path, 1, False) == "scoring Job None: created for 1 new scoring day(s)"
+    path.write_text("[]")
+    with pytest.raises(launch.LaunchError, match=rf"^scoring Job template {path}: not a JSON object$"):
+        launch.launch_scoring(path, 1, False)
 
 
 @pytest.mark.parametrize(("text", "what", "error"), [
@@ -164,6 +175,9 @@ def test_a_broken_job_template_names_the_file(tmp_path: Path, text: str | None, 
     with pytest.raises(launch.LaunchError) as err:
         launch.read_job(path, what)
     assert str(err.value).startswith(error.format(path=path))
+    if what == "training":  # the default
+        with pytest.raises(launch.LaunchError, match=r"^training Job template "):
+            launch.read_job(path)
     path.write_text(json.dumps(JOB))
     assert launch.read_job(path) == JOB
 
