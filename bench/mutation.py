@@ -359,6 +359,7 @@ class Equivalent:
 # The modules that EQUIVALENT names, each once.
 INFRA_IDENTITY = "infra/identity.py"
 INFRA_JOBS = "infra/jobs.py"
+INFRA_NETWORK = "infra/network.py"
 INFRA_REDIS = "infra/redis.py"
 INFRA_SHARE_PREP = "infra/share_prep.py"
 POLICY_RULES = "policy/rules.py"
@@ -726,6 +727,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "lowercases the name and compares values with strcasecmp); test_redis_started_from_its_rendered_"
                  "arguments runs the server from these very arguments")
       for word in ("--appendonly", "yes", "--appendfsync", "always", "--dir", "--port")),
+    Equivalent(INFRA_NETWORK, "self.ready = []", "self.ready = None",
+               "read only as a depends_on list (the share's Filestore): no dependencies, as None and [] both say"),
     Equivalent(INFRA_JOBS, "failure_policy(None, budget=False)", "failure_policy(None, budget=None)",
                "failure_policy reads budget only as `if budget`: None and False alike"),
     Equivalent(INFRA_JOBS, "namespace, skip_await=False)", "namespace, skip_await=None)",
