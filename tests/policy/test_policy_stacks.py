@@ -405,10 +405,11 @@ def _run_stack_policy(name: str, resources: list[Registered]) -> list[tuple[str,
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_wrapped_stack_policy_passes_the_rendered_stacks_and_names_what_it_refuses(
-        stack: str, rendered: Callable[[str], Rendered]) -> None:
-    """Through the pack, with the facts it reads itself (the stack from the URNs, the config the engine passes:
-    none here): every stack rule passes the stack as rendered, and a refusal names the resource."""
+        stack: str, rendered: Callable[[str], Rendered], engine_config: Any) -> None:
+    """Through the pack, with the facts it reads itself (the stack from the URNs, the stack's config as the engine
+    passes it): every stack rule passes the stack as rendered, and a refusal names the resource."""
     r = rendered(stack)
+    engine_config(None, render.stack_config(stack, {}))
     for policy in pack.policies():
         if isinstance(policy, StackValidationPolicy):
             assert _run_stack_policy(policy.name, r.resources) == [], policy.name
@@ -428,7 +429,12 @@ def engine_config() -> Any:
     from pulumi.runtime import config as runtime_config
 
     before = dict(runtime_config.CONFIG.get())
-    yield lambda values: pulumi.runtime.set_all_config({f"{PROJECT}:{k}": v for k, v in values.items()})
+
+    def set_config(values: dict[str, Any] | None, full: dict[str, Any] | None = None) -> None:
+        """The project's `values` (short keys), or a stack's `full` config (namespaced keys) as a render sets it."""
+        pulumi.runtime.set_all_config(full if full is not None else {f"{PROJECT}:{k}": v for k, v in values.items()})
+
+    yield set_config
     pulumi.runtime.set_all_config(before)
 
 
