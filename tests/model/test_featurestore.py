@@ -94,7 +94,9 @@ def test_a_damaged_stored_day_is_recomputed_never_trusted(root: Path, damage: st
         entry.write_text(json.dumps({**meta, "sha256": "0" * 64}))
     else:
         entry.write_text("{not json")
-    with pytest.raises(featurestore.StaleFeatures):
+    said = (rf"^{arrays}: checksum mismatch with {entry.name} \(damaged or replaced\)$" if damage != "garbage entry"
+            else rf"^{entry}: unreadable \(")
+    with pytest.raises(featurestore.StaleFeatures, match=said):
         _fresh(root).stored_features(rel)
     with caplog.at_level(logging.WARNING, logger="workload.data.dataset"):
         again = _fresh(root).examples([rel]).x
