@@ -60,7 +60,8 @@ chaos: $(ALL_STAMP)
 
 # Mutation testing of the core (mutmut, about an hour on 2 cores; not part of `make test`): score per module and
 # every surviving mutant; ARGS="--only metrics policy" for a part, ARGS=--write to record it in docs/benchmarks.md (explained survivors: bench/mutation_explained.md);
-# ARGS="--changed-since recorded --write": only the groups changed since the recorded run, the others' figures kept.
+# a partial run's --write replaces only its groups' figures, each group's row naming the commit it was measured at;
+# ARGS="--changed-since recorded --write": only the groups changed since their own recorded commit (or never measured).
 mutation: $(ALL_STAMP)
 	nice -n 19 $(PY) -m bench.mutation $(ARGS)
 

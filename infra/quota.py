@@ -55,13 +55,14 @@ def needs(gpu: GpuConfig, region: str, pods: int) -> list[Need]:
 
 def limit(infos: Sequence[Mapping[str, Any]], region: str) -> float | None:
     """The limit in effect for ``region`` ('' = project-wide) among a quota info's dimension infos: the
-    row for that region, else the row without a region dimension whose locations include it."""
+    row for that region, else the row without a region dimension whose locations include it. The SDK's result
+    types are dicts (keyed by the Python names), under the mock engine as under a real one."""
     rows = [dict(i) for i in infos or []]
     for row in rows:
         if (row.get("dimensions") or {}).get("region") == region and region:
             return _value(row)
     for row in rows:
-        locations = row.get("applicable_locations") or row.get("applicableLocations") or []
+        locations = row.get("applicable_locations") or []
         applies = not region or region in locations or "global" in locations
         if "region" not in (row.get("dimensions") or {}) and applies:
             return _value(row)
@@ -70,9 +71,9 @@ def limit(infos: Sequence[Mapping[str, Any]], region: str) -> float | None:
 
 def _value(row: Mapping[str, Any]) -> float | None:
     details = row.get("details") or {}
-    if isinstance(details, list | tuple):  # the SDK's shape: a list of one detail
-        details = details[0] if details else {}
-    value = details.get("value") if isinstance(details, Mapping) else getattr(details, "value", None)
+    if isinstance(details, list | tuple):  # the SDK's shape: a list of one detail (not empty: `or {}` above)
+        details = details[0]
+    value = details.get("value")
     return float(value) if value not in (None, "") else None
 
 
@@ -95,7 +96,7 @@ def check(
     found = [
         gcp.cloudquota.get_s_quota_info_output(
             parent=f"projects/{project_id}", service=SERVICE, quota_id=need.quota_id, opts=opts
-        ).dimensions_infos.apply(lambda infos, need=need: (need, limit([_plain(i) for i in infos or []], need.region)))
+        ).dimensions_infos.apply(lambda infos, need=need: (need, limit(infos, need.region)))
         for need in needs(gpu, region, pods)
     ]
 
@@ -111,14 +112,3 @@ def check(
 class QuotaError(RuntimeError):
     """The project's GPU quota cannot run the training pods; the message says which and how to ask."""
 
-
-def _plain(info: Any) -> dict[str, Any]:
-    if isinstance(info, Mapping):
-        return dict(info)
-    details = getattr(info, "details", None) or []
-    first = details[0] if isinstance(details, list | tuple) and details else details
-    return {
-        "dimensions": dict(getattr(info, "dimensions", None) or {}),
-        "applicable_locations": list(getattr(info, "applicable_locations", None) or []),
-        "details": {"value": first.get("value") if isinstance(first, Mapping) else getattr(first, "value", None)},
-    }

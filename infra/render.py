@@ -39,9 +39,11 @@ CLUSTER_CA = "ZmFrZS1jYQ=="  # base64("fake-ca")
 IMAGE_DIGEST = "sha256:" + "ab" * 32
 ACCESS_TOKEN = "fake-access-token"
 
-# The GPU quota limits the fake Cloud Quotas API reports (quota id -> limit); tests change them.
+# The GPU quota limits the fake Cloud Quotas API reports (quota id -> limit); tests change them. A limit is one
+# row for every location, a dict one row per region it names, None no row at all (a quota the API does not know).
 GPU_QUOTA_LIMIT = 16.0
-GPU_QUOTAS: dict[str, float] = {}
+GPU_QUOTAS: dict[str, float | dict[str, float] | None] = {}
+GPU_QUOTA_CALLS: list[pulumi.runtime.MockCallArgs] = []  # every call to it, for tests of what was asked
 
 MASK = "[secret]"
 # Values under such keys are credentials even where the engine would not mark them secret (a provider
@@ -214,9 +216,15 @@ class _FakeCloud(pulumi.runtime.Mocks):
         if args.token == "gcp:organizations/getClientConfig:getClientConfig":
             return {"accessToken": ACCESS_TOKEN, "project": FAKE_PROJECT_ID}
         if args.token == "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo":
+            GPU_QUOTA_CALLS.append(args)
+            if (args.args.get("parent"), args.args.get("service")) != (f"projects/{FAKE_PROJECT_ID}",
+                                                                        "compute.googleapis.com"):
+                raise ValueError(f"Cloud Quotas API: no quota {args.args['quotaId']} here: {args.args}")
             value = GPU_QUOTAS.get(args.args["quotaId"], GPU_QUOTA_LIMIT)
-            row = {"applicableLocations": ["global"], "details": [{"value": f"{value:g}"}], "dimensions": {}}
-            return {"quotaId": args.args["quotaId"], "dimensionsInfos": [row]}
+            limits = value if isinstance(value, dict) else {} if value is None else {"": value}
+            rows = [{"applicableLocations": [region or "global"], "details": [{"value": f"{v:g}"}],
+                     "dimensions": {"region": region} if region else {}} for region, v in limits.items()]
+            return {"quotaId": args.args["quotaId"], "dimensionsInfos": rows}
         return {}
 
 

@@ -202,6 +202,8 @@ def test_write_keeps_the_score_in_the_docs_and_the_explained_survivors_beside_th
         mutation._survivor("metrics.x_f__mutmut_2", module, ["-    return 0.0", "+    return 1.0"])]
     assert result.survivors[0].why and not result.survivors[1].why
     monkeypatch.setattr(mutation, "collect", lambda where, group: [result])
+    (tmp_path / "stage" / "metrics").mkdir(parents=True)  # what run_group leaves: the commit it staged
+    (tmp_path / "stage" / "metrics" / mutation.MARK).write_text('{"commit": "0123abcd"}')
 
     assert mutation.main(["--only", "metrics", "--no-run", "--write"]) == 1  # one open survivor: falls short
 
@@ -217,3 +219,128 @@ def test_write_keeps_the_score_in_the_docs_and_the_explained_survivors_beside_th
            f"{result.survivors[0].why}" in listed
     assert "metrics.x_f__mutmut_2" not in listed
     assert run.mutation_block(docs).strip() == f"{mutation.BEGIN}{block}{mutation.END}"
+
+
+def _record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/benchmarks.md and the explained survivors in tmp_path, and build/mutation/ below it."""
+    for name, value in (("ROOT", tmp_path), ("DOCS", tmp_path / "benchmarks.md"),
+                        ("EXPLAINED", tmp_path / "mutation_explained.md"), ("STAGE", tmp_path / "stage")):
+        monkeypatch.setattr(mutation, name, value)
+
+
+def _staged(tmp_path: Path, group: str, commit: str, wall: float = 60.0) -> None:
+    (tmp_path / "stage" / group).mkdir(parents=True)
+    (tmp_path / "stage" / group / mutation.MARK).write_text(
+        f'{{"commit": "{commit}", "wall": {wall}, "cpu": 50.0, "jobs": 1}}')
+
+
+def test_partial_runs_accumulate_each_group_with_the_commit_it_was_measured_at(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--only X --write records X's figures beside the recorded ones of every other group, each group's row naming
+    the commit its figures were measured at; a group never measured is listed as such, and the verdict falls short
+    until every group is measured."""
+    _record(tmp_path, monkeypatch)
+    metrics = mutation.ModuleResult("workload/model/metrics.py", Counter(killed=9, survived=1))
+    metrics.survivors = [mutation._survivor("workload.model.metrics.x_f__mutmut_1", metrics.module,
+                                            ["-    return 0.0", "+    return 1.0"])]
+    features = mutation.ModuleResult("workload/data/features.py", Counter(killed=20))
+    found = {"metrics": [metrics], "features": [features]}
+    monkeypatch.setattr(mutation, "collect", lambda where, group: found[group.name])
+    _staged(tmp_path, "metrics", "aaaa1111")
+    assert mutation.main(["--only", "metrics", "--no-run", "--write"]) == 1
+    _staged(tmp_path, "features", "bbbb2222", wall=120.0)
+    assert mutation.main(["--only", "features", "--no-run", "--write"]) == 1  # most groups never measured
+
+    block = mutation._recorded_block()
+    assert "| metrics | aaaa1111 | 10 | 1 | 1.0 min | 0.8 min |" in block  # kept as it was recorded
+    assert "| features | bbbb2222 | 20 | 1 | 2.0 min | 0.8 min |" in block
+    assert "| workload/model/metrics.py | 10 | 9 | 0 | 1 | 0 | 0 | 90.0 % |" in block
+    assert "| workload/data/features.py | 20 | 20 | 0 | 0 | 0 | 0 | 100.0 % |" in block
+    assert "- `workload.model.metrics.x_f__mutmut_1`: `return 0.0` -> `return 1.0`" in block  # still open
+    queue = next(g for g in mutation.GROUPS if g.name == "queue")
+    assert f"| queue | not measured: {mutation.NEVER} | | | | |" in block
+    assert f"| {queue.modules[0]} | not measured: {mutation.NEVER} | | | | | | |" in block
+    summary = next(line for line in block if "Mutation score" in line)
+    assert "Mutation score 96.7 % over 2 module(s)" in summary and "falls short" in summary
+    assert f"{len(mutation.GROUPS) - 2} group(s) not measured" in summary
+
+    recorded = mutation.recorded_results()
+    assert {n: rev for n, (rev, _) in mutation.recorded_groups(recorded).items()} == {
+        "metrics": "aaaa1111", "features": "bbbb2222"}
+
+
+def test_changed_since_recorded_judges_each_group_against_its_own_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _record(tmp_path, monkeypatch)
+    metrics, features = (next(g for g in mutation.GROUPS if g.name == n) for n in ("metrics", "features"))
+    rows = [mutation.ModuleResult(m, Counter(killed=5)) for m in (*metrics.modules, *features.modules)]
+    mutation.write_docs(["Written at commit cccc3333 by `make mutation`.", *mutation.GROUPS_HEAD,
+                         mutation.group_row("metrics", "aaaa1111", 5, None),
+                         mutation.group_row("features", "bbbb2222", 5, mutation.Run(60.0, 30.0, 1)),
+                         "", *mutation.table([(r, "") for r in rows])])
+    recorded = mutation.recorded_results()
+    commits = {n: rev for n, (rev, _) in mutation.recorded_groups(recorded).items()}
+    assert commits == {"metrics": "aaaa1111", "features": "bbbb2222"}
+    # Since aaaa1111 a test of metrics changed and features' module; since bbbb2222 nothing of either.
+    changed = {"aaaa1111": {metrics.tests[0], features.modules[0]}, "bbbb2222": set()}
+    asked: list[str] = []
+
+    def since(rev: str) -> set[str]:
+        asked.append(rev)
+        return changed[rev]
+
+    queue = next(g for g in mutation.GROUPS if g.name == "queue")
+    rerun = mutation.to_rerun([metrics, features, queue], recorded, commits, "recorded", since)
+    assert [g.name for g in rerun] == ["metrics", "queue"]  # queue: never measured
+    assert asked == ["aaaa1111", "bbbb2222"]  # each commit's changes read once, and no commit for queue
+    # An explicit revision judges every group against it.
+    assert [g.name for g in mutation.to_rerun([metrics, features], recorded, commits, "aaaa1111", since)] == [
+        "metrics", "features"]
+
+
+def test_a_record_older_than_the_measured_at_column_names_one_commit_for_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table the issue 13 run recorded: one commit in the text, groups without their own; a group whose
+    modules the record lacks (moved or split since) counts as never measured."""
+    _record(tmp_path, monkeypatch)
+    metrics = next(g for g in mutation.GROUPS if g.name == "metrics")
+    worker = next(g for g in mutation.GROUPS if g.name == "worker")
+    rows = [mutation.ModuleResult(m, Counter(killed=5)) for m in (*metrics.modules, worker.modules[0])]
+    mutation.write_docs(["The run: a fresh clone of main at 8ac34d1, `make mutation ARGS=--write`.",
+                         "| group | mutants | at once | wall | CPU |", "|---|---|---|---|---|",
+                         "| metrics | 5 | 1 | 1.3 min | 1.3 min |", "| worker | 5 | 2 | 31.9 min | 29.0 min |",
+                         "| all | 10 | | 33.0 min | 30.3 min |", "", *mutation.table([(r, "") for r in rows])])
+    assert mutation.recorded_groups(mutation.recorded_results()) == {
+        "metrics": ("8ac34d1", "| metrics | 8ac34d1 | 5 | 1 | 1.3 min | 1.3 min |")}
+
+
+def test_a_recorded_open_survivor_that_a_rule_now_explains_reads_back_as_explained(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EQUIVALENT rule added after a group's run applies to its recorded survivors: a re-report needs no rerun."""
+    _record(tmp_path, monkeypatch)
+    module = "workload/model/metrics.py"
+    mutation.write_docs([*mutation.table([(mutation.ModuleResult(module, Counter(killed=8, survived=2)), "")]),
+                         "- `workload.model.metrics.x_f__mutmut_1`: `return float(\"nan\")` -> `return float(\"NAN\")`",
+                         "- `workload.model.metrics.x_f__mutmut_2`: `return 0.0` -> `return 1.0`"])
+    result = mutation.recorded_results()[module]
+    assert [bool(s.why) for s in result.survivors] == [True, False]
+    assert (result.equivalent, result.score) == (1, 8 / 9 * 100)
+
+
+def test_the_floor_holds_for_each_module_not_only_for_the_total(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    _record(tmp_path, monkeypatch)
+    weak = mutation.ModuleResult("workload/model/metrics.py", Counter(killed=8, survived=2))
+    weak.survivors = [mutation.Survivor(f"workload.model.metrics.x_f__mutmut_{i}", weak.module, "a", "b")
+                      for i in (1, 2)]
+    strong = mutation.ModuleResult("workload/data/features.py", Counter(killed=100))
+    found = {"metrics": [weak], "features": [strong]}
+    monkeypatch.setattr(mutation, "collect", lambda where, group: found[group.name])
+    monkeypatch.setattr(mutation, "GROUPS", tuple(g for g in mutation.GROUPS if g.name in found))
+    for name in found:
+        _staged(tmp_path, name, "cccc3333")
+    assert mutation.main(["--no-run", "--write"]) == 1
+    block = mutation._recorded_block()
+    summary = next(line for line in block if "Mutation score" in line)
+    assert "Mutation score 98.2 % over 2 module(s)" in summary and "falls short" in summary
+    assert "below the floor of 90 %: workload/model/metrics.py" in block

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -34,10 +35,16 @@ _CACHE: dict[tuple[str, str], Rendered] = {}
 
 @pytest.fixture
 def rendered() -> Callable[..., Rendered]:
-    """``rendered("dev", clusterMode="standard")``: the program's resources for that stack and config."""
+    """``rendered("dev", clusterMode="standard")``: the program's resources for that stack and config.
+
+    Not cached under mutmut (MUTANT_UNDER_TEST): it maps each test to the functions the test called, and a test
+    served from the cache would call none, so it would never run against the program's mutants (bench/mutation.py).
+    """
 
     def get(stack: str, **overrides: Any) -> Rendered:
         key = (stack, json.dumps(overrides, sort_keys=True))
+        if os.environ.get("MUTANT_UNDER_TEST"):
+            return render(stack, overrides)
         if key not in _CACHE:
             _CACHE[key] = render(stack, overrides)
         return _CACHE[key]

@@ -532,6 +532,8 @@ def test_the_share_is_one_filestore_bound_to_exactly_one_claim(stack: str, tier:
     assert claim["spec"]["resources"]["requests"]["storage"] == f"{config.FILESTORE_TIERS[tier][0]}Gi"
     assert claim["metadata"] == {"name": b.made["share"].claim_name, "namespace": b.cfg.namespace}
     assert b.cfg.slug in volume["metadata"]["name"]  # PVs are cluster-wide: one per stack
+    # Filestore peers with the VPC: the instance waits for the subnet a created network makes.
+    assert b.one("gcp:compute/subnetwork:Subnetwork").urn in instance.dependencies
 
 
 def _gpu(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any]:

@@ -68,3 +68,13 @@ def test_every_fact_names_its_evidence_in_the_providers_source() -> None:
         assert fact.paths and ("terraform-provider-google" in fact.evidence or "diff.go" in fact.evidence)
     assert replacements.stateful(FILESTORE) and replacements.stateful(replacements.CLUSTER)
     assert "metadata.name" in replacements.replace_paths("kubernetes:core/v1:Namespace")
+
+
+def test_only_kubernetes_objects_are_replaced_by_a_new_name_and_nothing_stateless_is_lost() -> None:
+    """The facts as `make diff` reads them: a Google resource's own ForceNew inputs, a Kubernetes object's plus
+    its name and namespace; what a replacement destroys is a sentence for a stateful resource and '' otherwise."""
+    assert replacements.replace_paths(replacements.BUCKET_GRANT) == ("bucket", "role", "member", "condition")
+    assert replacements.replace_paths("kubernetes:core/v1:ConfigMap") == (
+        "data", "binaryData", "metadata.name", "metadata.namespace")
+    assert replacements.stateful("kubernetes:core/v1:ConfigMap") == ""
+    assert replacements.stateful(replacements.BUCKET_GRANT).startswith("a bucket grant: the pods lose access")

@@ -12,8 +12,8 @@ JOB = "kubernetes:batch/v1:Job"
 
 
 @pytest.fixture
-def quotas(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
-    limits: dict[str, float] = {}
+def quotas(monkeypatch: pytest.MonkeyPatch) -> dict[str, float | dict[str, float] | None]:
+    limits: dict[str, float | dict[str, float] | None] = {}
     monkeypatch.setattr(render, "GPU_QUOTAS", limits)
     return limits
 
@@ -25,7 +25,7 @@ def test_a_new_project_without_gpu_quota_fails_before_any_gpu_pod(stack: str, qu
         render.render(stack)
     line = str(err.value)
     assert f"GPU quota {quota.ALL_REGIONS} (all regions together) is 0, the training pods need" in line
-    assert "--quota-id=GPUS-ALL-REGIONS-per-project" in line and "IAM & Admin > Quotas" in line
+    assert "--quota-id=GPUS-ALL-REGIONS-per-project --preferred-value=" in line and "IAM & Admin > Quotas" in line
 
 
 def test_spot_quota_below_parallelism_names_the_region_and_the_count(quotas: dict[str, float]) -> None:
@@ -59,3 +59,39 @@ def test_a_limit_per_region_wins_over_the_default_row() -> None:
     assert [n.quota_id for n in quota.needs(gpu, "us-central1", 2)] == [
         "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region", quota.ALL_REGIONS]
     assert set(quota.QUOTA_NAMES) == set(config.GPU_MACHINE_TYPES)  # every allowed GPU has its quota name
+
+
+def test_the_check_asks_the_projects_compute_quotas_through_the_stacks_provider(
+        quotas: dict[str, float | dict[str, float] | None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quota read is the project's Compute Engine quota, through the stack's Google provider (its project and
+    credentials), for each need; the spot quota of another region does not count."""
+    calls: list[object] = []
+    monkeypatch.setattr(render, "GPU_QUOTA_CALLS", calls)
+    quotas["PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region"] = {"europe-west4": 8, "us-central1": 1}
+    with pytest.raises(Exception, match="GPU quota PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region in us-central1 is 1"):
+        render.render("dev", {"parallelism": 2, "runs": {"a": {}, "b": {}}})
+    spot = "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region"
+    assert sorted(c.args["quotaId"] for c in calls) == [quota.ALL_REGIONS, spot]
+    assert {(c.args["parent"], c.args["service"]) for c in calls} == {
+        (f"projects/{render.FAKE_PROJECT_ID}", "compute.googleapis.com")}
+    assert all(c.provider.startswith("urn:pulumi:dev::") and "pulumi:providers:gcp::" in c.provider for c in calls)
+
+
+def test_a_quota_the_api_does_not_know_is_not_ours_to_refuse(
+        quotas: dict[str, float | dict[str, float] | None]) -> None:
+    quotas.update({quota.ALL_REGIONS: None, "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region": 2})
+    assert render.render("dev", {"parallelism": 2, "runs": {"a": {}, "b": {}}}).outputs["gpuQuota"] == (
+        "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=2, GPUS-ALL-REGIONS-per-project=?")  # exactly enough
+
+
+def test_a_limit_reads_the_row_of_its_region_or_the_default_and_no_other_regions() -> None:
+    other = {"dimensions": {"region": "europe-west4"}, "applicable_locations": ["us-central1"],
+             "details": [{"value": "2"}]}
+    default = {"dimensions": {}, "applicable_locations": ["us-central1"], "details": [{"value": "1"}]}
+    assert quota.limit([other, default], "us-central1") == 1
+    assert quota.limit([other, {**default, "dimensions": None}], "us-central1") == 1
+    for details in ([], [{"value": ""}], [{}], None):  # a row without a value: unknown, not zero
+        assert quota.limit([{**default, "details": details}], "us-central1") is None
+    need = quota.Need("NVIDIA-L4-GPUS-per-project-region", 2, "us-central1")
+    assert quota.shortfall(need, 2) == "" and quota.shortfall(need, None) == ""
+    assert quota.shortfall(need, 1).startswith("GPU quota NVIDIA-L4-GPUS-per-project-region in us-central1 is 1,")

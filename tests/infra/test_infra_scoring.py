@@ -65,3 +65,30 @@ def test_bad_input_fails_scoring_at_once_and_infra_faults_retry(stack: str, rend
     assert job.pod_failed(FailedPod({"scorer-1": errors.EXIT_INFRA, "scorer-0": 0})) is None
     assert job.pod_failed(FailedPod({"scorer-0": 1}, ("DisruptionTarget",))) is None
     assert job.pod_failed(FailedPod({"scorer-0": 0, "scorer-1": errors.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_the_scorer_waits_for_training_within_its_deadline_on_cpu_it_reserves(stack: str, rendered: Render) -> None:
+    """The init container waits at most the training Job's deadline (through the worker's own wait-drained
+    command), the Job's deadline adds the scoring time to it, and both containers reserve what they use."""
+    from workload.cli import parser
+
+    r = rendered(stack, runs=SWEEP, **OUTPUT)
+    scoring, training, loader = r.one(JOB, "scoring"), r.one(JOB, "training"), r.one(JOB, "loader")
+    spec, cfg = scoring.inputs["spec"], config.load(render.stack_config(stack, {"runs": SWEEP, **OUTPUT}),
+                                                   stack=stack)
+    pod = spec["template"]["spec"]
+    (wait,) = pod["initContainers"]
+    assert wait["name"] == contract.WAIT_DRAINED and wait["image"] == pod["containers"][0]["image"]
+    assert wait["args"] == [contract.WAIT_DRAINED, "--timeout", str(cfg.jobs.active_deadline_seconds)]
+    assert parser().parse_args(wait["args"]).timeout == cfg.jobs.active_deadline_seconds  # the CLI's own flag
+    assert wait["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
+    assert {c["name"]: c["resources"] for c in pod["containers"]} == {
+        f"{contract.SCORER}-{i}": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+        for i in range(len(SWEEP))}
+    assert spec["activeDeadlineSeconds"] == (
+        training.inputs["spec"]["activeDeadlineSeconds"] + cfg.jobs.loader_timeout_minutes * 60)
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations[contract.SEED_INPUTS_ANNOTATION] == (
+        loader.inputs["spec"]["template"]["metadata"]["annotations"][contract.SEED_INPUTS_ANNOTATION])
+    assert scoring.type == JOB and scoring.parent.endswith("spot-trainer:k8s:ScoringJob::scoring")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import shutil
@@ -93,7 +94,9 @@ def test_a_damaged_stored_day_is_recomputed_never_trusted(root: Path, damage: st
         entry.write_text(json.dumps({**meta, "sha256": "0" * 64}))
     else:
         entry.write_text("{not json")
-    with pytest.raises(featurestore.StaleFeatures):
+    said = (rf"^{arrays}: checksum mismatch with {entry.name} \(damaged or replaced\)$" if damage != "garbage entry"
+            else rf"^{entry}: unreadable \(")
+    with pytest.raises(featurestore.StaleFeatures, match=said):
         _fresh(root).stored_features(rel)
     with caplog.at_level(logging.WARNING, logger="workload.data.dataset"):
         again = _fresh(root).examples([rel]).x
@@ -171,3 +174,29 @@ def test_a_day_file_replaced_after_seeding_is_read_again_not_served_from_the_sto
         _fresh(root).stored_features(rel)
     with pytest.raises((OSError, ds.DatasetError), match="2018-04-06.parquet"):
         _fresh(root).examples([rel])
+
+
+def _arrays(n: int = 3, width: int = len(features.FEATURE_NAMES)) -> dict[str, np.ndarray]:
+    return {"x": np.arange(n * width, dtype="<f4").reshape(n, width), "y": np.zeros(n, "<f4"),
+            "day": np.full(n, np.datetime64("2018-04-01", "D")), "card": np.arange(n, dtype="<i8"),
+            "known": np.ones(n, bool), "ids": np.arange(n, dtype="<i8") + 100}
+
+
+def test_a_stored_days_layout_is_checked_array_by_array() -> None:
+    """The record the store reads back in place: every array in its dtype and C order, none cut short, x one column
+    per feature, nothing after the last; each refusal names the array and what it saw."""
+    data = featurestore._to_bytes(_arrays())
+    back = featurestore._from_bytes(bytearray(data))
+    assert all(np.array_equal(back[k], v) for k, v in _arrays().items())
+    with pytest.raises(ValueError, match=r"^array ids: truncated$"):
+        featurestore._from_bytes(bytearray(data[:-1]))
+    with pytest.raises(ValueError, match=r"^unexpected layout: x \(3, \d+\), 1 trailing bytes$"):
+        featurestore._from_bytes(bytearray(data + b"\0"))
+    with pytest.raises(ValueError, match=rf"^unexpected layout: x \(3, {len(features.FEATURE_NAMES) + 1}\), 0 "):
+        featurestore._from_bytes(bytearray(featurestore._to_bytes(_arrays(width=len(features.FEATURE_NAMES) + 1))))
+    fortran = _arrays()
+    buf = io.BytesIO()
+    for name, dtype in featurestore._ARRAYS:
+        np.lib.format.write_array(buf, np.asfortranarray(fortran[name], dtype=dtype), allow_pickle=False)
+    with pytest.raises(ValueError, match=r"^array x: dtype float32 \(Fortran order\), expected <f4$"):
+        featurestore._from_bytes(bytearray(buf.getvalue()))

@@ -6,6 +6,8 @@ where `<=` belongs (or a looser bound) would pass them; here every step of the r
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -57,3 +59,36 @@ def test_no_threshold_within_the_rate_finds_nothing() -> None:
     scores = np.linspace(0.9, 0.1, len(labels))
     assert metrics.recall_at_fpr(scores, labels) == 0.0
     assert metrics.recall_at_fpr(scores, labels, max_fpr=0.02) == 1.0  # the same ranking at 2%: both found
+
+
+def test_alert_thresholds_at_their_edges() -> None:
+    """No transactions: every figure unknown. One fraud alone: it is the alert, and without a legitimate transaction
+    there is no false-positive rate. Timestamps of one day are one card-day, ranked from the best score down; the
+    false-positive limit is inclusive; a limit nothing meets alerts nothing."""
+    none = metrics.alert_thresholds(np.array([]), np.array([]), np.array([], dtype="datetime64[D]"), np.array([]))
+    assert {rule: sorted(figures) for rule, figures in none.items()} == {
+        "top100_cards": ["alerts_per_day", "precision", "recall", "threshold"],
+        "fpr_1pct": ["false_positive_rate", "precision", "recall", "threshold"]}
+    assert all(math.isnan(x) for figures in none.values() for x in figures.values())
+
+    one = metrics.alert_thresholds(np.array([0.3]), np.array([1]), np.array(["2018-08-08"], dtype="datetime64[D]"),
+                                   np.array([7]))
+    assert one["top100_cards"] == {"threshold": 0.3, "precision": 1.0, "recall": 1.0, "alerts_per_day": 1.0}
+    assert all(math.isnan(x) for x in one["fpr_1pct"].values())
+
+    days = np.array(["2018-08-08T01:00", "2018-08-08T23:00", "2018-08-08T12:00", "2018-08-08T05:00"],
+                    dtype="datetime64[ns]")
+    scores, labels, cards = np.array([0.2, 0.9, 0.5, 0.1]), np.array([0, 1, 0, 0]), np.array([1, 1, 2, 3])
+    alerts = metrics.alert_thresholds(scores, labels, days, cards, k=1, max_fpr=1 / 3)
+    assert alerts["top100_cards"] == {"threshold": 0.9, "precision": 1.0, "recall": 1.0, "alerts_per_day": 1.0}
+    assert alerts["fpr_1pct"] == {"threshold": 0.5, "precision": 0.5, "recall": 1.0, "false_positive_rate": 1 / 3}
+    strict = metrics.alert_thresholds(np.array([0.9, 0.5]), np.array([0, 1]), days[:2], cards[1:3], max_fpr=0.0)
+    assert strict["fpr_1pct"]["threshold"] == float("inf") and math.isnan(strict["fpr_1pct"]["precision"])
+    assert {k: v for k, v in strict["fpr_1pct"].items() if k not in ("threshold", "precision")} == {
+        "recall": 0.0, "false_positive_rate": 0.0}
+    assert metrics.alert_columns([], scores) == {}  # a model without a history has no thresholds
+
+
+def test_a_probability_on_a_bin_edge_belongs_to_the_bin_it_opens() -> None:
+    rows = metrics.reliability(np.array([0.001, 0.0009]), np.array([1, 0]))
+    assert [(r["low"], r["high"], r["n"]) for r in rows] == [(0.0, 0.001, 1.0), (0.001, 0.003, 1.0)]

@@ -189,3 +189,18 @@ def test_presets_exist_and_cluster_is_the_handbook_size() -> None:
 def test_invalid_specs_are_refused_with_the_field_named(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **change)
+
+
+def test_the_smallest_spec_generates_its_one_day_named_by_date(tmp_path: Path) -> None:
+    """Every minimum is allowed at its edge, a start date with a time of day still names days by date, and each
+    file holds exactly the schema's columns (no index column)."""
+    import pyarrow.parquet as pq
+
+    smallest = simulator.SimulationSpec(customers=3, terminals=2, train_days=1, test_days=0,
+                                        start_date="2018-04-01T00:00", seed=3)
+    assert dataclasses.replace(smallest, radius=0.5).radius == 0.5
+    (path,) = simulator.generate(tmp_path, smallest)
+    assert path.relative_to(tmp_path).as_posix() == "training/2018-04-01.parquet"
+    assert pq.read_schema(path).names == list(schema.SIMULATED)
+    with pytest.raises(ValueError, match="test_days must be at least 0, got -1"):
+        dataclasses.replace(smallest, test_days=-1)

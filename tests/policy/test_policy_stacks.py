@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pulumi
 import pytest
 import yaml
 from pulumi_policy import (
@@ -28,6 +29,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
 from infra import render
+from infra.config import DATA_LOSS_KEY, PROJECT
 from infra.render import Registered, Rendered
 from policy import offline, pack, rules
 from tests.infra.test_infra_manifests import KUBERNETES_VERSION, _is_custom
@@ -385,3 +387,63 @@ def test_the_pack_refuses_an_unprotected_share_unless_data_loss_is_allowed(
     lossy = render.render(stack, {"allowDataLoss": True})
     assert not lossy.one(fs).protect and lossy.one(rules.CLUSTER).inputs["deletionProtection"] is False
     assert [v for v in offline.check_rendered(lossy) if v.policy == "stateful-protection"] == []
+
+
+def _run_stack_policy(name: str, resources: list[Registered]) -> list[tuple[str, str | None]]:
+    """Run one wrapped stack policy the way the analyzer does: every resource behind the unknown-checking proxy."""
+    (policy,) = [p for p in pack.policies() if p.name == name]
+    assert isinstance(policy, StackValidationPolicy)
+    views = [offline.stack_view(res) for res in resources]
+    args = StackValidationArgs(
+        [PolicyResource(v.type, unknown_checking_proxy(dict(v.props)), v.urn, v.name, None, None, None, [], {})  # type: ignore[arg-type]
+         for v in views]
+    )  # fmt: skip
+    reported: list[tuple[str, str | None]] = []
+    policy.validate(args, lambda message, urn=None: reported.append((message, urn)))
+    return reported
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_wrapped_stack_policy_passes_the_rendered_stacks_and_names_what_it_refuses(
+        stack: str, rendered: Callable[[str], Rendered], engine_config: Any) -> None:
+    """Through the pack, with the facts it reads itself (the stack from the URNs, the stack's config as the engine
+    passes it): every stack rule passes the stack as rendered, and a refusal names the resource."""
+    r = rendered(stack)
+    engine_config(None, render.stack_config(stack, {}))
+    for policy in pack.policies():
+        if isinstance(policy, StackValidationPolicy):
+            assert _run_stack_policy(policy.name, r.resources) == [], policy.name
+    share = r.one(rules.FILESTORE)
+    unmounted = mutated(r, rules.FILESTORE, share.name, lambda props: props.pop("networks"))
+    assert _run_stack_policy("filestore-on-cluster-network", unmounted) == [
+        (f"Filestore instance {share.name!r} names no network", share.urn)]
+    # A resource rule's facts too: env defaults to the stack's name from the URN.
+    labels = {"env": "x", "app": "spot-trainer", "team": "t"}
+    assert f"{rules.FILESTORE}: label env='x' in labels, expected {stack!r}" in _run_resource_policy(
+        "cost-labels", rules.FILESTORE, {"labels": labels}, stack=stack)
+
+
+@pytest.fixture
+def engine_config() -> Any:
+    """Set the config the engine passes to the pack (PULUMI_CONFIG); the render's config is restored after."""
+    from pulumi.runtime import config as runtime_config
+
+    before = dict(runtime_config.CONFIG.get())
+
+    def set_config(values: dict[str, Any] | None, full: dict[str, Any] | None = None) -> None:
+        """The project's `values` (short keys), or a stack's `full` config (namespaced keys) as a render sets it."""
+        pulumi.runtime.set_all_config(full if full is not None else {f"{PROJECT}:{k}": v for k, v in values.items()})
+
+    yield set_config
+    pulumi.runtime.set_all_config(before)
+
+
+def test_the_pack_reads_its_facts_from_the_config_the_engine_passes(engine_config: Any) -> None:
+    engine_config({"env": "staging", "team": "fraud", "onDemandFallback": "True", "datasetUri": " gs://b/inX/ ",
+                   "outputUri": "gs://b/outX//", DATA_LOSS_KEY: "TRUE"})  # prefixes may end in capitals
+    assert pack.stack_facts(stack="prod") == rules.StackFacts(
+        "prod", True, {"env": "staging", "app": "spot-trainer", "team": "fraud"}, "gs://b/inX", "gs://b/outX", True)
+    engine_config({"env": "", "team": "", "onDemandFallback": "", "datasetUri": "", "outputUri": "",
+                   DATA_LOSS_KEY: ""})
+    assert pack.stack_facts(stack="dev") == rules.StackFacts(
+        "dev", False, {"env": "dev", "app": "spot-trainer", "team": None}, "", "", False)

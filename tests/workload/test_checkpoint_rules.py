@@ -375,7 +375,9 @@ def test_what_save_promoted_is_described_from_its_name_alone(tmp_path: Path) -> 
     store = CheckpointStore(tmp_path)
     save(store, 1, token=3)
     path = store.save(state(2), path=store.next_path(3), may_promote=lambda: True)
-    promoted = ckpt.Loaded.promoted(state(2), path)
+    kept = state(2)
+    promoted = ckpt.Loaded.promoted(kept, path)
+    assert promoted.state is kept  # the state just saved, as it is in memory
     loaded = store.load()
     assert (promoted.path, promoted.seq, promoted.token) == (loaded.path, loaded.seq, loaded.token) == (path, 2, 3)
     far = ckpt.Loaded.promoted(state(2), store.dir / ckpt.checkpoint_name(123_456_789, 4))

@@ -703,3 +703,11 @@ def test_a_long_history_file_is_in_the_window_of_each_day_it_reaches(tmp_path: P
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_the_share_holds_datasets_and_output_side_by_side(tmp_path: Path) -> None:
+    """The layout DESIGN.md names (/mnt/share/datasets/<name>, /mnt/share/output/<run>), in one place."""
+    from workload.share.paths import share_paths
+
+    assert share_paths(tmp_path) == (tmp_path / "datasets", tmp_path / "output")
+    assert share_paths(str(tmp_path)) == (tmp_path / "datasets", tmp_path / "output")  # type: ignore[arg-type]

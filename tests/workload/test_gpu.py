@@ -8,6 +8,7 @@ torch, which is exactly "the driver/toolkit cannot serve this pod".
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 
 import pytest
@@ -36,24 +37,46 @@ def test_a_pod_without_a_gpu_is_left_to_the_cpu(r570: Path) -> None:
 
 
 @NO_CUDA
-@pytest.mark.parametrize(("environ", "devices", "evidence"), [
-    ({"EXPECTED_GPUS": "2"}, [], "EXPECTED_GPUS=2"),
-    ({"NVIDIA_VISIBLE_DEVICES": "GPU-3f2a"}, [], "NVIDIA_VISIBLE_DEVICES=GPU-3f2a"),
-    ({}, ["/dev/nvidia0"], "GPU devices /dev/nvidia0"),
+@pytest.mark.parametrize(("environ", "devices", "evidence", "wanted"), [
+    ({"EXPECTED_GPUS": "2"}, [], "EXPECTED_GPUS=2", 2),
+    ({"NVIDIA_VISIBLE_DEVICES": "GPU-3f2a"}, [], "NVIDIA_VISIBLE_DEVICES=GPU-3f2a", 1),
+    ({}, ["/dev/nvidia0"], "GPU devices /dev/nvidia0", 1),
+    ({"EXPECTED_GPUS": " 1 "}, ["/dev/nvidia0", "/dev/nvidia1"], "EXPECTED_GPUS=1", 1),
+    ({}, ["/dev/nvidia0", "/dev/nvidia1"], "GPU devices /dev/nvidia0, /dev/nvidia1", 1),
 ])
 def test_a_gpu_pod_without_cuda_names_the_driver_and_what_the_image_needs(
-    environ: dict[str, str], devices: list[str], evidence: str, r570: Path
+    environ: dict[str, str], devices: list[str], evidence: str, wanted: int, r570: Path
 ) -> None:
     reason = gpu.unusable_reason(environ, devices, r570)
-    assert f"this pod was given a GPU ({evidence}) but CUDA sees 0 of " in reason
-    assert "NVIDIA driver 570.133.20" in reason and f"torch {torch.__version__} needs" in reason
-    assert "\n" not in reason
+    assert reason == (
+        f"this pod was given a GPU ({evidence}) but CUDA sees 0 of {wanted}: NVIDIA driver 570.133.20; "
+        f"torch {torch.__version__} needs a CUDA build of torch, but this image has a CPU-only one. Refusing to "
+        "train on the CPU (rebuild the image for the node's driver, or pin the driver: docs/cloud.md#gpu-driver)")
+
+
+@NO_CUDA
+def test_without_arguments_the_check_reads_this_process_and_this_machine(
+        monkeypatch: pytest.MonkeyPatch, r570: Path) -> None:
+    """The worker calls it bare: the environment and device files of its own pod."""
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("EXPECTED_GPUS", "3")
+    assert gpu.unusable_reason(version_file=r570).startswith(
+        "this pod was given a GPU (EXPECTED_GPUS=3) but CUDA sees 0 of 3: NVIDIA driver 570.133.20;")
+    monkeypatch.delenv("EXPECTED_GPUS")
+    devices = sorted(glob.glob(gpu.DEVICE_FILES))  # none on these machines: a pod holding no GPU
+    assert gpu.unusable_reason(version_file=r570) == (
+        "" if not devices else gpu.unusable_reason({}, devices, r570))
 
 
 def test_the_driver_is_read_from_the_kernel_module_or_named_missing(tmp_path: Path, r570: Path) -> None:
     assert gpu.driver_version(r570) == "570.133.20"
     assert gpu.driver_version(tmp_path / "absent") == f"none loaded ({tmp_path / 'absent'} is missing)"
     assert gpu.CUDA_MIN_DRIVER["13"] == "R580" and gpu.CUDA_MIN_DRIVER["12"] == "R525"
+    odd = tmp_path / "odd"
+    odd.write_bytes(R570.encode().replace(b"UNIX", b"UN\xffX"))  # a byte that is no UTF-8: still read
+    assert gpu.driver_version(odd) == "570.133.20"
+    odd.write_text("  NVRM version: " + "x" * 100 + "\n")
+    assert gpu.driver_version(odd) == f"unknown ({odd} says {('NVRM version: ' + 'x' * 100)[:80]!r})"
 
 
 @NO_CUDA

@@ -2,8 +2,8 @@
 
 `seed --launch-job FILE` decides after enqueueing. Where it decides to launch, it reaches for the pod's
 Kubernetes credentials, which do not exist here: the command then fails with the infrastructure exit code
-and one line saying so. That failure is how these tests see the decision. The HTTP call to the API server
-itself is not tested (no API server can run on these machines).
+and one line saying so. That failure is how these tests see the decision. The HTTP call itself is tested in
+test_launch_inprocess.py, against an HTTPS server on loopback.
 """
 
 from __future__ import annotations

@@ -79,3 +79,22 @@ def test_items_cover_every_recorded_run_in_chronological_order(tmp_path: Path, d
     assert [i.seq for i in items if i.run == "a"] == list(range(6))
     assert {i.dataset for i in items} == {"fraud"}
     assert [i.run for i in plan.items(tmp_path, only={"b": plan.runs(tmp_path)["b"]})] == ["b"] * 6
+
+
+def test_the_gap_line_says_what_the_queue_lacks_of_the_share() -> None:
+    """The one line `status` and the worker's log print: nothing lacking, or each kind of lack, three names at most."""
+    whole = plan.Gap(runs=2, items=12, missing_runs=[], missing_items=[], token=7, token_floor=7)
+    assert not whole
+    assert whole.line() == "share vs queue: the share's plan is 2 run(s), 12 item(s); the queue holds them all"
+    behind = plan.Gap(runs=2, items=12, missing_runs=["a", "b", "c", "d", "e"], missing_items=["a/1", "a/2", "a/3"],
+                      token=3, token_floor=9)
+    assert behind
+    assert behind.line() == (
+        "share vs queue: the share's plan is 2 run(s), 12 item(s); the queue is BEHIND: it lacks 5 run(s) (a, b, c "
+        "and 2 more), 3 item(s) (a/1, a/2, a/3), a token counter at 3, below the share's 9 (Redis restored from an "
+        "older snapshot?); a worker adds them at start and before it exits")
+    for lacking, lacks in (({"missing_runs": ["a"]}, "1 run(s) (a)"), ({"missing_items": ["a/1"]}, "1 item(s) (a/1)"),
+                           ({"token": 6}, "a token counter at 6, below the share's 7")):
+        one = plan.Gap(**{"runs": 1, "items": 1, "missing_runs": [], "missing_items": [], "token": 7,
+                          "token_floor": 7, **lacking})
+        assert one and f"the queue is BEHIND: it lacks {lacks} (Redis restored" in one.line()

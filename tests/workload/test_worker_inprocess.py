@@ -851,6 +851,85 @@ def test_a_wiped_queue_is_restored_from_the_share(env: Share, tmp_path: Path,
     assert not any("pruned" in line for line in lines), "every day's boundary checkpoint is kept"
 
 
+def test_a_queue_wiped_while_the_worker_runs_is_restored_from_the_share(env: Share) -> None:
+    """The loop's own restore (run() reconciles once at its start; Redis may lose its data any time after): the
+    applied day marked done, the others enqueued again, and the queue seeded; with no runs on the share, nothing."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    queue.redis.flushall()
+    assert not queue.seeded() and queue.counts().total == 0
+    assert worker.restore()
+    c = queue.counts()
+    assert (c.done, c.pending, c.total) == (1, len(DAYS) - 1, len(DAYS)) and queue.seeded()
+    empty = Share(env.server, env.share.parent / "empty-share", env.src)
+    empty.share.mkdir()
+    queue.redis.flushall()
+    assert not Worker(empty.config(), empty.client_queue()).restore()
+    assert queue.counts().total == 0
+
+
+def test_a_backfilled_day_rewinds_the_run_to_the_boundary_before_it_and_applies_the_later_days_again(
+        env: Share) -> None:
+    """The in-process twin of test_late_days.py: day 2 published after days 1 and 3 were applied. Its attempt goes
+    back to the checkpoint that ends day 1, puts day 3 back to pending under its lease, and the run ends with every
+    day applied once in date order, the rewind recorded with what it re-applied and from where."""
+    target = env.share / "datasets" / "fraud"
+    simulator.generate(target, SPEC)
+    late = target / DAYS[1]
+    held = late.read_bytes()
+    late.unlink()
+    ds.write_manifest(target)
+    ds.Dataset(target).ensure_features()
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    for _ in range(2):
+        assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    assert env.state()["applied"] == [DAYS[0], DAYS[2]]
+    boundary = env.state()["history"][0]["checkpoint"]
+    late.write_bytes(held)
+    ds.write_manifest(target)
+    ds.Dataset(target).ensure_features()
+    queue.enqueue(plan.items(env.share))
+    assert (queue.counts().pending, queue.counts().done) == (1, 2)
+
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE  # day 2, after rewinding
+    state = env.state()
+    assert state["applied"] == DAYS[:2]
+    (record,) = state["reapplied"]
+    assert {k: record[k] for k in ("day", "reapplied", "from", "why")} == {
+        "day": DAYS[1], "reapplied": [DAYS[2]], "from": boundary,
+        "why": f"{DAYS[1]} arrived after {DAYS[2]} was applied (a backfill or a requeued day)"}
+    c = queue.counts()
+    assert (c.pending, c.done, c.total) == (1, 2, 3), "day 3 is pending again, to follow day 2"
+    assert worker.run() == EXIT_DONE
+    state = env.state()
+    assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS
+    assert [r["day"] for r in state["reapplied"]] == [DAYS[1]]
+
+
+def test_a_day_before_every_applied_one_rewinds_to_a_cold_start(env: Share) -> None:
+    target = env.share / "datasets" / "fraud"
+    simulator.generate(target, SPEC)
+    first = target / DAYS[0]
+    held = first.read_bytes()
+    first.unlink()
+    ds.write_manifest(target)
+    ds.Dataset(target).ensure_features()
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    assert worker.run() == EXIT_DONE
+    first.write_bytes(held)
+    ds.write_manifest(target)
+    ds.Dataset(target).ensure_features()
+    queue.enqueue(plan.items(env.share))
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    assert env.state()["applied"] == DAYS[:1]
+    assert env.state()["reapplied"][0]["from"] == "a cold start"
+    assert env.state()["reapplied"][0]["reapplied"] == DAYS[1:]
+    assert worker.run() == EXIT_DONE and env.state()["applied"] == DAYS
+
+
 def test_an_empty_never_seeded_queue_with_no_runs_on_the_share_exits_3(env: Share) -> None:
     assert Worker(env.config(), env.client_queue()).run() == EXIT_INFRA
 

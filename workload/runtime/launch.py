@@ -80,8 +80,8 @@ def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: s
     """POST the Job to the pod's own namespace with the pod's token, verified by the cluster's CA.
 
     Returns "created" or "exists": a Job of that name still present (training or finished, before its
-    ttlSecondsAfterFinished removes it) drains the same queue, so a second one is not needed.
-    UNTESTED HERE: no API server can run on these machines."""
+    ttlSecondsAfterFinished removes it) drains the same queue, so a second one is not needed. Tested against an
+    HTTPS server on loopback (tests/workload/test_launch_inprocess.py), not a real API server."""
     import requests  # in the image through google-cloud-storage
 
     try:

@@ -1,0 +1,205 @@
+"""The launcher in-process: its decisions, the Job templates it reads, the scorer's wait against a real Redis, and
+its one API call against a real HTTPS server on loopback holding a self-signed certificate that the pod's CA file
+names (test_launch.py drives the same code through `seed` processes, which mutation testing cannot trace)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from harness import Cluster
+
+from workload.queue import plan
+from workload.queue.workqueue import Counts
+from workload.runtime import launch
+
+JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer-7"}, "spec": {"parallelism": 2}}
+
+
+@dataclass
+class ApiServer:
+    """What the API server saw, and what it answers next."""
+
+    sa_dir: Path
+    url: str
+    status: int = 201
+    text: str = "{}"
+    delay_s: float = 0.0
+    posts: list[tuple[str, str, dict]] = field(default_factory=list)
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    sa_dir = tmp_path / "serviceaccount"
+    sa_dir.mkdir()
+    (sa_dir / "namespace").write_text("fraud\n")
+    (sa_dir / "token").write_text("pod-token\n")
+    shutil.copy(crt, sa_dir / "ca.crt")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.posts.append((self.path, self.headers["Authorization"], body))
+            time.sleep(state.delay_s)
+            self.send_response(state.status)
+            self.end_headers()
+            self.wfile.write(state.text.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(crt, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    port = server.server_address[1]
+    state = ApiServer(sa_dir, f"https://127.0.0.1:{port}/apis/batch/v1/namespaces/fraud/jobs")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(port))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_job_is_posted_to_the_pods_namespace_with_its_token(api: ApiServer) -> None:
+    assert launch.create_job(JOB, api.sa_dir) == "created"
+    assert api.posts == [("/apis/batch/v1/namespaces/fraud/jobs", "Bearer pod-token", JOB)]
+    api.status = 409  # a Job of that name is still there: it drains the same queue
+    assert launch.create_job(JOB, api.sa_dir, what="scoring") == "exists"
+
+
+@pytest.mark.parametrize(("status", "what"), [(300, "training"), (403, "scoring"), (500, "training")])
+def test_a_refusal_is_one_error_naming_the_job_the_url_and_the_reply(api: ApiServer, status: int, what: str) -> None:
+    api.status, api.text = status, "x" * 299 + "yz"
+    with pytest.raises(launch.LaunchError) as err:
+        launch.create_job(JOB, api.sa_dir, what=what)
+    assert str(err.value) == f"creating the {what} Job at {api.url}: HTTP {status}: {'x' * 299}y"
+
+
+def test_an_api_server_that_cannot_be_trusted_or_reached_is_a_launch_error(
+        api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stranger = tmp_path / "stranger"
+    shutil.copytree(api.sa_dir, stranger)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(tmp_path / "k2"), "-out", str(stranger / "ca.crt"), "-days", "1",
+                    "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    with pytest.raises(launch.LaunchError, match=rf"^creating the scoring Job at {api.url}: .*CERTIFICATE_VERIFY"):
+        launch.create_job(JOB, stranger, what="scoring")
+    assert api.posts == []
+    monkeypatch.setattr(launch, "API_TIMEOUT_S", 0.5)
+    api.delay_s = 3.0  # an API server that does not answer within the budget
+    started = time.monotonic()
+    with pytest.raises(launch.LaunchError, match=rf"^creating the training Job at {api.url}: .*timed out"):
+        launch.create_job(JOB, api.sa_dir)
+    assert time.monotonic() - started < 2.5
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT")  # the API server's default port, where nothing listens here
+    with pytest.raises(launch.LaunchError, match=r"^creating the training Job at https://127\.0\.0\.1:443/apis/"):
+        launch.create_job(JOB, api.sa_dir)
+
+
+def test_outside_a_pod_there_is_nothing_to_post_with(api: ApiServer, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(launch.LaunchError, match=r"^cannot create the scoring Job: not in a pod with a "
+                                                 r"service-account token and KUBERNETES_SERVICE_HOST \(.*namespace"):
+        launch.create_job(JOB, tmp_path / "absent", what="scoring")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    with pytest.raises(launch.LaunchError, match=r"^cannot create the training Job: .*\('KUBERNETES_SERVICE_HOST'\)$"):
+        launch.create_job(JOB, api.sa_dir)
+    assert api.posts == []
+
+
+def test_only_new_or_waiting_work_launches_training_and_only_new_days_or_models_launch_scoring() -> None:
+    def counts(pending: int, leased: int = 0) -> Counts:
+        return Counts(pending=pending, leased=leased, done=5, dead=0, total=5 + pending + leased)
+
+    assert not launch.should_launch(0, counts(0, leased=3))  # a live worker has it already
+    assert launch.should_launch(1, counts(0)) and launch.should_launch(0, counts(1))
+    assert not launch.should_score(0, False)
+    assert launch.should_score(1, False) and launch.should_score(0, True)
+    assert launch.launch(Path("/absent.json"), 0, counts(0)) == "nothing new: no training Job"
+    assert launch.launch_scoring(Path("/absent.json"), 0, False) == "nothing new to score: no scoring Job"
+
+
+def test_the_launch_lines_say_which_job_and_why(api: ApiServer, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pod's service-account folder is read from its fixed path: here, the fixture's.
+    monkeypatch.setattr(launch, "create_job", functools.partial(launch.create_job, sa_dir=api.sa_dir))
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(JOB))
+    counts = Counts(pending=3, leased=1, done=0, dead=0, total=4)
+    assert launch.launch(path, 2, counts) == "training Job trainer-7: created for 2 new, 3 pending item(s)"
+    api.status = 409
+    assert launch.launch_scoring(path, 4, False) == "scoring Job trainer-7: exists for 4 new scoring day(s)"
+    assert launch.launch_scoring(path, 0, True) == "scoring Job trainer-7: exists for 0 new scoring day(s)"  # models
+    assert [p[2] for p in api.posts] == [JOB, JOB, JOB]
+    api.status = 500
+    with pytest.raises(launch.LaunchError, match=r"^creating the scoring Job at "):
+        launch.launch_scoring(path, 1, False)
+    path.write_text(json.dumps({"kind": "Job"}))  # no metadata: the line says so rather than failing
+    api.status = 201
+    assert launch.launch(path, 1, counts) == "training Job None: created for 1 new, 3 pending item(s)"
+    assert launch.launch_scoring(path, 1, False) == "scoring Job None: created for 1 new scoring day(s)"
+    path.write_text("[]")
+    with pytest.raises(launch.LaunchError, match=rf"^scoring Job template {path}: not a JSON object$"):
+        launch.launch_scoring(path, 1, False)
+
+
+@pytest.mark.parametrize(("text", "what", "error"), [
+    (None, "training", "training Job template {path}: [Errno 2] No such file or directory"),
+    ("{not json", "scoring", "scoring Job template {path}: Expecting property name enclosed in double quotes"),
+    ("[1]", "training", "training Job template {path}: not a JSON object"),
+    ('{"kind": "Pod"}', "scoring", "scoring Job template {path}: not a Job manifest (kind 'Pod')"),
+    ("{}", "training", "training Job template {path}: not a Job manifest (kind None)"),
+])
+def test_a_broken_job_template_names_the_file(tmp_path: Path, text: str | None, what: str, error: str) -> None:
+    path = tmp_path / "job.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(launch.LaunchError) as err:
+        launch.read_job(path, what)
+    assert str(err.value).startswith(error.format(path=path))
+    if what == "training":  # the default
+        with pytest.raises(launch.LaunchError, match=r"^training Job template "):
+            launch.read_job(path)
+    path.write_text(json.dumps(JOB))
+    assert launch.read_job(path) == JOB
+
+
+def test_the_scorer_waits_for_a_drained_queue_within_its_deadline(cluster: Cluster,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    cluster.seed()
+    queue = cluster.queue()
+    lease = queue.claim("peer", ttl_s=600)
+    assert lease is not None
+    pending = queue.counts().pending
+    caplog.set_level(logging.INFO, logger=launch.log.name)
+    started = time.monotonic()
+    assert not launch.wait_drained(queue, 0.3, poll_s=5.0)  # waits its deadline, not a whole poll
+    assert time.monotonic() - started < 2.0
+    assert f"waiting for training to finish: {pending} pending, 1 leased" in caplog.messages
+    assert f"queue not drained after 0s: {pending} pending, 1 leased" in caplog.messages
+    queue.mark_done(plan.items(cluster.share))
+    caplog.clear()
+    assert not launch.wait_drained(queue, 0.0, poll_s=0.01)  # the leased one: still not drained
+    assert caplog.messages == ["queue not drained after 0s: 0 pending, 1 leased"]
+    assert queue.ack(lease)
+    caplog.clear()
+    assert launch.wait_drained(queue, 0.0)
+    assert caplog.messages == []
