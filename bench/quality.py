@@ -15,7 +15,7 @@ same week, so only the amount of labelled data differs:
   history, 2018-05-08..07-31 (12 weeks).
 
 Models: the project's default run, trained as the workers train it (day by day, in order, warm
-started); logistic regression (``metrics.logistic_regression_baseline``); random forest
+started, each day on its window); logistic regression (``metrics.logistic_regression_baseline``); random forest
 (scikit-learn, 100 trees, each on a bootstrap sample of at most ``FOREST_ROWS`` rows); LightGBM and
 XGBoost (100 trees, ``hist``). Each with seeds 0, 1, 2 (the mean and the range are shown); the
 logistic regression and the boosted trees (no subsampling) use no randomness: fitted once (``SEEDLESS``).
