@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -103,6 +104,29 @@ def test_a_damaged_stored_day_is_recomputed_never_trusted(root: Path, damage: st
     np.testing.assert_array_equal(again, good)
     assert f"recomputing the features of {rel}" in caplog.text
     np.testing.assert_array_equal(_fresh(root).stored_features(rel)["x"], good)  # repaired on the share
+
+
+@pytest.mark.parametrize("tamper", ["a list", "another version", "more rows"])
+def test_a_tampered_entry_is_refused_in_one_line_naming_the_file_and_what_it_says(root: Path, tamper: str) -> None:
+    """The warning that makes a worker recompute a day says which file and why: an entry that is not an
+    object, one of another feature version, one whose row count is not the stored day's."""
+    data = _fresh(root)
+    rel = data.training_shards()[2]
+    rows = len(data.examples([rel]).y)
+    arrays, entry = featurestore.paths(root, rel)
+    meta = json.loads(entry.read_text())
+    if tamper == "a list":
+        entry.write_text(json.dumps([meta]))
+        said = rf"^{re.escape(str(entry))}: not a feature manifest entry$"
+    elif tamper == "another version":
+        entry.write_text(json.dumps({**meta, "version": "0-old"}))
+        said = (rf"^{re.escape(str(entry))}: features of version '0-old', this code computes "
+                rf"{re.escape(repr(features.FEATURE_VERSION))}$")
+    else:
+        entry.write_text(json.dumps({**meta, "rows": rows + 1}))
+        said = rf"^{re.escape(str(arrays))}: {rows} rows, its entry says {rows + 1}$"
+    with pytest.raises(featurestore.StaleFeatures, match=said):
+        _fresh(root).stored_features(rel)
 
 
 def test_a_new_feature_version_never_reads_the_old_files(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
