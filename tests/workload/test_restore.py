@@ -52,3 +52,34 @@ def test_restore_of_a_share_with_runs_but_no_checkpoints_marks_nothing(redis_ser
     assert plan.restore(queue, share) == {"runs": 1, "enqueued": 4, "already_applied": 0}
     assert queue.snapshot()["runs"]["fresh"]["pending"] == [f"fresh/{d}" for d in DAYS]
     assert queue.claim("w1", 10).token == 1
+
+
+def test_gap_names_what_a_queue_behind_the_share_lacks_and_reconcile_closes_it_once(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """In-process (the worker reaches gap and reconcile only at its start and end): a wiped queue lacks the run,
+    its four items and its token floor; reconcile adds them, marks the applied days done, and a second call
+    finds nothing."""
+    env = Trained(tmp_path / "share", redis_server)
+    share, queue = env.share, env.queue
+    env.seed("a")
+    env.train(2)
+    floor = CheckpointStore(share / "output" / "a").highest_token()
+    assert floor > 0
+    level = plan.gap(queue, share)
+    assert not level
+    assert level.line() == "share vs queue: the share's plan is 1 run(s), 4 item(s); the queue holds them all"
+    assert plan.reconcile(queue, share) is None
+
+    queue.redis.flushall()
+    ids = [f"a/{d}" for d in DAYS]
+    behind = plan.gap(queue, share)
+    assert behind == plan.Gap(runs=1, items=4, missing_runs=["a"], missing_items=ids, token=0, token_floor=floor)
+    assert behind.line() == (
+        "share vs queue: the share's plan is 1 run(s), 4 item(s); the queue is BEHIND: it lacks 1 run(s) (a), "
+        f"4 item(s) ({ids[0]}, {ids[1]}, {ids[2]} and 1 more), a token counter at 0, below the share's {floor} "
+        "(Redis restored from an older snapshot?); a worker adds them at start and before it exits")
+    assert plan.reconcile(queue, share) == behind
+    runs = queue.snapshot()["runs"]
+    assert (runs["a"]["total"], runs["a"]["done"], runs["a"]["pending"]) == (4, 2, ids[2:])
+    assert not plan.gap(queue, share) and plan.reconcile(queue, share) is None
+    assert queue.claim("w2", 10).token > floor
