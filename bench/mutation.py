@@ -244,7 +244,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "plan",
         ("workload/queue/plan.py",),
-        ("tests/workload/test_plan.py", "tests/workload/test_restore.py"),
+        ("tests/workload/test_plan.py", "tests/workload/test_restore.py", "tests/workload/test_plan_records.py"),
     ),
     Group(
         "hparams",
