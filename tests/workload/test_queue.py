@@ -56,6 +56,25 @@ def test_one_worker_per_run_in_chronological_order(redis_server: RedisServer) ->
     assert order == [0, 1, 2]
 
 
+def test_an_ack_says_whether_it_finished_its_run_even_once_a_peer_has_claimed_the_next_day(
+        redis_server: RedisServer) -> None:
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 2) + items("b", 1))
+    first = q.claim("w1", 30)
+    assert first and first.item.run == "a"
+    acked = q.ack(first)
+    assert (acked.state, acked.left, acked.finished_run) == ("acked", 1, False)
+    peer = q.claim("w2", 30)  # a's last day: nothing of run a is pending now, and it is not done
+    assert peer and peer.item.run == "a" and q.pending_in_run("a") == 0
+    last = q.ack(peer)
+    assert (last.state, last.by, last.left, last.finished_run) == ("acked", "w2", 0, True)
+    again = q.ack(peer)  # a retried ack (its reply lost) finished nothing this time
+    assert (again.state, again.by, again.left, again.finished_run) == ("already-done", "w2", -1, False)
+    other = q.claim("w1", 30)
+    assert other and other.item.run == "b"
+    assert q.ack(other).finished_run  # run b's only day: a's items count for nothing there
+
+
 def test_stale_owner_cannot_ack_heartbeat_or_release(redis_server: RedisServer) -> None:
     q = make_queue(redis_server)
     q.enqueue(items("a", 1))

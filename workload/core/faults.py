@@ -20,7 +20,8 @@ Points, in the order an item meets them:
   promotion takes effect on the share: the check-then-act window that fencing at the storage closes;
 * ``after-promote``: the shard's final checkpoint is promoted, the report not yet written;
 * ``report``: immediately before the report, metrics and pictures are rewritten;
-* ``before-ack``: everything is on the share; the queue does not know yet.
+* ``before-ack``: everything is on the share; the queue does not know yet;
+* ``acked``: the queue recorded the ack; whether it finished the run (and exports it) is not decided yet.
 
 And in ``seed``, while a dataset is published (workload.data.publish):
 
@@ -40,7 +41,7 @@ import signal
 import threading
 
 POINTS = ("claimed", "read", "mid-write", "checkpoint-written", "promote", "after-promote", "report", "before-ack",
-          "staged", "day-moved", "published")
+          "acked", "staged", "day-moved", "published")
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 _hits: dict[str, int] = {}

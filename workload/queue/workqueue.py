@@ -216,7 +216,9 @@ redis.call('ZADD', K.leases, deadline, A.run)
 return deadline
 """)
 
-# -> {1, owner} acked, {2, who acked it} already done (a retried ack, or a peer's), {0, ''} refused
+# -> {1, owner, items left in the run} acked, {2, who acked it} already done (a retried ack, or a peer's),
+# {0, ''} refused. The count is read in the same script: a moment later a peer may have claimed the run's
+# next day (no longer pending), and "nothing pending" would then look like "this ack finished the run".
 _ACK = _Lua(("run", "token", "owner", "id"), _HELPERS + """
 forgive(now_ms())
 if owns(A.run, A.token, A.owner) and redis.call('HGET', lease_key(A.run), 'item') == A.id then
@@ -224,7 +226,7 @@ if owns(A.run, A.token, A.owner) and redis.call('HGET', lease_key(A.run), 'item'
   redis.call('SADD', K.done, A.id)
   redis.call('HDEL', K.errors, A.id)
   redis.call('HSET', K.acked_by, A.id, A.owner)
-  return {1, A.owner}
+  return {1, A.owner, redis.call('ZCARD', pending_key(A.run))}
 end
 if redis.call('SISMEMBER', K.done, A.id) == 1 then
   return {2, redis.call('HGET', K.acked_by, A.id) or '?'}
@@ -383,13 +385,20 @@ class MalformedItem(ItemFault):
 
 @dataclass(frozen=True)
 class AckResult:
-    """What an ack did: 'acked' (by us), 'already-done' (by `by`: a retry, or a peer), 'refused'."""
+    """What an ack did: 'acked' (by us), 'already-done' (by `by`: a retry, or a peer), 'refused'.
+    `left` is how many of the run's items were still to do when ours was acked (-1 unless 'acked')."""
 
     state: str
     by: str = ""
+    left: int = -1
 
     def __bool__(self) -> bool:
         return self.state != "refused"
+
+    @property
+    def finished_run(self) -> bool:
+        """This ack was of the run's last item: nothing of the run was left to do at that instant."""
+        return self.state == "acked" and self.left == 0
 
 
 @dataclass(frozen=True)
@@ -572,10 +581,10 @@ class WorkQueue:
 
     def ack(self, lease: Lease) -> AckResult:
         """Mark done. 'already-done' names who acked it; 'refused' (falsy) when the lease is not ours."""
-        code, by = self._retrying("ack", lambda: self._ack(
+        code, by, *left = self._retrying("ack", lambda: self._ack(
             run=lease.item.run, token=lease.token, owner=lease.owner, id=lease.item.id))
         by = by.decode() if isinstance(by, bytes) else str(by)
-        return AckResult({1: "acked", 2: "already-done"}.get(int(code), "refused"), by)
+        return AckResult({1: "acked", 2: "already-done"}.get(int(code), "refused"), by, int(left[0]) if left else -1)
 
     def release(self, lease: Lease, *, error: str | None = None, permanent: bool = False) -> str | None:
         """Give the item back. Without `error` (preemption) it costs no attempt; with one it

@@ -266,8 +266,10 @@ class Attempt:
         res = self.queue.ack(self.lease)
         if res.state == "acked":
             log.info("acked %s", self.item.id)
-            # We acked the run's last day: results to $OUTPUT_URI (a failure there only warns).
-            if os.environ.get(export.OUTPUT_URI_ENV) and self.queue.pending_in_run(self.item.run) == 0:
+            faults.point("acked")
+            # We acked the run's last day: results to $OUTPUT_URI (a failure there only warns). Judged by
+            # the ack itself: asked afterwards, a peer that just claimed the next day makes the run look done.
+            if os.environ.get(export.OUTPUT_URI_ENV) and res.finished_run:
                 export.export_finished_run(self.cfg.share, self.item.run)
         elif res.state == "already-done":
             log.warning("%s was already acked by %s: nothing to do", self.item.id, res.by)
