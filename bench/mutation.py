@@ -381,6 +381,8 @@ HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
 SIMULATOR = "workload/data/simulator.py"
 FEATURESTORE = "workload/data/featurestore.py"
+REPORT = "workload/model/report.py"
+PLOTS = "workload/model/plots.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -431,6 +433,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     *(Equivalent(ERRORS, "errno.errorcode.get(code, code)", f"errno.errorcode.get(code{after})", KNOWN_ERRNO)
       for after in (", None", "", ", ")),
     Equivalent("*", 'float("nan")', 'float("NAN")', "float() reads NaN in any letter case"),
+    Equivalent("*", "float('nan')", "float('NAN')", "float() reads NaN in any letter case"),
     Equivalent("*", 'float("inf")', 'float("INF")', "float() reads infinity in any letter case"),
     Equivalent("*", 'kind="mergesort"', 'kind="MERGESORT"', "numpy reads the sort kind in any letter case"),
     Equivalent("*", ".astype(np.float64)", ".astype(None)", "astype(None) is float64, numpy's default dtype"),
@@ -966,6 +969,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(WORKQUEUE, "else str(by)", "else str(None)", BYTES),
     Equivalent(WORKQUEUE, "int(micros) // 1000", "int(micros) // 1001",
                "moves status's clock by under 1 ms; it prints lease times to 0.1 s"),
+    # report:
+    Equivalent(REPORT, "st_mtime >= interval_s", "st_mtime > interval_s",
+               "the pictures' age is a float of the wall clock read now: equal to the interval to the last bit never "
+               "happens"),
+    *(Equivalent(REPORT, 'state.get("reapplied", [])', after,
+                 "render reads no rewinds from None as from [] (`reapplied or []`, `if reapplied`): the same report")
+      for after in ('state.get("reapplied", None)', 'state.get("reapplied", )')),
+    *(Equivalent(PLOTS, f"axes.plot(x, {y},", f"axes.plot({y},",
+                 "x is np.arange(len(history)), the x matplotlib gives a plot of y alone: the same points")
+      for y in ("values", "base")),
+    Equivalent(PLOTS, 'color="grey"', 'color="GREY"',
+               "matplotlib reads colour names in any letter case: the same grey"),
+    Equivalent(PLOTS, 'get("n_fraud", 1)) == 0', 'get("n_fraud", 2)) == 0',
+               "a day without n_fraud counts as one with fraud (older days did not count it): any default but 0 does"),
+    Equivalent(PLOTS, "get_legend_handles_labels()[0]", "get_legend_handles_labels()[1]",
+               "handles and labels come in pairs: both lists are empty or neither is"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
