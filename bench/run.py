@@ -311,7 +311,7 @@ def recovery_bench(work: Path, scale: Scale = Scale()) -> tuple[list[Row], list]
     interval_s, ttl_s = scale.recovery_interval_s, scale.recovery_ttl_s
     src = data.daily(scale.recovery_days, pop=scale.population)
     x = Dataset(src).examples([Dataset(src).training_shards()[3]])
-    # Each day alone: the epochs below are sized by one day's pace, which a 7-day window would multiply.
+    # Each day alone: the epochs below are sized by one day's pace, which the default window would multiply.
     hp = HParams(batch_size=64, epochs=3, window_days=1)
     bare_loop(x.x, x.y, hp, torch.device("cpu"))  # warm-up
     per_epoch = bare_loop(x.x, x.y, hp, torch.device("cpu")) / hp.epochs

@@ -132,6 +132,6 @@ def test_a_format_2_checkpoint_loads_uncalibrated_and_an_older_one_is_refused_in
     x = np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32)
     np.testing.assert_array_equal(old.score(x), old.score(x, calibrated=False))
     state["format"] = 1
-    with pytest.raises(ValueError, match=r"^checkpoint format 1 is not supported \(readable: 2, 3, 4\); start a new "
+    with pytest.raises(ValueError, match=r"^checkpoint format 1 is not supported \(readable: 2, 3, 4, 5\); start a new "
                                          r"run with this code version$"):
         Trainer.from_state(state, torch.device("cpu"))

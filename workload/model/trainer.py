@@ -28,12 +28,13 @@ from torch import nn
 import workload
 from workload.model.hparams import HParams
 
-# 4: hparams carry window_days; 3: calibration (scale, shift); 2: averaged weights, feature version, last-epoch
-# accuracy
-FORMAT = 4
+# 5: hparams carry passes; 4: hparams carry window_days; 3: calibration (scale, shift); 2: averaged weights,
+# feature version, last-epoch accuracy
+FORMAT = 5
 # A format-2 checkpoint loads uncalibrated and is calibrated at its next applied day; one of format 2 or 3 trained
-# each day alone, and keeps doing so (window_days 1).
-READABLE = (2, 3, 4)
+# each day alone, and keeps doing so (window_days 1); one before format 5 trained `epochs` epochs on every window,
+# and keeps doing so (passes 0).
+READABLE = (2, 3, 4, 5)
 
 MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
 
@@ -169,8 +170,10 @@ class Trainer:
         if state.get("format") not in READABLE:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (readable: "
                              f"{', '.join(map(str, READABLE))}); start a new run with this code version")
-        # Before format 4 every day trained alone: the lineage goes on as it was trained, not with today's default.
-        hparams = {"window_days": 1, **state["hparams"]} if state["format"] < 4 else state["hparams"]
+        # Before format 4 every day trained alone, and before format 5 every window `epochs` epochs: the lineage
+        # goes on as it was trained, not with today's defaults.
+        hparams = {**({"window_days": 1} if state["format"] < 4 else {}),
+                   **({"passes": 0} if state["format"] < 5 else {}), **state["hparams"]}
         hp = HParams.from_dict(hparams, where="checkpoint hparams")
         trainer = cls(state["run"], hp, tuple(state["feature_names"]), device, str(state["feature_version"]))
         trainer.model.load_state_dict(state["model"])
@@ -217,17 +220,25 @@ class Trainer:
         if self.progress and self.progress["shard"] == shard:
             return  # resuming mid-shard: statistics already include it
         self.norm.update(x)
-        self.progress = {"shard": shard, "epoch": 0, "batch": 0, "epochs": self.epochs_for(len(x))}
+        self.progress = {"shard": shard, "epoch": 0, "batch": 0,
+                         "epochs": self.epochs_for(len(x), len(self.window(shard)))}
         self._correct = None
 
-    def epochs_for(self, rows: int) -> int:
-        """Epochs over a day of `rows` rows: `epochs`, more while the run is short of `min_steps` steps
-        (at most MAX_EPOCH_FACTOR x). Fixed when the day begins and kept in the progress, so a resume
-        trains the same number."""
+    def epochs_for(self, rows: int, days: int = 1) -> int:
+        """Epochs over the window of a day of `rows` rows, the window holding `days` days: `epochs`, fewer
+        once the window holds more than `passes / epochs` days (`window_epochs`), more while the run is short
+        of `min_steps` steps (at most MAX_EPOCH_FACTOR x `epochs`). Fixed when the day begins and kept in the
+        progress, so a resume trains the same number."""
         hp = self.hp
         batches = max(1, math.ceil(rows / hp.batch_size))
         wanted = math.ceil(max(0, hp.min_steps - self.steps) / batches)
-        return min(max(hp.epochs, wanted), MAX_EPOCH_FACTOR * hp.epochs)
+        return min(max(self.window_epochs(days), wanted), MAX_EPOCH_FACTOR * hp.epochs)
+
+    def window_epochs(self, days: int) -> int:
+        """Epochs over a window of `days` days: min(epochs, ceil(passes / days)), at least 1; `epochs` when
+        `passes` is 0."""
+        hp = self.hp
+        return hp.epochs if hp.passes == 0 else max(1, min(hp.epochs, math.ceil(hp.passes / days)))
 
     def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
         """Train from `self.progress` to the end of the shard, on `x`, `y`: the rows of its window
