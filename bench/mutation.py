@@ -142,7 +142,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "trainer",
         ("workload/model/trainer.py",),
-        ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py", "tests/model/test_first_days.py"),
+        ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py", "tests/model/test_first_days.py",
+         "tests/model/test_window.py"),
         cpu_minutes=4.4,
     ),
     # Which days calibrate a model, and the fit: one module-scoped fixture trains a run on simulated days

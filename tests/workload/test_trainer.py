@@ -301,12 +301,34 @@ def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> 
     assert again.applied == ["d1", "d2"] and again.history == trainer.history and again.steps == trainer.steps
     assert again.progress is None and again.state_dict()["progress"] is None
     assert torch.equal(again.norm.mean, trainer.norm.mean) and torch.equal(again.norm.m2, trainer.norm.m2)
-    assert state["format"] == 4 and state["code_version"] == workload.__version__
+    assert state["format"] == 5 and state["code_version"] == workload.__version__
     with pytest.raises(ValueError, match=r"^checkpoint hparams: lr=2.0 is not allowed"):
         Trainer.from_state({**state, "hparams": {**state["hparams"], "lr": 2.0}}, torch.device("cpu"))
     for bad in (1, None):
-        with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(readable: 2, 3, 4\\)"):
+        with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(readable: 2, 3, 4, 5\\)"):
             Trainer.from_state({**state, "format": bad}, torch.device("cpu"))
+
+
+def test_a_checkpoint_keeps_the_lineages_rewinds_and_calibration_in_float64() -> None:
+    trainer = _quick()
+    trainer.reapplied = [{"time": "t", "reapplied": ["d1"], "why": "late", "from": "d0", "day": "d1"}]
+    trainer.set_calibration(0.123456789012345, -2.5)
+    state = trainer.state_dict()
+    again = Trainer.from_state(state, torch.device("cpu"))
+    assert again.reapplied == trainer.reapplied and again.reapplied is not trainer.reapplied
+    assert state["reapplied"] == trainer.reapplied and state["reapplied"][0] is not trainer.reapplied[0]
+    for part in (trainer.calibration, state["calibration"], again.calibration):
+        assert {k: (v.dtype, float(v)) for k, v in part.items()} == \
+            {"scale": (torch.float64, 0.123456789012345), "shift": (torch.float64, -2.5)}
+    assert Trainer.from_state({k: v for k, v in state.items() if k != "reapplied"}).reapplied == []
+    uncalibrated = Trainer.from_state({k: v for k, v in state.items() if k != "calibration"})
+    assert {k: float(v) for k, v in uncalibrated.calibration.items()} == {"scale": 1.0, "shift": 0.0}
+    x = np.random.default_rng(1).normal(size=(50, 4)).astype(np.float32)
+    z = torch.from_numpy(trainer.logits(x))
+    expected = torch.sigmoid(z * torch.tensor(0.123456789012345).float() + torch.tensor(-2.5)).numpy()
+    assert np.array_equal(trainer.score(x), expected) and np.array_equal(again.score(x), expected)
+    assert np.array_equal(trainer.score(x, calibrated=False), torch.sigmoid(z).numpy())
+    assert np.array_equal(trainer.score(x, batch=7), trainer.score(x))
 
 
 def test_batch_order_depends_on_seed_shard_and_epoch() -> None:
