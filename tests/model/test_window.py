@@ -62,19 +62,19 @@ def test_a_checkpoint_from_before_the_window_goes_on_training_each_day_alone() -
     checkpoint written now records the window it trains with."""
     trainer = Trainer("r", HParams(hidden=(4,)), FEATURES, torch.device("cpu"))
     state = trainer.state_dict()
-    assert state["format"] == FORMAT == 5 and state["hparams"]["window_days"] == HParams().window_days == 28
+    assert state["format"] == FORMAT == 5 and state["hparams"]["window_days"] == HParams().window_days == 14
     old = {**state, "format": 3,
            "hparams": {k: v for k, v in state["hparams"].items() if k not in ("window_days", "passes")}}
     assert (Trainer.from_state(old, torch.device("cpu")).hp.window_days,
             Trainer.from_state(old, torch.device("cpu")).hp.passes) == (1, 0)
-    assert Trainer.from_state(state, torch.device("cpu")).hp.window_days == 28
+    assert Trainer.from_state(state, torch.device("cpu")).hp.window_days == 14
 
 
 def test_a_windows_epochs_drop_once_it_holds_more_than_passes_over_epochs_days() -> None:
     """The default: 4 epochs over a window of up to 7 days (so a run of a few days or a week trains as with a
     7-day window), then ceil(28 / days): about 28 passes over each row in a long run, at 28 day-passes a day."""
     hp = HParams()
-    assert (hp.epochs, hp.passes, hp.window_days) == (4, 28, 28)
+    assert (hp.epochs, hp.passes, hp.window_days) == (4, 28, 14)
     trainer = Trainer("r", HParams(hidden=(4,)), FEATURES, torch.device("cpu"))
     assert [trainer.window_epochs(days) for days in (1, 4, 7, 8, 9, 10, 13, 14, 15, 27, 28)] == \
         [4, 4, 4, 4, 4, 3, 3, 2, 2, 2, 1]

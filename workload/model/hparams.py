@@ -65,13 +65,13 @@ class HParams:
     # run forgets its first days: on 4 days or a week the model then ranked well below one fitted on all of
     # them at once (AP 0.60 against 0.68 at 4 days). A checkpoint written before the key existed trained
     # with 1, and keeps it (Trainer.from_state).
-    window_days: int = 28
+    window_days: int = 14
     # About how many times a row is trained over its life in a long run: a window of L days trains
     # min(epochs, ceil(passes / L)) epochs. Up to passes / epochs days (7) a window trains `epochs` epochs, so
-    # a run of a few days or a week trains as with a 7-day window; a longer run keeps 4 weeks in memory at the
-    # same cost per day (28 day-passes), where 7 days x 4 epochs forgot its first weeks and trained each
-    # row 28 times over 7 days (12-week AP 0.704, below the forest's 0.707: README, Model). 0 turns it off;
-    # a checkpoint written before the key existed has 0 (Trainer.from_state).
+    # a run of a few days or a week trains as with a 7-day window; a longer run keeps 2 weeks in memory at 2
+    # epochs, the same cost per day (28 day-passes), where 7 days x 4 epochs forgot its first weeks (12-week AP
+    # 0.704, below the forest's 0.707: README, Model). 0 turns it off; a checkpoint written before the key
+    # existed has 0 (Trainer.from_state).
     passes: int = 28
 
     @classmethod
