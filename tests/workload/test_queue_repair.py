@@ -269,7 +269,7 @@ def test_an_outage_names_the_call_it_stopped(redis_server: RedisServer) -> None:
         "ack": lambda: q.ack(lease), "release": lambda: q.release(lease), "reap": q.reap,
         "raise_token": lambda: q.raise_token(3), "requeue": q.requeue, "mark_done": lambda: q.mark_done(items("a", 1)),
         "mark_seeded": q.mark_seeded, "seeded": q.seeded, "pending_in_run": lambda: q.pending_in_run("a"),
-        "counts": q.counts, "snapshot": q.snapshot,
+        "counts": q.counts, "snapshot": q.snapshot, "known": q.known, "reapply": lambda: q.reapply(lease, []),
     }
     from workload.queue.workqueue import Lease
     lease = Lease(item=items("a", 1)[0], token=1, owner="w1", deadline_ms=0, attempts=0)
@@ -336,3 +336,88 @@ def test_status_places_dead_letters_of_runs_named_like_paths(redis_server: Redis
     assert sorted(runs["team/a"]["dead"]) == ["team/a/x"]
     assert sorted(runs["team"]["dead"]) == ["team", "team/a/y", "team/z"]  # an id that is the run's own name
     assert runs["team"]["total"] + runs["team/a"]["total"] == 4 and q.counts().dead == 6
+
+
+def test_known_reads_the_ids_the_runs_with_hyperparameters_and_the_token_together(redis_server: RedisServer) -> None:
+    """What restore compares with the share; ids or run names that are not UTF-8 (hand-made entries) are shown
+    with a replacement character, never a crash."""
+    q = make_queue(redis_server)
+    assert q.known() == (set(), set(), 0)
+    q.enqueue(items("a", 2) + items("b", 1))
+    q.put_spec("a", {"lr": 0.1})
+    assert q.claim("w1", 30) and q.claim("w2", 30)
+    raw = connect(redis_server.url, redis_server.password)
+    raw.hset("t:items", b"c/\xff", b"{}")
+    raw.hset("t:specs", b"r\xfe", b"{}")
+    assert q.known() == ({"a/training/day00.parquet", "a/training/day01.parquet", "b/training/day00.parquet",
+                          "c/\ufffd"}, {"a", "r\ufffd"}, 2)
+
+
+def test_reapply_puts_done_days_back_and_reorders_pending_ones_only_under_the_runs_lease(
+        redis_server: RedisServer) -> None:
+    """After a rewind: a done later day goes back to pending (returned) and is acked afresh, a pending one moves to
+    its new place; a stale lease changes nothing."""
+    q = make_queue(redis_server)
+    q.enqueue(items("a", 4))
+    for _ in range(2):
+        done = q.claim("w1", 30)
+        assert done and q.ack(done)
+    stale = done
+    lease = q.claim("w1", 30)
+    assert lease and lease.item.seq == 2
+    day01, day03 = items("a", 1, start=1)[0].id, items("a", 1, start=3)[0].id
+    assert q.reapply(stale, [(day01, 5)]) is None
+    assert (q.counts().done, q.pending_in_run("a")) == (2, 1)
+    assert q.reapply(lease, [(day01, 5), (day03, 4), ("a/training/unknown.parquet", 1)]) == [day01]
+    c = q.counts()
+    assert (c.pending, c.leased, c.done, c.total) == (2, 1, 1, 4)
+    assert q.snapshot()["runs"]["a"]["pending"] == [day03, day01]  # by their new seq: 4, then 5
+    assert q.ack(lease)
+    order = []
+    while (nxt := q.claim("w1", 30)) is not None:
+        order.append(nxt.item.id)
+        assert q.ack(nxt).state == "acked"  # day01's earlier ack was forgotten: acked afresh
+    assert order == [day03, day01]
+
+
+@pytest.mark.parametrize(("exc", "waited_out"), [
+    (redis.ConnectionError("Connection refused"), True),
+    (redis.TimeoutError("Timeout reading from socket"), True),
+    (redis.AuthenticationError("invalid password"), False),  # a ConnectionError, but waiting will not fix it
+    (redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), True),
+    (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), True),
+    (redis.exceptions.MasterDownError("Link with MASTER is down"), True),
+    (redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"), True),
+    (redis.exceptions.ClusterDownError("The cluster is down"), True),
+    (redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"), True),
+    (redis.ResponseError("LOADING Redis is loading the dataset in memory"), True),
+    (redis.ResponseError("Error running script (call to f_1): @user_script:3: -MISCONF Redis is configured to "
+                         "save RDB snapshots, but it's currently unable to persist to disk"), True),
+    (redis.ResponseError("ERR unknown command 'FOO'"), False),
+    (redis.ResponseError("BUSYKEY Target key name already exists."), False),  # a code that only starts like BUSY
+    (redis.ResponseError("ERR wrong number of arguments, BUSY or not"), False),  # the code inside, not as one
+    (redis.RedisError("BUSY but not a reply from the server"), False),
+    (ValueError("LOADING"), False),
+])
+def test_transient_waits_out_what_passes_and_nothing_else(exc: BaseException, waited_out: bool) -> None:
+    from workload.queue.workqueue import transient
+
+    assert transient(exc) is waited_out
+
+
+def test_a_redis_out_of_memory_is_waited_out_as_unable_to_serve(redis_server: RedisServer, caplog) -> None:
+    """A real state that passes: Redis over its maxmemory refuses every write (noeviction) until memory is freed."""
+    backoff = Backoff(stop_after=1000)
+    q = WorkQueue(connect(redis_server.url, redis_server.password), prefix="t", retry_for_s=1.0, interrupt=backoff)
+    raw = connect(redis_server.url, redis_server.password)
+    raw.config_set("maxmemory", 1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="workload.queue.workqueue"), \
+                pytest.raises(QueueUnavailable) as caught:
+            q.enqueue(items("a", 1))
+    finally:
+        raw.config_set("maxmemory", 0)
+    assert backoff.waits == [0.2, 0.4, 0.8]
+    assert str(caught.value).startswith("Redis unable to serve for 1s during enqueue: ")
+    assert "maxmemory" in str(caught.value) and "Redis unable to serve during enqueue (" in caplog.text
+    assert q.enqueue(items("a", 1)) == 1  # memory back: the same call goes through
