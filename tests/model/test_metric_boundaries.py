@@ -92,3 +92,18 @@ def test_alert_thresholds_at_their_edges() -> None:
 def test_a_probability_on_a_bin_edge_belongs_to_the_bin_it_opens() -> None:
     rows = metrics.reliability(np.array([0.001, 0.0009]), np.array([1, 0]))
     assert [(r["low"], r["high"], r["n"]) for r in rows] == [(0.0, 0.001, 1.0), (0.001, 0.003, 1.0)]
+
+
+def test_a_float32_score_alerts_by_its_exact_value() -> None:
+    """The network scores in float32: a score is compared with the threshold at the value it holds, not at
+    the threshold rounded to float32. 0.7 in float32 is 0.69999998..., below a threshold of 0.7; 0.6 in
+    float32 is 0.60000002..., above a threshold of 0.6; a threshold a float32 score set is met by that score."""
+    scores = np.array([0.7, 0.6, 0.5], dtype=np.float32)
+    history = [{"alerts": {"top100_cards": {"threshold": 0.7}, "fpr_1pct": {"threshold": 0.6}}},
+               {"alerts": {"top100_cards": {"threshold": float(scores[0])}, "fpr_1pct": {"threshold": float("inf")}}}]
+    older = metrics.alert_columns(history[:1], scores)
+    assert older["alert_top100_cards"].tolist() == [False, False, False]
+    assert older["alert_1pct_fpr"].tolist() == [True, True, False]
+    newest = metrics.alert_columns(history, scores)  # the last entry's thresholds
+    assert newest["alert_top100_cards"].tolist() == [True, False, False]
+    assert newest["alert_1pct_fpr"].tolist() == [False, False, False]

@@ -333,3 +333,19 @@ def test_reliability_brier_and_calibration_error_by_hand() -> None:
         (2 * 0.0005 + 0.998 + 0.5 + 0.3 + 0.0) / 6)
     assert math.isnan(metrics.brier(probs[:0], labels[:0]))
     assert math.isnan(metrics.expected_calibration_error(probs[:0], labels[:0]))
+
+
+@pytest.mark.parametrize("ids", [np.array([0, 1]), np.array([2**60 + 1, 2**60 + 2])],
+                         ids=["card 0", "64-bit tokens beyond float64's integers"])
+def test_alert_thresholds_keep_each_card_day_apart(ids: np.ndarray) -> None:
+    """The top-100-cards rule counts (day, card) pairs: two cards whose 64-bit tokens float64 cannot tell apart
+    are still two card-days (a float cast would merge them, and their frauds with them)."""
+    a, b = ids
+    days = np.array(["2018-08-08"] * 3 + ["2018-08-09"] * 2, dtype="datetime64[D]")
+    cards = np.array([a, b, b, a, b])
+    scores = np.array([0.9, 0.8, 0.3, 0.7, 0.2])
+    labels = np.array([0, 1, 0, 1, 0])
+    # Card-days by best score: (8th, A) 0.9 legit, (8th, B) 0.8 fraud, (9th, A) 0.7 fraud, (9th, B) 0.2 legit.
+    # One card a day over two days: the two best, 0.9 and 0.8, both on the 8th; one of the two frauds is found.
+    alerts = metrics.alert_thresholds(scores, labels, days, cards, k=1)
+    assert alerts["top100_cards"] == {"threshold": 0.8, "precision": 0.5, "recall": 0.5, "alerts_per_day": 1.0}
