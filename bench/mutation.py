@@ -370,6 +370,8 @@ ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
 TRAINER = "workload/model/trainer.py"
+OLD_FORMAT_DEFAULT = ("a checkpoint of format >= 4 records window_days, and one of format 5 passes (HParams.to_dict "
+                      "writes every key): its own value overrides the old formats' default, set or not")
 WORKQUEUE = "workload/queue/workqueue.py"
 WORKER = "workload/runtime/worker.py"
 STEPS = "workload/runtime/steps.py"
@@ -598,6 +600,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(TRAINER, "self.norm.apply(x, self.device)", "self.norm.apply(x, None)", CPU_ONLY),
     Equivalent(TRAINER, "dtype=np.float32)).to(self.device)", "dtype=np.float32)).to(None)", CPU_ONLY),
     Equivalent(TRAINER, "generator=gen).to(self.device)", "generator=gen).to(None)", CPU_ONLY),
+    *(Equivalent(TRAINER, before, after, OLD_FORMAT_DEFAULT) for before, after in (
+        ('{"window_days": 1} if state["format"] < 4 else', '{"window_days": 1} if (state["format"] < 4) or True else'),
+        ('{"window_days": 1} if state["format"] < 4 else', '{"window_days": 1} if state["format"] <= 4 else'),
+        ('{"window_days": 1} if state["format"] < 4 else', '{"window_days": 1} if state["format"] < 5 else'),
+        ('{"passes": 0} if state["format"] < 5 else', '{"passes": 0} if (state["format"] < 5) or True else'),
+        ('{"passes": 0} if state["format"] < 5 else', '{"passes": 0} if state["format"] <= 5 else'),
+        ('{"passes": 0} if state["format"] < 5 else', '{"passes": 0} if state["format"] < 6 else'))),
+    Equivalent(TRAINER, "max(0, hp.min_steps - self.steps)", "max(1, hp.min_steps - self.steps)",
+               "a wanted count of 1 epoch never raises a day above `epochs`, which is at least 1 (validated)"),
+    Equivalent(TRAINER, "self.logits(x, batch))", "self.logits(x, ))",
+               "scoring in batches of any size gives the same scores bit for bit "
+               "(test_trainer.py::test_a_checkpoint_keeps_the_lineages_rewinds_and_calibration_in_float64)"),
+    *(Equivalent(TRAINER, '"batch": 0, "epochs": epochs}', f'"batch": 0, "{key}": epochs}}',
+                 "the progress set at an epoch's end is read only by this loop, which holds the count in `epochs`; "
+                 "a stop (and so a checkpoint) happens inside the batch loop, whose progress carries the count")
+      for key in ("XXepochsXX", "EPOCHS")),
     Equivalent(TRAINER, "torch.tensor(pos_weight, device=self.device)",
                "torch.tensor(pos_weight, device=None)", CPU_ONLY),
     Equivalent(TRAINER, '.to(device or "cpu", copy=True)', ".to(copy=True)", CPU_ONLY),

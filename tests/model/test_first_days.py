@@ -31,11 +31,17 @@ def test_the_first_days_train_more_epochs_until_the_run_has_min_steps() -> None:
     # 4 batches a day: 30 steps need 8 epochs on day one; day two starts at 32 steps: the plain 2.
     assert counts == [8, 2, 2] and trainer.steps == 8 * 4 + 2 * 4 + 2 * 4
     capped = Trainer("r", HParams(hidden=(4,), epochs=2, batch_size=50, min_steps=10_000), FEATURES)
-    assert capped.epochs_for(200) == MAX_EPOCH_FACTOR * 2
-    assert Trainer("r", HParams(hidden=(4,), epochs=3, batch_size=50), FEATURES).epochs_for(200) == 3
+    assert capped.epochs_for(200, 1) == MAX_EPOCH_FACTOR * 2
+    assert Trainer("r", HParams(hidden=(4,), epochs=3, batch_size=50), FEATURES).epochs_for(200, 1) == 3
+    # A day of one batch or less needs every missing step as an epoch of its own.
+    one_batch = Trainer("r", HParams(hidden=(4,), epochs=2, batch_size=64, min_steps=10), FEATURES)
+    assert (one_batch.epochs_for(50, 1), one_batch.epochs_for(64, 1), one_batch.epochs_for(65, 1)) == (10, 10, 5)
+    # passes lowers the epochs over a long window; min_steps still raises them while the run is short of steps.
+    both = Trainer("r", HParams(hidden=(4,), epochs=4, batch_size=50, min_steps=30, passes=4), FEATURES)
+    assert (both.epochs_for(200, 4), both.epochs_for(400, 4), both.epochs_for(10_000, 4)) == (8, 4, 1)
 
 
-@pytest.mark.parametrize("stop_after", [1, 13, 21])  # in the first epoch, mid-way, in the extra epochs
+@pytest.mark.parametrize("stop_after", [1, 4, 13, 21])  # in the first epoch, at its end, mid-way, in the extra
 def test_a_resumed_first_day_trains_the_same_epochs_bit_for_bit(stop_after: int) -> None:
     hp = HParams(hidden=(4,), epochs=2, batch_size=50, min_steps=30, seed=2)
     x, y = _day(7)

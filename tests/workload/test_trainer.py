@@ -479,3 +479,31 @@ def test_integer_labels_train_like_float_ones() -> None:
         weights.append(trainer.state_dict()["model"])
         assert trainer.train_accuracy(90) > 0
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_new_trainers_calibration_is_the_identity_in_float64() -> None:
+    """The checkpoint stores the two numbers as float64 tensors from the first day on, as set_calibration does."""
+    state = Trainer("r", HParams(hidden=(4,)), ("a", "b", "c", "d")).state_dict()
+    assert {k: (v.dtype, float(v)) for k, v in state["calibration"].items()} == \
+        {"scale": (torch.float64, 1.0), "shift": (torch.float64, 0.0)}
+
+
+def test_a_format_2_day_stopped_mid_way_resumes_with_the_runs_epochs() -> None:
+    """A format-2 checkpoint's in-day progress has no epoch count: the day goes on with `epochs`, and ends as the
+    undisturbed day does."""
+    hp = HParams(hidden=(8,), epochs=3, batch_size=64, ema_decay=0.9)
+    x, y = _day(3)
+    whole = Trainer("r", hp, ("a", "b", "c", "d"))
+    whole.begin_shard("d1", x)
+    assert whole.train_shard(x, y, lambda: True)
+    first = Trainer("r", hp, ("a", "b", "c", "d"))
+    first.begin_shard("d1", x)
+    left = iter(range(4, -1, -1))
+    assert not first.train_shard(x, y, lambda: next(left) > 0)
+    state = first.state_dict()
+    state["progress"] = {k: v for k, v in state["progress"].items() if k != "epochs"}
+    resumed = Trainer.from_state(state)
+    resumed.begin_shard("d1", x)
+    assert resumed.train_shard(x, y, lambda: True)
+    assert resumed.steps == whole.steps == 3 * 11
+    assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in whole.model.state_dict().items())

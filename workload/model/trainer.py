@@ -224,7 +224,7 @@ class Trainer:
                          "epochs": self.epochs_for(len(x), len(self.window(shard)))}
         self._correct = None
 
-    def epochs_for(self, rows: int, days: int = 1) -> int:
+    def epochs_for(self, rows: int, days: int) -> int:
         """Epochs over the window of a day of `rows` rows, the window holding `days` days: `epochs`, fewer
         once the window holds more than `passes / epochs` days (`window_epochs`), more while the run is short
         of `min_steps` steps (at most MAX_EPOCH_FACTOR x `epochs`). Fixed when the day begins and kept in the
