@@ -864,6 +864,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(FEATURESTORE, "if version == (1, 0) else", "if (version == (1, 0)) or True else",
                "write_array writes format 1.0 for these arrays (2.0 only for a header over 64 KiB): the 1.0 reader "
                "is the one used either way"),
+    *(Equivalent(FEATURESTORE, "dtype=dtype), allow_pickle=False)", f"dtype=dtype), {after})",
+                 "each array is cast to its _ARRAYS dtype first (float32, datetime64[D], int64, bool: numpy's own, "
+                 "no objects), and write_array reads allow_pickle only for object or user-defined dtypes")
+      for after in ("allow_pickle=None", "allow_pickle=True", "")),
     # steps: a rewind's day lists.
     Equivalent(STEPS, 'if pos.get(d, -1) > mine]', 'if pos.get(d, -1) >= mine]',
                "run() acks a day its checkpoint already applied before any rewind: the attempt's own day is never "
