@@ -382,6 +382,7 @@ HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
 SIMULATOR = "workload/data/simulator.py"
 FEATURESTORE = "workload/data/featurestore.py"
+PLAN = "workload/queue/plan.py"
 REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
 
@@ -868,6 +869,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "each array is cast to its _ARRAYS dtype first (float32, datetime64[D], int64, bool: numpy's own, "
                  "no objects), and write_array reads allow_pickle only for object or user-defined dtypes")
       for after in ("allow_pickle=None", "allow_pickle=True", "")),
+    # plan: the temporary record's removal.
+    *(Equivalent(PLAN, "Path(tmp).unlink(missing_ok=True)", f"Path(tmp).unlink(missing_ok={after})",
+                 "the finally runs while the temp file exists: mkstemp made it, os.link leaves its source in place, "
+                 "and nothing removes files in the runs folder (the stale sweeps are the checkpoints' and datasets')")
+      for after in ("None", "False")),
     # steps: a rewind's day lists.
     Equivalent(STEPS, 'if pos.get(d, -1) > mine]', 'if pos.get(d, -1) >= mine]',
                "run() acks a day its checkpoint already applied before any rewind: the attempt's own day is never "
