@@ -842,6 +842,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "fallback is never read") for v in ("None", "True")),
     Equivalent(POLICY_PACK, "report(message, None)", "report(message, )",
                "the SDK's report_violation takes urn=None by default (pulumi_policy/policy.py): the same call"),
+    *(Equivalent(POLICY_PACK, f'{key}) or "false").lower() == "true"', f'{key}) or {after}).lower() == "true"',
+                 "the fallback, read for a key left unset, is only compared with 'true' after lower(): 'false', "
+                 "'FALSE' and 'XXfalseXX' all read as false")
+      for key in ('config.get("onDemandFallback"', "config.get(DATA_LOSS_KEY") for after in ('"XXfalseXX"', '"FALSE"')),
     # simulator: chunk sizes and spare bounds; featurestore: the .npy header read.
     *(Equivalent(SIMULATOR, "step = max(1, 2_000_000 // max(1, len(terminal_xy)))", after,
                  "the number of customers per chunk of the distance loop: only memory and speed change, every chunk "
