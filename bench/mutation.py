@@ -384,6 +384,7 @@ HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
 SIMULATOR = "workload/data/simulator.py"
 FEATURESTORE = "workload/data/featurestore.py"
+PLAN = "workload/queue/plan.py"
 REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
 
@@ -859,6 +860,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "fallback is never read") for v in ("None", "True")),
     Equivalent(POLICY_PACK, "report(message, None)", "report(message, )",
                "the SDK's report_violation takes urn=None by default (pulumi_policy/policy.py): the same call"),
+    *(Equivalent(POLICY_PACK, f'{key}) or "false").lower() == "true"', f'{key}) or {after}).lower() == "true"',
+                 "the fallback, read for a key left unset, is only compared with 'true' after lower(): 'false', "
+                 "'FALSE' and 'XXfalseXX' all read as false")
+      for key in ('config.get("onDemandFallback"', "config.get(DATA_LOSS_KEY") for after in ('"XXfalseXX"', '"FALSE"')),
     # simulator: chunk sizes and spare bounds; featurestore: the .npy header read.
     *(Equivalent(SIMULATOR, "step = max(1, 2_000_000 // max(1, len(terminal_xy)))", after,
                  "the number of customers per chunk of the distance loop: only memory and speed change, every chunk "
@@ -882,6 +887,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(FEATURESTORE, "if version == (1, 0) else", "if (version == (1, 0)) or True else",
                "write_array writes format 1.0 for these arrays (2.0 only for a header over 64 KiB): the 1.0 reader "
                "is the one used either way"),
+    *(Equivalent(FEATURESTORE, "dtype=dtype), allow_pickle=False)", f"dtype=dtype), {after})",
+                 "each array is cast to its _ARRAYS dtype first (float32, datetime64[D], int64, bool: numpy's own, "
+                 "no objects), and write_array reads allow_pickle only for object or user-defined dtypes")
+      for after in ("allow_pickle=None", "allow_pickle=True", "")),
+    # plan: the temporary record's removal.
+    *(Equivalent(PLAN, "Path(tmp).unlink(missing_ok=True)", f"Path(tmp).unlink(missing_ok={after})",
+                 "the finally runs while the temp file exists: mkstemp made it, os.link leaves its source in place, "
+                 "and nothing removes files in the runs folder (the stale sweeps are the checkpoints' and datasets')")
+      for after in ("None", "False")),
     # steps: a rewind's day lists.
     Equivalent(STEPS, 'if pos.get(d, -1) > mine]', 'if pos.get(d, -1) >= mine]',
                "run() acks a day its checkpoint already applied before any rewind: the attempt's own day is never "

@@ -224,3 +224,61 @@ def test_a_stored_days_layout_is_checked_array_by_array() -> None:
         np.lib.format.write_array(buf, np.asfortranarray(fortran[name], dtype=dtype), allow_pickle=False)
     with pytest.raises(ValueError, match=r"^array x: dtype float32 \(Fortran order\), expected <f4$"):
         featurestore._from_bytes(bytearray(buf.getvalue()))
+
+
+REL = "training/2018-04-01.parquet"
+INPUTS = [{"path": REL, "rows": 3, "frauds": 0, "first_day": "2018-04-01", "last_day": "2018-04-01"}]
+
+
+def test_an_entry_names_its_day_file_rows_and_checksum_one_key_a_line(tmp_path: Path) -> None:
+    """The entry beside a stored day, as a person inspecting the share reads it: which day file it is for, the
+    feature version and names, its rows, the array file's size and checksum, the inputs, one key per line."""
+    featurestore.store(tmp_path, REL, _arrays(), INPUTS)
+    arrays, entry = featurestore.paths(tmp_path, REL)
+    raw = arrays.read_bytes()
+    assert entry.read_text() == json.dumps(
+        {"version": features.FEATURE_VERSION, "layout": featurestore.LAYOUT, "names": list(features.FEATURE_NAMES),
+         "day_file": REL, "rows": 3, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
+         "inputs": INPUTS}, indent=1) + "\n"
+
+
+def test_a_day_is_stored_in_the_stores_dtypes_whatever_it_was_computed_in(tmp_path: Path) -> None:
+    """Features computed in float64, labels as integers, days in nanoseconds, narrower ints: stored as the store's
+    dtypes (float32, datetime64[D], int64, bool), so that loading them is not refused as a damaged file."""
+    given = {"x": _arrays()["x"].astype(np.float64), "y": np.array([0, 1, 0]),
+             "day": np.array(["2018-04-01T10:00", "2018-04-01T23:59", "2018-04-01T00:00"], dtype="datetime64[ns]"),
+             "card": np.array([7, 8, 9], dtype=np.int32), "known": np.array([1, 0, 1], dtype=np.uint8),
+             "ids": np.array([100, 101, 102], dtype=np.int32)}
+    featurestore.store(tmp_path, REL, given, INPUTS)
+    back = featurestore.load(tmp_path, REL, INPUTS)
+    assert {k: v.dtype.str for k, v in back.items()} == dict(featurestore._ARRAYS)
+    np.testing.assert_array_equal(back["x"], _arrays()["x"])
+    assert back["y"].tolist() == [0.0, 1.0, 0.0] and back["known"].tolist() == [True, False, True]
+    assert back["day"].tolist() == [np.datetime64("2018-04-01", "D").item()] * 3
+    assert back["card"].tolist() == [7, 8, 9] and back["ids"].tolist() == [100, 101, 102]
+
+
+def test_a_stored_day_whose_arrays_disagree_in_length_is_refused_naming_each_length(tmp_path: Path) -> None:
+    """Whole, with a matching checksum (written so), but one label short: refused by its layout, naming every
+    array's length and what they must be, never read as a day of three rows."""
+    short = {**_arrays(), "y": np.zeros(2, "<f4")}
+    featurestore.store(tmp_path, REL, short, INPUTS)
+    arrays, _ = featurestore.paths(tmp_path, REL)
+    with pytest.raises(featurestore.StaleFeatures, match=rf"^{re.escape(str(arrays))}: unreadable \(arrays of "
+                       r"different lengths \(x 3, y 2, day 3, card 3, known 3, ids 3\): each must have x's 3 rows\)$"):
+        featurestore.load(tmp_path, REL, INPUTS)
+
+
+def test_a_day_file_that_holds_less_than_its_size_when_read_is_refused_naming_it(tmp_path: Path) -> None:
+    """A file rewritten under the reader (another pod on the share) can hold fewer bytes than its size said a moment
+    before. A sysfs file does so every time (size 4096, a few bytes of text): stored in the day file's place, it is
+    refused as changed while read, naming the file, instead of being viewed with a zero-filled tail."""
+    shrinking = Path("/sys/devices/system/cpu/online")
+    assert shrinking.stat().st_size > len(shrinking.read_bytes()), "the stand-in must read shorter than its size"
+    featurestore.store(tmp_path, REL, _arrays(), INPUTS)
+    arrays, entry = featurestore.paths(tmp_path, REL)
+    arrays.unlink()
+    arrays.symlink_to(shrinking)
+    said = rf"^{re.escape(str(entry))}: unreadable \({re.escape(str(arrays))}: changed while read\)$"
+    with pytest.raises(featurestore.StaleFeatures, match=said):
+        featurestore.load(tmp_path, REL, INPUTS)

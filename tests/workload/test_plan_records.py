@@ -4,6 +4,7 @@ text, nothing left behind by a write, a hidden file never read as a run, and a r
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -67,3 +68,26 @@ def test_runs_skips_hidden_files_such_as_a_writers_temporary_one(tmp_path: Path)
     plan.record(tmp_path, SPEC)
     (runs_dir(tmp_path) / ".main.json").write_text("{half a record")
     assert plan.runs(tmp_path) == {"main": SPEC}
+
+
+def test_a_seeder_killed_before_linking_its_record_leaves_one_hidden_temporary_file_beside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a seeder killed just before it links its record into place leaves, seen at that point (recorded around
+    the real os.link, so the record is still made): one hidden `.main.<random>.tmp` in the runs folder, beside where
+    the record goes (a link cannot cross file systems: the share is NFS, the pod's /tmp is not), holding the whole
+    record; runs() reads nothing from it."""
+    seen: list[tuple[Path, Path, list[str], dict, str]] = []
+    real_link = os.link
+
+    def link(src: str, dst: str, *args, **kwargs) -> None:
+        names = sorted(p.name for p in runs_dir(tmp_path).iterdir())
+        seen.append((Path(src), Path(dst), names, plan.runs(tmp_path), Path(src).read_text()))
+        real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", link)
+    assert plan.record(tmp_path, SPEC) is True
+    ((temp, target, names, recorded, text),) = seen
+    assert target == runs_dir(tmp_path) / "main.json" and temp.parent == target.parent
+    assert names == [temp.name] and re.fullmatch(r"\.main\.[a-z0-9_]{8}\.tmp", temp.name), temp.name
+    assert recorded == {} and text == SPEC.to_json()
+    assert sorted(p.name for p in runs_dir(tmp_path).iterdir()) == ["main.json"]

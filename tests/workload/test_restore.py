@@ -4,12 +4,14 @@ and the token counter starts above every token on the share, for two runs traine
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
-from trained import DAYS, Trained
+from trained import DAYS, QUICK, Trained
 
 from workload.queue import plan
+from workload.queue.workqueue import WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
@@ -50,6 +52,7 @@ def test_restore_of_a_share_with_runs_but_no_checkpoints_marks_nothing(redis_ser
     env.seed("fresh")
     queue.redis.flushall()
     assert plan.restore(queue, share) == {"runs": 1, "enqueued": 4, "already_applied": 0}
+    assert queue.spec("fresh") == QUICK, "the share's hyperparameters, back in the wiped Redis"
     assert queue.snapshot()["runs"]["fresh"]["pending"] == [f"fresh/{d}" for d in DAYS]
     assert queue.claim("w1", 10).token == 1
 
@@ -83,3 +86,25 @@ def test_gap_names_what_a_queue_behind_the_share_lacks_and_reconcile_closes_it_o
     assert (runs["a"]["total"], runs["a"]["done"], runs["a"]["pending"]) == (4, 2, ids[2:])
     assert not plan.gap(queue, share) and plan.reconcile(queue, share) is None
     assert queue.claim("w2", 10).token > floor
+
+
+def test_a_share_whose_one_run_lost_its_dataset_plans_nothing_and_names_the_run_once_per_check(
+        redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No live run: the plan is empty, so an empty queue is not behind it (no token floor: no checkpoint to be above),
+    and gap and restore each name the skipped run once, not once per read of the records."""
+    share = tmp_path / "share"
+    plan.record(share, plan.RunSpec(run="gone", dataset="retired", hparams=QUICK))
+    queue = WorkQueue(connect(redis_server.url, redis_server.password))
+    skipped = (f"run gone is skipped: its dataset 'retired' is gone from the share ({share}/datasets/retired/"
+               f"{plan.MANIFEST} is missing); publish it again (seed --dataset retired --datasets SOURCE) or retire "
+               f"the run by removing {share}/runs/gone.json")
+    with caplog.at_level(logging.WARNING, logger="workload.queue.plan"):
+        found = plan.gap(queue, share)
+        assert [r.getMessage() for r in caplog.records] == [skipped]
+        caplog.clear()
+        assert plan.restore(queue, share) == {"runs": 0, "enqueued": 0, "already_applied": 0}
+        assert [r.getMessage() for r in caplog.records] == [skipped]
+    assert found == plan.Gap(runs=0, items=0, missing_runs=[], missing_items=[], token=0, token_floor=0)
+    assert not found
+    assert found.line() == "share vs queue: the share's plan is 0 run(s), 0 item(s); the queue holds them all"
+    assert queue.known() == (set(), set(), 0) and queue.seeded()

@@ -82,7 +82,8 @@ def _from_bytes(data: bytearray) -> dict[str, np.ndarray]:
     if pos != len(data) or out["x"].ndim != 2 or out["x"].shape[1] != len(features.FEATURE_NAMES):
         raise ValueError(f"unexpected layout: x {out['x'].shape}, {len(data) - pos} trailing bytes")
     if any(len(out[name]) != len(out["x"]) for name, _ in _ARRAYS):
-        raise ValueError("arrays of different lengths")
+        seen = ", ".join(f"{name} {len(out[name])}" for name, _ in _ARRAYS)
+        raise ValueError(f"arrays of different lengths ({seen}): each must have x's {len(out['x'])} rows")
     return out
 
 
