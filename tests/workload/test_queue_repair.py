@@ -294,6 +294,8 @@ def test_status_reads_each_view_in_one_transaction(redis_server: RedisServer) ->
     assert transactions() == before + 1
     q.snapshot()
     assert transactions() == before + 2
+    q.known()  # what restore compares with the share: ids, specs and token from one instant
+    assert transactions() == before + 3
 
 
 def test_status_shows_ids_that_are_not_utf8(redis_server: RedisServer) -> None:
@@ -421,3 +423,11 @@ def test_a_redis_out_of_memory_is_waited_out_as_unable_to_serve(redis_server: Re
     assert str(caught.value).startswith("Redis unable to serve for 1s during enqueue: ")
     assert "maxmemory" in str(caught.value) and "Redis unable to serve during enqueue (" in caplog.text
     assert q.enqueue(items("a", 1)) == 1  # memory back: the same call goes through
+
+
+def test_a_script_called_with_other_arguments_than_its_own_is_refused_naming_both(redis_server: RedisServer) -> None:
+    """A programming error caught before Redis sees it: a script's arguments are passed by name, all of them."""
+    q = make_queue(redis_server)
+    with pytest.raises(TypeError) as caught:
+        q._ack(run="a", token=1)
+    assert str(caught.value) == "script arguments are ('run', 'token', 'owner', 'id'), got ('run', 'token')"

@@ -53,7 +53,6 @@ class Keys:
               "seeded", "alive", "pending_of", "lease_of")
 
     def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
         self.items = f"{prefix}:items"  # hash  item id -> item JSON (kept forever: idempotent enqueue)
         self.runs = f"{prefix}:runs"  # set   run names
         self.specs = f"{prefix}:specs"  # hash  run -> hyperparameters JSON
