@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 
 from infra import config, contract, render, schedule
-from infra.render import Rendered
+from infra.render import Registered, Rendered
 from policy import offline
 from tests.infra.job_controller import FailedPod, JobController
 from workload.core import errors
@@ -178,7 +178,7 @@ LAUNCH_CM = f"{contract.APP}-launch"
 SCHEDULED_LOADER = f"{contract.APP}-{contract.LOADER}-scheduled"
 
 
-def _children(r: Rendered) -> dict[str, object]:
+def _children(r: Rendered) -> dict[str, Registered]:
     cm = r.one("kubernetes:core/v1:ConfigMap", "schedule-job")
     return {"configmap": cm, "role": r.one(ROLE), "binding": r.one(BINDING), "cron": r.one(CRON, "schedule")}
 
