@@ -197,6 +197,7 @@ GROUPS: tuple[Group, ...] = (
         "schedule",
         ("infra/schedule.py",),
         ("tests/infra/test_infra_schedule.py",),
+        do_not_mutate_patterns=(REGISTER_OUTPUTS,),
     ),
     Group(
         "replacements",
@@ -363,6 +364,7 @@ INFRA_JOBS = "infra/jobs.py"
 INFRA_NETWORK = "infra/network.py"
 INFRA_REDIS = "infra/redis.py"
 INFRA_SHARE_PREP = "infra/share_prep.py"
+INFRA_SCHEDULE = "infra/schedule.py"
 POLICY_RULES = "policy/rules.py"
 POLICY_PACK = "policy/pack.py"
 DATASET = "workload/data/dataset.py"
@@ -752,6 +754,9 @@ EQUIVALENT: tuple[Equivalent, ...] = (
       for word in ("--appendonly", "yes", "--appendfsync", "always", "--dir", "--port")),
     Equivalent(INFRA_NETWORK, "self.ready = []", "self.ready = None",
                "read only as a depends_on list (the share's Filestore): no dependencies, as None and [] both say"),
+    Equivalent(INFRA_SCHEDULE, "if args.data.output and worker_identity:", "if args.data.output or worker_identity:",
+               "infra.program builds worker_identity exactly when data.output is set (`if data.output else None`) "
+               "and passes it here: both are set or neither is, so `and` and `or` decide alike"),
     Equivalent(INFRA_JOBS, "failure_policy(None, budget=False)", "failure_policy(None, budget=None)",
                "failure_policy reads budget only as `if budget`: None and False alike"),
     Equivalent(INFRA_JOBS, "namespace, skip_await=False)", "namespace, skip_await=None)",
@@ -761,7 +766,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)
       for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
                            ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),
-                           ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"))
+                           ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"),
+                           ("schedule", "spot-trainer:k8s:ScheduledLoad"))
       for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
     *(Equivalent(INFRA_IDENTITY, f"{key}={text},", after, FREE_TEXT)
       for key, text in (("display_name", 'f"{site.labels.app} {component} pods ({site.stack})"'),

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 
 from infra import config, contract, render, schedule
-from infra.render import Rendered
+from infra.render import Registered, Rendered
 from policy import offline
 from tests.infra.job_controller import FailedPod, JobController
 from workload.core import errors
@@ -169,3 +169,97 @@ def test_without_an_output_bucket_the_schedule_scores_nothing(rendered: Render) 
     assert set(cm.inputs["data"]) == {contract.LAUNCH_KEY}
     (container,) = r.one(CRON, "schedule").inputs["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert "--launch-scoring" not in container["args"]
+
+
+COMPONENT = "spot-trainer:k8s:ScheduledLoad"
+ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+BINDING = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+LAUNCH_CM = f"{contract.APP}-launch"
+SCHEDULED_LOADER = f"{contract.APP}-{contract.LOADER}-scheduled"
+
+
+def _children(r: Rendered) -> dict[str, Registered]:
+    cm = r.one("kubernetes:core/v1:ConfigMap", "schedule-job")
+    return {"configmap": cm, "role": r.one(ROLE), "binding": r.one(BINDING), "cron": r.one(CRON, "schedule")}
+
+
+def test_the_schedule_is_one_component_whose_objects_go_to_the_stacks_cluster(rendered: Render) -> None:
+    """The engine's view: one ScheduledLoad (its URN's type token is what `pulumi state` and an import know
+    it by), whose four objects are its children, created through the stack's cluster provider (not the
+    default one, which would point at whatever kubeconfig the machine running `pulumi up` has)."""
+    r = rendered("dev", **SCORED)
+    component = r.one(COMPONENT, "schedule")
+    project = f"urn:pulumi:dev::{contract.APP}::"
+    assert component.urn == f"{project}pulumi:pulumi:Stack${COMPONENT}::schedule"
+    cluster_provider = r.one(JOB, "loader").provider
+    assert "pulumi:providers:kubernetes::cluster" in cluster_provider
+    for child in _children(r).values():
+        assert (child.parent, child.provider) == (component.urn, cluster_provider), child.urn
+        assert child.urn == f"{project}{COMPONENT}${child.type}::{child.name}"  # the parent's type, then its own
+    # The binding names the role: it waits for it, and the schedule waits for the right to post.
+    kids = _children(r)
+    assert kids["role"].urn in kids["binding"].dependencies
+    assert {kids["binding"].urn, kids["configmap"].urn} <= set(kids["cron"].dependencies)
+
+
+def test_the_schedules_objects_carry_their_names_and_labels(rendered: Render) -> None:
+    """Names the loader's code and kubectl look for, and the labels the NetworkPolicy and `kubectl -l`
+    select on: the schedule's objects and pods are the loader's, the Jobs it posts the worker's and scorer's."""
+    r = rendered("dev", **SCORED)
+    kids = _children(r)
+    loader = contract.labels(contract.LOADER)
+    expected = {"configmap": LAUNCH_CM, "role": SCHEDULED_LOADER, "binding": SCHEDULED_LOADER,
+                "cron": SCHEDULED_LOADER}
+    for key, name in expected.items():
+        assert kids[key].inputs["metadata"] == {"name": name, "namespace": r.config.namespace, "labels": loader}
+    cron_spec = kids["cron"].inputs["spec"]
+    assert cron_spec["jobTemplate"]["metadata"] == {"labels": loader}
+    assert cron_spec["jobTemplate"]["spec"]["template"]["metadata"]["labels"] == loader
+    assert _posted(r)["metadata"] == {"name": schedule.SCHEDULED_JOB, "labels": contract.labels(contract.WORKER)}
+    assert _posted_scoring(r)["metadata"] == {"name": schedule.SCHEDULED_SCORING_JOB,
+                                              "labels": contract.labels(contract.SCORER)}
+
+
+def test_the_cron_job_runs_in_utc_and_keeps_three_of_each_finished_load(rendered: Render) -> None:
+    spec = rendered("dev", **DAILY).one(CRON, "schedule").inputs["spec"]
+    assert (spec["timeZone"], spec["successfulJobsHistoryLimit"], spec["failedJobsHistoryLimit"]) == ("Etc/UTC", 3, 3)
+
+
+@pytest.mark.parametrize("overrides", [DAILY, SCORED], ids=["trains", "scores"])
+def test_the_scheduled_load_is_the_loaders_pod_with_the_launch_file_mounted_read_only(
+    overrides: dict, rendered: Render
+) -> None:
+    """The same pod as the stack's loader (its runs file, its seed-inputs annotation, its account), plus the
+    launch ConfigMap mounted read-only: the loader reads the Job bodies from there and must not change them."""
+    r = rendered("dev", **overrides)
+    loader = r.one(JOB, "loader").inputs["spec"]["template"]
+    template = r.one(CRON, "schedule").inputs["spec"]["jobTemplate"]["spec"]["template"]
+    assert template["metadata"] == loader["metadata"]
+    pod, loader_pod = template["spec"], loader["spec"]
+    (container,), (loader_container,) = pod["containers"], loader_pod["containers"]
+    launch_args = ["--launch-job", contract.LAUNCH_FILE]
+    if "outputUri" in overrides:
+        launch_args += ["--launch-scoring", contract.SCORING_LAUNCH_FILE]
+    assert container == {
+        **loader_container,
+        "args": [*loader_container["args"], *launch_args],
+        "volumeMounts": [*loader_container["volumeMounts"],
+                         {"name": schedule.LAUNCH_VOLUME, "mountPath": contract.LAUNCH_DIR, "readOnly": True}],
+    }
+    assert pod == {
+        **loader_pod,
+        "containers": [container],
+        "volumes": [*loader_pod["volumes"], {"name": schedule.LAUNCH_VOLUME, "configMap": {"name": LAUNCH_CM}}],
+    }
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_the_posted_training_job_runs_as_the_workers_account(stack: str, rendered: Render) -> None:
+    """With an output bucket the workers have their own Workload Identity (the right to write results):
+    the Job the schedule posts runs under it, as the stack's training Job does."""
+    r = rendered(stack, **SCORED)
+    training = r.one(JOB, "training").inputs["spec"]["template"]["spec"]
+    posted = _posted(r)["spec"]["template"]["spec"]
+    assert posted["serviceAccountName"] == training["serviceAccountName"] == f"{contract.APP}-{contract.WORKER}"
+    assert _posted(r)["spec"] == {**r.one(JOB, "training").inputs["spec"],
+                                  "ttlSecondsAfterFinished": schedule.SCHEDULED_JOB_TTL_S}
