@@ -372,8 +372,8 @@ ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
 TRAINER = "workload/model/trainer.py"
-OLD_FORMAT_DEFAULT = ("a checkpoint of format >= 4 records window_days, and one of format 5 passes (HParams.to_dict "
-                      "writes every key): its own value overrides the old formats' default, set or not")
+OLD_FORMAT_DEFAULT = ("a checkpoint of format >= 4 records window_days, and one of format 5 full_window_days "
+                      "(HParams.to_dict writes every key): its own value overrides the old formats' default")
 WORKQUEUE = "workload/queue/workqueue.py"
 WORKER = "workload/runtime/worker.py"
 STEPS = "workload/runtime/steps.py"
@@ -607,9 +607,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         ('{"window_days": 1} if state["format"] < 4 else', '{"window_days": 1} if (state["format"] < 4) or True else'),
         ('{"window_days": 1} if state["format"] < 4 else', '{"window_days": 1} if state["format"] <= 4 else'),
         ('{"window_days": 1} if state["format"] < 4 else', '{"window_days": 1} if state["format"] < 5 else'),
-        ('{"passes": 0} if state["format"] < 5 else', '{"passes": 0} if (state["format"] < 5) or True else'),
-        ('{"passes": 0} if state["format"] < 5 else', '{"passes": 0} if state["format"] <= 5 else'),
-        ('{"passes": 0} if state["format"] < 5 else', '{"passes": 0} if state["format"] < 6 else'))),
+        ('{"full_window_days": 0} if state["format"] < 5 else',
+         '{"full_window_days": 0} if (state["format"] < 5) or True else'),
+        ('{"full_window_days": 0} if state["format"] < 5 else',
+         '{"full_window_days": 0} if state["format"] <= 5 else'),
+        ('{"full_window_days": 0} if state["format"] < 5 else',
+         '{"full_window_days": 0} if state["format"] < 6 else'))),
     Equivalent(TRAINER, "max(0, hp.min_steps - self.steps)", "max(1, hp.min_steps - self.steps)",
                "a wanted count of 1 epoch never raises a day above `epochs`, which is at least 1 (validated)"),
     Equivalent(TRAINER, "self.logits(x, batch))", "self.logits(x, ))",

@@ -36,8 +36,8 @@ def test_the_first_days_train_more_epochs_until_the_run_has_min_steps() -> None:
     # A day of one batch or less needs every missing step as an epoch of its own.
     one_batch = Trainer("r", HParams(hidden=(4,), epochs=2, batch_size=64, min_steps=10), FEATURES)
     assert (one_batch.epochs_for(50, 1), one_batch.epochs_for(64, 1), one_batch.epochs_for(65, 1)) == (10, 10, 5)
-    # passes lowers the epochs over a long window; min_steps still raises them while the run is short of steps.
-    both = Trainer("r", HParams(hidden=(4,), epochs=4, batch_size=50, min_steps=30, passes=4), FEATURES)
+    # A long window lowers the epochs; min_steps still raises them while the run is short of steps.
+    both = Trainer("r", HParams(hidden=(4,), epochs=4, batch_size=50, min_steps=30, full_window_days=1), FEATURES)
     assert (both.epochs_for(200, 4), both.epochs_for(400, 4), both.epochs_for(10_000, 4)) == (8, 4, 1)
 
 

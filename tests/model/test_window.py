@@ -64,29 +64,35 @@ def test_a_checkpoint_from_before_the_window_goes_on_training_each_day_alone() -
     state = trainer.state_dict()
     assert state["format"] == FORMAT == 5 and state["hparams"]["window_days"] == HParams().window_days == 14
     old = {**state, "format": 3,
-           "hparams": {k: v for k, v in state["hparams"].items() if k not in ("window_days", "passes")}}
+           "hparams": {k: v for k, v in state["hparams"].items() if k not in ("window_days", "full_window_days")}}
     assert (Trainer.from_state(old, torch.device("cpu")).hp.window_days,
-            Trainer.from_state(old, torch.device("cpu")).hp.passes) == (1, 0)
+            Trainer.from_state(old, torch.device("cpu")).hp.full_window_days) == (1, 0)
     assert Trainer.from_state(state, torch.device("cpu")).hp.window_days == 14
 
 
-def test_a_windows_epochs_drop_once_it_holds_more_than_passes_over_epochs_days() -> None:
+def test_a_windows_epochs_drop_once_it_holds_more_than_full_window_days() -> None:
     """The default: 4 epochs over a window of up to 7 days (so a run of a few days or a week trains as with a
-    7-day window), then ceil(28 / days): about 28 passes over each row in a long run, at 28 day-passes a day."""
+    7-day window), then ceil(4 * 7 / days): about 28 days of rows a day, each row about 28 times over its life."""
     hp = HParams()
-    assert (hp.epochs, hp.passes, hp.window_days) == (4, 28, 14)
+    assert (hp.epochs, hp.full_window_days, hp.window_days) == (4, 7, 14)
     trainer = Trainer("r", HParams(hidden=(4,)), FEATURES, torch.device("cpu"))
     assert [trainer.window_epochs(days) for days in (1, 4, 7, 8, 9, 10, 13, 14, 15, 27, 28)] == \
         [4, 4, 4, 4, 4, 3, 3, 2, 2, 2, 1]
-    assert Trainer("r", HParams(hidden=(4,), passes=0, epochs=6), FEATURES).window_epochs(28) == 6  # off
-    assert Trainer("r", HParams(hidden=(4,), passes=1), FEATURES).window_epochs(3) == 1  # never below one
-    assert Trainer("r", HParams(hidden=(4,), passes=3, epochs=4), FEATURES).window_epochs(2) == 2  # rounded up
+    off = Trainer("r", HParams(hidden=(4,), full_window_days=0, epochs=6), FEATURES)
+    assert off.window_epochs(28) == 6
+    assert Trainer("r", HParams(hidden=(4,), full_window_days=1), FEATURES).window_epochs(30) == 1  # at least one
+    assert Trainer("r", HParams(hidden=(4,), full_window_days=3, epochs=4), FEATURES).window_epochs(5) == 3  # 2.4 up
+    # A run's own epochs hold on any window up to full_window_days, however many they are: 40 on one day is 40.
+    many = Trainer("r", HParams(hidden=(4,), epochs=40, window_days=1), FEATURES)
+    assert [many.window_epochs(days) for days in (1, 7, 8)] == [40, 40, 35]
 
 
 def test_a_day_begins_with_its_windows_epochs_and_a_format_4_lineage_keeps_epochs_on_every_window() -> None:
-    """The count is fixed when a day begins, from the window it reads (the run's applied days): 3 days in a window
-    with passes 6 train 2 epochs. A format-4 checkpoint (window, no passes) keeps `epochs` on every window."""
-    trainer = Trainer("r", HParams(hidden=(4,), epochs=4, passes=6, window_days=3), FEATURES, torch.device("cpu"))
+    """The count is fixed when a day begins, from the window it reads (the run's applied days): with
+    full_window_days 1, a window of 2 or 3 days trains ceil(4 / days) = 2 epochs. A format-4 checkpoint (a window, no
+    full_window_days) keeps `epochs` on every window."""
+    trainer = Trainer("r", HParams(hidden=(4,), epochs=4, full_window_days=1, window_days=3), FEATURES,
+                      torch.device("cpu"))
     epochs = []
     for i in range(4):
         x, y = _day(i)
@@ -94,19 +100,20 @@ def test_a_day_begins_with_its_windows_epochs_and_a_format_4_lineage_keeps_epoch
         epochs.append(trainer.progress["epochs"])
         assert trainer.train_shard(x, y, lambda: True)
         trainer.finish_shard({})
-    assert epochs == [4, 3, 2, 2]  # windows of 1, 2, 3 and 3 days: ceil(6 / days), at most 4
+    assert epochs == [4, 2, 2, 2]  # windows of 1, 2, 3 and 3 days
     state = trainer.state_dict()
-    old = {**state, "format": 4, "hparams": {k: v for k, v in state["hparams"].items() if k != "passes"}}
+    old = {**state, "format": 4, "hparams": {k: v for k, v in state["hparams"].items() if k != "full_window_days"}}
     lineage = Trainer.from_state(old, torch.device("cpu"))
-    assert lineage.hp.passes == 0 and lineage.hp.window_days == 3
+    assert lineage.hp.full_window_days == 0 and lineage.hp.window_days == 3
     lineage.begin_shard("d4", _day(4)[0])
     assert lineage.progress["epochs"] == 4
 
 
 @pytest.mark.parametrize("value", [-1, 2.0, True, "28"])
-def test_passes_is_a_whole_number_of_at_least_zero(value: object) -> None:
-    with pytest.raises(ValueError, match=rf"^run 'x': passes={value!r} is not allowed; must be a whole number >= 0"):
-        HParams.from_dict({"passes": value}, where="run 'x'")
+def test_full_window_days_is_a_whole_number_of_at_least_zero(value: object) -> None:
+    allowed = "must be a whole number >= 0"
+    with pytest.raises(ValueError, match=rf"^run 'x': full_window_days={value!r} is not allowed; {allowed}"):
+        HParams.from_dict({"full_window_days": value}, where="run 'x'")
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.0, True, "7"])

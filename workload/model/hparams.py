@@ -27,7 +27,8 @@ _RULES: dict[str, tuple[str, str]] = {
     "ema_decay": ("number", "0 <= ema_decay < 1 (0: score with the raw weights)"),
     "min_steps": ("int", "a whole number >= 0 (0: every day trains `epochs` epochs)"),
     "window_days": ("int", "a whole number >= 1 (1: each day trains on its own rows only)"),
-    "passes": ("int", "a whole number >= 0 (0: every window trains `epochs` epochs, however many days it holds)"),
+    "full_window_days": ("int", "a whole number >= 0 (0: every window trains `epochs` epochs, however many days it "
+                                "holds)"),
 }
 
 
@@ -43,8 +44,8 @@ def _is_number(v: Any) -> bool:
 class HParams:
     """Per-run hyperparameters (a run is one model lineage)."""
 
-    # 256-128, batches of 128, weight decay 1e-4 and fraud weighed at most 5x, with the window and passes below:
-    # the default measured against the tree baselines at 4 days, a week and 12 weeks (README, Model;
+    # 256-128, batches of 128, weight decay 1e-4 and fraud weighed at most 5x, with the window and full_window_days
+    # below: the default measured against the tree baselines at 4 days, a week and 12 weeks (README, Model;
     # bench/quality.py).
     hidden: tuple[int, ...] = (256, 128)
     lr: float = 2e-3
@@ -66,13 +67,13 @@ class HParams:
     # them at once (AP 0.60 against 0.68 at 4 days). A checkpoint written before the key existed trained
     # with 1, and keeps it (Trainer.from_state).
     window_days: int = 14
-    # About how many times a row is trained over its life in a long run: a window of L days trains
-    # min(epochs, ceil(passes / L)) epochs. Up to passes / epochs days (7) a window trains `epochs` epochs, so
-    # a run of a few days or a week trains as with a 7-day window; a longer run keeps 2 weeks in memory at 2
-    # epochs, the same cost per day (28 day-passes), where 7 days x 4 epochs forgot its first weeks (12-week AP
-    # 0.704, below the forest's 0.707: README, Model). 0 turns it off; a checkpoint written before the key
-    # existed has 0 (Trainer.from_state).
-    passes: int = 28
+    # A window of up to `full_window_days` days trains `epochs` epochs; a window of L longer days trains
+    # ceil(epochs * full_window_days / L), at least 1: the same rows trained per day (28 days' worth by default),
+    # and each row about as many times over its life. So a run of a few days or a week trains as with a 7-day
+    # window, and a longer run keeps 2 weeks in memory at 2 epochs, where 7 days x 4 epochs forgot its first
+    # weeks (12-week AP 0.704, below the forest's 0.707: README, Model). 0 turns it off; a checkpoint written
+    # before the key existed has 0 (Trainer.from_state).
+    full_window_days: int = 7
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "hyperparameters") -> HParams:
@@ -92,12 +93,14 @@ class HParams:
                  epochs=values["epochs"], batch_size=values["batch_size"],
                  pos_weight_cap=float(values["pos_weight_cap"]), seed=values["seed"],
                  ema_decay=float(values["ema_decay"]), min_steps=values["min_steps"],
-                 window_days=values["window_days"], passes=values["passes"])
+                 window_days=values["window_days"],
+                 full_window_days=values["full_window_days"])
         checks = [("hidden", all(h >= 1 for h in hp.hidden)), ("lr", 0 < hp.lr < 1),
                   ("weight_decay", hp.weight_decay >= 0), ("epochs", hp.epochs >= 1),
                   ("batch_size", hp.batch_size >= 1), ("pos_weight_cap", hp.pos_weight_cap >= 1),
                   ("seed", 0 <= hp.seed < 2**63), ("ema_decay", 0 <= hp.ema_decay < 1),
-                  ("min_steps", hp.min_steps >= 0), ("window_days", hp.window_days >= 1), ("passes", hp.passes >= 0)]
+                  ("min_steps", hp.min_steps >= 0), ("window_days", hp.window_days >= 1),
+                  ("full_window_days", hp.full_window_days >= 0)]
         for key, ok in checks:
             if not ok:
                 raise ValueError(f"{where}: {key}={getattr(hp, key)!r} is not allowed; must be {_RULES[key][1]}")

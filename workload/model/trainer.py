@@ -28,12 +28,12 @@ from torch import nn
 import workload
 from workload.model.hparams import HParams
 
-# 5: hparams carry passes; 4: hparams carry window_days; 3: calibration (scale, shift); 2: averaged weights,
+# 5: hparams carry full_window_days; 4: hparams carry window_days; 3: calibration (scale, shift); 2: averaged weights,
 # feature version, last-epoch accuracy
 FORMAT = 5
 # A format-2 checkpoint loads uncalibrated and is calibrated at its next applied day; one of format 2 or 3 trained
 # each day alone, and keeps doing so (window_days 1); one before format 5 trained `epochs` epochs on every window,
-# and keeps doing so (passes 0).
+# and keeps doing so (full_window_days 0).
 READABLE = (2, 3, 4, 5)
 
 MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
@@ -173,7 +173,7 @@ class Trainer:
         # Before format 4 every day trained alone, and before format 5 every window `epochs` epochs: the lineage
         # goes on as it was trained, not with today's defaults.
         hparams = {**({"window_days": 1} if state["format"] < 4 else {}),
-                   **({"passes": 0} if state["format"] < 5 else {}), **state["hparams"]}
+                   **({"full_window_days": 0} if state["format"] < 5 else {}), **state["hparams"]}
         hp = HParams.from_dict(hparams, where="checkpoint hparams")
         trainer = cls(state["run"], hp, tuple(state["feature_names"]), device, str(state["feature_version"]))
         trainer.model.load_state_dict(state["model"])
@@ -226,7 +226,7 @@ class Trainer:
 
     def epochs_for(self, rows: int, days: int) -> int:
         """Epochs over the window of a day of `rows` rows, the window holding `days` days: `epochs`, fewer
-        once the window holds more than `passes / epochs` days (`window_epochs`), more while the run is short
+        once the window holds more than `full_window_days` days (`window_epochs`), more while the run is short
         of `min_steps` steps (at most MAX_EPOCH_FACTOR x `epochs`). Fixed when the day begins and kept in the
         progress, so a resume trains the same number."""
         hp = self.hp
@@ -235,10 +235,12 @@ class Trainer:
         return min(max(self.window_epochs(days), wanted), MAX_EPOCH_FACTOR * hp.epochs)
 
     def window_epochs(self, days: int) -> int:
-        """Epochs over a window of `days` days: min(epochs, ceil(passes / days)), at least 1; `epochs` when
-        `passes` is 0."""
+        """Epochs over a window of `days` days: `epochs` up to `full_window_days` days (or when that is 0), else
+        ceil(epochs * full_window_days / days), at least 1."""
         hp = self.hp
-        return hp.epochs if hp.passes == 0 else max(1, min(hp.epochs, math.ceil(hp.passes / days)))
+        if hp.full_window_days == 0 or days <= hp.full_window_days:
+            return hp.epochs
+        return max(1, math.ceil(hp.epochs * hp.full_window_days / days))
 
     def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
         """Train from `self.progress` to the end of the shard, on `x`, `y`: the rows of its window
