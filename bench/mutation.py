@@ -84,6 +84,10 @@ class Group:
     # CPU minutes of the group's last whole run (2 cores, docs/benchmarks.md): only orders the groups, the
     # longest first.
     cpu_minutes: float = 1.0
+    # Its tests may keep an expensive fixture built by unmutated code for every mutant's session
+    # (tests/workload/harness.py, built_once): only where no mutant of the group can change what the fixture
+    # builds, or the kills it would have caused are lost.
+    fixture_cache: bool = False
 
 
 # register_outputs' argument is only displayed ("The Pulumi engine uses this information to display the logical
@@ -265,6 +269,9 @@ GROUPS: tuple[Group, ...] = (
         ("workload/model/export.py", "workload/model/score.py"),
         ("tests/workload/test_export.py", "tests/workload/test_scoring.py", "tests/workload/test_rare_paths.py"),
         jobs_per_core=2,  # its fixtures train a sweep against a real Redis server and wait on leases
+        # test_export.py's sweep is `workload local` over three runs (about 20 s): trained once, not once per
+        # mutant. No worker of it exports (no OUTPUT_URI) and none scores, so no mutant of the group changes it.
+        fixture_cache=True,
     ),
     Group(
         "cli",
@@ -1115,6 +1122,8 @@ def stage(group: Group) -> Path:
     return where
 
 
+# A group's kept fixtures (Group.fixture_cache), in its stage: fresh with each run, as the stage is.
+FIXTURE_CACHE, FIXTURE_CACHE_ENV = "fixture-cache", "MUTATION_FIXTURE_CACHE"  # the env: tests/workload/harness.py
 MARK = "measured-at.json"  # in a group's stage: the commit it was copied at, then what its run took
 
 
@@ -1163,9 +1172,13 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
     jobs *= group.jobs_per_core
     started = time.monotonic()
     log = where / "mutmut.log"
+    env = {**os.environ, "TERM": "dumb", **ONE_THREAD}
+    if group.fixture_cache:
+        (where / FIXTURE_CACHE).mkdir()
+        env[FIXTURE_CACHE_ENV] = str(where / FIXTURE_CACHE)
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=where,
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TERM": "dumb", **ONE_THREAD})
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(proc.pid, 0)  # the usage of the whole tree mutmut waited for
         proc.returncode = os.waitstatus_to_exitcode(status)
     run = Run(time.monotonic() - started, usage.ru_utime + usage.ru_stime, jobs)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,46 @@ def make_dataset(folder: Path) -> Path:
         simulator.generate(root, TINY)
         ds.write_manifest(root)
     return root
+
+
+# Set by `make mutation` (bench/mutation.py) for a group whose Group.fixture_cache allows it: a folder where an
+# expensive fixture built by unmutated code is kept for every mutant's test session (see built_once).
+FIXTURE_CACHE_ENV = "MUTATION_FIXTURE_CACHE"
+BUILT_AT = ".built-at"  # in a kept folder: where it was built
+
+
+def built_once(name: str, target: Path, build: Callable[[Path], None]) -> Path:
+    """``build(target)``, or under `make mutation` a copy of the folder it built the first time.
+
+    mutmut runs each mutant's tests in a fresh pytest session, so a module fixture that runs `workload local`
+    (tens of seconds) is paid once per mutant. Where the harness allows it (``FIXTURE_CACHE_ENV``), the folder
+    built in a session with no mutant active (mutmut's clean and stats runs: MUTANT_UNDER_TEST empty or
+    "stats") is kept, and later sessions start from a copy of it. A session with a mutant active never fills
+    the cache: its folder was built by the mutant. Outside `make mutation` this is ``build(target)``."""
+    cache = os.environ.get(FIXTURE_CACHE_ENV)
+    kept = Path(cache) / name if cache else None
+    if kept is not None and kept.is_dir():
+        shutil.copytree(kept, target, symlinks=True)
+        # What the workers wrote names the folder they wrote it in (a report's checkpoint paths): as if the
+        # copy had been built where it now is.
+        built_at = (kept / BUILT_AT).read_text()
+        (target / BUILT_AT).unlink()
+        for path in target.rglob("*"):
+            if path.suffix in (".txt", ".json", ".jsonl") and path.is_file():
+                text = path.read_text()
+                if built_at in text:
+                    path.write_text(text.replace(built_at, str(target)))
+        return target
+    build(target)
+    if kept is not None and os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats"):
+        staging = kept.with_name(f".{name}.{os.getpid()}")
+        shutil.copytree(target, staging, symlinks=True)
+        (staging / BUILT_AT).write_text(str(target))
+        try:
+            staging.rename(kept)  # atomic; a concurrent session that got there first keeps its copy
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 class JobSucceeded(AssertionError):

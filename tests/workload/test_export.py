@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from harness import ROOT, Cluster, is_stopped
+from harness import ROOT, Cluster, built_once, is_stopped
 from safetensors import safe_open
 
 from workload import cli
@@ -51,10 +51,15 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, dataset_src: Path) -> Path:
     base = tmp_path_factory.mktemp("sweep")
     runs_file = base / "sweep.json"
     runs_file.write_text(json.dumps(SWEEP))
-    out = workload_cmd("local", "--dir", str(base / "local"), "--datasets", str(dataset_src), "--runs-file",
-                       str(runs_file), "--workers", "2", timeout=280)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return base / "local"
+
+    def train(local: Path) -> None:
+        out = workload_cmd("local", "--dir", str(local), "--datasets", str(dataset_src), "--runs-file",
+                           str(runs_file), "--workers", "2", timeout=280)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    # Under `make mutation`'s export group, trained once for all its mutants (the sweep uses neither export.py
+    # nor score.py: a worker exports only with OUTPUT_URI set).
+    return built_once("export-sweep", base / "local", train)
 
 
 @pytest.fixture(scope="module")
