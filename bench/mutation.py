@@ -378,6 +378,7 @@ DATASET = "workload/data/dataset.py"
 ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
+CALIBRATION = "workload/model/calibration.py"
 TRAINER = "workload/model/trainer.py"
 OLD_FORMAT_DEFAULT = ("a checkpoint of format >= 4 records window_days, and one of format 5 full_window_days "
                       "(HParams.to_dict writes every key): its own value overrides the old formats' default")
@@ -961,6 +962,31 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "probabilities are >= 0, the first edge: the bin index is never below 0, so no lower clip is needed"),
     Equivalent(METRICS, "for b in range(len(edges) - 1):", "for b in range(len(edges) + 1):",
                "the bin index is clipped to len(edges) - 2: the two extra bins are empty, and empty bins are left out"),
+    # calibration: the overflow guard's bounds, Newton's stop, and labels that are 0 or 1.
+    *(Equivalent(CALIBRATION, "offset, -35, 35)", f"offset, {bounds})",
+                 "an overflow guard: a bound of 36 or none instead of 35 changes p only where |scale * logit + "
+                 "shift| > 35, where p is within 7e-16 of 0 or 1 under either bound; each row's gradient term moves "
+                 "by at most 7e-16 * (|logit| + 1), so the fit (the root of a penalised gradient that is ridge * n "
+                 "strongly monotone) moves by at most 7e-16 * (mean |logit| + 1) / ridge: 7e-10 * (mean |logit| + 1) "
+                 "at the default ridge, about 1e-9 relative on a separable day")
+      for bounds in ("-35, None", "-36, 35", "-35, 36")),
+    Equivalent(CALIBRATION, "if np.abs(step).max() < 1e-10:", "if np.abs(step).max() <= 1e-10:",
+               "Newton's largest step equals 1e-10 exactly with nil probability: < and <= stop after the same step"),
+    Equivalent(CALIBRATION, "if scale > 0:", "if scale >= 0:",
+               "the fitted scale, a float64 Newton iterate from the day's logits, is exactly 0.0 with nil probability: "
+               "> 0 and >= 0 act alike"),
+    *(Equivalent(CALIBRATION, "np.asarray(labels, dtype=np.float64)", f"np.asarray(labels, {after})",
+                 "labels are 0 or 1 (Examples.y is float32; bool and integer labels too): compared with 0.5 in their "
+                 "own dtype or as float64, the same booleans")
+      for after in ("dtype=None", "")),
+    Equivalent(CALIBRATION, ".ravel() > 0.5)", ".ravel() >= 0.5)",
+               "labels are exactly 0 or 1 (validated TX_FRAUD; Examples.y is float32): >= 0.5 and > 0.5 agree on both"),
+    Equivalent(CALIBRATION, "if len(y) == 0 or", "if len(y) == 1 or",
+               "a one-row sample is all fraud or all legitimate (y.sum() is 0 or len(y)) and an empty one has "
+               "y.sum() == 0: the other two tests return IDENTITY for both either way"),
+    Equivalent(CALIBRATION, "calibrated=False)", "calibrated=None)",
+               "Trainer.score reads `calibrated` only for its truth (`if calibrated:`): None and False alike give the "
+               "raw scores"),
     # launch: header names, the poll default, the deadline's clock.
     *(Equivalent(LAUNCH, 'headers={"Authorization": f"Bearer {token}"}', f'headers={{"{name}": f"Bearer {{token}}"}}',
                  "HTTP field names are case-insensitive (RFC 9110, 5.1): the API server reads the same header")
