@@ -196,6 +196,41 @@ def test_a_reversed_ranking_keeps_scale_one_and_fits_only_the_shift() -> None:
         assert -2.5 < shift < -1.5, shift  # the day's fraud rate (~16 %) from logits around 0
 
 
+def test_wide_logits_converge_where_full_newton_steps_cycled() -> None:
+    """Logits spread over tens of units: full Newton steps overshot, cycled to the 100-step limit and returned
+    (2603066.9, -401999.9) here; a reversed ranking on narrow logits became (1372000.6, -714500.0) instead of the
+    shift-only fit. Step halving converges on both."""
+    rng = np.random.default_rng(2)
+    z = rng.normal(0.0, 5.0, 2000)
+    y = (rng.random(2000) < sigmoid(0.3 * z - 3.0)).astype(np.float64)
+    scale, shift = calibration.fit_platt(z, y)
+    np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, 1e-6), 0.0, atol=GRADIENT_ATOL)
+    assert abs(scale - 0.3) < 0.05 and abs(shift + 3.0) < 0.3, (scale, shift)
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(-2.0, 1.0, 2000)
+    y = (rng.random(2000) < sigmoid(-0.5 * z - 2.0)).astype(np.float64)
+    scale, shift = calibration.fit_platt(z, y)
+    assert scale == 1.0
+    assert abs((np.sum(sigmoid(z + shift) - y) + 1e-6 * len(y) * shift) / len(y)) < GRADIENT_ATOL
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_any_day_with_both_classes_gets_the_fit_that_solves_its_score_equations(seed: int) -> None:
+    """Days of every shape a model's logits take: sizes, centres, spreads, and how well they rank."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(50, 3000))
+    z = rng.normal(rng.normal(0.0, 3.0), rng.uniform(0.2, 10.0), n)
+    y = (rng.random(n) < sigmoid(rng.normal(0.0, 1.0) * z + rng.normal(-3.0, 2.0))).astype(np.float64)
+    y[:2] = (0.0, 1.0)  # both classes, whatever was drawn
+    scale, shift = calibration.fit_platt(z, y)
+    if scale == 1.0:  # the shift-only fit: its own score equation
+        assert abs((np.sum(sigmoid(z + shift) - y) + 1e-6 * n * shift) / n) < GRADIENT_ATOL
+    else:
+        assert scale > 0.0
+        np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, 1e-6), 0.0, atol=GRADIENT_ATOL)
+
+
 def test_a_day_without_fraud_or_without_legitimate_rows_stays_uncalibrated() -> None:
     z = np.array([-3.0, -1.0, 0.5, 2.0])
     for logits, labels in (([], []), (z, np.zeros(4)), (z, np.ones(4)), (z[:1], [1.0]), (z[:1], [0.0])):
