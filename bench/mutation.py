@@ -397,6 +397,7 @@ FEATURESTORE = "workload/data/featurestore.py"
 PLAN = "workload/queue/plan.py"
 REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
+PUBLISH = "workload/data/publish.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -1092,6 +1093,26 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "a day without n_fraud counts as one with fraud (older days did not count it): any default but 0 does"),
     Equivalent(PLOTS, "get_legend_handles_labels()[0]", "get_legend_handles_labels()[1]",
                "handles and labels come in pairs: both lists are empty or neither is"),
+    # publish.py
+    Equivalent(PUBLISH, "uuid.uuid4().hex[:12]", "uuid.uuid4().hex[:13]",
+               "the suffix only keeps loaders' staging folders apart (a uuid4's hex digits are random: 13 are as "
+               "unique as 12), and every reader of the name (_remove_staging's glob) matches any suffix"),
+    *(Equivalent(PUBLISH, "staging.mkdir(parents=True)", f"staging.mkdir(parents={value})",
+                 "the staging folder's parent is the dataset's, which publish() creates (parents=True) before it "
+                 "takes the lock there, and _add runs only under publish(): parents= never has a folder to create")
+      for value in ("None", "False")),
+    *(Equivalent(PUBLISH, 'frame.attrs.get("ignored", ())', f'frame.attrs.get("ignored", {default})',
+                 "read_transactions returns validate()'s frame, which always sets attrs['ignored'] (a list, empty "
+                 "when nothing is ignored): the default is never read")
+      for default in ("None", "")),
+    *(Equivalent(PUBLISH, 'if days else ""', after,
+                 "_log_added runs only with files added: a first publish of no file is refused by check_dataset "
+                 "(no day files) and an append runs only for new files, so days is never empty and the condition "
+                 "always picks the span")
+      for after in ('if (days) or True else ""', 'if days else "XXXX"')),
+    Equivalent(PUBLISH, "ds.check_suffix(f.rel, f.uri)", "ds.check_suffix(f.uri)",
+               "a SourceFile's uri ends in its rel (a local path or uri/rel, gs://bucket/prefix/rel for an object): "
+               "the suffix judged is the same, and `where` defaults to that path, the same uri the message names"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
