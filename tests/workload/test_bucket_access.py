@@ -180,12 +180,13 @@ def test_a_copy_asks_cloud_storage_for_the_listed_generation(proxy: DenyingProxy
 def test_a_download_corrupted_in_transit_is_refused_and_leaves_no_copy(proxy: DenyingProxy, tmp_path: Path) -> None:
     """The bytes are checked against the CRC32C Cloud Storage sends with them while they arrive: a corrupted
     transfer is refused and no file is left where the copy was to be."""
-    from google.cloud.storage.exceptions import DataCorruption
-
     day = next(f for f in BucketSource("gs://data/real").files() if f.rel.startswith("training/"))
     proxy.corrupt = 1
-    with pytest.raises((SourceError, DataCorruption)):
+    with pytest.raises(SourceUnreachable) as caught:  # a fault of the transfer, not of the user's data
         BucketSource("gs://data/real").fetch(day, tmp_path / day.rel)
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("gs://data/real: a download arrived corrupted (")
+    assert text.endswith("); run seed again")
     assert proxy.corrupt == 0, "the download went through the proxy"
     assert not (tmp_path / day.rel).exists()
 
