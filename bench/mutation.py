@@ -957,6 +957,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                     "hit = np.zeros((spec.terminals, n_days + 2), dtype=np.int64)")),
     Equivalent(SIMULATOR, "compromise_day + 1), 1)", "compromise_day + 1), 2)",
                "hit only counts compromises, and only whether a window's count is > 0 is read"),
+    Equivalent(SIMULATOR, "np.arange(spec.customers + 1))", "np.arange(spec.customers + 2))",
+               "the loop reads starts[c] and starts[c + 1] for customers c < spec.customers: a bound past them is "
+               "never read"),
+    Equivalent(SIMULATOR, "np.where(amount < 0, redraw, amount)", "np.where(amount <= 0, redraw, amount)",
+               "amount is a normal draw before rounding: exactly 0.0 has probability zero (the cents come after)"),
     Equivalent(SIMULATOR, "near = np.sqrt((diff**2).sum(axis=2)) < radius",
                "near = np.sqrt((diff**2).sum(axis=2)) <= radius",
                "positions are uniform float64 draws: a customer and a terminal exactly `radius` apart has probability "
