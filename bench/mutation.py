@@ -399,6 +399,7 @@ PLAN = "workload/queue/plan.py"
 REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
 PUBLISH = "workload/data/publish.py"
+EXPORT = "workload/model/export.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -1128,6 +1129,46 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "a day without n_fraud counts as one with fraud (older days did not count it): any default but 0 does"),
     Equivalent(PLOTS, "get_legend_handles_labels()[0]", "get_legend_handles_labels()[1]",
                "handles and labels come in pairs: both lists are empty or neither is"),
+    # export.py
+    Equivalent(EXPORT, 'warnings.simplefilter("ignore", FutureWarning)', 'warnings.simplefilter("ignore", )',
+               "importing google.cloud.storage warns a FutureWarning (the Python version) and otherwise only an "
+               "ImportWarning (grpcio-status absent), which Python's default filters ignore: ignoring every Warning "
+               "class there silences nothing more"),
+    Equivalent(EXPORT, "if size <= 0 or", "if size <= 1 or",
+               "a header of 1 byte cannot be a JSON object ('{}' is 2): it is refused either way, and model_state, "
+               "the only caller, reads it only after safetensors' own load accepted the same bytes, which it does "
+               "not for a 1-byte header"),
+    *(Equivalent(EXPORT, 'state.get("reapplied", [])', after,
+                 "render reads no rewinds from None as from [] (`reapplied or []`, `if reapplied`): the same report")
+      for after in ('state.get("reapplied", None)', 'state.get("reapplied", )')),
+    Equivalent(EXPORT, 'fresh = Trainer(state["run"], hp,', 'fresh = Trainer(None, hp,',
+               "Trainer.__init__ only stores the run, and the fresh state's run is replaced by the file's own in "
+               "{**fresh, **state} (state['run'] was read the line before: the file has one)"),
+    *(Equivalent(EXPORT, 'tuple(state["feature_names"]), device=torch.device("cpu")).state_dict()',
+                 f'tuple(state["feature_names"]), {after}).state_dict()',
+                 "the fresh trainer only fills what the file leaves out (an optimizer with no state yet, the CPU "
+                 "random generator's state, no progress), none of it a device tensor: the merged state is the same "
+                 "on any device, and default_device() is the CPU on the suite's CPU build of torch anyway")
+      for after in ("device=None", "")),
+    *(Equivalent(EXPORT, 'from_state({**fresh, **state}, device=torch.device("cpu"))',
+                 f'from_state({{**fresh, **state}}, {after})',
+                 "differs only where torch has CUDA (the model would load onto the GPU): the suite's machines have "
+                 "the CPU build of torch, where default_device() is the CPU, the device named here")
+      for after in ("device=None", "")),
+    *(Equivalent(EXPORT, 'parsed.get("tensors", [])', after,
+                 "model_bytes has written the 'tensors' key in every header since export began (95def6e): the "
+                 "default is read only for a header made by hand, never for a file `export` wrote")
+      for after in ('parsed.get("tensors", None)', 'parsed.get("tensors", )')),
+    *(Equivalent(EXPORT, "client.list_blobs(bucket, prefix=folder)", after,
+                 "the listing is read only through present.get(folder + name): a listing of the whole bucket holds "
+                 "the same objects under the folder (and others, never looked up), so the same files are uploaded; "
+                 "only the listing is longer")
+      for after in ("client.list_blobs(bucket, prefix=None)", "client.list_blobs(bucket, )")),
+    *(Equivalent(EXPORT, "getattr(exc, 'message', exc)", after,
+                 "the GoogleAPIErrors the client raises here are GoogleAPICallError (every HTTP error) and RetryError, "
+                 "both of which set .message (DuplicateCredentialArgs, the other kind, comes only from building a "
+                 "client with two credentials, which storage_client() never does): the default is never read")
+      for after in ("getattr(exc, 'message', None)", "getattr(exc, 'message', )")),
     # publish.py
     Equivalent(PUBLISH, "uuid.uuid4().hex[:12]", "uuid.uuid4().hex[:13]",
                "the suffix only keeps loaders' staging folders apart (a uuid4's hex digits are random: 13 are as "
