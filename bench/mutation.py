@@ -400,6 +400,7 @@ REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
 PUBLISH = "workload/data/publish.py"
 EXPORT = "workload/model/export.py"
+SCORE = "workload/model/score.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -445,6 +446,35 @@ CUDA_ONLY = ("differs only where torch has CUDA: the suite's machines have the C
 SAMPLE_DATE = "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 95, 0)))"
 CUDA_NEEDS = """f"CUDA {cuda} (driver {CUDA_MIN_DRIVER.get(cuda.split('.')[0], 'for it')} or newer)\""""
 EQUIVALENT: tuple[Equivalent, ...] = (
+    # score.py
+    *(Equivalent(SCORE, "dtype=np.int64", after,
+                 "_rank's only reader is OUTPUT's rank column, built with pa.array(..., pa.int64()): float64 ranks "
+                 "(whole numbers from 1 to a day's rows, far below 2**53) become the same int64 values")
+      for after in ("dtype=None", "")),
+    Equivalent(SCORE, 'content_type="application/octet-stream"', "content_type=None",
+               "given None, google-cloud-storage's Blob._get_content_type takes the blob's own type (a new Blob has "
+               "none), then the filename's guess (upload_from_string passes none), then its default, "
+               "'application/octet-stream': the object gets the same type"),
+    Equivalent(SCORE, 'content_type="application/octet-stream"', 'content_type="APPLICATION/OCTET-STREAM"',
+               "media type names are case-insensitive (RFC 6838 4.2, RFC 2045 5.1): the same type, which the "
+               "emulator test reads back as application/octet-stream"),
+    *(Equivalent(SCORE, "getattr(exc, 'message', exc)", after,
+                 "only Forbidden, Unauthorized and NotFound reach this line, google.api_core GoogleAPICallErrors "
+                 "whose __init__ always sets .message: getattr's default is never read")
+      for after in ("getattr(exc, 'message', None)", "getattr(exc, 'message', )")),
+    *(Equivalent(SCORE, 'prefix="score-"', after,
+                 "nothing reads the temporary folder's name: it is removed when scoring ends, errors name the "
+                 "user's files, publish's info lines are held back and its warnings name 'dataset', the folder "
+                 "inside it (only an OS error quoted by a feature-store warning could show a path in it, prefix "
+                 "and all)")
+      for after in ("prefix=None", 'prefix="XXscore-XX"', 'prefix="SCORE-"')),
+    *(Equivalent(SCORE, ", pa.bool_())", after,
+                 "metrics.alert_columns gives numpy bool arrays (scores >= threshold), which pa.array types as "
+                 "pa.bool_() when given no type") for after in (", None)", ", )")),
+    *(Equivalent(SCORE, 'device=torch.device("cpu")', after,
+                 "Trainer's default device is the CPU unless torch has CUDA, and the suite's machines have the CPU "
+                 "build of torch; test_a_run_folder_scores_with_its_newest_finished_day_never_one_in_progress "
+                 "asserts the CPU and fails on a GPU machine") for after in ("device=None", "")),
     # source.py
     Equivalent(SOURCE, '.decode("ascii")', '.decode("ASCII")',
                "codec names are case-insensitive: the same ASCII codec decodes base64's output"),
