@@ -281,7 +281,7 @@ def test_score_says_what_it_scored_and_wrote_and_its_figures_against_the_labels(
     testing = [pd.read_parquet(p) for p in sorted((dataset_src / "testing").glob("*.parquet"))]
     assert sorted(scored[schema.TRANSACTION_ID]) == sorted(pd.concat(testing)[schema.TRANSACTION_ID])
     assert said(err) == [
-        f"scored {len(scored)} transactions of 2 day(s) with run 'main''s model (6 day(s) trained); wrote {out}",
+        f"scored {len(scored)} transactions of 2 day(s) with the model of run 'main' (6 day(s) trained); wrote {out}",
         f"against the labels in {dataset_src}: {report.figures_line(expected_figures(scored, dataset_src))}"]
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
     assert scored[schema.TX_DATETIME].dtype == "datetime64[ns, UTC]" and scored["rank"].dtype == np.int64
@@ -441,7 +441,7 @@ def test_per_day_scores_go_to_the_bucket_as_binary_objects(model: Path, dataset_
     every = pd.concat(pd.read_parquet(tmp_path / "local" / name.split("/")[1]) for name in names)
     assert said(err) == [
         "read 8 file(s) from gs://acme/exports",
-        f"scored {len(every)} transactions of 2 day(s) with run 'main''s model (6 day(s) trained); wrote "
+        f"scored {len(every)} transactions of 2 day(s) with the model of run 'main' (6 day(s) trained); wrote "
         "gs://acme/scores/2018-04-07.parquet, gs://acme/scores/2018-04-08.parquet",
         f"against the labels in gs://acme/exports: {report.figures_line(expected_figures(every, dataset_src))}"]
     requests = "\n".join(said(err.split("read 8 file(s) from")[0], "DEBUG", "urllib3.connectionpool"))
