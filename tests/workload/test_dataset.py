@@ -711,3 +711,12 @@ def test_the_share_holds_datasets_and_output_side_by_side(tmp_path: Path) -> Non
 
     assert share_paths(tmp_path) == (tmp_path / "datasets", tmp_path / "output")
     assert share_paths(str(tmp_path)) == (tmp_path / "datasets", tmp_path / "output")  # type: ignore[arg-type]
+
+
+def test_run_records_live_in_runs_beside_them(tmp_path: Path) -> None:
+    """Every share already written keeps its run records in runs/ (docs/architecture.md): a renamed folder would
+    leave a later `pulumi up`'s loader blind to every run seeded before it."""
+    from workload.share.paths import runs_dir
+
+    assert runs_dir(tmp_path) == tmp_path / "runs"
+    assert runs_dir(str(tmp_path)) == tmp_path / "runs"  # type: ignore[arg-type]
