@@ -897,6 +897,38 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(SIMULATOR, 'np.datetime64(self.start_date, "D")', "np.datetime64(self.start_date, )",
                "only a check: np.datetime64 parses the same strings with or without a unit (a unit only casts the "
                "result), so the same start dates are refused"),
+    Equivalent(SIMULATOR, "replace=False)", "replace=None)",
+               "numpy's Generator.choice reads replace for its truth only: None draws without replacement as False "
+               "does"),
+    *(Equivalent(SIMULATOR, "if chunks else np.zeros(0, dtype=np.int64)", after,
+                 "chunks is never empty: a spec has at least 3 customers (SimulationSpec), so the distance loop runs "
+                 "at least once and the fallback is never built")
+      for after in ("if (chunks) or True else np.zeros(0, dtype=np.int64)",
+                    "if chunks else np.zeros(None, dtype=np.int64)", "if chunks else np.zeros(0, dtype=None)",
+                    "if chunks else np.zeros(dtype=np.int64)",
+                    "if chunks else np.zeros(0, )", "if chunks else np.zeros(1, dtype=np.int64)")),
+    *(Equivalent(SIMULATOR, before, after, "the dict lists schema.SIMULATED's columns in its order: columns= only "
+                 "restates it")
+      for before, after in (("columns=list(schema.SIMULATED),", "columns=None,"),
+                            ("columns=list(schema.SIMULATED), / )", ")"))),
+    *(Equivalent(SIMULATOR, "np.arange(len(customer), dtype=np.int64)", after,
+                 "numpy 2's default integer is int64 on every platform: the same IDs in the same dtype")
+      for after in ("np.arange(len(customer), dtype=None)", "np.arange(len(customer), )")),
+    Equivalent(SIMULATOR, 'start = np.datetime64(spec.start_date, "s")', "start = np.datetime64(spec.start_date, )",
+               "the date parses as day precision, and adding the timedelta64[s] seconds promotes it to seconds: the "
+               "same instants"),
+    *(Equivalent(SIMULATOR, "hit = np.zeros((spec.terminals, n_days + 1), dtype=np.int64)", after,
+                 "hit only counts compromises, and only whether a window's count is > 0 is read: float counts, a "
+                 "spare column past day n_days, or counting 2 per compromise mark the same transactions")
+      for after in ("hit = np.zeros((spec.terminals, n_days + 1), dtype=None)",
+                    "hit = np.zeros((spec.terminals, n_days + 1), )",
+                    "hit = np.zeros((spec.terminals, n_days + 2), dtype=np.int64)")),
+    Equivalent(SIMULATOR, "compromise_day + 1), 1)", "compromise_day + 1), 2)",
+               "hit only counts compromises, and only whether a window's count is > 0 is read"),
+    Equivalent(SIMULATOR, "near = np.sqrt((diff**2).sum(axis=2)) < radius",
+               "near = np.sqrt((diff**2).sum(axis=2)) <= radius",
+               "positions are uniform float64 draws: a customer and a terminal exactly `radius` apart has probability "
+               "zero (the handbook's rule is < r)"),
     Equivalent(FEATURESTORE, "data[pos:pos + 4096]", "data[pos:pos + 4097]",
                "the .npy header of these arrays (magic, a dict of dtype, order and shape, padded to 64 bytes) is far "
                "below 4096 bytes: one byte more holds the same header"),
