@@ -378,6 +378,7 @@ DATASET = "workload/data/dataset.py"
 ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
+CALIBRATION = "workload/model/calibration.py"
 TRAINER = "workload/model/trainer.py"
 OLD_FORMAT_DEFAULT = ("a checkpoint of format >= 4 records window_days, and one of format 5 full_window_days "
                       "(HParams.to_dict writes every key): its own value overrides the old formats' default")
@@ -396,6 +397,7 @@ FEATURESTORE = "workload/data/featurestore.py"
 PLAN = "workload/queue/plan.py"
 REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
+PUBLISH = "workload/data/publish.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -961,6 +963,31 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "probabilities are >= 0, the first edge: the bin index is never below 0, so no lower clip is needed"),
     Equivalent(METRICS, "for b in range(len(edges) - 1):", "for b in range(len(edges) + 1):",
                "the bin index is clipped to len(edges) - 2: the two extra bins are empty, and empty bins are left out"),
+    # calibration: the overflow guard's bounds, Newton's stop, and labels that are 0 or 1.
+    *(Equivalent(CALIBRATION, "offset, -35, 35)", f"offset, {bounds})",
+                 "an overflow guard: a bound of 36 or none instead of 35 changes p only where |scale * logit + "
+                 "shift| > 35, where p is within 7e-16 of 0 or 1 under either bound; each row's gradient term moves "
+                 "by at most 7e-16 * (|logit| + 1), so the fit (the root of a penalised gradient that is ridge * n "
+                 "strongly monotone) moves by at most 7e-16 * (mean |logit| + 1) / ridge: 7e-10 * (mean |logit| + 1) "
+                 "at the default ridge, about 1e-9 relative on a separable day")
+      for bounds in ("-35, None", "-36, 35", "-35, 36")),
+    Equivalent(CALIBRATION, "if np.abs(step).max() < 1e-10:", "if np.abs(step).max() <= 1e-10:",
+               "Newton's largest step equals 1e-10 exactly with nil probability: < and <= stop after the same step"),
+    Equivalent(CALIBRATION, "if scale > 0:", "if scale >= 0:",
+               "the fitted scale, a float64 Newton iterate from the day's logits, is exactly 0.0 with nil probability: "
+               "> 0 and >= 0 act alike"),
+    *(Equivalent(CALIBRATION, "np.asarray(labels, dtype=np.float64)", f"np.asarray(labels, {after})",
+                 "labels are 0 or 1 (Examples.y is float32; bool and integer labels too): compared with 0.5 in their "
+                 "own dtype or as float64, the same booleans")
+      for after in ("dtype=None", "")),
+    Equivalent(CALIBRATION, ".ravel() > 0.5)", ".ravel() >= 0.5)",
+               "labels are exactly 0 or 1 (validated TX_FRAUD; Examples.y is float32): >= 0.5 and > 0.5 agree on both"),
+    Equivalent(CALIBRATION, "if len(y) == 0 or", "if len(y) == 1 or",
+               "a one-row sample is all fraud or all legitimate (y.sum() is 0 or len(y)) and an empty one has "
+               "y.sum() == 0: the other two tests return IDENTITY for both either way"),
+    Equivalent(CALIBRATION, "calibrated=False)", "calibrated=None)",
+               "Trainer.score reads `calibrated` only for its truth (`if calibrated:`): None and False alike give the "
+               "raw scores"),
     # launch: header names, the poll default, the deadline's clock.
     *(Equivalent(LAUNCH, 'headers={"Authorization": f"Bearer {token}"}', f'headers={{"{name}": f"Bearer {{token}}"}}',
                  "HTTP field names are case-insensitive (RFC 9110, 5.1): the API server reads the same header")
@@ -1066,6 +1093,26 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "a day without n_fraud counts as one with fraud (older days did not count it): any default but 0 does"),
     Equivalent(PLOTS, "get_legend_handles_labels()[0]", "get_legend_handles_labels()[1]",
                "handles and labels come in pairs: both lists are empty or neither is"),
+    # publish.py
+    Equivalent(PUBLISH, "uuid.uuid4().hex[:12]", "uuid.uuid4().hex[:13]",
+               "the suffix only keeps loaders' staging folders apart (a uuid4's hex digits are random: 13 are as "
+               "unique as 12), and every reader of the name (_remove_staging's glob) matches any suffix"),
+    *(Equivalent(PUBLISH, "staging.mkdir(parents=True)", f"staging.mkdir(parents={value})",
+                 "the staging folder's parent is the dataset's, which publish() creates (parents=True) before it "
+                 "takes the lock there, and _add runs only under publish(): parents= never has a folder to create")
+      for value in ("None", "False")),
+    *(Equivalent(PUBLISH, 'frame.attrs.get("ignored", ())', f'frame.attrs.get("ignored", {default})',
+                 "read_transactions returns validate()'s frame, which always sets attrs['ignored'] (a list, empty "
+                 "when nothing is ignored): the default is never read")
+      for default in ("None", "")),
+    *(Equivalent(PUBLISH, 'if days else ""', after,
+                 "_log_added runs only with files added: a first publish of no file is refused by check_dataset "
+                 "(no day files) and an append runs only for new files, so days is never empty and the condition "
+                 "always picks the span")
+      for after in ('if (days) or True else ""', 'if days else "XXXX"')),
+    Equivalent(PUBLISH, "ds.check_suffix(f.rel, f.uri)", "ds.check_suffix(f.uri)",
+               "a SourceFile's uri ends in its rel (a local path or uri/rel, gs://bucket/prefix/rel for an object): "
+               "the suffix judged is the same, and `where` defaults to that path, the same uri the message names"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -4,6 +4,7 @@ the calibration never sees a test day or a label younger than the delay."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 
 from workload import cli
 from workload.data import dataset as ds
-from workload.data import features, simulator
+from workload.data import features, publish, simulator, source
 from workload.model import calibration, metrics, report
 from workload.model.export import MODEL_FILE
 from workload.model.hparams import HParams
@@ -135,3 +136,168 @@ def test_a_format_2_checkpoint_loads_uncalibrated_and_an_older_one_is_refused_in
     with pytest.raises(ValueError, match=r"^checkpoint format 1 is not supported \(readable: 2, 3, 4, 5\); start a new "
                                          r"run with this code version$"):
         Trainer.from_state(state, torch.device("cpu"))
+
+
+# fit_platt, eligible_days and assess on small inputs (no training): the fit is the minimum of the log-loss of
+# sigmoid(scale * logit + shift) plus a ridge of `ridge` per row towards (1, 0), ridge * n * |(scale, shift) - (1, 0)|^2
+# / 2, so its gradient vanishes there: the penalised score equations below hold to rounding (~1e-15 per row).
+GRADIENT_ATOL = 1e-10  # per row
+
+
+def sigmoid(eta: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -eta))  # no overflow for any finite eta
+
+
+def penalised_gradient(z: np.ndarray, y: np.ndarray, scale: float, shift: float, ridge: float) -> np.ndarray:
+    """The penalised log-loss's gradient in (scale, shift) at the fit, per row."""
+    p, n = sigmoid(scale * z + shift), len(y)
+    return np.array([z @ (p - y) + ridge * n * (scale - 1.0), np.sum(p - y) + ridge * n * shift]) / n
+
+
+def logistic_day(true_scale: float, true_shift: float, n: int = 4000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of a day's rows and labels drawn as fraud with probability sigmoid(true_scale * logit + true_shift)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(-3.0, 2.0, n)
+    return z, (rng.random(n) < sigmoid(true_scale * z + true_shift)).astype(np.float64)
+
+
+def test_platt_fit_finds_a_scale_below_one_and_solves_its_penalised_score_equations() -> None:
+    z, y = logistic_day(0.5, -1.0)
+    for ridge in (None, 1e-3, 1.0):  # None: the default, 1e-6
+        scale, shift = calibration.fit_platt(z, y) if ridge is None else calibration.fit_platt(z, y, ridge)
+        ridge = 1e-6 if ridge is None else ridge
+        assert type(scale) is float and type(shift) is float
+        np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, ridge), 0.0, atol=GRADIENT_ATOL)
+        if ridge < 1.0:  # a ridge of 1 per row pulls the fit most of the way back to (1, 0)
+            assert abs(scale - 0.5) < 0.05 and abs(shift + 1.0) < 0.15, (ridge, scale, shift)
+        else:
+            assert 0.5 < scale < 1.0 and -1.0 < shift < 0.0, (scale, shift)
+
+
+def test_a_separable_day_gets_a_finite_sharper_fit_that_solves_its_penalised_score_equations() -> None:
+    z = np.r_[np.linspace(-4.0, -0.5, 200), np.linspace(0.5, 3.0, 10)]
+    y = np.r_[np.zeros(200), np.ones(10)]  # every fraud above every legitimate row: the log-loss alone has no minimum
+    for ridge in (1e-6, 1e-3):
+        scale, shift = calibration.fit_platt(z, y, ridge)
+        assert np.isfinite([scale, shift]).all() and scale > 1.0, (scale, shift)
+        np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, ridge), 0.0, atol=GRADIENT_ATOL)
+
+
+def test_a_reversed_ranking_keeps_scale_one_and_fits_only_the_shift() -> None:
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 1.0, 2000)
+    y = (rng.random(2000) < sigmoid(-z - 2.0)).astype(np.float64)  # fraud where the logit is low
+    for ridge in (1e-6, 1e-3):
+        scale, shift = calibration.fit_platt(z, y, ridge)
+        assert scale == 1.0 and type(shift) is float
+        # The shift alone minimises the log-loss of sigmoid(logit + shift) plus ridge * n * shift^2 / 2.
+        residual = (np.sum(sigmoid(z + shift) - y) + ridge * len(y) * shift) / len(y)
+        assert abs(residual) < GRADIENT_ATOL, (ridge, shift, residual)
+        assert -2.5 < shift < -1.5, shift  # the day's fraud rate (~16 %) from logits around 0
+
+
+def test_wide_logits_converge_where_full_newton_steps_cycled() -> None:
+    """Logits spread over tens of units: full Newton steps overshot, cycled to the 100-step limit and returned
+    (2603066.9, -401999.9) here; a reversed ranking on narrow logits became (1372000.6, -714500.0) instead of the
+    shift-only fit. Step halving converges on both."""
+    rng = np.random.default_rng(2)
+    z = rng.normal(0.0, 5.0, 2000)
+    y = (rng.random(2000) < sigmoid(0.3 * z - 3.0)).astype(np.float64)
+    scale, shift = calibration.fit_platt(z, y)
+    np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, 1e-6), 0.0, atol=GRADIENT_ATOL)
+    assert abs(scale - 0.3) < 0.05 and abs(shift + 3.0) < 0.3, (scale, shift)
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(-2.0, 1.0, 2000)
+    y = (rng.random(2000) < sigmoid(-0.5 * z - 2.0)).astype(np.float64)
+    scale, shift = calibration.fit_platt(z, y)
+    assert scale == 1.0
+    assert abs((np.sum(sigmoid(z + shift) - y) + 1e-6 * len(y) * shift) / len(y)) < GRADIENT_ATOL
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_any_day_with_both_classes_gets_the_fit_that_solves_its_score_equations(seed: int) -> None:
+    """Days of every shape a model's logits take: sizes, centres, spreads, and how well they rank."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(50, 3000))
+    z = rng.normal(rng.normal(0.0, 3.0), rng.uniform(0.2, 10.0), n)
+    y = (rng.random(n) < sigmoid(rng.normal(0.0, 1.0) * z + rng.normal(-3.0, 2.0))).astype(np.float64)
+    y[:2] = (0.0, 1.0)  # both classes, whatever was drawn
+    scale, shift = calibration.fit_platt(z, y)
+    if scale == 1.0:  # the shift-only fit: its own score equation
+        assert abs((np.sum(sigmoid(z + shift) - y) + 1e-6 * n * shift) / n) < GRADIENT_ATOL
+    else:
+        assert scale > 0.0
+        np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, 1e-6), 0.0, atol=GRADIENT_ATOL)
+
+
+def test_a_day_without_fraud_or_without_legitimate_rows_stays_uncalibrated() -> None:
+    z = np.array([-3.0, -1.0, 0.5, 2.0])
+    for logits, labels in (([], []), (z, np.zeros(4)), (z, np.ones(4)), (z[:1], [1.0]), (z[:1], [0.0])):
+        assert calibration.fit_platt(np.asarray(logits), np.asarray(labels)) == (1.0, 0.0)
+
+
+def test_a_single_fraud_is_enough_for_a_fit() -> None:
+    z = np.linspace(-5.0, 0.0, 50)
+    for where in (49, 30):  # the highest logit (a separable day), and one in the middle
+        y = np.zeros(50)
+        y[where] = 1.0
+        scale, shift = calibration.fit_platt(z, y)
+        assert (scale, shift) != (1.0, 0.0)
+        np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, 1e-6), 0.0, atol=GRADIENT_ATOL)
+
+
+def test_logits_and_labels_of_any_numeric_dtype_give_the_same_float64_fit() -> None:
+    z, y = logistic_day(0.5, -1.0, n=500, seed=3)
+    z32 = z.astype(np.float32)  # what Trainer.logits gives
+    expected = calibration.fit_platt(z32.astype(np.float64), y)
+    for logits in (z32, z32.astype(np.longdouble), list(z32.astype(np.float64))):
+        for labels in (y, y.astype(np.float32), y.astype(bool), y.astype(np.int64), y.tolist()):
+            assert calibration.fit_platt(logits, labels) == expected
+
+
+def test_extreme_logits_give_a_finite_fit_without_overflow_warnings() -> None:
+    z, y = logistic_day(0.5, -1.0)
+    z, y = np.r_[z, -1000.0, -800.0, 900.0, 1000.0], np.r_[y, 0.0, 0.0, 1.0, 1.0]  # a float32 network can say so
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale, shift = calibration.fit_platt(z, y)
+    assert 0.4 < scale < 0.6, scale
+    np.testing.assert_allclose(penalised_gradient(z, y, scale, shift, 1e-6), 0.0, atol=GRADIENT_ATOL)
+
+
+def test_without_test_days_the_newest_applied_days_are_used(tmp_path: Path) -> None:
+    spec = simulator.SimulationSpec(customers=20, terminals=10, train_days=calibration.CALIBRATION_DAYS + 2,
+                                    test_days=0, start_date="2018-04-01", seed=1)
+    simulator.generate(tmp_path / "days", spec)
+    # Laid out as `score` publishes a folder: no role required, so no testing/ day either.
+    data = ds.Dataset(publish.publish(tmp_path / "fraud", source.LocalSource(tmp_path / "days"), required=()).root)
+    shards = data.training_shards()
+    assert len(shards) == calibration.CALIBRATION_DAYS + 2 and not any(f["role"] == ds.TESTING for f in data.files)
+    assert calibration.eligible_days(data, [*reversed(shards), shards[-1]]) == shards[-calibration.CALIBRATION_DAYS:]
+
+
+def test_assess_reports_the_fitted_numbers_and_the_figures_before_and_after_calibration() -> None:
+    rng = np.random.default_rng(4)
+    n = 60
+    test = ds.Examples(x=rng.normal(size=(n, len(features.FEATURE_NAMES))).astype(np.float32),
+                       y=(rng.random(n) < 0.2).astype(np.float32),
+                       day=np.repeat(np.array(["2018-05-01", "2018-05-02"], dtype="datetime64[D]"), n // 2),
+                       card=rng.integers(0, 15, n), known=np.zeros(n, dtype=bool), ids=np.arange(n))
+    trainer = Trainer("assess", HParams(epochs=1, hidden=(8,)), features.FEATURE_NAMES,
+                      feature_version=features.FEATURE_VERSION)
+    trainer.set_calibration(0.5, -1.5)
+    scores = trainer.score(test.x)
+    days = ["training/2018-04-20.parquet", "training/2018-04-21.parquet"]
+    entry = calibration.assess(trainer, test, scores, days)
+    raw = trainer.score(test.x, calibrated=False)
+    assert not np.array_equal(raw, scores)
+    assert entry == {
+        "calibration_days": days, "calibration_scale": 0.5, "calibration_shift": -1.5,
+        "brier_raw": metrics.brier(raw, test.y), "brier": metrics.brier(scores, test.y),
+        "ece_raw": metrics.expected_calibration_error(raw, test.y),
+        "ece": metrics.expected_calibration_error(scores, test.y),
+        "reliability_raw": metrics.reliability(raw, test.y), "reliability": metrics.reliability(scores, test.y),
+        "alerts": metrics.alert_thresholds(scores, test.y, test.day, test.card),
+    }
+    assert type(entry["calibration_scale"]) is float and type(entry["calibration_shift"]) is float

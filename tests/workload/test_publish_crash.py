@@ -6,6 +6,7 @@ publishing point: before it, readers see the dataset as it was; after it, all of
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 from harness import HPARAMS, ROOT, Cluster
 
 from workload.data import dataset as ds
+from workload.data import publish
+from workload.data.source import LocalSource
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -130,3 +133,35 @@ def test_the_next_seed_removes_its_datasets_staging_folders_and_no_other_dataset
     # dataset is a killed loader's, however fresh; another dataset's is not this lock's to judge.
     assert not dead.exists() and not live.exists()
     assert other.exists()
+
+
+# -- in-process: what the next publish does with the leftovers (mutmut picks tests by what they call here) --
+def test_a_publish_removes_its_datasets_staging_folders_and_says_so(tmp_path: Path, dataset_src: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The twin of the `seed` test above, in this process: every staging folder of the dataset goes (only
+    the lock's holder stages), another dataset's stays, and the user is told what was removed."""
+    datasets = tmp_path / "datasets"
+    dead = datasets / ".fraud.staging-0123456789ab"
+    other = datasets / ".fraud2.staging-0123456789ab"
+    for path in (dead, other):
+        (path / "training").mkdir(parents=True)
+        (path / "training" / "2018-04-05.parquet").write_bytes(b"half a copy")
+    folder = user_folder(dataset_src, tmp_path / "export", lambda rel: True)
+    with caplog.at_level(logging.WARNING, logger="workload.data.publish"):
+        publish.publish(datasets / "fraud", LocalSource(folder))
+    assert not dead.exists() and other.exists()
+    assert f"dataset fraud: removing {dead}, left by a loader that was stopped mid-copy" in caplog.messages
+    assert sorted(p.name for p in datasets.iterdir()) == [".fraud.lock", ".fraud2.staging-0123456789ab", "fraud"]
+
+
+def test_a_leftover_the_publisher_cannot_remove_does_not_stop_the_publish(tmp_path: Path, dataset_src: Path) -> None:
+    """Removing a killed loader's leftovers is best effort: one that cannot be removed (here a file where a
+    staging folder would be) stays for a later seed, and the dataset is published all the same."""
+    datasets = tmp_path / "datasets"
+    datasets.mkdir()
+    stuck = datasets / ".fraud.staging-0123456789ab"
+    stuck.write_bytes(b"not a folder")
+    folder = user_folder(dataset_src, tmp_path / "export", lambda rel: True)
+    out = publish.publish(datasets / "fraud", LocalSource(folder))
+    assert len(out.copied) == 8 and published(datasets / "fraud") == sorted(out.copied)
+    assert stuck.read_bytes() == b"not a folder"
