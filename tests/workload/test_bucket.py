@@ -4,6 +4,8 @@ through STORAGE_EMULATOR_HOST as Google's client does): the share is a cache in 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
 from workload.data import dataset as ds
+from workload.data.source import BucketSource, LocalSource, SourceError, access_retry_seconds, open_source
 from workload.model.hparams import default_seed
 
 pytestmark = pytest.mark.timeout(600)
@@ -188,3 +191,166 @@ def test_missing_credentials_fail_at_once_on_a_laptop_and_are_waited_out_in_a_po
     assert (retries >= 1) if in_a_pod else (retries == 0), out.stderr
     assert not (cluster.share / "datasets").exists() or \
         [p.name for p in (cluster.share / "datasets").iterdir()] in ([], [".fraud.lock"])
+
+
+# The source in this process (`make mutation` runs, for a mutant, only the tests that called the mutated function
+# here, never in a `seed` subprocess): what --datasets accepts, how files are listed and named, and each refusal
+# as the one line the user reads. A local folder is read by the same rules as a bucket.
+ROLES_TEXT = "history/, training/, testing/, scoring/"
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "workload.data.source"]
+
+
+def test_datasets_takes_a_folder_or_a_gs_uri_and_refuses_any_other_scheme(tmp_path: Path) -> None:
+    src = open_source("gs://acme-fraud/exports")
+    assert isinstance(src, BucketSource) and src.uri == "gs://acme-fraud/exports"
+    assert isinstance(open_source(str(tmp_path)), LocalSource)
+    with pytest.raises(SourceError) as caught:
+        open_source("s3://acme-fraud/exports")
+    assert str(caught.value) == ("--datasets 's3://acme-fraud/exports': unsupported scheme; use a local folder or "
+                                 "gs://bucket/prefix")
+
+
+@pytest.mark.parametrize(("uri", "name"), [("gs://Bad_Bucket/x", "Bad_Bucket"), ("gs://ab", "ab"), ("gs:///x", "")])
+def test_a_uri_without_a_valid_bucket_name_is_refused_in_one_line(uri: str, name: str) -> None:
+    with pytest.raises(SourceError) as caught:
+        BucketSource(uri)
+    assert str(caught.value) == f"{uri}: {name!r} is not a Cloud Storage bucket name; expected gs://bucket/prefix"
+
+
+def test_a_bucket_root_or_prefix_is_listed_and_copied_whatever_its_trailing_slash(
+        bucket: Bucket, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """gs://bucket and gs://bucket/prefix, with or without a trailing '/', name the same source; only the files
+    under its own prefix are listed (not a sibling prefix's), each named by its gs:// URI with its generation, and
+    a copy lands at any depth, next to one already there."""
+    data = bucket.client.bucket("data")
+    flat = bucket.client.create_bucket("flat")
+    objects = {"exports/FX/training/2018-04-01.csv": b"1", "exports/FX/training/2018-04-02.csv": b"22",
+               "exports/FX/testing/2018-04-03.csv": b"333", "exports/F/training/2018-04-04.csv": b"4444",
+               "exports/GX/training/2018-04-05.csv": b"55555"}
+    for name, content in objects.items():
+        data.blob(name).upload_from_string(content)
+    for name in ("training/2018-04-01.csv", "testing/2018-04-03.csv"):
+        flat.blob(name).upload_from_string(name.encode())
+    in_fx = ["testing/2018-04-03.csv", "training/2018-04-01.csv", "training/2018-04-02.csv"]
+    in_flat = ["testing/2018-04-03.csv", "training/2018-04-01.csv"]
+    fx, root = (data, "exports/FX/", in_fx), (flat, "", in_flat)
+    cases = {"gs://data/exports/FX": fx, "gs://data/exports/FX/": fx, "gs://flat": root, "gs://flat/": root}
+    for n, (uri, (home, prefix, expected)) in enumerate(cases.items()):
+        src = BucketSource(uri)
+        assert src.uri == uri.rstrip("/"), "the URI recorded in the manifest"
+        with caplog.at_level(logging.WARNING, logger="workload.data.source"):
+            listed = src.files()
+        assert warnings_of(caplog) == [], uri
+        assert sorted(f.rel for f in listed) == expected, uri
+        for f in listed:
+            blob = home.get_blob(prefix + f.rel)
+            assert f.identity() == {"uri": f"{src.uri}/{f.rel}", "size": blob.size, "crc32c": blob.crc32c,
+                                    "generation": str(blob.generation)}
+            dest = tmp_path / str(n) / "deep" / f.rel
+            src.fetch(f, dest)
+            assert dest.read_bytes() == blob.download_as_bytes()
+
+
+def test_folder_objects_hidden_files_and_stray_files_in_a_bucket(bucket: Bucket,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The console's "folder" objects (names ending in '/') and hidden files (.keep) are skipped silently; a file
+    outside a role folder or deeper than one is left out and named by its gs:// URI in one warning."""
+    data = bucket.client.bucket("data")
+    for name in ("p/", "p/training/", "p/training/old/", "p/training/.keep", "p/README.txt",
+                 "p/training/old/2018-03-01.csv", "p/training/2018-04-01.csv"):
+        data.blob(name).upload_from_string(b"" if name.endswith("/") else b"x")
+    with caplog.at_level(logging.WARNING, logger="workload.data.source"):
+        listed = BucketSource("gs://data/p").files()
+    assert [f.rel for f in listed] == ["training/2018-04-01.csv"]
+    assert warnings_of(caplog) == [f"gs://data/p: ignoring 2 file(s) not directly in {ROLES_TEXT} (for example "
+                                   "gs://data/p/README.txt, gs://data/p/training/old/2018-03-01.csv)"]
+
+
+def test_a_missing_bucket_is_one_line(bucket: Bucket) -> None:
+    with pytest.raises(SourceError) as caught:
+        BucketSource("gs://missing/x").files()
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("gs://missing/x: not found (404 GET http://")
+    assert "/storage/v1/b/missing/o?" in text and text.endswith(")")
+
+
+def test_the_first_bucket_read_of_a_process_prints_no_python_version_notice(bucket: Bucket) -> None:
+    """google.api_core warns about the Python version when it is first imported: in a loader process that is
+    BucketSource.client(), which keeps the notice out of the loader's log. Run in a fresh process (here the import
+    is done already); in this process too, so that `make mutation` runs this test for client()'s mutants."""
+    bucket.client.bucket("data").blob("p/training/2018-04-01.csv").upload_from_string(b"x")
+    assert [f.rel for f in BucketSource("gs://data/p").files()] == ["training/2018-04-01.csv"]
+    code = "from workload.data.source import BucketSource; print([f.rel for f in BucketSource('gs://data/p').files()])"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "['training/2018-04-01.csv']\n", "")
+
+
+def test_a_missing_folder_or_a_symbolic_link_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SourceError) as caught:
+        LocalSource(tmp_path / "export").files()
+    assert str(caught.value) == (f"{tmp_path / 'export'}: no such folder; --datasets takes a folder with "
+                                 f"{ROLES_TEXT} or a gs://bucket/prefix")
+    (tmp_path / "export" / "training").mkdir(parents=True)
+    (tmp_path / "secret.csv").write_text("x")
+    (tmp_path / "export" / "training" / "2018-04-01.csv").symlink_to(tmp_path / "secret.csv")
+    with pytest.raises(SourceError) as caught:
+        LocalSource(tmp_path / "export").files()
+    assert str(caught.value) == (f"{tmp_path / 'export' / 'training' / '2018-04-01.csv'}: a symbolic link in the "
+                                 "dataset folder; links are never followed, copy the file itself there")
+
+
+def test_hidden_files_and_folders_are_skipped_and_a_stray_file_is_named(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "export"
+    for rel in ("training/2018-04-01.csv", "training/.DS_Store", "training/.cache/2018-04-01.csv",
+                ".git/training/2018-04-02.csv", "notes.txt"):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(rel)
+    with caplog.at_level(logging.WARNING, logger="workload.data.source"):
+        listed = LocalSource(folder).files()
+    assert [f.rel for f in listed] == ["training/2018-04-01.csv"]
+    assert warnings_of(caplog) == [f"{folder}: ignoring 1 file(s) not directly in {ROLES_TEXT} (for example "
+                                   f"{folder / 'notes.txt'})"]
+
+
+def test_local_files_are_named_as_the_user_gave_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By the path as typed (relative here), or under the name a source is published as (the simulator's temporary
+    folder is never named)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "export" / "training").mkdir(parents=True)
+    (tmp_path / "export" / "training" / "2018-04-01.csv").write_text("x")
+    [typed] = LocalSource(Path("export")).files()
+    assert typed.uri == "export/training/2018-04-01.csv"
+    named = LocalSource(tmp_path / "export", uri="simulated:test")
+    assert named.uri == "simulated:test"
+    assert [f.uri for f in named.files()] == ["simulated:test/training/2018-04-01.csv"]
+
+
+def test_a_file_changed_between_listing_and_copy_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "export"
+    (folder / "training").mkdir(parents=True)
+    (folder / "training" / "2018-04-01.csv").write_text("listed")
+    src = LocalSource(folder)
+    [listed] = src.files()
+    (folder / "training" / "2018-04-01.csv").write_text("replaced")
+    with pytest.raises(SourceError) as caught:
+        src.fetch(listed, tmp_path / "copy" / listed.rel)
+    assert str(caught.value) == (f"{folder / 'training' / '2018-04-01.csv'}: changed while it was being copied "
+                                 f"(listed 6 bytes, crc32c {listed.crc32c}); run seed again")
+
+
+def test_a_denied_read_is_waited_out_five_minutes_in_a_pod_and_not_at_all_on_a_laptop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cloud.md: inside the cluster a denied or unauthenticated read is retried for 5 minutes (env
+    SOURCE_ACCESS_RETRY_SECONDS); a laptop's denial is the user's to fix."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("SOURCE_ACCESS_RETRY_SECONDS", raising=False)
+    assert access_retry_seconds() == 0.0
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert access_retry_seconds() == 300.0
+    monkeypatch.setenv("SOURCE_ACCESS_RETRY_SECONDS", "12")
+    assert access_retry_seconds() == 12.0

@@ -184,6 +184,7 @@ class BucketSource:
     def _once(self, fn: Any) -> Any:
         from google.api_core import exceptions as api
         from google.auth import exceptions as auth
+        from google.cloud.storage.exceptions import DataCorruption
 
         try:
             return fn()
@@ -201,6 +202,9 @@ class BucketSource:
                                              "`gcloud auth application-default login`")) from None
         except (api.GoogleAPIError, auth.GoogleAuthError) as exc:
             raise SourceError(f"{self.uri}: cannot read Cloud Storage: {one_line(exc)}") from None
+        except DataCorruption as exc:  # the bytes did not match the checksum Cloud Storage sent with them
+            raise SourceUnreachable(f"{self.uri}: a download arrived corrupted ({one_line(exc)}); run seed "
+                                    "again") from None
         except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
             raise SourceUnreachable(f"{self.uri}: cannot reach Cloud Storage: {one_line(exc)}") from None
 
