@@ -399,6 +399,8 @@ PLAN = "workload/queue/plan.py"
 REPORT = "workload/model/report.py"
 PLOTS = "workload/model/plots.py"
 PUBLISH = "workload/data/publish.py"
+EXPORT = "workload/model/export.py"
+SCORE = "workload/model/score.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -444,6 +446,35 @@ CUDA_ONLY = ("differs only where torch has CUDA: the suite's machines have the C
 SAMPLE_DATE = "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 95, 0)))"
 CUDA_NEEDS = """f"CUDA {cuda} (driver {CUDA_MIN_DRIVER.get(cuda.split('.')[0], 'for it')} or newer)\""""
 EQUIVALENT: tuple[Equivalent, ...] = (
+    # score.py
+    *(Equivalent(SCORE, "dtype=np.int64", after,
+                 "_rank's only reader is OUTPUT's rank column, built with pa.array(..., pa.int64()): float64 ranks "
+                 "(whole numbers from 1 to a day's rows, far below 2**53) become the same int64 values")
+      for after in ("dtype=None", "")),
+    Equivalent(SCORE, 'content_type="application/octet-stream"', "content_type=None",
+               "given None, google-cloud-storage's Blob._get_content_type takes the blob's own type (a new Blob has "
+               "none), then the filename's guess (upload_from_string passes none), then its default, "
+               "'application/octet-stream': the object gets the same type"),
+    Equivalent(SCORE, 'content_type="application/octet-stream"', 'content_type="APPLICATION/OCTET-STREAM"',
+               "media type names are case-insensitive (RFC 6838 4.2, RFC 2045 5.1): the same type, which the "
+               "emulator test reads back as application/octet-stream"),
+    *(Equivalent(SCORE, "getattr(exc, 'message', exc)", after,
+                 "only Forbidden, Unauthorized and NotFound reach this line, google.api_core GoogleAPICallErrors "
+                 "whose __init__ always sets .message: getattr's default is never read")
+      for after in ("getattr(exc, 'message', None)", "getattr(exc, 'message', )")),
+    *(Equivalent(SCORE, 'prefix="score-"', after,
+                 "nothing reads the temporary folder's name: it is removed when scoring ends, errors name the "
+                 "user's files, publish's info lines are held back and its warnings name 'dataset', the folder "
+                 "inside it (only an OS error quoted by a feature-store warning could show a path in it, prefix "
+                 "and all)")
+      for after in ("prefix=None", 'prefix="XXscore-XX"', 'prefix="SCORE-"')),
+    *(Equivalent(SCORE, ", pa.bool_())", after,
+                 "metrics.alert_columns gives numpy bool arrays (scores >= threshold), which pa.array types as "
+                 "pa.bool_() when given no type") for after in (", None)", ", )")),
+    *(Equivalent(SCORE, 'device=torch.device("cpu")', after,
+                 "Trainer's default device is the CPU unless torch has CUDA, and the suite's machines have the CPU "
+                 "build of torch; test_a_run_folder_scores_with_its_newest_finished_day_never_one_in_progress "
+                 "asserts the CPU and fails on a GPU machine") for after in ("device=None", "")),
     # source.py
     Equivalent(SOURCE, '.decode("ascii")', '.decode("ASCII")',
                "codec names are case-insensitive: the same ASCII codec decodes base64's output"),
@@ -957,6 +988,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                     "hit = np.zeros((spec.terminals, n_days + 2), dtype=np.int64)")),
     Equivalent(SIMULATOR, "compromise_day + 1), 1)", "compromise_day + 1), 2)",
                "hit only counts compromises, and only whether a window's count is > 0 is read"),
+    Equivalent(SIMULATOR, "np.arange(spec.customers + 1))", "np.arange(spec.customers + 2))",
+               "the loop reads starts[c] and starts[c + 1] for customers c < spec.customers: a bound past them is "
+               "never read"),
+    Equivalent(SIMULATOR, "np.where(amount < 0, redraw, amount)", "np.where(amount <= 0, redraw, amount)",
+               "amount is a normal draw before rounding: exactly 0.0 has probability zero (the cents come after)"),
     Equivalent(SIMULATOR, "near = np.sqrt((diff**2).sum(axis=2)) < radius",
                "near = np.sqrt((diff**2).sum(axis=2)) <= radius",
                "positions are uniform float64 draws: a customer and a terminal exactly `radius` apart has probability "
@@ -1123,6 +1159,46 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "a day without n_fraud counts as one with fraud (older days did not count it): any default but 0 does"),
     Equivalent(PLOTS, "get_legend_handles_labels()[0]", "get_legend_handles_labels()[1]",
                "handles and labels come in pairs: both lists are empty or neither is"),
+    # export.py
+    Equivalent(EXPORT, 'warnings.simplefilter("ignore", FutureWarning)', 'warnings.simplefilter("ignore", )',
+               "importing google.cloud.storage warns a FutureWarning (the Python version) and otherwise only an "
+               "ImportWarning (grpcio-status absent), which Python's default filters ignore: ignoring every Warning "
+               "class there silences nothing more"),
+    Equivalent(EXPORT, "if size <= 0 or", "if size <= 1 or",
+               "a header of 1 byte cannot be a JSON object ('{}' is 2): it is refused either way, and model_state, "
+               "the only caller, reads it only after safetensors' own load accepted the same bytes, which it does "
+               "not for a 1-byte header"),
+    *(Equivalent(EXPORT, 'state.get("reapplied", [])', after,
+                 "render reads no rewinds from None as from [] (`reapplied or []`, `if reapplied`): the same report")
+      for after in ('state.get("reapplied", None)', 'state.get("reapplied", )')),
+    Equivalent(EXPORT, 'fresh = Trainer(state["run"], hp,', 'fresh = Trainer(None, hp,',
+               "Trainer.__init__ only stores the run, and the fresh state's run is replaced by the file's own in "
+               "{**fresh, **state} (state['run'] was read the line before: the file has one)"),
+    *(Equivalent(EXPORT, 'tuple(state["feature_names"]), device=torch.device("cpu")).state_dict()',
+                 f'tuple(state["feature_names"]), {after}).state_dict()',
+                 "the fresh trainer only fills what the file leaves out (an optimizer with no state yet, the CPU "
+                 "random generator's state, no progress), none of it a device tensor: the merged state is the same "
+                 "on any device, and default_device() is the CPU on the suite's CPU build of torch anyway")
+      for after in ("device=None", "")),
+    *(Equivalent(EXPORT, 'from_state({**fresh, **state}, device=torch.device("cpu"))',
+                 f'from_state({{**fresh, **state}}, {after})',
+                 "differs only where torch has CUDA (the model would load onto the GPU): the suite's machines have "
+                 "the CPU build of torch, where default_device() is the CPU, the device named here")
+      for after in ("device=None", "")),
+    *(Equivalent(EXPORT, 'parsed.get("tensors", [])', after,
+                 "model_bytes has written the 'tensors' key in every header since export began (95def6e): the "
+                 "default is read only for a header made by hand, never for a file `export` wrote")
+      for after in ('parsed.get("tensors", None)', 'parsed.get("tensors", )')),
+    *(Equivalent(EXPORT, "client.list_blobs(bucket, prefix=folder)", after,
+                 "the listing is read only through present.get(folder + name): a listing of the whole bucket holds "
+                 "the same objects under the folder (and others, never looked up), so the same files are uploaded; "
+                 "only the listing is longer")
+      for after in ("client.list_blobs(bucket, prefix=None)", "client.list_blobs(bucket, )")),
+    *(Equivalent(EXPORT, "getattr(exc, 'message', exc)", after,
+                 "the GoogleAPIErrors the client raises here are GoogleAPICallError (every HTTP error) and RetryError, "
+                 "both of which set .message (DuplicateCredentialArgs, the other kind, comes only from building a "
+                 "client with two credentials, which storage_client() never does): the default is never read")
+      for after in ("getattr(exc, 'message', None)", "getattr(exc, 'message', )")),
     # publish.py
     Equivalent(PUBLISH, "uuid.uuid4().hex[:12]", "uuid.uuid4().hex[:13]",
                "the suffix only keeps loaders' staging folders apart (a uuid4's hex digits are random: 13 are as "

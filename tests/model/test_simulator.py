@@ -248,3 +248,13 @@ def test_a_seed_draws_the_same_dataset_in_every_version() -> None:
     assert (second == 1).sum() == 1
     np.testing.assert_array_equal(tx[schema.TX_TIME_SECONDS] // simulator.SECONDS_PER_DAY, tx[schema.TX_TIME_DAYS])
     assert _digest(sim) == PINNED_DIGEST
+
+
+def test_an_amount_of_exactly_220_is_not_a_large_amount_fraud() -> None:
+    """The handbook's scenario 1 is TX_AMOUNT > 220: amounts are in cents, so 220.00 itself occurs (seed 43 at
+    PINNED's size draws one, on a terminal and a card not compromised) and stays legitimate."""
+    tx = simulator.simulate(dataclasses.replace(PINNED, seed=43)).transactions
+    at_220 = tx[tx[schema.TX_AMOUNT] == 220.0]
+    assert len(at_220) == 1
+    assert at_220[schema.TX_FRAUD].tolist() == [0] and at_220[schema.TX_FRAUD_SCENARIO].tolist() == [0]
+    assert (tx.loc[tx[schema.TX_AMOUNT] > 220.0, schema.TX_FRAUD] == 1).all()

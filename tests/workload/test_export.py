@@ -4,6 +4,7 @@ Storage API server, scored back to the report's figures; the worker's OUTPUT_URI
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -23,7 +24,25 @@ from safetensors import safe_open
 from workload import cli
 from workload.data import features, schema
 from workload.model import metrics
-from workload.model.export import HEADER_KEY, MODEL_FILE, load_model
+from workload.model.export import (
+    HEADER_KEY,
+    MODEL_FILE,
+    ExportError,
+    ModelFileError,
+    RunExport,
+    _safetensors_metadata,
+    collect,
+    export_finished_run,
+    export_run,
+    load_model,
+    model_bytes,
+    model_state,
+    parse_gs_uri,
+    write_dir,
+    write_gs,
+)
+from workload.model.hparams import HParams
+from workload.model.trainer import Trainer
 from workload.runtime.redis_server import free_port
 from workload.share.checkpoint import CheckpointStore
 
@@ -283,3 +302,273 @@ def test_score_refuses_a_model_from_other_features_or_another_tool(sweep: Path, 
                                   str(tmp_path / "s.parquet"))
         assert code == 2 and message in err, err
     assert not (tmp_path / "s.parquet").exists()
+
+
+# -- in the pytest process: what the subprocess tests above also see, for mutation testing's sake -------------------
+def fresh_state(**changes) -> dict:
+    """An untrained trainer's state (a real Trainer, small), with `changes` on top."""
+    trainer = Trainer("main", HParams(hidden=(8,)), features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    return {**trainer.state_dict(), **changes}
+
+
+def copy_run(sweep: Path, run: str, share: Path) -> CheckpointStore:
+    """The sweep's `run` copied onto a share of its own (a test may add checkpoints to it)."""
+    shutil.copytree(sweep / "share" / "output" / run, share / "output" / run)
+    return CheckpointStore(share / "output" / run)
+
+
+def save_newest(store: CheckpointStore, state: dict) -> None:
+    """`state` as the run's newest checkpoint, under a new lease (as a worker leaves one)."""
+    token = store.highest_token() + 1
+    assert store.fence(token)
+    assert store.save(state, path=store.next_path(token), may_promote=lambda: True)
+
+
+def test_export_in_process_writes_the_shares_report_with_group_readable_files(sweep: Path, tmp_path: Path,
+                                                                            caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workload.model.export")
+    run_dir = sweep / "share" / "output" / "wide"
+    where = export_run(sweep / "share", "wide", str(tmp_path / "results"))
+    folder = tmp_path / "results" / "wide"
+    assert where == str(folder)
+    # The report and metrics are the ones the workers rendered from the same (newest) checkpoint.
+    for name in ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png"):
+        assert (folder / name).read_bytes() == (run_dir / name).read_bytes(), name
+    for name in FILES:
+        assert (folder / name).stat().st_mode & 0o777 == 0o644, name
+    assert f"exported run wide (6 day(s) applied: report.txt, metrics.jsonl, {MODEL_FILE}, metrics.png, " \
+           f"pr_curve.png) to {folder}" in caplog.messages
+    assert collect(sweep / "share", "wide").days_applied == 6
+
+
+def test_the_exported_report_lists_the_runs_rewinds_and_pruned_checkpoints(sweep: Path, tmp_path: Path) -> None:
+    store = copy_run(sweep, "main", tmp_path / "share")
+    state = store.load().state
+    # The first day's checkpoint is no longer in the manifest (pruned by code that kept only the newest ones).
+    first = state["history"][0]["checkpoint"]
+    manifest = json.loads(store.manifest.read_text())
+    store.manifest.write_text(json.dumps({"entries": [e for e in manifest["entries"] if e["file"] != first]}))
+    rewind = {"day": state["applied"][2], "reapplied": state["applied"][3:], "from": "ckpt-00000003-t5.pt",
+              "why": f"{state['applied'][2]} arrived after {state['applied'][-1]} was applied (a backfill)",
+              "time": "2018-04-10 12:00:00 UTC"}
+    save_newest(store, {**state, "reapplied": [rewind]})
+    export_run(tmp_path / "share", "main", str(tmp_path / "results"))
+    report = (tmp_path / "results" / "main" / "report.txt").read_text()
+    assert f"re-applied at 2018-04-10 12:00:00 UTC: {', '.join(state['applied'][3:])}, because {rewind['why']}; " \
+           f"the run went back to ckpt-00000003-t5.pt and applied {state['applied'][2]} and every later day in " \
+           "date order" in report, report
+    lines = [line for line in report.splitlines() if line.startswith("model checkpoint: ")]
+    assert len(lines) == 6 and [line.endswith("(pruned: only the newest checkpoints are kept)") for line in lines] == \
+        [True, False, False, False, False, False], lines
+
+
+def test_an_unknown_run_is_refused_naming_the_runs_there_are(tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    with pytest.raises(ExportError) as refused:
+        collect(share, "main")  # a share with no output at all
+    assert str(refused.value) == f"--run main: no such run under {share / 'output'} (runs with output: none)"
+    for run in ("b", "a"):
+        (share / "output" / run).mkdir(parents=True)
+    (share / "output" / "notes.txt").write_text("not a run")
+    with pytest.raises(ExportError) as refused:
+        collect(share, "main")
+    assert str(refused.value) == f"--run main: no such run under {share / 'output'} (runs with output: ['a', 'b'])"
+
+
+def test_a_run_without_a_finished_day_has_nothing_to_export(tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    run_dir = share / "output" / "main"
+    run_dir.mkdir(parents=True)
+    expected = f"--run main: no checkpoint with a finished day under {run_dir / 'checkpoints'}; nothing trained to " \
+               "export yet"
+    with pytest.raises(ExportError) as refused:
+        collect(share, "main")  # seeded, no checkpoint yet
+    assert str(refused.value) == expected
+    save_newest(CheckpointStore(run_dir), fresh_state())  # a checkpoint of no day
+    with pytest.raises(ExportError) as refused:
+        collect(share, "main")
+    assert str(refused.value) == expected
+
+
+def test_a_destination_with_another_scheme_in_any_letter_case_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # were it taken for a folder, it would be made here
+    for to in ("S3://bucket/x", "HTTPS://example.com/x", "GS://bucket/x"):
+        with pytest.raises(ExportError) as refused:
+            export_run(tmp_path / "share", "main", to)
+        assert str(refused.value) == f"--to {to}: only gs://bucket/prefix or a local folder is supported"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("uri", "parsed"), [
+    ("gs://bucket", ("bucket", "")), ("gs://bucket/", ("bucket", "")), ("gs://bucket/a/b/", ("bucket", "a/b")),
+    ("gs://my.bucket_1/results", ("my.bucket_1", "results")), ("gs://bucket//Xmas/X/", ("bucket", "Xmas/X")),
+])
+def test_gs_uris_give_the_bucket_and_a_prefix_without_slashes_at_either_end(uri: str, parsed: tuple) -> None:
+    assert parse_gs_uri(uri) == parsed
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    ("gs://Bad_Bucket/x", "'gs://Bad_Bucket/x': 'Bad_Bucket' is not a bucket name; expected gs://BUCKET[/PREFIX] "
+                          "with a bucket of lowercase letters, digits, '-', '_', '.'"),
+    ("gs://", "'gs://': '' is not a bucket name; expected gs://BUCKET[/PREFIX] with a bucket of lowercase "
+              "letters, digits, '-', '_', '.'"),
+    ("gs://bucket/a//b", "'gs://bucket/a//b': the prefix 'a//b' has an empty, '.' or '..' part"),
+    ("gs://bucket/a/./b/", "'gs://bucket/a/./b/': the prefix 'a/./b' has an empty, '.' or '..' part"),
+    ("gs://bucket/../other", "'gs://bucket/../other': the prefix '../other' has an empty, '.' or '..' part"),
+])
+def test_a_bad_gs_uri_is_refused_naming_it_and_the_rule(uri: str, message: str) -> None:
+    with pytest.raises(ExportError) as refused:
+        parse_gs_uri(uri)
+    assert str(refused.value) == message
+
+
+def test_write_dir_makes_group_readable_files_and_names_a_folder_it_cannot_make(tmp_path: Path) -> None:
+    export = RunExport(run="main", files={"report.txt": b"report\n", MODEL_FILE: b"model"}, days_applied=1)
+    assert write_dir(export, tmp_path / "results") == str(tmp_path / "results" / "main")
+    for name, data in export.files.items():
+        path = tmp_path / "results" / "main" / name
+        assert path.read_bytes() == data and path.stat().st_mode & 0o777 == 0o644, name
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ExportError) as refused:
+        write_dir(export, blocker)
+    assert str(refused.value) == f"--to {blocker}: cannot write {blocker / 'main'} (Not a directory)"
+
+
+def test_a_bucket_export_uploads_what_changed_by_checksum_with_content_types(bucket, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="workload.model.export")
+    files = {"report.txt": b"report\n", "metrics.jsonl": b"{}\n", MODEL_FILE: b"model", "metrics.png": b"png"}
+    export = RunExport(run="main", files=files, days_applied=1)
+    uri = f"gs://{bucket.name}"  # no prefix: the run's folder is at the bucket's top
+    assert write_gs(export, uri) == f"gs://{bucket.name}/main/"
+    assert caplog.messages[-1] == f"gs://{bucket.name}/main/: 4 object(s) uploaded, 0 already there"
+    objects = {b.name: b for b in bucket.client.list_blobs(bucket)}
+    assert sorted(objects) == sorted(f"main/{name}" for name in files)
+    assert objects["main/report.txt"].content_type.startswith("text/plain")
+    assert objects["main/metrics.jsonl"].content_type == "application/x-ndjson"
+    assert objects["main/metrics.png"].content_type == "image/png"
+    assert objects[f"main/{MODEL_FILE}"].content_type == "application/octet-stream"
+
+    write_gs(export, uri)
+    assert caplog.messages[-1] == f"gs://{bucket.name}/main/: 0 object(s) uploaded, 4 already there"
+    bucket.blob("main/metrics.jsonl").delete()  # gone, behind a file that is still there
+    bucket.blob(f"main/{MODEL_FILE}").upload_from_string(b"MODEL")  # changed, at the same size
+    write_gs(export, uri)
+    assert caplog.messages[-1] == f"gs://{bucket.name}/main/: 2 object(s) uploaded, 2 already there"
+    for name, data in files.items():
+        assert bucket.blob(f"main/{name}").download_as_bytes() == data, name
+
+
+def test_a_bucket_export_that_fails_says_where_and_why_in_one_line(emulator: str, monkeypatch) -> None:
+    export = RunExport(run="main", files={"report.txt": b"report\n"}, days_applied=1)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator)
+    with pytest.raises(ExportError) as refused:
+        write_gs(export, "gs://no-such-bucket/out")
+    # What Cloud Storage said, once: the status by name, then its message (not "404" again).
+    assert re.fullmatch(r"gs://no-such-bucket/out: Cloud Storage refused the export of run main \(NotFound: GET "
+                        r"http://\S+: [^\n]+\)", str(refused.value)), str(refused.value)
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(Path("/nonexistent/key.json")))
+    with pytest.raises(ExportError) as refused:
+        write_gs(export, "gs://bucket/out")
+    assert str(refused.value) == ("gs://bucket/out: cannot export run main (DefaultCredentialsError: File "
+                                  "/nonexistent/key.json was not found.)")
+
+
+def test_the_worker_hook_exports_to_OUTPUT_URI_only_when_set_and_only_warns_on_failure(
+        sweep: Path, bucket, caplog, monkeypatch) -> None:
+    caplog.set_level(logging.INFO, logger="workload.model.export")
+    share = sweep / "share"
+    monkeypatch.delenv("OUTPUT_URI", raising=False)
+    export_finished_run(share, "main")
+    assert caplog.records == [] and list(bucket.client.list_blobs(bucket)) == []
+
+    monkeypatch.setenv("OUTPUT_URI", f"gs://{bucket.name}/out")
+    export_finished_run(share, "main")
+    assert sorted(b.name for b in bucket.client.list_blobs(bucket)) == sorted(f"out/main/{name}" for name in FILES)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    monkeypatch.setenv("OUTPUT_URI", "gs://no-such-bucket/out")
+    export_finished_run(share, "main")  # no exception: the day is trained and acked already
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "run main is trained, but exporting it to gs://no-such-bucket/out (OUTPUT_URI) failed: "
+        "gs://no-such-bucket/out: Cloud Storage refused the export of run main (NotFound: ") and warnings[0].endswith(
+        ". Retry by hand: python -m workload export --run main --to gs://no-such-bucket/out"), warnings
+
+
+# -- the model file ---------------------------------------------------------------------------------------------------
+def test_a_mid_shard_state_is_not_exported() -> None:
+    progress = {"shard": "training/2018-04-03.parquet", "epoch": 0, "batch": 1}
+    with pytest.raises(ValueError) as refused:
+        model_bytes(fresh_state(progress=progress))
+    assert str(refused.value) == f"state is mid-way through {progress}; export a shard-boundary checkpoint"
+
+
+def test_the_model_file_reads_back_every_entry_but_training_only_ones() -> None:
+    state = fresh_state(applied=["training/2018-04-01.parquet"], extra=torch.arange(3.0))  # a tensor of its own
+    back = model_state(model_bytes(state), "test")
+    assert sorted(back) == sorted(set(state) - {"optimizer", "rng", "progress"})
+    assert torch.equal(back["extra"], torch.arange(3.0))
+    for group in ("model", "averaged", "norm", "calibration"):
+        assert back[group].keys() == state[group].keys(), group
+        assert all(torch.equal(back[group][k], t) for k, t in state[group].items()), group
+    assert {k: back[k] for k in ("run", "hparams", "feature_names", "feature_version", "applied", "format")} == \
+        {k: state[k] for k in ("run", "hparams", "feature_names", "feature_version", "applied", "format")}
+
+
+def test_the_same_state_gives_the_same_file_whatever_order_its_entries_were_built_in() -> None:
+    """The header is canonical JSON: an unchanged model has an unchanged checksum, so it is not uploaded again."""
+    state = fresh_state()
+    reordered = {**state, "hparams": dict(reversed(state["hparams"].items()))}
+    assert model_bytes(reordered) == model_bytes(state)
+
+
+def test_load_model_refuses_what_it_cannot_read_or_rebuild_in_one_line(tmp_path: Path) -> None:
+    from safetensors.torch import save as save_safetensors
+
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(ModelFileError) as refused:
+        load_model(path)
+    assert str(refused.value) == f"--model {path}: cannot read it (No such file or directory)"
+
+    path.write_bytes(b"not a model")
+    with pytest.raises(ModelFileError) as refused:
+        load_model(path)
+    assert str(refused.value).startswith(f"--model {path}: not a readable model file (")
+    assert str(refused.value).endswith(f"); expected the {MODEL_FILE} that `python -m workload export` writes")
+
+    path.write_bytes(save_safetensors({"w": torch.zeros(2)}, metadata={HEADER_KEY: "{not json"}))
+    with pytest.raises(ModelFileError, match=r": not a readable model file \(JSONDecodeError: "):
+        load_model(path)
+
+    path.write_bytes(save_safetensors({}, metadata={"format": "pt"}))  # another tool's file, and no tensors
+    with pytest.raises(ModelFileError) as refused:
+        load_model(path)
+    assert str(refused.value) == f"--model {path}: a safetensors file without the 'spot_trainer' header; not a " \
+                                 "model written by `python -m workload export`"
+
+    path.write_bytes(model_bytes(fresh_state(hparams={**HParams(hidden=(8,)).to_dict(), "lr": 5})))
+    with pytest.raises(ModelFileError) as refused:
+        load_model(path)
+    assert str(refused.value) == f"--model {path}: cannot rebuild the model from it (ValueError: --model {path}: " \
+                                 "hparams: lr=5.0 is not allowed; must be 0 < lr < 1 (a number))"
+
+    path.write_bytes(model_bytes(fresh_state(format=1)))  # a model of older code
+    with pytest.raises(ModelFileError) as refused:
+        load_model(path)
+    assert str(refused.value) == f"--model {path}: cannot rebuild the model from it (ValueError: checkpoint format 1 " \
+                                 "is not supported (readable: 2, 3, 4, 5); start a new run with this code version)"
+
+    path.write_bytes(model_bytes(fresh_state()))
+    assert load_model(path).hp == HParams(hidden=(8,))
+
+
+def test_the_safetensors_header_length_is_checked_against_the_data() -> None:
+    header = json.dumps({"__metadata__": {"k": "v"}}).encode()
+    assert _safetensors_metadata(len(header).to_bytes(8, "little") + header) == {"k": "v"}  # exactly what is there
+    for data in (bytes(8) + header,  # a length of 0
+                 (len(header) + 1).to_bytes(8, "little") + header,  # one byte more than there is
+                 (len(header) + 8).to_bytes(8, "little") + header + b"        "[:4]):  # past the end, by 4
+        with pytest.raises(ValueError, match="^truncated safetensors header$"):
+            _safetensors_metadata(data)

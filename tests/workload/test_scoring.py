@@ -216,3 +216,257 @@ def test_an_unlabelled_days_features_read_every_earlier_day_with_the_label_delay
     expected = expected.sort_values(schema.TRANSACTION_ID, ignore_index=True)
     np.testing.assert_array_equal(got[schema.TRANSACTION_ID], expected[schema.TRANSACTION_ID])
     np.testing.assert_array_equal(got["score"].to_numpy(), expected["score"].to_numpy())
+
+
+# -- in this process, so `make mutation` selects them for score.py's code ----------------------------------
+def said(err: str, level: str = "INFO", logger: str = "workload.model.score") -> list[str]:
+    """The messages `logger` logged at `level` (first lines), in order."""
+    mark = f" {level} {logger}: "
+    return [line.split(mark, 1)[1] for line in err.splitlines() if mark in line]
+
+
+def error_line(err: str) -> str:
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, err
+    return errors[0].split(": ", 1)[1]
+
+
+def expected_figures(scored: pd.DataFrame, src: Path) -> dict[str, float]:
+    """`metrics.evaluate` of the written scores against the day files' labels, days and cards."""
+    from workload.model import metrics
+
+    truth = pd.concat(ds.read_transactions(p) for p in sorted(src.glob("*/*.parquet")))
+    rows = scored.merge(truth[[schema.TRANSACTION_ID, schema.TX_FRAUD, schema.CUSTOMER_ID]], on=schema.TRANSACTION_ID,
+                        how="left", validate="one_to_one")
+    return metrics.evaluate(rows["score"].to_numpy(), rows[schema.TX_FRAUD].to_numpy(),
+                            rows[schema.TX_DATETIME].dt.tz_convert(None).to_numpy().astype("datetime64[D]"),
+                            rows[schema.CUSTOMER_ID].to_numpy())
+
+
+def test_score_dataset_scores_the_scoring_days_by_default_and_needs_no_testing_days(model: Path, dataset_src: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A user's folder of training history and tomorrow's day (no testing/): the default scores tomorrow only,
+    and the figures returned are `metrics.evaluate`'s against tomorrow's labels."""
+    from workload.model import score
+
+    folder = copy_files(dataset_src, tmp_path / "export", keep=lambda rel: rel != "testing/2018-04-07.parquet",
+                        role_of=tomorrow_as_scoring)
+    assert sorted(p.name for p in folder.iterdir()) == ["scoring", "training"]
+    figures = score.score_dataset(model, str(folder), str(tmp_path / "s.parquet"))
+    scored = pd.read_parquet(tmp_path / "s.parquet")
+    tomorrow = pd.read_parquet(dataset_src / TOMORROW)[schema.TRANSACTION_ID]
+    assert sorted(scored[schema.TRANSACTION_ID]) == sorted(tomorrow)
+    want = expected_figures(scored, dataset_src)
+    assert sorted(figures) == sorted(want)
+    np.testing.assert_equal(figures, want)
+    with pytest.raises(score.ScoreError) as refused:
+        score.score_dataset(model, str(folder), str(tmp_path / "t.parquet"), days="training")
+    assert str(refused.value) == "--days 'training' is not allowed; allowed: scoring, testing, all"
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_score_says_what_it_scored_and_wrote_and_its_figures_against_the_labels(model: Path, dataset_src: Path,
+                                                                                 tmp_path: Path, capsys) -> None:
+    """`--days testing` on a dataset on the share, into a folder that does not exist yet: one line of what was
+    scored, one of the figures; a file anyone may read; ranks 1.. within each day, ties by transaction ID."""
+    import stat
+
+    from workload.model import report
+
+    out = tmp_path / "new" / "deeper" / "scores.parquet"
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", str(dataset_src), "--days", "testing",
+                    "--out", str(out))
+    assert code == 0, err
+    scored = pd.read_parquet(out)
+    testing = [pd.read_parquet(p) for p in sorted((dataset_src / "testing").glob("*.parquet"))]
+    assert sorted(scored[schema.TRANSACTION_ID]) == sorted(pd.concat(testing)[schema.TRANSACTION_ID])
+    assert said(err) == [
+        f"scored {len(scored)} transactions of 2 day(s) with the model of run 'main' (6 day(s) trained); wrote {out}",
+        f"against the labels in {dataset_src}: {report.figures_line(expected_figures(scored, dataset_src))}"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    assert scored[schema.TX_DATETIME].dtype == "datetime64[ns, UTC]" and scored["rank"].dtype == np.int64
+    for day in scored.groupby(scored[schema.TX_DATETIME].dt.date):
+        frame = day[1].assign(negative=-day[1]["score"].astype(np.float64))
+        ranked = frame.sort_values(["negative", schema.TRANSACTION_ID])["rank"]
+        assert list(ranked) == list(range(1, len(frame) + 1))
+
+
+def test_a_model_with_alert_rules_adds_a_boolean_column_per_rule(model: Path, dataset_src: Path, tmp_path: Path,
+                                                                  capsys) -> None:
+    """The newest history entry's thresholds, as the report gives them: a transaction alerts when its score
+    is at or above the rule's threshold; the rules are printed; one file per day has them too."""
+    from workload.model import metrics, report
+    from workload.model.export import load_model
+
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", str(dataset_src), "--days", "testing",
+                    "--out", str(tmp_path / "plain.parquet"))
+    assert code == 0, err
+    plain = pd.read_parquet(tmp_path / "plain.parquet")
+    assert list(plain.columns) == OUT_COLUMNS, "a model without alert rules: no alert columns"
+    truth = pd.concat(ds.read_transactions(p) for p in sorted((dataset_src / "testing").glob("*.parquet")))
+    rows = plain.merge(truth, on=schema.TRANSACTION_ID, suffixes=("", "_truth"))
+    alerts = metrics.alert_thresholds(rows["score"].to_numpy(), rows[schema.TX_FRAUD].to_numpy(),
+                                      rows[schema.TX_DATETIME].dt.tz_convert(None).to_numpy(),
+                                      rows[schema.CUSTOMER_ID].to_numpy())
+    state = load_model(model).state_dict()
+    state["history"][-1] = {**state["history"][-1], "alerts": alerts}
+    alerting = tmp_path / "alerting" / MODEL_FILE
+    alerting.parent.mkdir()
+    alerting.write_bytes(model_bytes(state))
+    code, err = run(capsys, "score", "--model", str(alerting), "--datasets", str(dataset_src), "--days", "testing",
+                    "--out", f"{tmp_path}/per-day/")
+    assert code == 0, err
+    assert "alert columns, from the model's test days:\n" + "\n".join(report.alert_lines(alerts)) in err
+    days = [pd.read_parquet(tmp_path / "per-day" / f"2018-04-0{d}.parquet") for d in (7, 8)]
+    for got in days:
+        assert list(got.columns) == [*OUT_COLUMNS, "alert_top100_cards", "alert_1pct_fpr"]
+        for rule, column in (("top100_cards", "alert_top100_cards"), ("fpr_1pct", "alert_1pct_fpr")):
+            assert got[column].dtype == bool
+            expected = got["score"].astype(np.float64) >= alerts[rule]["threshold"]
+            assert list(got[column]) == list(expected), column
+    every = pd.concat(days)
+    assert every["alert_top100_cards"].any() and not every["alert_top100_cards"].all(), "a threshold that splits"
+    pd.testing.assert_frame_equal(every[OUT_COLUMNS].sort_values(schema.TRANSACTION_ID, ignore_index=True),
+                                  plain.sort_values(schema.TRANSACTION_ID, ignore_index=True), check_exact=True)
+
+
+def test_an_empty_table_has_the_output_columns() -> None:
+    from workload.model import score
+
+    empty = score.table([])
+    assert empty.num_rows == 0
+    assert [(f.name, str(f.type)) for f in empty.schema] == [
+        (schema.TRANSACTION_ID, "int64"), (schema.TX_DATETIME, "timestamp[ns, tz=UTC]"), ("score", "float"),
+        ("rank", "int64")]
+
+
+def test_a_run_folder_scores_with_its_newest_finished_day_never_one_in_progress(model: Path, dataset_src: Path,
+                                                                                 tmp_path: Path, capsys) -> None:
+    """A run folder holding only an untrained checkpoint is refused; a newer checkpoint taken mid-day (training
+    progress, other weights) is passed over for the newest one that finished a day."""
+    import torch
+
+    from workload.model import score
+    from workload.model.export import load_model
+    from workload.share.checkpoint import CheckpointStore
+
+    folder = tmp_path / "output" / "main"
+    store = CheckpointStore(folder)
+    assert store.fence(1)
+    untrained = Trainer("main", HParams(epochs=2, hidden=(8,)), features.FEATURE_NAMES,
+                        feature_version=features.FEATURE_VERSION, device=torch.device("cpu")).state_dict()
+    assert untrained["progress"] is None and untrained["applied"] == []
+    assert store.save(untrained, path=store.next_path(1), may_promote=lambda: True)
+    args = ["--datasets", str(dataset_src), "--days", "testing"]
+    code, err = run(capsys, "score", "--model", str(folder), *args, "--out", str(tmp_path / "none.parquet"))
+    assert code == 2 and error_line(err) == (
+        f"--model {folder}: no checkpoint with a finished day under {folder / 'checkpoints'}; give a run's output "
+        "folder (SHARE/output/RUN) or an exported model.safetensors"), err
+    assert not (tmp_path / "none.parquet").exists()
+    finished = load_model(model).state_dict()
+    assert store.save(finished, path=store.next_path(1), may_promote=lambda: True)
+    midway = {**finished, "progress": {"shard": "testing/2018-04-07.parquet", "epoch": 1, "batch": 3},
+              "model": {k: v + 1 for k, v in finished["model"].items()},
+              "averaged": {k: v + 1 for k, v in finished["averaged"].items()}}
+    assert store.save(midway, path=store.next_path(1), may_promote=lambda: True)
+    assert score.load(folder).device == torch.device("cpu"), "read like an exported model: on the CPU"
+    code, err = run(capsys, "score", "--model", str(folder), *args, "--out", str(tmp_path / "a.parquet"))
+    assert code == 0, err
+    code, err = run(capsys, "score", "--model", str(model), *args, "--out", str(tmp_path / "b.parquet"))
+    assert code == 0, err
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a.parquet"), pd.read_parquet(tmp_path / "b.parquet"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--days", "testing", "--out", "{tmp}/scores.csv"],
+     "--out {tmp}/scores.csv: give a file ending in .parquet, or a folder ending in / (one file per day)"),
+    (["--days", "testing", "--out", "{tmp}/file/scores.parquet"],
+     "--out {tmp}/file/scores.parquet: cannot write it (File exists)"),
+    (["--days", "testing", "--out", "gs://Bad_Bucket/scores.parquet"],
+     "--out 'gs://Bad_Bucket/scores.parquet': 'Bad_Bucket' is not a bucket name; expected gs://BUCKET[/PREFIX] "
+     "with a bucket of lowercase letters, digits, '-', '_', '.'"),
+    (["--out", "{tmp}/scores.parquet"], "--datasets {data}: no scoring/ days to score"),
+    (["--days", "all", "--out", "{tmp}/scores.parquet"],
+     "--datasets {history}: no training/ or testing/ or scoring/ days to score"),
+    (["--days", "testing", "--columns", "{columns}", "--out", "{tmp}/scores.parquet"],
+     "--datasets {data}: a dataset on the share is read as published ({published}); leave out --columns and "
+     "--datetime-format"),
+], ids=["not-parquet", "parent-is-a-file", "bad-bucket", "no-scoring-days", "only-history", "share-and-columns"])
+def test_score_refuses_in_one_line_naming_the_flag_and_what_it_saw(model: Path, dataset_src: Path, tmp_path: Path,
+                                                                   capsys, args: list[str], message: str) -> None:
+    (tmp_path / "file").write_text("a file, not a folder\n")
+    history = tmp_path / "history-only"
+    where = {"tmp": tmp_path, "data": dataset_src, "history": history, "columns": tmp_path / "columns.yaml",
+             "published": ds.Dataset(dataset_src).reading.describe()}
+    src = history if "all" in args else dataset_src
+    if src == history:
+        copy_files(dataset_src, history, keep=lambda rel: rel.startswith("training/"), role_of=lambda rel: "history")
+    write_mapping(where["columns"])
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", str(src),
+                    *(a.format(**where) for a in args))
+    assert code == 2 and error_line(err) == message.format(**where), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["file", "columns.yaml", *(
+        ["history-only"] if src == history else [])]), "nothing written"
+
+
+def test_per_day_scores_go_to_the_bucket_as_binary_objects(model: Path, dataset_src: Path, tmp_path: Path, capsys,
+                                                           bucket, monkeypatch: pytest.MonkeyPatch,
+                                                           request: pytest.FixtureRequest) -> None:
+    """From a bucket to a bucket, one object per testing day, each what a local run writes for that day. With
+    LOG_LEVEL=DEBUG the reads from the bucket are logged too (only the staging copy's own lines are held back)."""
+    import functools
+    import logging
+
+    from workload.model import report
+
+    for path in sorted(dataset_src.glob("*/*.parquet")):
+        bucket.blob(f"exports/{path.parent.name}/{path.name}").upload_from_filename(str(path))
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", str(dataset_src), "--days", "testing",
+                    "--out", f"{tmp_path}/local/")
+    assert code == 0, err
+    root = logging.getLogger()
+    request.addfinalizer(functools.partial(root.setLevel, root.level))  # the level this run sets
+    monkeypatch.setenv("LOG_LEVEL", "DEBUG")
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", "gs://acme/exports", "--days", "testing",
+                    "--out", "gs://acme/scores/")
+    assert code == 0, err
+    names = [f"scores/2018-04-0{d}.parquet" for d in (7, 8)]
+    objects = {b.name: b for b in bucket.client.list_blobs(bucket, prefix="scores/")}
+    assert sorted(objects) == names
+    for name in names:
+        assert objects[name].content_type == "application/octet-stream", "Parquet is binary, not the client's text"
+        (tmp_path / "got.parquet").write_bytes(objects[name].download_as_bytes())
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "got.parquet"),
+                                      pd.read_parquet(tmp_path / "local" / name.split("/")[1]), check_exact=True)
+    every = pd.concat(pd.read_parquet(tmp_path / "local" / name.split("/")[1]) for name in names)
+    assert said(err) == [
+        "read 8 file(s) from gs://acme/exports",
+        f"scored {len(every)} transactions of 2 day(s) with the model of run 'main' (6 day(s) trained); wrote "
+        "gs://acme/scores/2018-04-07.parquet, gs://acme/scores/2018-04-08.parquet",
+        f"against the labels in gs://acme/exports: {report.figures_line(expected_figures(every, dataset_src))}"]
+    requests = "\n".join(said(err.split("read 8 file(s) from")[0], "DEBUG", "urllib3.connectionpool"))
+    for path in sorted(dataset_src.glob("*/*.parquet")):
+        assert f"exports%2F{path.parent.name}%2F{path.name}" in requests, "each object read is logged"
+    assert said(err, "INFO", "workload.data.publish") == [], "publish's lines name the staging copy"
+
+
+def test_a_refused_or_unreachable_bucket_gets_one_line_and_its_exit_code(model: Path, dataset_src: Path,
+                                                                         tmp_path: Path, capsys, bucket,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket that refuses the object (here: none by that name) is the user's to fix (2), quoting the service;
+    a service that cannot be reached is an infrastructure fault (3). Either way no object is left."""
+    from google.api_core import exceptions as gexc
+
+    args = ["score", "--model", str(model), "--datasets", str(dataset_src), "--days", "testing"]
+    with pytest.raises(gexc.NotFound) as refusal:  # what the service says to anyone writing there
+        bucket.client.bucket("no-such-bucket").blob("scores.parquet").upload_from_string(b"PAR1")
+    code, err = run(capsys, *args, "--out", "gs://no-such-bucket/scores.parquet")
+    assert code == 2 and error_line(err) == (
+        f"--out gs://no-such-bucket/scores.parquet: Cloud Storage refused it (NotFound: {refusal.value.message}); "
+        "the scorer needs objectCreator on that prefix"), err
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "ftp://127.0.0.1:1")  # no HTTP adapter for it: fails at once
+    code, err = run(capsys, *args, "--out", "gs://acme/scores.parquet")
+    assert code == 3 and error_line(err) == (
+        "--out gs://acme/scores.parquet: cannot upload (InvalidSchema: No connection adapters were found for "
+        "'ftp://127.0.0.1:1/upload/storage/v1/b/acme/o?uploadType=multipart')"), err
+    assert list(bucket.client.list_blobs(bucket)) == []

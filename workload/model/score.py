@@ -207,7 +207,7 @@ def score_dataset(model: Path, src: str, out: str, days: str = "scoring", readin
     files = outputs(str(out), scored)
     write(files)
     rows = sum(len(d.ids) for d in scored)
-    log.info("scored %d transactions of %d day(s) with run %r's model (%d day(s) trained); wrote %s", rows,
+    log.info("scored %d transactions of %d day(s) with the model of run %r (%d day(s) trained); wrote %s", rows,
              len(scored), trainer.run, len(trainer.applied), ", ".join(files) if len(files) <= 3 else
              f"{len(files)} files under {out}")
     if scored and scored[0].alerts:  # the rules' thresholds, with their precision and recall on the test days
