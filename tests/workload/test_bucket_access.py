@@ -185,7 +185,7 @@ def test_a_download_corrupted_in_transit_is_refused_and_leaves_no_copy(proxy: De
     with pytest.raises(SourceUnreachable) as caught:  # a fault of the transfer, not of the user's data
         BucketSource("gs://data/real").fetch(day, tmp_path / day.rel)
     text = str(caught.value)
-    assert "\n" not in text and text.startswith("gs://data/real: a download arrived corrupted (")
+    assert "\n" not in text and text.startswith("gs://data/real: a download arrived corrupted (Checksum mismatch ")
     assert text.endswith("); run seed again")
     assert proxy.corrupt == 0, "the download went through the proxy"
     assert not (tmp_path / day.rel).exists()
