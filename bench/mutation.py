@@ -278,6 +278,11 @@ GROUPS: tuple[Group, ...] = (
         ("workload/cli.py",),
         ("tests/workload/test_cli.py", "tests/workload/test_help.py", "tests/workload/test_export.py"),
         jobs_per_core=2,
+        # test_export.py's sweep is `python -m workload local`, which does run cli.py: with the sweep kept, a mutant
+        # that breaks `local` is no longer killed by the sweep failing, only by the tests that call cli in-process
+        # (the kept sweep can only lose kills, never add one, so the score it gives is a lower bound). Without it
+        # each of the module's mutants re-ran the sweep (about 20 s): hours for the group.
+        fixture_cache=True,
     ),
     # gpu: the worker's check that a GPU it was given is usable, before its first claim.
     Group(
