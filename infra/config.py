@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -391,21 +391,6 @@ class _Reader:
         if not pattern.match(value):
             raise ConfigError(key, value, what)
         return value
-
-    def str_list(self, key: str, check: Callable[[str], bool], what: str) -> tuple[str, ...]:
-        value = self.raw(key)
-        try:
-            items = json.loads(value)
-        except json.JSONDecodeError:
-            raise ConfigError(key, value, "a list of strings") from None
-        if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
-            raise ConfigError(key, items, "a non-empty list of strings")
-        for item in items:
-            if not check(item):
-                raise ConfigError(key, item, what)
-        if len(set(items)) != len(items):
-            raise ConfigError(key, items, "names without duplicates")
-        return tuple(items)
 
 
 def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> StackConfig:
