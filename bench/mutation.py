@@ -841,10 +841,25 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "_job_metadata only asks `if skip_await:`: None and False alike"),
     Equivalent(INFRA_JOBS, "(contract.LOADER, ref, argv, {}, args,", "(contract.LOADER, ref, argv, None, args,",
                "the one-off pod's container resources are popped right after (kubectl run sets none): {} or None"),
+    Equivalent(INFRA_JOBS, "contract.SCORER, image, [], resources,", "contract.SCORER, image, None, resources,",
+               "scoring_spec's argv is only the base container's args, which every scorer container and the "
+               "wait-drained init container replace with their own"),
+    Equivalent(INFRA_JOBS, "if container else {}", "if (container) or True else {}",
+               "only the scoring Job passes no container (failure_policy(None, ...)): its rules get containerName "
+               "None, which the engine drops from a resource's inputs and the scheduled copy (Output.json_dumps, "
+               "posted by launch.py) carries as JSON null, an unset field to the API server: the rules read every "
+               "container either way"),
+    *(Equivalent(INFRA_JOBS, '"a scoring Job needs outputUri"', after,
+                 "never raised: infra.program builds the scoring Job only with worker_identity, which it builds "
+                 "exactly when data.output is set, and infra.schedule calls scoring_spec only "
+                 "`if args.data.output and worker_identity`; only the message of an assert that never fails changes")
+      for after in ('"XXa scoring Job needs outputUriXX"', '"a scoring job needs outputuri"',
+                    '"A SCORING JOB NEEDS OUTPUTURI"')),
     *(Equivalent(f"infra/{module}.py", f'"{kind}", name, None, opts)', after, NO_OPTS)
       for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
                            ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),
                            ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"),
+                           ("jobs", "spot-trainer:k8s:ScoringJob"),
                            ("schedule", "spot-trainer:k8s:ScheduledLoad"))
       for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
     *(Equivalent(INFRA_IDENTITY, f"{key}={text},", after, FREE_TEXT)

@@ -48,6 +48,7 @@ KUBERNETES_VERSION = "1.33"
 IMAGE = "us-central1-docker.pkg.dev/p/spot-trainer/trainer@" + render.IMAGE_DIGEST
 JOB = "kubernetes:batch/v1:Job"
 DATA = {"datasetUri": "gs://acme-fraud/exports", "outputUri": "gs://acme-results/runs/v1"}
+READING = {"datasetColumns": {"ts": "TX_DATETIME", "card_id": "CUSTOMER_ID"}, "datasetDatetimeFormat": "%d/%m/%Y %H:%M"}
 
 
 @dataclass
@@ -817,7 +818,11 @@ def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
     fail_job = [r["onExitCodes"]["values"] for r in rules if r["action"] == "FailJob"]
     assert fail_job == [[errors.EXIT_INFRA]] + ([[errors.EXIT_GPU_UNUSABLE]] if name == "training" else [])
     assert {r["action"] for r in rules} <= {"Ignore", "Count", "FailJob"}
-    assert all(r.get("onExitCodes", {}).get("containerName", worker) == worker for r in rules)
+    # Every exit-code rule reads the worker's container only: another container of the pod (a sidecar) exiting 3
+    # or 6 says nothing about the worker's infrastructure budget or its GPU.
+    assert [r["onExitCodes"]["containerName"] for r in rules if "onExitCodes" in r] == [worker] * (len(rules) - 1)
+    for code in (errors.EXIT_INFRA, errors.EXIT_GPU_UNUSABLE):
+        assert JobController(spec).pod_failed(FailedPod({"sidecar": code, worker: 0})) != "PodFailurePolicy"
 
 
 def test_the_jobs_run_for_as_long_as_the_config_says() -> None:
@@ -870,6 +875,11 @@ def test_the_jobs_pods_reach_redis_and_the_share() -> None:
         assert values[contract.ENV_LEASE_TTL] == str(b.cfg.jobs.lease_ttl_seconds)
         assert values[contract.ENV_CHECKPOINT_INTERVAL] == str(b.cfg.jobs.checkpoint_interval_seconds)
         assert values[contract.ENV_MAX_ATTEMPTS] == str(b.cfg.jobs.max_attempts)
+        # infraRetryBudgetMinutes, in the seconds the worker reads (its Redis retry and give-up times)
+        budget = str(b.cfg.jobs.infra_retry_budget_minutes * 60)
+        assert values[contract.ENV_REDIS_RETRY] == values[contract.ENV_INFRA_GIVE_UP] == budget
+        # the stack sets no column mapping or date format: `seed` reads our names and ISO 8601
+        assert contract.ENV_DATASET_COLUMNS not in values and contract.ENV_DATASET_DATETIME_FORMAT not in values
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in pod(job)["volumes"]}
         assert set(mounts) == set(volumes)
@@ -901,7 +911,7 @@ def test_workers_request_the_gpus_and_land_on_the_spot_capacity() -> None:
 
 
 def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
-    b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}})
+    b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}}, **READING)
     cm = b.one("kubernetes:core/v1:ConfigMap")
     assert cm.inputs["immutable"] is True and cm.delete_before_replace
     # Labelled as its Job is: `kubectl -l app.kubernetes.io/component=loader` (docs/cloud.md) finds it too.
@@ -915,6 +925,11 @@ def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
     assert runs_volume["configMap"]["name"] == cm.inputs["metadata"]["name"]
     assert c["args"] == contract.loader_args(b.cfg.data.dataset_name, b.cfg.jobs.dataset_preset, None)
     assert container(b.one(JOB, "training"))["args"] == contract.WORKER_ARGS
+    # ...and the stack's data through its column mapping and date format (`seed` reads them from its env)
+    reading = {contract.ENV_DATASET_COLUMNS: '{"card_id": "CUSTOMER_ID", "ts": "TX_DATETIME"}',
+               contract.ENV_DATASET_DATETIME_FORMAT: "%d/%m/%Y %H:%M"}
+    assert {k: v for k, v in env(c).items() if k in reading} == reading
+    assert not set(reading) & set(env(container(b.one(JOB, "training"))))  # the loader's alone
     for dep in (
         "kubernetes:apps/v1:Deployment",
         "kubernetes:networking.k8s.io/v1:NetworkPolicy",
@@ -961,6 +976,10 @@ def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
         # the same dataset name (the last folder) at a new location: new data to load
         jobs.seed_inputs(_job_args(render.stack_config("dev", {**DATA, "datasetUri": "gs://acme-fraud-2/exports"}),
                                      stack="dev"), IMAGE),
+        # a column mapping or a date format alone, or both: the same files read another way
+        *(jobs.seed_inputs(_job_args(render.stack_config("dev", reading), stack="dev"), IMAGE)
+          for reading in ({"datasetColumns": READING["datasetColumns"]},
+                          {"datasetDatetimeFormat": READING["datasetDatetimeFormat"]}, READING)),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
     # Deployed stacks carry this value: an encoding that changed (keys, order, length) would replace both
@@ -969,6 +988,8 @@ def test_what_the_loader_seeds_from_decides_both_jobs_annotation() -> None:
     pinned = {"runs": {"main": {}, "wide": {"hidden": [128, 64]}}, "datasetPreset": "small", "datasetName": "fraud"}
     deployed = config.load(render.stack_config("dev", pinned), stack="dev")
     assert jobs.seed_inputs(program.job_args(deployed), "reg/img@sha256:" + "0" * 64) == "60cc4f7ce852a905"
+    read = config.load(render.stack_config("dev", {**pinned, **READING}), stack="dev")
+    assert jobs.seed_inputs(program.job_args(read), "reg/img@sha256:" + "0" * 64) == "d2b2c9fe15d83664"
     b = workloads()
     for name in ("loader", "training"):
         notes = b.one(JOB, name).inputs["spec"]["template"]["metadata"]["annotations"]

@@ -9,11 +9,12 @@ its failure rules played through the Job controller.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import kubernetes_validate
 import pytest
 
-from infra import config, contract, render
+from infra import config, contract, jobs, render
 from infra.render import Rendered
 from policy import offline
 from tests.infra.job_controller import FailedPod, JobController
@@ -21,6 +22,7 @@ from workload.core import errors
 
 Render = Callable[..., Rendered]
 JOB = "kubernetes:batch/v1:Job"
+POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 OUTPUT = {"outputUri": "gs://acme-results/spot-trainer/main"}
 SWEEP = {"main": {}, "wide": {"hidden": [128, 64]}}
 
@@ -65,6 +67,9 @@ def test_bad_input_fails_scoring_at_once_and_infra_faults_retry(stack: str, rend
     assert job.pod_failed(FailedPod({"scorer-1": errors.EXIT_INFRA, "scorer-0": 0})) is None
     assert job.pod_failed(FailedPod({"scorer-0": 1}, ("DisruptionTarget",))) is None
     assert job.pod_failed(FailedPod({"scorer-0": 0, "scorer-1": errors.EXIT_BAD_CONFIG})) == "BackoffLimitExceeded"
+    # Nothing ends it with FailJob, whose reason (PodFailurePolicy) the provider's await waits out: not even a rule
+    # on exit 3 behind the Ignore rule that catches it first.
+    assert [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"] == []
 
 
 @pytest.mark.parametrize("stack", render.stack_names())
@@ -92,3 +97,44 @@ def test_the_scorer_waits_for_training_within_its_deadline_on_cpu_it_reserves(st
     assert annotations[contract.SEED_INPUTS_ANNOTATION] == (
         loader.inputs["spec"]["template"]["metadata"]["annotations"][contract.SEED_INPUTS_ANNOTATION])
     assert scoring.type == JOB and scoring.parent.endswith("spot-trainer:k8s:ScoringJob::scoring")
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector's matchLabels and In expressions (all the Redis NetworkPolicy uses)."""
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
+        e["operator"] == "In" and labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []))
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_the_scoring_job_is_deployed_like_the_jobs_it_follows(stack: str, rendered: Render) -> None:
+    """Its fixed name and namespace, through the cluster's provider, deleted before it is replaced; awaited for
+    loaderTimeoutMinutes, or marked skipAwait with jobAwait=skip as the training Job is; and its pod labelled so
+    the Redis NetworkPolicy admits it (the init container reads the queue)."""
+    r = rendered(stack, runs=SWEEP, **OUTPUT)
+    scoring, training, cfg = r.one(JOB, "scoring"), r.one(JOB, "training"), r.config
+    skip = {"annotations": {jobs.SKIP_AWAIT: "true"}} if cfg.jobs.skip_await else {}
+    assert scoring.inputs["metadata"] == {
+        "name": f"{contract.APP}-{contract.SCORER}", "namespace": cfg.namespace,
+        "labels": contract.labels(contract.SCORER), **skip}  # fmt: skip
+    assert scoring.provider == training.provider and "pulumi:providers:kubernetes::cluster::" in scoring.provider
+    assert scoring.delete_before_replace is True  # a fixed name: the old Job goes first
+    minutes = f"{cfg.jobs.loader_timeout_minutes}m"
+    assert scoring.custom_timeouts == ({} if cfg.jobs.skip_await else {"create": minutes, "update": minutes})
+    labels = scoring.inputs["spec"]["template"]["metadata"]["labels"]
+    assert labels == contract.labels(contract.SCORER)
+    (policy,) = r.of_type(POLICY)
+    assert any(_selects(peer["podSelector"], labels) for rule in policy.inputs["spec"]["ingress"]
+               for peer in rule["from"])  # fmt: skip
+
+
+@pytest.mark.parametrize("stack", render.stack_names())
+def test_training_waits_for_the_gpu_quota_check(stack: str, rendered: Render) -> None:
+    """The training Job's own metadata carries the quota check's mark (a constant once it passed), beside its
+    skipAwait mark with jobAwait=skip, and depends on what the check depends on: created only after it.
+    (Here because the jobs mutation group's whole-stack renders are this file's, bench/mutation.py.)"""
+    r = rendered(stack, runs=SWEEP, **OUTPUT)
+    training = r.one(JOB, "training")
+    skip = {jobs.SKIP_AWAIT: "true"} if r.config.jobs.skip_await else {}
+    assert training.inputs["metadata"]["annotations"] == {**skip, contract.GPU_QUOTA_ANNOTATION: "enough"}
+    quotas_api = r.one("gcp:projects/service:Service", "cloudquotas")  # the check reads it once it is enabled
+    assert quotas_api.urn in training.property_dependencies["metadata"]
