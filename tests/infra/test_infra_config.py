@@ -451,3 +451,138 @@ def test_a_bad_column_mapping_or_date_format_fails_preview_naming_the_key(overri
     with pytest.raises(ConfigError) as err:
         load("dev", **overrides)
     assert str(err.value).startswith(f"config spot-trainer:{key}=") and message in str(err.value), str(err.value)
+
+
+# --- Each rule at its edge, and each refusal as the exact line a user reads (key, value seen, what is allowed).
+
+def refusal(**overrides: Any) -> str:
+    """The one line a config with ``overrides`` is refused with."""
+    with pytest.raises(ConfigError) as err:
+        load("dev", **overrides)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+BUCKET_RULE = ("with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', starting and ending with "
+               "a letter or digit, no 'goog' prefix (cloud.google.com/storage/docs/buckets#naming)")
+DOTTED_222 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 30])  # 222 characters, each part at most 63
+
+
+@pytest.mark.parametrize("bucket", [
+    "abc", "a.b", "a" * 63, "a" * 63 + "." + "b" * 63, "b." + "a" * 63, DOTTED_222, "a_b-c.d", "goo-data",
+    "my-goog-data", "1.2.3", "1.2.3.4.5", "192.168.5.4a",
+], ids=lambda b: f"{b[:12]}..{len(b)}")
+def test_bucket_names_cloud_storage_accepts_are_accepted(bucket: str) -> None:
+    data = load("dev", datasetUri=f"gs://{bucket}/x", outputUri=f"gs://{bucket}/out").data
+    assert data.dataset == config.GcsUri(bucket, "x") and data.output == config.GcsUri(bucket, "out")
+
+
+@pytest.mark.parametrize("bucket", [
+    "ab", "a" * 64, "a" * 64 + ".b", "b." + "a" * 64, "a..b", ".ab", "ab.", "a-", DOTTED_222 + "d", "Acme",
+    "a b", "192.168.5.4", "0.0.0.0", "goog", "goog-data", "googdata.example", "google", "acme-google",
+    "data.google.example",
+], ids=lambda b: f"{b[:12]}..{len(b)}")
+def test_bucket_names_cloud_storage_refuses_are_refused(bucket: str) -> None:
+    value = f"gs://{bucket}/x"
+    assert refusal(datasetUri=value) == (
+        f"config spot-trainer:datasetUri={value!r} is not allowed: gs://<bucket>[/<prefix>] {BUCKET_RULE}")
+    assert refusal(outputUri=value) == (
+        f"config spot-trainer:outputUri={value!r} is not allowed: gs://<bucket>/<prefix> {BUCKET_RULE}")
+
+
+def test_a_location_that_is_not_gs_shows_the_shape_each_key_needs() -> None:
+    assert refusal(datasetUri="s3://acme/x") == ("config spot-trainer:datasetUri='s3://acme/x' is not allowed: "
+                                                 "a Cloud Storage location gs://<bucket>[/<prefix>] (or empty)")
+    assert refusal(outputUri="acme/x") == ("config spot-trainer:outputUri='acme/x' is not allowed: "
+                                           "a Cloud Storage location gs://<bucket>/<prefix> (or empty)")
+    assert refusal(outputUri="gs://acme/") == ("config spot-trainer:outputUri='gs://acme/' is not allowed: "
+                                               "gs://<bucket>/<prefix> with a prefix: the training pods get write "
+                                               "access to that prefix only")
+
+
+@pytest.mark.parametrize("prefix", ["a//b", "./b", "a/.", "a/../b", "a b", "a\tb", "a*", "a?", "a[0]", "a#",
+                                    "o'ut", 'o"ut', "a`b`", "$HOME", "a\\b"])
+def test_a_prefix_with_empty_parts_wildcards_or_shell_characters_is_refused(prefix: str) -> None:
+    value = f"gs://acme/{prefix}"
+    assert refusal(datasetUri=value) == (
+        f"config spot-trainer:datasetUri={value!r} is not allowed: gs://<bucket>[/<prefix>] whose prefix has no "
+        "empty, '.' or '..' parts, spaces, quotes or wildcards")
+
+
+def test_a_location_is_split_into_bucket_and_prefix_without_its_slashes() -> None:
+    assert config.GcsUri.split("gs://acme/Xdata/2024X/") == config.GcsUri("acme", "Xdata/2024X")
+    assert config.GcsUri.split("gs://acme") == config.GcsUri("acme", "")
+    assert config.GcsUri.split("s3://acme/x") is None and config.GcsUri.split("GS://acme/x") is None
+    data = load("dev", datasetUri="  gs://acme/Xdata/v1.2_~@=/  ", outputUri="gs://acme/X/").data
+    assert data.dataset == config.GcsUri("acme", "Xdata/v1.2_~@=") and data.output == config.GcsUri("acme", "X")
+    assert data.dataset.objects == "projects/_/buckets/acme/objects/Xdata/v1.2_~@=/"
+    assert config.GcsUri("acme", "").objects == "projects/_/buckets/acme/objects/"
+    assert load("dev", datasetUri="   ").data.dataset is None
+
+
+@pytest.mark.parametrize(("uri", "name"), [
+    ("gs://acme/a/b/c", "c"),
+    ("gs://acme/exports/v1/_-.data_", "data_"),
+    ("gs://acme/exports/Xray", "Xray"),
+    ("gs://acme/exports/" + "d" * 64, "d" * 63),
+    ("gs://acme/exports/___", "fraud"),
+    ("gs://acme.example.com", "acme.example.com"),
+])
+def test_the_default_dataset_name_is_the_last_folder_made_a_folder_name(uri: str, name: str) -> None:
+    assert load("dev", datasetUri=uri).data.dataset_name == name
+
+
+def test_a_dataset_name_is_one_folder_name() -> None:
+    assert load("dev", datasetName="v2.X_y-1").data.dataset_name == "v2.X_y-1"
+    assert refusal(datasetName="-v2") == ("config spot-trainer:datasetName='-v2' is not allowed: a dataset name: "
+                                          "1-63 letters, digits, '_', '.', '-', starting with a letter or digit")
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "{}", " {} "])
+def test_no_column_mapping_is_the_files_own_names(blank: str) -> None:
+    assert load("dev", datasetColumns=blank).data.columns_json == ""
+
+
+def test_a_column_mapping_is_canonical_json() -> None:
+    mapping = {"ts": "TX_DATETIME", "amount": "TX_AMOUNT", "card_id": "CUSTOMER_ID"}
+    expected = '{"amount": "TX_AMOUNT", "card_id": "CUSTOMER_ID", "ts": "TX_DATETIME"}'
+    assert load("dev", datasetColumns=mapping).data.columns_json == expected  # an object, as the CLI passes it
+    assert load("dev", datasetColumns=json.dumps(mapping)).data.columns_json == expected
+
+
+KNOWN_COLUMNS = ("TRANSACTION_ID, TX_DATETIME, CUSTOMER_ID, TERMINAL_ID, TX_AMOUNT, TX_FRAUD, TX_TIME_SECONDS, "
+                 "TX_TIME_DAYS, TX_FRAUD_SCENARIO")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('{"card_id": "CARD"}', "config spot-trainer:datasetColumns={'card_id': 'CARD'} is not allowed: 'card_id' maps "
+                            f"to unknown column 'CARD'; allowed: {KNOWN_COLUMNS}"),
+    ('{"a": "TX_AMOUNT", "b": "TX_AMOUNT"}', "config spot-trainer:datasetColumns={'a': 'TX_AMOUNT', 'b': "
+                                            "'TX_AMOUNT'} is not allowed: both 'a' and 'b' map to TX_AMOUNT; one "
+                                            "column per target"),
+    ("card_id=CUSTOMER_ID", "config spot-trainer:datasetColumns='card_id=CUSTOMER_ID' is not allowed: expected a "
+                            "mapping of your column names to ours, e.g. {card_id: CUSTOMER_ID, ts: TX_DATETIME}; "
+                            "saw str"),
+    ('["card_id"]', "config spot-trainer:datasetColumns=['card_id'] is not allowed: expected a mapping of your "
+                    "column names to ours, e.g. {card_id: CUSTOMER_ID, ts: TX_DATETIME}; saw list"),
+    ('{"a": 1}', "config spot-trainer:datasetColumns={'a': 1} is not allowed: 'a': 1: column names must be text"),
+])
+def test_a_bad_column_mapping_is_one_exact_line(value: str, message: str) -> None:
+    assert refusal(datasetColumns=value) == message
+
+
+@pytest.mark.parametrize(("value", "fmt"), [("", ""), ("  ", ""), (" %d/%m/%Y ", "%d/%m/%Y"),
+                                            ("epoch-ms", "epoch-ms"), ("epoch-s", "epoch-s"), ("%Y-%j", "%Y-%j")])
+def test_a_date_format_is_read_trimmed(value: str, fmt: str) -> None:
+    assert load("dev", datasetDatetimeFormat=value).data.datetime_format == fmt
+
+
+def test_a_bad_date_format_is_one_exact_line_and_says_why_below() -> None:
+    with pytest.raises(ConfigError) as err:
+        load("dev", datasetDatetimeFormat=" %Y %H ")
+    assert str(err.value) == ("config spot-trainer:datasetDatetimeFormat='%Y %H' is not allowed: strftime directives "
+                              "with the day and month (e.g. '%d/%m/%Y %H:%M'), or epoch-s / epoch-ms")
+    # Pulumi prints the traceback, the reader's own words included: they name the key too.
+    assert str(err.value.__cause__) == (
+        "spot-trainer:datasetDatetimeFormat '%Y %H' is not a date format; give strftime directives with the day and "
+        "month (e.g. '%d/%m/%Y %H:%M'), or epoch-s / epoch-ms for numbers")
