@@ -81,7 +81,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti)?$")
 # Cloud Storage bucket names (cloud.google.com/storage/docs/buckets#naming): 3-63 characters of lowercase
 # letters, digits, '-', '_' and '.', starting and ending with a letter or digit; dotted names may reach
 # 222 characters with each dot-separated part at most 63. (Dotted names need domain verification; IP
-# addresses, a "goog" prefix and "google" inside are refused by Cloud Storage.)
+# addresses, a "goog" prefix and "google" or "g00gle" inside are refused by Cloud Storage.)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _IPV4 = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")
 
@@ -609,12 +609,14 @@ def _gcs_uri(r: _Reader, key: str, need_prefix: bool = True) -> GcsUri | None:
         or (len(bucket) > 63 and "." not in bucket)
         or bucket.startswith("goog")
         or "google" in bucket
+        or "g00gle" in bucket  # the misspelling the naming rules name
     ):
         raise ConfigError(
             key,
             value,
-            f"{shape} with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', starting and "
-            "ending with a letter or digit, no 'goog' prefix (cloud.google.com/storage/docs/buckets#naming)",
+            f"{shape} with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' (up to 222 with "
+            "dots, each dot-separated part at most 63), starting and ending with a letter or digit, not an IP "
+            "address, no 'goog' prefix, no 'google' or 'g00gle' inside (cloud.google.com/storage/docs/buckets#naming)",
         )
     segments = prefix.split("/") if prefix else []
     # No wildcards (gcloud would expand them) and nothing a shell line would need quoted (the stack's

@@ -463,8 +463,11 @@ def refusal(**overrides: Any) -> str:
     return str(err.value)
 
 
-BUCKET_RULE = ("with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', starting and ending with "
-               "a letter or digit, no 'goog' prefix (cloud.google.com/storage/docs/buckets#naming)")
+# Every rule a refused name may have broken, so the line says why whichever it was (a name with "google" inside
+# has no 'goog' prefix; a dotted name may be longer than 63).
+BUCKET_RULE = ("with a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.' (up to 222 with dots, each "
+               "dot-separated part at most 63), starting and ending with a letter or digit, not an IP address, no "
+               "'goog' prefix, no 'google' or 'g00gle' inside (cloud.google.com/storage/docs/buckets#naming)")
 DOTTED_222 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 30])  # 222 characters, each part at most 63
 
 
@@ -480,7 +483,7 @@ def test_bucket_names_cloud_storage_accepts_are_accepted(bucket: str) -> None:
 @pytest.mark.parametrize("bucket", [
     "ab", "a" * 64, "a" * 64 + ".b", "b." + "a" * 64, "a..b", ".ab", "ab.", "a-", DOTTED_222 + "d", "Acme",
     "a b", "192.168.5.4", "0.0.0.0", "goog", "goog-data", "googdata.example", "google", "acme-google",
-    "data.google.example",
+    "data.google.example", "g00gle", "my-g00gle-data",
 ], ids=lambda b: f"{b[:12]}..{len(b)}")
 def test_bucket_names_cloud_storage_refuses_are_refused(bucket: str) -> None:
     value = f"gs://{bucket}/x"
