@@ -371,6 +371,7 @@ class Equivalent:
 
 
 # The modules that EQUIVALENT names, each once.
+INFRA_CONFIG = "infra/config.py"
 INFRA_IDENTITY = "infra/identity.py"
 INFRA_JOBS = "infra/jobs.py"
 INFRA_NETWORK = "infra/network.py"
@@ -825,6 +826,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
           for cond in (">= 5", "< NIGHT_END_HOUR") for kw in ("dtype=None", "")),
     )),
     # infra:
+    *(Equivalent(INFRA_CONFIG, ':datasetColumns")), sort_keys=True)', f':datasetColumns")), {kw})',
+                 "check_columns returns the pairs sorted (tuple(sorted(mapping.items()))) and dict() keeps that "
+                 "order: json.dumps writes the keys sorted with or without sort_keys")
+      for kw in ("sort_keys=None", "sort_keys=False", "")),
+    *(Equivalent(INFRA_CONFIG, 'dataset.prefix.rsplit("/", 1)[-1]', f'dataset.prefix.rsplit("/", {n})[-1]', LAST_PIECE)
+      for n in ("", "2")),
+    *(Equivalent(INFRA_CONFIG, "get_close_matches(name, declared, n=1, cutoff=0.6)", after,
+                 "only guess[0] is read, the best match whatever n allows (difflib sorts by score), and 0.6 is "
+                 "difflib's default cutoff")
+      for after in ("get_close_matches(name, declared, cutoff=0.6)", "get_close_matches(name, declared, n=1, )",
+                    "get_close_matches(name, declared, n=2, cutoff=0.6)")),
     *(Equivalent(INFRA_REDIS, f'"{word}",', f'"{word.upper()}",',
                  "redis-server reads config names and their yes/no and enum values in any letter case (config.c "
                  "lowercases the name and compares values with strcasecmp); test_redis_started_from_its_rendered_"
