@@ -832,6 +832,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
       for kw in ("sort_keys=None", "sort_keys=False", "")),
     *(Equivalent(INFRA_CONFIG, 'dataset.prefix.rsplit("/", 1)[-1]', f'dataset.prefix.rsplit("/", {n})[-1]', LAST_PIECE)
       for n in ("", "2")),
+    *(Equivalent(INFRA_CONFIG, 'ConfigError(key, None, "", where,', f"ConfigError(key, None, {after}, where,",
+                 "a key mistake's ConfigError is given its message, which replaces the 'is not allowed: <allowed>' "
+                 "sentence, and nothing reads ConfigError.allowed")
+      for after in ("None", '"XXXX"')),
     *(Equivalent(INFRA_CONFIG, "get_close_matches(name, declared, n=1, cutoff=0.6)", after,
                  "only guess[0] is read, the best match whatever n allows (difflib sorts by score), and 0.6 is "
                  "difflib's default cutoff")
