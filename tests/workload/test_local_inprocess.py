@@ -666,18 +666,30 @@ def test_main_interrupted_cleans_up(workload_env: None, tmp_path: Path, dataset_
     before = children()
     seeder: list[int] = []
     main = threading.main_thread().ident
+    # What the main thread is blocked in: "<syscall number> <first argument> ...", or "running".
+    blocked_in = Path(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/syscall")
 
     def interrupt_once_seeding() -> None:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not seeder:
             for pid in children() - before:
                 try:
                     if b"seed" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
                         seeder.append(pid)
-                        signal.pthread_kill(main, signal.SIGINT)  # the main thread's wait for seed ends in EINTR
-                        return
                 except OSError:
                     pass
+            time.sleep(0.01)
+        # Once subprocess.run waits for it (wait4 on its pid): a Ctrl-C while Popen still waits for the exec
+        # would leave run no process to kill.
+        while seeder and time.monotonic() < deadline:
+            try:
+                waiting = blocked_in.read_text().split()[1:2] == [hex(seeder[0])]
+            except OSError:  # a kernel without /proc/.../syscall: its imports take longer than this
+                time.sleep(0.2)
+                waiting = True
+            if waiting:
+                signal.pthread_kill(main, signal.SIGINT)  # to the main thread: its wait ends in EINTR
+                return
             time.sleep(0.01)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Ctrl-C finds it
@@ -778,8 +790,13 @@ def test_stopping_a_frozen_server_kills_it(tmp_path: Path) -> None:
     s = RedisServer(tmp_path / "r").start()
     proc = s.proc
     proc.send_signal(signal.SIGSTOP)
+    thaw = threading.Timer(5, proc.send_signal, (signal.SIGCONT,))  # a stop that never kills fails, not hangs
+    thaw.start()
     started = time.monotonic()
-    s.stop(timeout_s=0.3)
+    try:
+        s.stop(timeout_s=0.3)
+    finally:
+        thaw.cancel()
     assert proc.returncode == -signal.SIGKILL and s.proc is None
     assert time.monotonic() - started < 3
 
