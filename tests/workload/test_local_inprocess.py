@@ -176,11 +176,16 @@ def test_no_connection_file_means_no_local_running(tmp_path: Path) -> None:
     ('{"pid": "abc"}', "invalid literal for int() with base 10: 'abc'"),
     ('["pid"]', "list indices must be integers or slices, not str"),
     ('{"pid": null}', "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'"),
-], ids=["not-json", "no-pid", "pid-not-a-number", "not-an-object", "pid-null"])
+    # A live pid but a field missing or wrong (edited by hand, another version's): unreadable too, not a traceback.
+    ('{"pid": PID, "password": "p", "share": "/s"}', "'url'"),
+    ('{"pid": PID, "url": "redis://x", "share": "/s"}', "'password'"),
+    ('{"pid": PID, "url": "redis://x", "password": "p", "share": null}',
+     "expected str, bytes or os.PathLike object, not NoneType"),
+], ids=["not-json", "no-pid", "pid-not-a-number", "not-an-object", "pid-null", "no-url", "no-password", "share-null"])
 def test_an_unreadable_connection_file_names_itself(tmp_path: Path, text: str, why: str) -> None:
     path = tmp_path / "redis" / "connection.json"
     path.parent.mkdir()
-    path.write_text(text)
+    path.write_text(text.replace("PID", str(os.getpid())))
     with pytest.raises(LocalNotRunning) as exc:
         read_connection(tmp_path)
     assert str(exc.value) == f"--dir {tmp_path}: {path} is unreadable ({why}); restart `make local`"
