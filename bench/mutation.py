@@ -298,12 +298,18 @@ GROUPS: tuple[Group, ...] = (
         ("tests/workload/test_launch_inprocess.py", "tests/workload/test_launch.py"),
         jobs_per_core=2,
     ),
-    # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end,
-    # test_local_verdict.py its verdict over real processes' exit statuses.
+    # local.py runs the embedded Redis server and worker processes: test_local.py runs `make local` end to end (as a
+    # process, so mutmut never picks it for a mutant), test_local_inprocess.py calls every function of both modules
+    # in the pytest process, test_local_verdict.py the verdict over real processes' exit statuses.
     Group(
         "local",
         ("workload/runtime/local.py", "workload/runtime/redis_server.py"),
-        ("tests/workload/test_local_verdict.py", "tests/workload/test_local.py", "tests/workload/test_queue.py"),
+        (
+            "tests/workload/test_local_inprocess.py",
+            "tests/workload/test_local_verdict.py",
+            "tests/workload/test_local.py",
+            "tests/workload/test_queue.py",
+        ),
         jobs_per_core=2,
     ),
     Group(

@@ -65,6 +65,7 @@ def read_connection(base: Path) -> Connection:
     try:
         data = json.loads(path.read_text())
         pid = int(data["pid"])
+        conn = Connection(url=data["url"], password=data["password"], share=Path(data["share"]))
     except FileNotFoundError:
         raise LocalNotRunning(f"--dir {base}: no `python -m workload local` is running there (no {path}); "
                               "start it with `make local`") from None
@@ -77,7 +78,7 @@ def read_connection(base: Path) -> Connection:
                               "run `make local` again to resume") from None
     except PermissionError:
         pass  # alive, someone else's
-    return Connection(url=data["url"], password=data["password"], share=Path(data["share"]))
+    return conn
 
 
 def progress_line(done: int, dead: int, leased: int, total: int, elapsed: float, width: int = 30) -> str:
