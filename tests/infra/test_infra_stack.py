@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,11 @@ CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 FILESTORE = "gcp:filestore/instance:Instance"
 COMPUTE_CLASS = "kubernetes:cloud.google.com/v1:ComputeClass"
+ACCOUNT = "gcp:serviceaccount/account:Account"
+IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
+NETWORK = "gcp:compute/network:Network"
+SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 DIGEST_REF = re.compile(r"^[a-z0-9.-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
@@ -58,41 +64,166 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
     assert out["trainingJob"] in out["commands"]["status"]
 
 
+def cluster_common(r: Rendered) -> dict[str, Any]:
+    """The cluster inputs both modes share: the stack's VPC and its secondary ranges, private nodes with a public
+    control plane, Workload Identity, the release channel, deletion protection and the cost labels."""
+    return {
+        "project": render.FAKE_PROJECT_ID,
+        "location": "us-central1",
+        "network": r.one(NETWORK).id,
+        "subnetwork": r.one(SUBNETWORK).id,
+        "ipAllocationPolicy": {"clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"},
+        "releaseChannel": {"channel": "REGULAR"},
+        # Private nodes; the control plane stays reachable so `pulumi up` and kubectl work from a laptop.
+        "privateClusterConfig": {"enablePrivateNodes": True, "enablePrivateEndpoint": False},
+        "workloadIdentityConfig": {"workloadPool": f"{render.FAKE_PROJECT_ID}.svc.id.goog"},
+        "deletionProtection": True,  # every stack (allowDataLoss lifts it)
+        "resourceLabels": {"env": r.config.stack, "app": "spot-trainer", "team": "ml-platform"},
+    }
+
+
+def check_cluster_component(r: Rendered) -> Registered:
+    """What both modes share around the cluster: its node account (GKE's least-privilege node role, bound before
+    the cluster exists), the VPC wiring, every piece a child of the Cluster component, and the Kubernetes provider
+    built from the cluster's endpoint and CA. Returns the cluster."""
+    component = r.one("spot-trainer:gcp:Cluster", "cluster")
+    cluster = r.one(CLUSTER, "cluster")
+    account = r.one(ACCOUNT, "cluster-nodes")
+    (role,) = r.of_type(IAM_MEMBER)
+    assert role.name == "cluster-nodes-container.defaultNodeServiceAccount"
+    assert role.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "role": "roles/container.defaultNodeServiceAccount",
+        "member": account.outputs["member"],
+    }
+    assert role.urn in cluster.dependencies  # nodes never start without their role
+    assert cluster.property_dependencies["network"] == [r.one(NETWORK).urn]
+    assert cluster.property_dependencies["subnetwork"] == [r.one(SUBNETWORK).urn]
+    provider = r.one("pulumi:providers:kubernetes", "cluster")
+    for child in (account, role, cluster, provider, *r.of_type(NODE_POOL)):
+        assert child.parent == component.urn, child.urn
+    assert provider.property_dependencies["kubeconfig"] == [cluster.urn]
+    assert json.loads(provider.inputs["kubeconfig"]) == {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gke-cluster",
+                "cluster": {
+                    "server": f"https://{render.CLUSTER_ENDPOINT}",
+                    "certificate-authority-data": render.CLUSTER_CA,
+                },
+            }
+        ],
+        "contexts": [{"name": "gke-cluster", "context": {"cluster": "gke-cluster", "user": "gke-cluster"}}],
+        "current-context": "gke-cluster",
+        # The deployer's gcloud credentials, through GKE's plugin: no long-lived key in the kubeconfig.
+        "users": [
+            {
+                "name": "gke-cluster",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "gke-gcloud-auth-plugin",
+                        "installHint": "gcloud components install gke-gcloud-auth-plugin",
+                        "provideClusterInfo": True,
+                    }
+                },
+            }
+        ],
+    }
+    assert r.outputs["kubeconfig"] == provider.inputs["kubeconfig"]
+    return cluster
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
     r = rendered(stack)
-    cluster = r.one(CLUSTER).inputs
-    assert cluster["enableAutopilot"] is True
-    assert cluster["releaseChannel"] == {"channel": r.config.cluster.release_channel}
-    assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{r.config.project_id}.svc.id.goog"}
-    assert cluster["privateClusterConfig"]["enablePrivateNodes"] is r.config.cluster.private_nodes
-    assert cluster["deletionProtection"] is True  # every stack (allowDataLoss lifts it)
+    cluster = check_cluster_component(r)
+    account = r.one(ACCOUNT, "cluster-nodes")
+    assert account.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "accountId": f"spot-trainer-{stack}-nodes",
+        "displayName": f"GKE nodes of spot-trainer ({stack})",
+    }
+    assert cluster.inputs == cluster_common(r) | {
+        "enableAutopilot": True,
+        # Nodes Autopilot creates run as the stack's node account, not the Compute Engine default one.
+        "clusterAutoscaling": {
+            "autoProvisioningDefaults": {"serviceAccount": account.outputs["email"], "oauthScopes": [CLOUD_PLATFORM]}
+        },
+    }
     assert not r.of_type(NODE_POOL)
+    assert r.one("pulumi:providers:kubernetes").dependencies == [cluster.urn]
 
 
 def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(rendered: Render) -> None:
+    # A stack name whose slug does not fit the node account's id: cut to 24 characters, and the cut's
+    # trailing '-' dropped (GCP's 6-30 characters, lowercase, digits and inner hyphens).
     r = rendered(
-        "dev", clusterMode="standard", gpuCapacity="nodeSelector", gpuType="nvidia-tesla-t4", gpuCount=2
-    )
-    cluster = r.one(CLUSTER).inputs
-    assert not cluster.get("enableAutopilot")
-    assert cluster["removeDefaultNodePool"] is True
-    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"  # enforces the Redis NetworkPolicy
+        "us-central-1-canary", clusterMode="standard", gpuCapacity="nodeSelector", gpuType="nvidia-tesla-t4",
+        gpuCount=2, gpuMaxNodes=5, parallelism=1,
+    )  # fmt: skip
+    registered = check_cluster_component(r)
+    account = r.one(ACCOUNT, "cluster-nodes")
+    assert account.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "accountId": "spot-trainer-us-central-nodes",
+        "displayName": "GKE nodes of spot-trainer (us-central-1-canary)",
+    }
+    email = account.outputs["email"]
+    # The default pool exists for a moment before it is removed: it too runs as the node account.
+    assert registered.inputs == cluster_common(r) | {
+        "removeDefaultNodePool": True,
+        "initialNodeCount": 1,
+        "nodeConfig": {"serviceAccount": email, "oauthScopes": [CLOUD_PLATFORM]},
+        "datapathProvider": "ADVANCED_DATAPATH",  # enforces the Redis NetworkPolicy
+    }
 
-    pool = r.one(NODE_POOL, "cluster-gpu-spot").inputs
-    node = pool["nodeConfig"]
-    assert node["spot"] is True and not node.get("preemptible")
-    assert node["guestAccelerators"] == [
-        {"type": "nvidia-tesla-t4", "count": 2, "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"}}
-    ]
-    assert node["machineType"] == "n1-standard-16"
-    assert pool["autoscaling"]["minNodeCount"] == 0 and pool["initialNodeCount"] == 0
-    sa = r.one("gcp:serviceaccount/account:Account").outputs["email"]
-    assert node["serviceAccount"] == sa  # not the default compute account
-    roles = {m.inputs["role"] for m in r.of_type("gcp:projects/iAMMember:IAMMember")}
-    assert roles == {"roles/container.defaultNodeServiceAccount"}
+    # Both pools: zonal in the share's zone, autoscaled, repaired and upgraded by GKE, their nodes running as the
+    # node account with the GKE metadata server (Workload Identity) and the cost labels.
+    labels = {"env": "us-central-1-canary", "app": "spot-trainer", "team": "ml-platform"}
+    node = {
+        "serviceAccount": email,
+        "oauthScopes": [CLOUD_PLATFORM],
+        "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+        "resourceLabels": labels,
+    }
+    pool = {
+        "project": render.FAKE_PROJECT_ID,
+        "cluster": registered.id,
+        "location": "us-central1",
+        "nodeLocations": ["us-central1-a"],
+        "management": {"autoRepair": True, "autoUpgrade": True},
+    }
+    system, gpu = r.one(NODE_POOL, "cluster-system"), r.one(NODE_POOL, "cluster-gpu-spot")
+    # Redis and the loader: on-demand, never below one node, untainted.
+    assert system.inputs == pool | {
+        "initialNodeCount": 1,
+        "autoscaling": {"minNodeCount": 1, "maxNodeCount": 3},
+        "nodeConfig": node | {"machineType": "e2-standard-4"},
+    }
+    # Training: spot GPUs from zero to gpuMaxNodes, tainted so only the training pods land there.
+    assert gpu.inputs == pool | {
+        "initialNodeCount": 0,
+        "autoscaling": {"minNodeCount": 0, "maxNodeCount": 5},
+        "nodeConfig": node | {
+            "machineType": "n1-standard-16",
+            "spot": True,
+            "guestAccelerators": [
+                {"type": "nvidia-tesla-t4", "count": 2, "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"}}
+            ],
+            "taints": [{"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}],
+        },
+    }
+    for each in (system, gpu):
+        assert each.property_dependencies["cluster"] == [registered.urn]
+    # Nothing Kubernetes goes to the cluster before it has nodes to run on.
+    provider = r.one("pulumi:providers:kubernetes")
+    assert set(provider.dependencies) == {registered.urn, system.urn, gpu.urn}
 
-    (taint,) = node["taints"]
+    # The training pods tolerate the GPU pool's taint.
+    (taint,) = gpu.inputs["nodeConfig"]["taints"]
     effect = {
         "NO_SCHEDULE": "NoSchedule",
         "NO_EXECUTE": "NoExecute",
@@ -105,8 +236,6 @@ def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(render
         "value": taint["value"],
         "effect": effect[taint["effect"]],
     } in (tolerated)
-    # Redis and the loader need somewhere untainted to run.
-    assert not r.one(NODE_POOL, "cluster-system").inputs["nodeConfig"].get("taints")
 
 
 def test_training_pods_select_spot_gpus_through_the_compute_class(rendered: Render) -> None:
