@@ -62,6 +62,48 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
     assert "gke-gcloud-auth-plugin" in out["kubeconfig"] and render.CLUSTER_ENDPOINT in out["kubeconfig"]
     assert {"logs", "status", "report", "queueStatus"} <= set(out["commands"])
     assert out["trainingJob"] in out["commands"]["status"]
+    # Every output, as `pulumi stack output` shows it (without a bucket or a schedule: no scoring, no identities).
+    n, loader, training = "-n spot-trainer", "spot-trainer-loader", "spot-trainer-worker"
+    urn = f"urn:pulumi:{stack}::spot-trainer::spot-trainer:k8s"
+    rerun_loader, rerun_training = f"'{urn}:LoaderJob$kubernetes:batch/v1:Job::loader'", (
+        f"'{urn}:TrainingJob$kubernetes:batch/v1:Job::training'")
+    commands = dict(out["commands"])
+    one_off = {verb: commands.pop(verb) for verb in ("queueStatus", "report")}
+    assert {k: v for k, v in out.items() if k not in ("kubeconfig", "commands")} == {
+        "clusterName": "cluster",
+        "filestoreIp": render.FILESTORE_IP,
+        "filestoreShare": "share",
+        "imageRef": out["imageRef"],
+        "redisService": "redis.spot-trainer.svc.cluster.local:6379",
+        "loaderJob": loader,
+        "trainingJob": training,
+        "scoringJob": "",
+        "scheduledLoader": "",
+        "gpuQuota": "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=16, GPUS-ALL-REGIONS-per-project=16",
+        "datasetUri": "",
+        "outputUri": "",
+        "serviceAccounts": {},
+    }
+    assert commands == {
+        "credentials": f"gcloud container clusters get-credentials cluster --region us-central1 --project "
+        f"{render.FAKE_PROJECT_ID}",
+        "status": f"kubectl {n} get job {loader} {training} -o wide",
+        "pods": f"kubectl {n} get pods -l app.kubernetes.io/name=spot-trainer -o wide",
+        "logs": f"kubectl {n} logs -f -l app.kubernetes.io/component=worker --prefix --max-log-requests=50",
+        "wait": f"kubectl {n} wait --for=condition=complete job/{training} --timeout=24h",
+        "rerunLoader": f"pulumi up --replace {rerun_loader}",
+        "rerunTraining": f"pulumi up --replace {rerun_training}",
+        "reload": f"pulumi up --replace {rerun_loader} --replace {rerun_training}",
+        "export": {},
+    }
+    assert r.one(JOB, "loader").urn in rerun_loader and r.one(JOB, "training").urn in rerun_training
+    # The one-off pods: the queue's status, and the reports on the share.
+    run = {"queueStatus": (["status"], None), "report": ([], ["sh", "-c", "cat /mnt/share/output/*/report.txt"])}
+    for verb, (args, command) in run.items():
+        prefix = f"kubectl {n} run {args[0] if args else verb} --rm -i --restart=Never --image={out['imageRef']} "
+        assert one_off[verb].startswith(prefix + "--overrides='") and one_off[verb].endswith("'")
+        (pod,) = json.loads(one_off[verb][len(prefix + "--overrides='") : -1])["spec"]["containers"]
+        assert (pod["name"], pod["args"], pod.get("command")) == (args[0] if args else verb, args, command)
 
 
 def cluster_common(r: Rendered) -> dict[str, Any]:
@@ -162,8 +204,12 @@ def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(render
     # trailing '-' dropped (GCP's 6-30 characters, lowercase, digits and inner hyphens).
     r = rendered(
         "us-central-1-canary", clusterMode="standard", gpuCapacity="nodeSelector", gpuType="nvidia-tesla-t4",
-        gpuCount=2, gpuMaxNodes=5, parallelism=1,
+        gpuCount=2, gpuMaxNodes=5, parallelism=2,
     )  # fmt: skip
+    assert r.warnings == [
+        "parallelism 2 > 1 run(s): 1 training pod(s) will wait on spot GPUs as hot standbys (a run trains on one "
+        "worker at a time). Add runs (a sweep) or lower parallelism if that is not what you want to pay for."
+    ]
     registered = check_cluster_component(r)
     account = r.one(ACCOUNT, "cluster-nodes")
     assert account.inputs == {
@@ -259,6 +305,12 @@ def test_on_demand_fallback_comes_after_spot(rendered: Render) -> None:
     assert r.config.gpu.on_demand_fallback
     priorities = r.one(COMPUTE_CLASS).inputs["spec"]["priorities"]
     assert [p["spot"] for p in priorities] == [True, False]
+    # Four pods for one run: `pulumi up` says what the three idle ones may cost.
+    assert r.warnings == [
+        "parallelism 4 > 1 run(s): 3 training pod(s) will wait on spot GPUs, or on-demand ones while spot is out "
+        "(onDemandFallback) as hot standbys (a run trains on one worker at a time). Add runs (a sweep) or lower "
+        "parallelism if that is not what you want to pay for."
+    ]
     assert "cloud.google.com/gke-spot" not in pod_spec(r.one(JOB, "training"))["nodeSelector"]
 
 
@@ -404,6 +456,36 @@ def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) 
     for job in r.of_type(JOB):
         assert container(job)["image"] == r.outputs["imageRef"]
         assert image.urn in job.dependencies
+    # One Docker repository per stack, which the nodes' own account may read, and nothing more.
+    component = r.one("spot-trainer:build:TrainingImage", "image")
+    repo = r.one("gcp:artifactregistry/repository:Repository", "image")
+    assert repo.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "location": "us-central1",
+        "repositoryId": f"spot-trainer-{stack}",
+        "format": "DOCKER",
+        "description": "Training images of spot-trainer",
+        "labels": {"env": stack, "app": "spot-trainer", "team": "ml-platform"},
+    }
+    grant = r.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember", "image-node-reader")
+    assert grant.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "location": "us-central1",
+        "repository": f"spot-trainer-{stack}",
+        "role": "roles/artifactregistry.reader",
+        "member": r.one(ACCOUNT, "cluster-nodes").outputs["member"],
+    }
+    assert grant.property_dependencies["repository"] == [repo.urn]
+    url = f"us-central1-docker.pkg.dev/{render.FAKE_PROJECT_ID}/spot-trainer-{stack}/trainer"
+    assert image.inputs["tags"] == [f"{url}:{stack}"]
+    assert registry["address"] == "us-central1-docker.pkg.dev"
+    assert repo.urn in image.dependencies  # pushed only once the repository exists
+    for child in (repo, grant, image):
+        assert child.parent == component.urn, child.urn
+    # The reference names the pushed digest, and whatever runs it waits for the nodes' read access.
+    assert r.outputs["imageRef"] == f"{url}@{render.IMAGE_DIGEST}"
+    for job in r.of_type(JOB):
+        assert grant.urn in job.dependencies
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -552,16 +634,27 @@ def test_every_labellable_gcp_resource_carries_the_cost_labels(
 def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     services = r.of_type("gcp:projects/service:Service")
-    assert {s.inputs["service"] for s in services} >= {
-        "container.googleapis.com", "file.googleapis.com", "artifactregistry.googleapis.com",
-        "compute.googleapis.com", "iam.googleapis.com", "cloudresourcemanager.googleapis.com",
-    }  # fmt: skip
-    provider = r.one("pulumi:providers:gcp")
+    # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
+    apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas")
+    # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
+    assert {s.name: s.inputs for s in services} == {
+        api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
+        for api in apis
+    }
+    component = r.one("spot-trainer:gcp:ProjectServices", "services")
+    assert {s.parent for s in services} == {component.urn}
+    provider = r.one("pulumi:providers:gcp", "gcp")
     assert set(provider.dependencies) == {s.urn for s in services}
+    assert provider.inputs == {"project": render.FAKE_PROJECT_ID, "region": "us-central1"}
     provider_ref = f"{provider.urn}::{provider.id}"
     for res in r.resources:
         if res.type.startswith("gcp:") and res not in services:
             assert res.provider == provider_ref, res.urn
+    # Provider functions too (the deployer's token, the GPU quota): no default provider is ever created.
+    assert {c.token: c.provider for c in r.calls} == {
+        "gcp:organizations/getClientConfig:getClientConfig": provider_ref,
+        "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo": provider_ref,
+    }
 
 
 @pytest.mark.parametrize("stack", STACKS)
