@@ -670,7 +670,14 @@ def test_kubernetes_objects_use_the_cluster_provider(stack: str, rendered: Rende
 def test_components_own_their_children(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     components = {res.urn for res in r.resources if res.type.startswith("spot-trainer:")}
-    assert len(components) >= 9
+    # By type and name: the names are in every child's URN (a renamed component is replaced with its children).
+    assert sorted((res.type, res.name) for res in r.resources if res.urn in components) == [
+        ("spot-trainer:build:TrainingImage", "image"), ("spot-trainer:gcp:Cluster", "cluster"),
+        ("spot-trainer:gcp:Network", "network"), ("spot-trainer:gcp:ProjectServices", "services"),
+        ("spot-trainer:k8s:GpuCapacity", "gpu"), ("spot-trainer:k8s:LoaderJob", "loader"),
+        ("spot-trainer:k8s:RedisQueue", "redis"), ("spot-trainer:k8s:TrainingJob", "training"),
+        ("spot-trainer:storage:FilestoreShare", "share"), ("spot-trainer:storage:SharePreparation", "share-prep"),
+    ]  # fmt: skip
     loose = {
         res.type
         for res in r.resources
