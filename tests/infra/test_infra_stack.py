@@ -97,6 +97,8 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
         "export": {},
     }
     assert r.one(JOB, "loader").urn in rerun_loader and r.one(JOB, "training").urn in rerun_training
+    # The training Job waits for the GPU quota check (checkGpuQuota, on by default) through its mark.
+    assert r.one(JOB, "training").inputs["metadata"]["annotations"][contract.GPU_QUOTA_ANNOTATION] == "enough"
     # The one-off pods: the queue's status, and the reports on the share.
     run = {"queueStatus": (["status"], None), "report": ([], ["sh", "-c", "cat /mnt/share/output/*/report.txt"])}
     for verb, (args, command) in run.items():
