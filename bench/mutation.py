@@ -380,6 +380,7 @@ INFRA_SHARE_PREP = "infra/share_prep.py"
 INFRA_SCHEDULE = "infra/schedule.py"
 INFRA_CLUSTER = "infra/cluster.py"
 INFRA_IMAGE = "infra/image.py"
+INFRA_PROGRAM = "infra/program.py"
 POLICY_RULES = "policy/rules.py"
 POLICY_PACK = "policy/pack.py"
 DATASET = "workload/data/dataset.py"
@@ -847,6 +848,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                'lambda wi: wi.workload_pool if wi else "XXXX"', WORKLOAD_POOL),
     *(Equivalent(INFRA_CLUSTER, "indent=2,", after, KUBECONFIG) for after in ("indent=None,", "indent=3,")),
     Equivalent(INFRA_CLUSTER, "indent=2, / )", ")", KUBECONFIG),
+    Equivalent(INFRA_PROGRAM, "} if data.output and worker_identity else {},",
+               "} if data.output or worker_identity else {},",
+               "build makes worker_identity exactly when data.output is set (`if data.output else None`): both are set "
+               "or neither is, so `and` and `or` decide alike"),
     *(Equivalent(INFRA_IMAGE, before, after,
                  "CacheToRegistryArgs sets oci_media_types to True when it is not given (pulumi_docker_build: "
                  "'Defaults to `true`'): the Image gets the same cacheTo, as "
