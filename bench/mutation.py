@@ -848,6 +848,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                'lambda wi: wi.workload_pool if wi else "XXXX"', WORKLOAD_POOL),
     *(Equivalent(INFRA_CLUSTER, "indent=2,", after, KUBECONFIG) for after in ("indent=None,", "indent=3,")),
     Equivalent(INFRA_CLUSTER, "indent=2, / )", ")", KUBECONFIG),
+    Equivalent(INFRA_PROGRAM, "data.dataset, prefix_only=False)]", "data.dataset, prefix_only=None)]",
+               "BucketGrant.prefix_only is read only as `if not self.prefix_only` (identity.py): None and False alike"),
     Equivalent(INFRA_PROGRAM, "} if data.output and worker_identity else {},",
                "} if data.output or worker_identity else {},",
                "build makes worker_identity exactly when data.output is set (`if data.output else None`): both are set "
