@@ -879,7 +879,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
       for module, kind in (("share_prep", "spot-trainer:storage:SharePreparation"),
                            ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),
                            ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"),
-                           ("schedule", "spot-trainer:k8s:ScheduledLoad"))
+                           ("schedule", "spot-trainer:k8s:ScheduledLoad"),
+                           ("services", "spot-trainer:gcp:ProjectServices"))
       for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
     *(Equivalent(INFRA_IDENTITY, f"{key}={text},", after, FREE_TEXT)
       for key, text in (("display_name", 'f"{site.labels.app} {component} pods ({site.stack})"'),
