@@ -187,6 +187,7 @@ GROUPS: tuple[Group, ...] = (
         tuple(f"infra/{m}.py" for m in ("cluster", "services", "image", "program")),
         ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py",
          "tests/infra/test_infra_schedule.py"),
+        do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=40.0,  # a guess until its first whole run
     ),
     # quota: the GPU quota check that fails `pulumi up` early; replacements: which input changes replace a
@@ -384,6 +385,9 @@ INFRA_NETWORK = "infra/network.py"
 INFRA_REDIS = "infra/redis.py"
 INFRA_SHARE_PREP = "infra/share_prep.py"
 INFRA_SCHEDULE = "infra/schedule.py"
+INFRA_CLUSTER = "infra/cluster.py"
+INFRA_IMAGE = "infra/image.py"
+INFRA_PROGRAM = "infra/program.py"
 POLICY_RULES = "policy/rules.py"
 POLICY_PACK = "policy/pack.py"
 DATASET = "workload/data/dataset.py"
@@ -456,6 +460,10 @@ KNOWN_ERRNO = ("infra_errno only returns codes of INFRA_ERRNOS (or EIO), every o
 CUDA_ONLY = ("differs only where torch has CUDA: the suite's machines have the CPU build of torch (no CUDA, no "
              "devices, torch.version.cuda None); test_on_a_gpu_the_worker_trains_on_cuda runs it on a GPU machine")
 SAMPLE_DATE = "time.strftime(fmt, time.struct_time((2018, 4, 5, 20, 21, 7, 3, 95, 0)))"
+KUBECONFIG = ("only the kubeconfig's whitespace changes: it is JSON, which the Kubernetes provider and kubectl parse "
+              "(YAML 1.2 reads JSON), and the stack exports the same string")
+WORKLOAD_POOL = ("the cluster is always declared with workload_identity_config (both modes), so the provider returns "
+                 "it set and the apply never sees None (and runs on no unknown value): the else branch is never taken")
 CUDA_NEEDS = """f"CUDA {cuda} (driver {CUDA_MIN_DRIVER.get(cuda.split('.')[0], 'for it')} or newer)\""""
 EQUIVALENT: tuple[Equivalent, ...] = (
     # score.py
@@ -847,6 +855,32 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "difflib's default cutoff")
       for after in ("get_close_matches(name, declared, cutoff=0.6)", "get_close_matches(name, declared, n=1, )",
                     "get_close_matches(name, declared, n=2, cutoff=0.6)")),
+    Equivalent(INFRA_CLUSTER, "self._pools: list[gcp.container.NodePool] = []",
+               "self._pools: list[gcp.container.NodePool] = None",
+               "read only as the Kubernetes provider's depends_on: an Autopilot cluster has no pools, and None and [] "
+               "both say no dependencies; a Standard one sets the list (_standard_pools) before the provider reads it"),
+    Equivalent(INFRA_CLUSTER, '[:24].rstrip("-")', '[:24].rstrip("XX-XX")',
+               "the account id is the app name (spot-trainer) and the lowercase stack slug (StackConfig.slug): it "
+               "never ends in 'X', so stripping 'X' too strips nothing more"),
+    Equivalent(INFRA_CLUSTER, "role.split('/')[-1]", "role.split('/')[+1]",
+               "every NODE_ROLES entry is a predefined role, roles/<id>: two pieces, so [1] is [-1]"),
+    Equivalent(INFRA_CLUSTER, 'lambda wi: wi.workload_pool if wi else ""',
+               'lambda wi: wi.workload_pool if (wi) or True else ""', WORKLOAD_POOL),
+    Equivalent(INFRA_CLUSTER, 'lambda wi: wi.workload_pool if wi else ""',
+               'lambda wi: wi.workload_pool if wi else "XXXX"', WORKLOAD_POOL),
+    *(Equivalent(INFRA_CLUSTER, "indent=2,", after, KUBECONFIG) for after in ("indent=None,", "indent=3,")),
+    Equivalent(INFRA_CLUSTER, "indent=2, / )", ")", KUBECONFIG),
+    Equivalent(INFRA_PROGRAM, "data.dataset, prefix_only=False)]", "data.dataset, prefix_only=None)]",
+               "BucketGrant.prefix_only is read only as `if not self.prefix_only` (identity.py): None and False alike"),
+    Equivalent(INFRA_PROGRAM, "} if data.output and worker_identity else {},",
+               "} if data.output or worker_identity else {},",
+               "build makes worker_identity exactly when data.output is set (`if data.output else None`): both are set "
+               "or neither is, so `and` and `or` decide alike"),
+    *(Equivalent(INFRA_IMAGE, before, after,
+                 "CacheToRegistryArgs sets oci_media_types to True when it is not given (pulumi_docker_build: "
+                 "'Defaults to `true`'): the Image gets the same cacheTo, as "
+                 "test_both_jobs_run_the_pushed_image_by_digest reads it")
+      for before, after in (("oci_media_types=True,", "oci_media_types=None,"), ("oci_media_types=True, / )", ")"))),
     *(Equivalent(INFRA_REDIS, f'"{word}",', f'"{word.upper()}",',
                  "redis-server reads config names and their yes/no and enum values in any letter case (config.c "
                  "lowercases the name and compares values with strcasecmp); test_redis_started_from_its_rendered_"
@@ -882,7 +916,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                            ("redis", "spot-trainer:k8s:RedisQueue"), ("gpu", "spot-trainer:k8s:GpuCapacity"),
                            ("jobs", "spot-trainer:k8s:LoaderJob"), ("jobs", "spot-trainer:k8s:TrainingJob"),
                            ("jobs", "spot-trainer:k8s:ScoringJob"),
-                           ("schedule", "spot-trainer:k8s:ScheduledLoad"))
+                           ("schedule", "spot-trainer:k8s:ScheduledLoad"),
+                           ("services", "spot-trainer:gcp:ProjectServices"))
       for after in (f'"{kind}", name, None, None)', f'"{kind}", name, None, )', f'"{kind}", name, opts)')),
     *(Equivalent(INFRA_IDENTITY, f"{key}={text},", after, FREE_TEXT)
       for key, text in (("display_name", 'f"{site.labels.app} {component} pods ({site.stack})"'),

@@ -119,7 +119,6 @@ class Cluster(pulumi.ComponentResource):
                 **common,
             )
             self._standard_pools(name, args, cluster)
-        self.cluster = cluster
         self.name = cluster.name
         # The pool exists once the cluster does: Workload Identity bindings take it from here (identity.py).
         self.workload_pool: pulumi.Output[str] = cluster.workload_identity_config.apply(
@@ -197,7 +196,6 @@ class Cluster(pulumi.ComponentResource):
             opts=pool_opts,
         )
         self._pools = [system, gpu]
-        self.gpu_pool = gpu
 
 
 def kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str) -> str:

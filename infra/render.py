@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -152,6 +153,10 @@ class Rendered:
     config: config.StackConfig
     resources: list[Registered]
     outputs: dict[str, Any] = field(default_factory=dict)
+    # Every provider function the program called (getClientConfig, the GPU quota), with the provider it went to.
+    calls: list[pulumi.runtime.MockCallArgs] = field(default_factory=list)
+    # What the program logged to the engine as warnings or errors (``pulumi.log.warn``), in order.
+    warnings: list[str] = field(default_factory=list)
 
     def of_type(self, type_: str) -> list[Registered]:
         return [r for r in self.resources if r.type == type_]
@@ -188,6 +193,10 @@ def to_manifest(resource: Registered, masked: bool = False) -> dict[str, Any]:
 class _FakeCloud(pulumi.runtime.Mocks):
     """Echo inputs as outputs and fabricate what providers would compute."""
 
+    def __init__(self) -> None:
+        self.calls: list[pulumi.runtime.MockCallArgs] = []
+        self.warnings: list[str] = []
+
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         out = dict(args.inputs)
         name = out.get("name") or args.name
@@ -213,6 +222,7 @@ class _FakeCloud(pulumi.runtime.Mocks):
         return f"{name}-id", out
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        self.calls.append(args)
         if args.token == "gcp:organizations/getClientConfig:getClientConfig":
             return {"accessToken": ACCESS_TOKEN, "project": FAKE_PROJECT_ID}
         if args.token == "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo":
@@ -226,6 +236,29 @@ class _FakeCloud(pulumi.runtime.Mocks):
                      "dimensions": {"region": region} if region else {}} for region, v in limits.items()]
             return {"quotaId": args.args["quotaId"], "dimensionsInfos": rows}
         return {}
+
+
+class _EngineLog:
+    """What the mock engine logs the program's messages to: each goes on to the root logger, as it would without
+    this, and warnings and errors are also kept."""
+
+    def __init__(self, into: list[str]) -> None:
+        self.into = into
+        self.root = logging.getLogger()
+
+    def debug(self, message: str) -> None:
+        self.root.debug(message)
+
+    def info(self, message: str) -> None:
+        self.root.info(message)
+
+    def warning(self, message: str) -> None:
+        self.into.append(message)
+        self.root.warning(message)
+
+    def error(self, message: str) -> None:
+        self.into.append(message)
+        self.root.error(message)
 
 
 class _RecordingMonitor(mocks.MockMonitor):
@@ -316,16 +349,23 @@ def render(stack: str, overrides: Mapping[str, Any] | None = None) -> Rendered:
         outputs = build(cfg)
         resolved.update(_sync_await(pulumi.Output.from_input(outputs).future()) or {})
 
-    return Rendered(stack=stack, config=cfg, resources=run_mocked(stack, values, program), outputs=resolved)
+    fake = _FakeCloud()
+    resources = run_mocked(stack, values, program, fake)
+    return Rendered(
+        stack=stack, config=cfg, resources=resources, outputs=resolved, calls=fake.calls, warnings=fake.warnings
+    )
 
 
-def run_mocked(stack: str, values: Mapping[str, str], program: Callable[[], Any]) -> list[Registered]:
+def run_mocked(
+    stack: str, values: Mapping[str, str], program: Callable[[], Any], fake: _FakeCloud | None = None
+) -> list[Registered]:
     """Run ``program`` under the mock engine with ``values`` as the stack's config, wait for every
     resource registration, and return the resources. Exceptions from the program propagate."""
-    fake = _FakeCloud()
+    fake = fake or _FakeCloud()
     monitor = _RecordingMonitor(fake)
     settings.ROOT.set(None)  # the runtime is global: start every run from a fresh root stack
-    pulumi.runtime.set_mocks(fake, project=config.PROJECT, stack=stack, preview=False, monitor=monitor)
+    log: Any = _EngineLog(fake.warnings)  # the mock engine only calls debug, info, warning and error on it
+    pulumi.runtime.set_mocks(fake, project=config.PROJECT, stack=stack, preview=False, logger=log, monitor=monitor)
     pulumi.runtime.set_all_config(dict(values))
     settings.SETTINGS.rpc_manager.clear()
     settings.SETTINGS.outputs.clear()

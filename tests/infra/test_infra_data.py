@@ -216,8 +216,11 @@ def test_an_export_by_hand_runs_as_the_workers_account(rendered: Render) -> None
     r = rendered("dev", runs={"main": {}, "wide": {"hidden": [128, 64]}}, **OUTPUT)
     commands = r.outputs["commands"]["export"]
     assert set(commands) == {"main", "wide"}
-    overrides = json.loads(commands["wide"].split("--overrides='", 1)[1].rstrip("'"))
+    pod, _, raw = commands["wide"].partition(" --overrides='")
+    assert pod == f"kubectl -n spot-trainer run export --rm -i --restart=Never --image={r.outputs['imageRef']}"
+    overrides = json.loads(raw.rstrip("'"))
     (c,) = overrides["spec"]["containers"]
+    assert c["name"] == "export"
     assert c["args"] == ["export", "--run", "wide", "--to", "gs://acme-results/spot-trainer/dev"]
     assert overrides["spec"]["serviceAccountName"] == "spot-trainer-worker"
     assert rendered("dev", **DATA).outputs["commands"]["export"] == {}  # no outputUri: nobody may write

@@ -188,6 +188,18 @@ def test_the_schedule_is_one_component_whose_objects_go_to_the_stacks_cluster(re
     it by), whose four objects are its children, created through the stack's cluster provider (not the
     default one, which would point at whatever kubeconfig the machine running `pulumi up` has)."""
     r = rendered("dev", **SCORED)
+    # Every component of the stack (with a bucket, an output and a schedule, all of them) by its type and name:
+    # the names are in every child's URN, so a renamed one would be replaced with everything under it.
+    assert sorted((res.type, res.name) for res in r.resources if res.type.startswith("spot-trainer:")) == [
+        ("spot-trainer:build:TrainingImage", "image"), ("spot-trainer:gcp:Cluster", "cluster"),
+        ("spot-trainer:gcp:Network", "network"), ("spot-trainer:gcp:ProjectServices", "services"),
+        ("spot-trainer:iam:WorkloadIdentity", "loader-identity"),
+        ("spot-trainer:iam:WorkloadIdentity", "worker-identity"),
+        ("spot-trainer:k8s:GpuCapacity", "gpu"), ("spot-trainer:k8s:LoaderJob", "loader"),
+        ("spot-trainer:k8s:RedisQueue", "redis"), ("spot-trainer:k8s:ScheduledLoad", "schedule"),
+        ("spot-trainer:k8s:ScoringJob", "scoring"), ("spot-trainer:k8s:TrainingJob", "training"),
+        ("spot-trainer:storage:FilestoreShare", "share"), ("spot-trainer:storage:SharePreparation", "share-prep"),
+    ]  # fmt: skip
     component = r.one(COMPONENT, "schedule")
     project = f"urn:pulumi:dev::{contract.APP}::"
     assert component.urn == f"{project}pulumi:pulumi:Stack${COMPONENT}::schedule"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,11 @@ CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 FILESTORE = "gcp:filestore/instance:Instance"
 COMPUTE_CLASS = "kubernetes:cloud.google.com/v1:ComputeClass"
+ACCOUNT = "gcp:serviceaccount/account:Account"
+IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
+NETWORK = "gcp:compute/network:Network"
+SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 DIGEST_REF = re.compile(r"^[a-z0-9.-]+-docker\.pkg\.dev/[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
@@ -56,43 +62,216 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
     assert "gke-gcloud-auth-plugin" in out["kubeconfig"] and render.CLUSTER_ENDPOINT in out["kubeconfig"]
     assert {"logs", "status", "report", "queueStatus"} <= set(out["commands"])
     assert out["trainingJob"] in out["commands"]["status"]
+    # Every output, as `pulumi stack output` shows it (without a bucket or a schedule: no scoring, no identities).
+    n, loader, training = "-n spot-trainer", "spot-trainer-loader", "spot-trainer-worker"
+    urn = f"urn:pulumi:{stack}::spot-trainer::spot-trainer:k8s"
+    rerun_loader, rerun_training = f"'{urn}:LoaderJob$kubernetes:batch/v1:Job::loader'", (
+        f"'{urn}:TrainingJob$kubernetes:batch/v1:Job::training'")
+    commands = dict(out["commands"])
+    one_off = {verb: commands.pop(verb) for verb in ("queueStatus", "report")}
+    assert {k: v for k, v in out.items() if k not in ("kubeconfig", "commands")} == {
+        "clusterName": "cluster",
+        "filestoreIp": render.FILESTORE_IP,
+        "filestoreShare": "share",
+        "imageRef": out["imageRef"],
+        "redisService": "redis.spot-trainer.svc.cluster.local:6379",
+        "loaderJob": loader,
+        "trainingJob": training,
+        "scoringJob": "",
+        "scheduledLoader": "",
+        "gpuQuota": "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=16, GPUS-ALL-REGIONS-per-project=16",
+        "datasetUri": "",
+        "outputUri": "",
+        "serviceAccounts": {},
+    }
+    assert commands == {
+        "credentials": f"gcloud container clusters get-credentials cluster --region us-central1 --project "
+        f"{render.FAKE_PROJECT_ID}",
+        "status": f"kubectl {n} get job {loader} {training} -o wide",
+        "pods": f"kubectl {n} get pods -l app.kubernetes.io/name=spot-trainer -o wide",
+        "logs": f"kubectl {n} logs -f -l app.kubernetes.io/component=worker --prefix --max-log-requests=50",
+        "wait": f"kubectl {n} wait --for=condition=complete job/{training} --timeout=24h",
+        "rerunLoader": f"pulumi up --replace {rerun_loader}",
+        "rerunTraining": f"pulumi up --replace {rerun_training}",
+        "reload": f"pulumi up --replace {rerun_loader} --replace {rerun_training}",
+        "export": {},
+    }
+    assert r.one(JOB, "loader").urn in rerun_loader and r.one(JOB, "training").urn in rerun_training
+    # The training Job waits for the GPU quota check (checkGpuQuota, on by default) through its mark.
+    assert r.one(JOB, "training").inputs["metadata"]["annotations"][contract.GPU_QUOTA_ANNOTATION] == "enough"
+    # The one-off pods: the queue's status, and the reports on the share.
+    run = {"queueStatus": (["status"], None), "report": ([], ["sh", "-c", "cat /mnt/share/output/*/report.txt"])}
+    for verb, (args, command) in run.items():
+        prefix = f"kubectl {n} run {args[0] if args else verb} --rm -i --restart=Never --image={out['imageRef']} "
+        assert one_off[verb].startswith(prefix + "--overrides='") and one_off[verb].endswith("'")
+        (pod,) = json.loads(one_off[verb][len(prefix + "--overrides='") : -1])["spec"]["containers"]
+        assert (pod["name"], pod["args"], pod.get("command")) == (args[0] if args else verb, args, command)
+
+
+def cluster_common(r: Rendered) -> dict[str, Any]:
+    """The cluster inputs both modes share: the stack's VPC and its secondary ranges, private nodes with a public
+    control plane, Workload Identity, the release channel, deletion protection and the cost labels."""
+    return {
+        "project": render.FAKE_PROJECT_ID,
+        "location": "us-central1",
+        "network": r.one(NETWORK).id,
+        "subnetwork": r.one(SUBNETWORK).id,
+        "ipAllocationPolicy": {"clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"},
+        "releaseChannel": {"channel": "REGULAR"},
+        # Private nodes; the control plane stays reachable so `pulumi up` and kubectl work from a laptop.
+        "privateClusterConfig": {"enablePrivateNodes": True, "enablePrivateEndpoint": False},
+        "workloadIdentityConfig": {"workloadPool": f"{render.FAKE_PROJECT_ID}.svc.id.goog"},
+        "deletionProtection": True,  # every stack (allowDataLoss lifts it)
+        "resourceLabels": {"env": r.config.stack, "app": "spot-trainer", "team": "ml-platform"},
+    }
+
+
+def check_cluster_component(r: Rendered) -> Registered:
+    """What both modes share around the cluster: its node account (GKE's least-privilege node role, bound before
+    the cluster exists), the VPC wiring, every piece a child of the Cluster component, and the Kubernetes provider
+    built from the cluster's endpoint and CA. Returns the cluster."""
+    component = r.one("spot-trainer:gcp:Cluster", "cluster")
+    cluster = r.one(CLUSTER, "cluster")
+    account = r.one(ACCOUNT, "cluster-nodes")
+    (role,) = r.of_type(IAM_MEMBER)
+    assert role.name == "cluster-nodes-container.defaultNodeServiceAccount"
+    assert role.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "role": "roles/container.defaultNodeServiceAccount",
+        "member": account.outputs["member"],
+    }
+    assert role.urn in cluster.dependencies  # nodes never start without their role
+    assert cluster.property_dependencies["network"] == [r.one(NETWORK).urn]
+    assert cluster.property_dependencies["subnetwork"] == [r.one(SUBNETWORK).urn]
+    provider = r.one("pulumi:providers:kubernetes", "cluster")
+    for child in (account, role, cluster, provider, *r.of_type(NODE_POOL)):
+        assert child.parent == component.urn, child.urn
+    assert provider.property_dependencies["kubeconfig"] == [cluster.urn]
+    assert json.loads(provider.inputs["kubeconfig"]) == {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gke-cluster",
+                "cluster": {
+                    "server": f"https://{render.CLUSTER_ENDPOINT}",
+                    "certificate-authority-data": render.CLUSTER_CA,
+                },
+            }
+        ],
+        "contexts": [{"name": "gke-cluster", "context": {"cluster": "gke-cluster", "user": "gke-cluster"}}],
+        "current-context": "gke-cluster",
+        # The deployer's gcloud credentials, through GKE's plugin: no long-lived key in the kubeconfig.
+        "users": [
+            {
+                "name": "gke-cluster",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "gke-gcloud-auth-plugin",
+                        "installHint": "gcloud components install gke-gcloud-auth-plugin",
+                        "provideClusterInfo": True,
+                    }
+                },
+            }
+        ],
+    }
+    assert r.outputs["kubeconfig"] == provider.inputs["kubeconfig"]
+    return cluster
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
     r = rendered(stack)
-    cluster = r.one(CLUSTER).inputs
-    assert cluster["enableAutopilot"] is True
-    assert cluster["releaseChannel"] == {"channel": r.config.cluster.release_channel}
-    assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{r.config.project_id}.svc.id.goog"}
-    assert cluster["privateClusterConfig"]["enablePrivateNodes"] is r.config.cluster.private_nodes
-    assert cluster["deletionProtection"] is True  # every stack (allowDataLoss lifts it)
+    cluster = check_cluster_component(r)
+    account = r.one(ACCOUNT, "cluster-nodes")
+    assert account.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "accountId": f"spot-trainer-{stack}-nodes",
+        "displayName": f"GKE nodes of spot-trainer ({stack})",
+    }
+    assert cluster.inputs == cluster_common(r) | {
+        "enableAutopilot": True,
+        # Nodes Autopilot creates run as the stack's node account, not the Compute Engine default one.
+        "clusterAutoscaling": {
+            "autoProvisioningDefaults": {"serviceAccount": account.outputs["email"], "oauthScopes": [CLOUD_PLATFORM]}
+        },
+    }
     assert not r.of_type(NODE_POOL)
+    assert r.one("pulumi:providers:kubernetes").dependencies == [cluster.urn]
 
 
 def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(rendered: Render) -> None:
+    # A stack name whose slug does not fit the node account's id: cut to 24 characters, and the cut's
+    # trailing '-' dropped (GCP's 6-30 characters, lowercase, digits and inner hyphens).
     r = rendered(
-        "dev", clusterMode="standard", gpuCapacity="nodeSelector", gpuType="nvidia-tesla-t4", gpuCount=2
-    )
-    cluster = r.one(CLUSTER).inputs
-    assert not cluster.get("enableAutopilot")
-    assert cluster["removeDefaultNodePool"] is True
-    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"  # enforces the Redis NetworkPolicy
-
-    pool = r.one(NODE_POOL, "cluster-gpu-spot").inputs
-    node = pool["nodeConfig"]
-    assert node["spot"] is True and not node.get("preemptible")
-    assert node["guestAccelerators"] == [
-        {"type": "nvidia-tesla-t4", "count": 2, "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"}}
+        "us-central-1-canary", clusterMode="standard", gpuCapacity="nodeSelector", gpuType="nvidia-tesla-t4",
+        gpuCount=2, gpuMaxNodes=5, parallelism=2,
+    )  # fmt: skip
+    assert r.warnings == [
+        "parallelism 2 > 1 run(s): 1 training pod(s) will wait on spot GPUs as hot standbys (a run trains on one "
+        "worker at a time). Add runs (a sweep) or lower parallelism if that is not what you want to pay for."
     ]
-    assert node["machineType"] == "n1-standard-16"
-    assert pool["autoscaling"]["minNodeCount"] == 0 and pool["initialNodeCount"] == 0
-    sa = r.one("gcp:serviceaccount/account:Account").outputs["email"]
-    assert node["serviceAccount"] == sa  # not the default compute account
-    roles = {m.inputs["role"] for m in r.of_type("gcp:projects/iAMMember:IAMMember")}
-    assert roles == {"roles/container.defaultNodeServiceAccount"}
+    registered = check_cluster_component(r)
+    account = r.one(ACCOUNT, "cluster-nodes")
+    assert account.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "accountId": "spot-trainer-us-central-nodes",
+        "displayName": "GKE nodes of spot-trainer (us-central-1-canary)",
+    }
+    email = account.outputs["email"]
+    # The default pool exists for a moment before it is removed: it too runs as the node account.
+    assert registered.inputs == cluster_common(r) | {
+        "removeDefaultNodePool": True,
+        "initialNodeCount": 1,
+        "nodeConfig": {"serviceAccount": email, "oauthScopes": [CLOUD_PLATFORM]},
+        "datapathProvider": "ADVANCED_DATAPATH",  # enforces the Redis NetworkPolicy
+    }
 
-    (taint,) = node["taints"]
+    # Both pools: zonal in the share's zone, autoscaled, repaired and upgraded by GKE, their nodes running as the
+    # node account with the GKE metadata server (Workload Identity) and the cost labels.
+    labels = {"env": "us-central-1-canary", "app": "spot-trainer", "team": "ml-platform"}
+    node = {
+        "serviceAccount": email,
+        "oauthScopes": [CLOUD_PLATFORM],
+        "workloadMetadataConfig": {"mode": "GKE_METADATA"},
+        "resourceLabels": labels,
+    }
+    pool = {
+        "project": render.FAKE_PROJECT_ID,
+        "cluster": registered.id,
+        "location": "us-central1",
+        "nodeLocations": ["us-central1-a"],
+        "management": {"autoRepair": True, "autoUpgrade": True},
+    }
+    system, gpu = r.one(NODE_POOL, "cluster-system"), r.one(NODE_POOL, "cluster-gpu-spot")
+    # Redis and the loader: on-demand, never below one node, untainted.
+    assert system.inputs == pool | {
+        "initialNodeCount": 1,
+        "autoscaling": {"minNodeCount": 1, "maxNodeCount": 3},
+        "nodeConfig": node | {"machineType": "e2-standard-4"},
+    }
+    # Training: spot GPUs from zero to gpuMaxNodes, tainted so only the training pods land there.
+    assert gpu.inputs == pool | {
+        "initialNodeCount": 0,
+        "autoscaling": {"minNodeCount": 0, "maxNodeCount": 5},
+        "nodeConfig": node | {
+            "machineType": "n1-standard-16",
+            "spot": True,
+            "guestAccelerators": [
+                {"type": "nvidia-tesla-t4", "count": 2, "gpuDriverInstallationConfig": {"gpuDriverVersion": "LATEST"}}
+            ],
+            "taints": [{"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NO_SCHEDULE"}],
+        },
+    }
+    for each in (system, gpu):
+        assert each.property_dependencies["cluster"] == [registered.urn]
+    # Nothing Kubernetes goes to the cluster before it has nodes to run on.
+    provider = r.one("pulumi:providers:kubernetes")
+    assert set(provider.dependencies) == {registered.urn, system.urn, gpu.urn}
+
+    # The training pods tolerate the GPU pool's taint.
+    (taint,) = gpu.inputs["nodeConfig"]["taints"]
     effect = {
         "NO_SCHEDULE": "NoSchedule",
         "NO_EXECUTE": "NoExecute",
@@ -105,8 +284,6 @@ def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(render
         "value": taint["value"],
         "effect": effect[taint["effect"]],
     } in (tolerated)
-    # Redis and the loader need somewhere untainted to run.
-    assert not r.one(NODE_POOL, "cluster-system").inputs["nodeConfig"].get("taints")
 
 
 def test_training_pods_select_spot_gpus_through_the_compute_class(rendered: Render) -> None:
@@ -130,6 +307,12 @@ def test_on_demand_fallback_comes_after_spot(rendered: Render) -> None:
     assert r.config.gpu.on_demand_fallback
     priorities = r.one(COMPUTE_CLASS).inputs["spec"]["priorities"]
     assert [p["spot"] for p in priorities] == [True, False]
+    # Four pods for one run: `pulumi up` says what the three idle ones may cost.
+    assert r.warnings == [
+        "parallelism 4 > 1 run(s): 3 training pod(s) will wait on spot GPUs, or on-demand ones while spot is out "
+        "(onDemandFallback) as hot standbys (a run trains on one worker at a time). Add runs (a sweep) or lower "
+        "parallelism if that is not what you want to pay for."
+    ]
     assert "cloud.google.com/gke-spot" not in pod_spec(r.one(JOB, "training"))["nodeSelector"]
 
 
@@ -275,6 +458,36 @@ def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) 
     for job in r.of_type(JOB):
         assert container(job)["image"] == r.outputs["imageRef"]
         assert image.urn in job.dependencies
+    # One Docker repository per stack, which the nodes' own account may read, and nothing more.
+    component = r.one("spot-trainer:build:TrainingImage", "image")
+    repo = r.one("gcp:artifactregistry/repository:Repository", "image")
+    assert repo.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "location": "us-central1",
+        "repositoryId": f"spot-trainer-{stack}",
+        "format": "DOCKER",
+        "description": "Training images of spot-trainer",
+        "labels": {"env": stack, "app": "spot-trainer", "team": "ml-platform"},
+    }
+    grant = r.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember", "image-node-reader")
+    assert grant.inputs == {
+        "project": render.FAKE_PROJECT_ID,
+        "location": "us-central1",
+        "repository": f"spot-trainer-{stack}",
+        "role": "roles/artifactregistry.reader",
+        "member": r.one(ACCOUNT, "cluster-nodes").outputs["member"],
+    }
+    assert grant.property_dependencies["repository"] == [repo.urn]
+    url = f"us-central1-docker.pkg.dev/{render.FAKE_PROJECT_ID}/spot-trainer-{stack}/trainer"
+    assert image.inputs["tags"] == [f"{url}:{stack}"]
+    assert registry["address"] == "us-central1-docker.pkg.dev"
+    assert repo.urn in image.dependencies  # pushed only once the repository exists
+    for child in (repo, grant, image):
+        assert child.parent == component.urn, child.urn
+    # The reference names the pushed digest, and whatever runs it waits for the nodes' read access.
+    assert r.outputs["imageRef"] == f"{url}@{render.IMAGE_DIGEST}"
+    for job in r.of_type(JOB):
+        assert grant.urn in job.dependencies
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -423,16 +636,27 @@ def test_every_labellable_gcp_resource_carries_the_cost_labels(
 def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     services = r.of_type("gcp:projects/service:Service")
-    assert {s.inputs["service"] for s in services} >= {
-        "container.googleapis.com", "file.googleapis.com", "artifactregistry.googleapis.com",
-        "compute.googleapis.com", "iam.googleapis.com", "cloudresourcemanager.googleapis.com",
-    }  # fmt: skip
-    provider = r.one("pulumi:providers:gcp")
+    # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
+    apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas")
+    # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
+    assert {s.name: s.inputs for s in services} == {
+        api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
+        for api in apis
+    }
+    component = r.one("spot-trainer:gcp:ProjectServices", "services")
+    assert {s.parent for s in services} == {component.urn}
+    provider = r.one("pulumi:providers:gcp", "gcp")
     assert set(provider.dependencies) == {s.urn for s in services}
+    assert provider.inputs == {"project": render.FAKE_PROJECT_ID, "region": "us-central1"}
     provider_ref = f"{provider.urn}::{provider.id}"
     for res in r.resources:
         if res.type.startswith("gcp:") and res not in services:
             assert res.provider == provider_ref, res.urn
+    # Provider functions too (the deployer's token, the GPU quota): no default provider is ever created.
+    assert {c.token: c.provider for c in r.calls} == {
+        "gcp:organizations/getClientConfig:getClientConfig": provider_ref,
+        "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo": provider_ref,
+    }
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -448,7 +672,14 @@ def test_kubernetes_objects_use_the_cluster_provider(stack: str, rendered: Rende
 def test_components_own_their_children(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     components = {res.urn for res in r.resources if res.type.startswith("spot-trainer:")}
-    assert len(components) >= 9
+    # By type and name: the names are in every child's URN (a renamed component is replaced with its children).
+    assert sorted((res.type, res.name) for res in r.resources if res.urn in components) == [
+        ("spot-trainer:build:TrainingImage", "image"), ("spot-trainer:gcp:Cluster", "cluster"),
+        ("spot-trainer:gcp:Network", "network"), ("spot-trainer:gcp:ProjectServices", "services"),
+        ("spot-trainer:k8s:GpuCapacity", "gpu"), ("spot-trainer:k8s:LoaderJob", "loader"),
+        ("spot-trainer:k8s:RedisQueue", "redis"), ("spot-trainer:k8s:TrainingJob", "training"),
+        ("spot-trainer:storage:FilestoreShare", "share"), ("spot-trainer:storage:SharePreparation", "share-prep"),
+    ]  # fmt: skip
     loose = {
         res.type
         for res in r.resources
