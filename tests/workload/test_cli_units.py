@@ -346,3 +346,84 @@ def test_wait_drained_exits_0_when_drained_and_3_after_its_timeout(server: Redis
     assert code == 3 and "queue not drained after 0s: 1 pending, 0 leased" in err
     code, _, err = run("wait-drained", "--timeout", "0")
     assert code == 2 and "--timeout must be > 0, got '0'" in err
+
+
+# -- status, requeue -------------------------------------------------------------------------------
+def day(run: str, n: int) -> Item:
+    return Item(run, f"training/2018-04-0{n}.parquet", "fraud", n)
+
+
+def test_status_shows_leases_retries_and_dead_letters(server: RedisServer, redis_env: str, run: Run) -> None:
+    code, out, err = run("status")
+    assert code == 0, err
+    assert out.splitlines()[0] == f"queue {redis_env}: 0 items: 0 pending, 0 leased, 0 done, 0 dead-lettered  (drained)"
+    assert out.splitlines()[-1].startswith("the queue was never seeded (or Redis lost its data)")
+    q = queue_of(server, redis_env, max_attempts=3)
+    q.enqueue([day(r, n) for r in ("a", "b", "c") for n in (1, 2)])
+    q.mark_seeded()
+    held, retried, dead = (q.claim(f"w{i}", ttl_s=60) for i in (1, 2, 3))  # one lease per run at a time
+    assert [held.item.run, retried.item.run, dead.item.run] == ["a", "b", "c"]
+    assert q.release(retried, error="disk full") == "pending"  # b: one failed attempt
+    assert q.release(dead, error="cannot read", permanent=True) == "dead"
+    code, out, err = run("status")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"queue {redis_env}: 6 items: 4 pending, 1 leased, 0 done, 1 dead-lettered"
+    assert lines[1] == "run a: 0/2 shards applied, 1 pending, 0 dead-lettered"
+    assert re.fullmatch(rf"  leased: a/training/2018-04-01.parquet by w1 \(token {held.token}\), lease expires in "
+                        r"(59|60)\.\ds", lines[2]), lines[2]
+    assert lines[3:7] == ["run b: 0/2 shards applied, 2 pending, 0 dead-lettered",
+                          "  retrying: b/training/2018-04-01.parquet (1 failed): disk full",
+                          "run c: 0/2 shards applied, 1 pending, 1 dead-lettered",
+                          "  dead: c/training/2018-04-01.parquet after 1 attempt(s): cannot read"]
+    assert len(lines) == 8 and lines[7].startswith("share vs queue: ") and "never seeded" not in out
+
+
+def test_status_says_when_a_lease_expired_and_what_is_retrying(server: RedisServer, redis_env: str,
+                                                               run: Run) -> None:
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("a", 2), day("b", 1)])
+    q.release(q.claim("w1", ttl_s=60), error="timeout reading")
+    q.claim("w1", ttl_s=0.001)  # a's first day again: its lease runs out at once
+    code, out, _ = run("status")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"queue {redis_env}: 3 items: 2 pending, 1 leased, 0 done, 0 dead-lettered"
+    assert re.fullmatch(r"  leased: a/training/2018-04-01.parquet by w1 \(token \d+\), lease EXPIRED \d+\.\ds ago "
+                        r"\(a claim will reap it\)", lines[2]), lines[2]
+    assert lines[3] == "  retrying: a/training/2018-04-01.parquet (1 failed): timeout reading"
+    assert lines[4] == "run b: 0/1 shards applied, 1 pending, 0 dead-lettered"
+
+
+def test_requeue_all_one_run_or_one_item(server: RedisServer, redis_env: str, run: Run) -> None:
+    q = queue_of(server, redis_env)
+    q.enqueue([day(r, 1) for r in "abcdefg"])
+    for _ in "abcdefg":
+        lease = q.claim("w", ttl_s=60)
+        q.release(lease, error=f"broken {lease.item.run}", permanent=True)
+    code, out, err = run("requeue", "--run", "a", "--item", "b/training/2018-04-01.parquet")
+    assert code == 2 and out == "" and one_error_line(err).endswith(
+        "--item 'b/training/2018-04-01.parquet' is not an item of --run 'a' (item ids are <run>/<shard>)")
+    code, out, err = run("requeue", "--run", "a", "--item", "ab/training/2018-04-01.parquet")
+    assert code == 2 and "is not an item of --run 'a'" in err, "run a's items start with 'a/'"
+    code, out, _ = run("requeue", "--item", "a/training/2018-04-01.parquet")
+    assert code == 0 and out.splitlines() == [
+        "requeued 1 dead-lettered item(s) in item a/training/2018-04-01.parquet, attempts reset:",
+        "  a/training/2018-04-01.parquet (was: broken a)",
+        "6 still dead-lettered (malformed, or outside the selection): b/training/2018-04-01.parquet, "
+        "c/training/2018-04-01.parquet, d/training/2018-04-01.parquet, e/training/2018-04-01.parquet, "
+        "f/training/2018-04-01.parquet ..."]
+    code, out, _ = run("requeue", "--run", "b")
+    assert code == 0 and out.splitlines()[:2] == ["requeued 1 dead-lettered item(s) in run b, attempts reset:",
+                                                  "  b/training/2018-04-01.parquet (was: broken b)"]
+    assert out.splitlines()[2].startswith("5 still dead-lettered (malformed, or outside the selection): c/")
+    assert not out.splitlines()[2].endswith(" ..."), "five left: all shown"
+    code, out, _ = run("requeue", "--item", "a/training/2018-04-01.parquet")
+    assert code == 4 and out == "no dead-lettered items to requeue in item a/training/2018-04-01.parquet (5 " \
+                                "dead-lettered in total)\n"
+    code, out, _ = run("requeue", "--run", "a")
+    assert code == 0 and out == "no dead-lettered items to requeue in run a (5 dead-lettered in total)\n"
+    code, out, _ = run("requeue")
+    assert code == 0 and out.splitlines()[0] == "requeued 5 dead-lettered item(s) in all runs, attempts reset:"
+    assert len(out.splitlines()) == 6 and q.counts().dead == 0
+    code, out, _ = run("requeue")
+    assert code == 0 and out == "no dead-lettered items to requeue in all runs (0 dead-lettered in total)\n"
