@@ -148,6 +148,9 @@ def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.parametrize("name", sorted(SECONDS))
 def test_the_worker_refuses_a_bad_seconds_variable_naming_it(name: str, monkeypatch: pytest.MonkeyPatch,
                                                              run: Run) -> None:
+    for other, seconds in (("REDIS_RETRY_SECONDS", "0.1"), ("INFRA_GIVE_UP_SECONDS", "0.1")):
+        monkeypatch.setenv(other, seconds)  # a worker that wrongly started gives up in a second, not minutes
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv(name, "soon")
     code, out, err = run("worker")
     assert code == 2 and out == ""
@@ -221,9 +224,8 @@ def test_simulation_spec_and_its_source() -> None:
     assert cli.simulation_spec(parse("seed")) == small
     assert cli.simulated_source(small) == ("simulator:customers=2500,terminals=2000,train_days=21,test_days=7,"
                                            "start_date=2018-04-01,seed=1,radius=5.0")
-    spec = cli.simulation_spec(parse("seed", "--preset", "cluster", "--customers", "10", "--terminals", "20",
-                                     "--train-days", "3", "--test-days", "2", "--start-date", "2019-01-02",
-                                     "--sim-seed", "0"))
+    spec = cli.simulation_spec(parse("seed", "--customers", "10", "--terminals", "20", "--train-days", "3",
+                                     "--test-days", "2", "--start-date", "2019-01-02", "--sim-seed", "0"))
     assert asdict(spec) == {"customers": 10, "terminals": 20, "train_days": 3, "test_days": 2,
                             "start_date": "2019-01-02", "seed": 0, "radius": 5.0}, "seed 0 is a seed, not none"
     assert cli.simulation_spec(parse("seed", "--preset", "cluster", "--train-days", "5")) == \
@@ -392,6 +394,7 @@ def test_status_says_when_a_lease_expired_and_what_is_retrying(server: RedisServ
                         r"\(a claim will reap it\)", lines[2]), lines[2]
     assert lines[3] == "  retrying: a/training/2018-04-01.parquet (1 failed): timeout reading"
     assert lines[4] == "run b: 0/1 shards applied, 1 pending, 0 dead-lettered"
+    assert "never seeded" not in out, "a queue with work in it was seeded, whatever its flag says"
 
 
 def test_requeue_all_one_run_or_one_item(server: RedisServer, redis_env: str, run: Run) -> None:
