@@ -126,12 +126,14 @@ def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, cli: 
 @pytest.mark.parametrize(("args", "message"), [
     (["seed", "--run", "../etc"], "run name '../etc' is not allowed"),
     (["seed", "--preset", "huge"], "--preset 'huge' is unknown; allowed: ['cluster', 'small']"),
+    (["seed", "--dataset", "../x"], "--dataset '../x' is not allowed: use 1-63 letters"),
     (["worker", "--lease-ttl", "0"], "--lease-ttl must be > 0"),
     (["seed", "--customers", "many"], "--customers must be a int, got 'many'"),
 ])
 def test_usage_errors_name_the_flag_and_exit_2(cluster: Cluster, cli: Cli, args: list[str], message: str) -> None:
     out = cli(cluster, *args)
     assert out.returncode == 2 and message in out.stderr
+    assert not (cluster.share / "datasets" / "fraud").exists() and not (cluster.share / "runs").exists()
 
 
 def test_runs_file_errors(cluster: Cluster, cli: Cli, tmp_path: Path) -> None:
