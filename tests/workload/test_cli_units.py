@@ -104,7 +104,7 @@ def test_env_seconds_reads_a_positive_number_or_names_the_variable(monkeypatch: 
         with pytest.raises(cli.UsageError) as err:
             cli.env_seconds("STALL_SECONDS", 7)
         assert str(err.value) == f"STALL_SECONDS={text!r} is not a number of seconds"
-    for text in ("0", "-1", "-0.5"):
+    for text in ("0", "-1", "-0.5", "nan", "NaN"):  # a NaN budget never runs out: retries or waits forever
         monkeypatch.setenv("STALL_SECONDS", text)
         with pytest.raises(cli.UsageError) as err:
             cli.env_seconds("STALL_SECONDS", 7)
@@ -169,6 +169,8 @@ def test_the_worker_refuses_bad_flags_and_variables(monkeypatch: pytest.MonkeyPa
     assert code == 2 and "--max-attempts must be > 0, got '0'" in err
     code, _, err = run("worker", "--checkpoint-interval", "0")
     assert code == 2 and "--checkpoint-interval must be > 0, got '0'" in err
+    code, _, err = run("worker", "--lease-ttl", "nan")
+    assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got 'nan'" in err
     monkeypatch.setenv("MAX_ATTEMPTS", "many")  # read when the parser is built: Python's own error
     with pytest.raises(ValueError, match="many"):
         cli.parser()
@@ -348,6 +350,9 @@ def test_wait_drained_exits_0_when_drained_and_3_after_its_timeout(server: Redis
     assert code == 3 and "queue not drained after 0s: 1 pending, 0 leased" in err
     code, _, err = run("wait-drained", "--timeout", "0")
     assert code == 2 and "--timeout must be > 0, got '0'" in err
+    for flag in ("--timeout", "--poll"):  # NaN: a wait that never ends, or time.sleep(nan)'s traceback
+        code, _, err = run("wait-drained", flag, "nan")
+        assert code == 2 and f"argument {flag}: {flag} must be > 0, got 'nan'" in err
 
 
 # -- status, requeue -------------------------------------------------------------------------------
