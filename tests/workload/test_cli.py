@@ -70,8 +70,9 @@ def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> 
         return Ran(code, out.out, out.err)
 
     yield run
-    for handler in logging.root.handlers[:]:  # bound to capsys's stream, closed after the test
-        logging.root.removeHandler(handler)
+    for handler in logging.root.handlers[:]:  # cli.setup_logging's, bound to capsys's stream (closed after the
+        if type(handler) is logging.StreamHandler:  # test); pytest's own handlers are subclasses: kept
+            logging.root.removeHandler(handler)
 
 
 def seed(cli: Cli, cluster: Cluster, runs: dict[str, dict] | None = None) -> None:

@@ -44,8 +44,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
     yield monkeypatch
-    for handler in logging.root.handlers[:]:  # cli.main's, bound to capsys's stream: closed after the test
-        logging.root.removeHandler(handler)
+    for handler in logging.root.handlers[:]:  # cli.setup_logging's, bound to capsys's stream (closed after the
+        if type(handler) is logging.StreamHandler:  # test); pytest's own handlers are subclasses: kept
+            logging.root.removeHandler(handler)
 
 
 @pytest.fixture(scope="module")
