@@ -264,7 +264,8 @@ GROUPS: tuple[Group, ...] = (
         ("tests/workload/test_report.py", "tests/model/test_plots.py"),
     ),
     # export and score run in-process through cli.main in test_export.py (export, score, their refusals);
-    # cli.py's other verbs are driven by test_cli.py and test_help.py, partly as `python -m workload` processes.
+    # cli.py's other verbs run in-process too, in test_cli.py (whole commands; only Ctrl-C and a second `local` need
+    # processes of their own) and test_cli_units.py (its functions one by one); test_help.py checks the parser.
     Group(
         "export",
         ("workload/model/export.py", "workload/model/score.py"),
@@ -277,7 +278,11 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "cli",
         ("workload/cli.py",),
-        ("tests/workload/test_cli.py", "tests/workload/test_help.py", "tests/workload/test_export.py"),
+        ("tests/workload/test_cli.py", "tests/workload/test_cli_units.py", "tests/workload/test_help.py",
+         "tests/workload/test_export.py", "tests/workload/test_scoring.py", "tests/workload/test_rare_paths.py"),
+        # test_scoring.py (21 s) and test_rare_paths.py (5 s) call cli.main in-process for score and export: a
+        # mutant of score_cmd or data_reading had 3 tests before them. tests/model/test_calibration.py does too, but
+        # takes 100 s (its calibration fits) for one export and one score, verbs the files above already run.
         jobs_per_core=2,
         # test_export.py's sweep is `python -m workload local`, which does run cli.py: with the sweep kept, a mutant
         # that breaks `local` is no longer killed by the sweep failing, only by the tests that call cli in-process

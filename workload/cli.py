@@ -71,7 +71,7 @@ def positive(kind: type, what: str) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{what} must be a {kind.__name__}, got {text!r}") from None
-        if value <= 0:
+        if not value > 0:  # NaN too: every comparison with it is False, so `<= 0` would let it through
             raise argparse.ArgumentTypeError(f"{what} must be > 0, got {text!r}")
         return value
     return parse
@@ -101,7 +101,7 @@ def env_seconds(name: str, default: float) -> float:
         value = float(text) if text is not None else default
     except ValueError:
         raise UsageError(f"{name}={text!r} is not a number of seconds") from None
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise UsageError(f"{name}={text!r} is not allowed: it must be > 0")
     return value
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -12,11 +13,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from exports import one_error_line
 from harness import HPARAMS, ROOT, Cluster, interruptible
+
+from workload.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,23 +40,64 @@ def processes_with_env(entry: str) -> list[int]:
     return found
 
 
-def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workload", *args], env=cluster.env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+@dataclass
+class Ran:
+    """What a command did: its exit status and what it printed (the fields of a CompletedProcess)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_seed_twice_changes_nothing(cluster: Cluster) -> None:
-    cluster.seed({"a": HPARAMS, "b": {}})
+Cli = Callable[..., Ran]
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
+    """`python -m workload ARGS` with the cluster's environment, run in this process (no interpreter start-up,
+    and `make mutation` sees which of cli.py's functions each test runs): exit status, stdout, stderr.
+    setup_logging attaches its handler to sys.stderr as it is at the call, capsys's, so the logs are caught."""
+
+    def run(cluster: Cluster | None, *args: str, **extra: str) -> Ran:
+        for name, value in (cluster.env(**extra) if cluster else extra).items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()  # what came before is not this command's
+        try:
+            code = cli_main(list(args))
+        except SystemExit as exc:  # argparse refuses a flag's value: exit 2 with its usage message
+            code = exc.code
+        out = capsys.readouterr()
+        return Ran(code, out.out, out.err)
+
+    yield run
+    for handler in logging.root.handlers[:]:  # cli.setup_logging's, bound to capsys's stream (closed after the
+        if type(handler) is logging.StreamHandler:  # test); pytest's own handlers are subclasses: kept
+            logging.root.removeHandler(handler)
+
+
+def seed(cli: Cli, cluster: Cluster, runs: dict[str, dict] | None = None) -> None:
+    """Cluster.seed in this process: the tiny dataset on the share, then `seed --runs-file`."""
+    target = cluster.share / "datasets" / "fraud"
+    if not target.exists():
+        shutil.copytree(cluster.dataset_src, target)
+    runs_file = cluster.share.parent / "runs.json"
+    runs_file.write_text(json.dumps(runs or {"main": HPARAMS}))
+    out = cli(cluster, "seed", "--runs-file", str(runs_file))
+    assert out.returncode == 0, out.stderr
+
+
+def test_seed_twice_changes_nothing(cluster: Cluster, cli: Cli) -> None:
+    seed(cli, cluster, {"a": HPARAMS, "b": {}})
     manifest = (cluster.share / "datasets" / "fraud" / "manifest.json").read_text()
     first = cluster.counts()
     out = cli(cluster, "seed", "--run", "a", "--run", "b")
     assert out.returncode == 2 and "run 'a' already exists with hyperparameters" in out.stderr  # a's spec differs
-    cluster.seed({"a": HPARAMS, "b": {}})
+    seed(cli, cluster, {"a": HPARAMS, "b": {}})
     assert cluster.counts() == first and first.total == 12
     assert (cluster.share / "datasets" / "fraud" / "manifest.json").read_text() == manifest
 
 
-def test_seed_stores_every_days_features_once(cluster: Cluster) -> None:
+def test_seed_stores_every_days_features_once(cluster: Cluster, cli: Cli) -> None:
     out = cli(cluster, "seed", "--datasets", str(cluster.dataset_src), "--run", "a")
     assert out.returncode == 0, out.stderr
     root = cluster.share / "datasets" / "fraud"
@@ -63,7 +109,7 @@ def test_seed_stores_every_days_features_once(cluster: Cluster) -> None:
     assert "0 day(s) computed" in again.stderr and f"{len(days)} already stored" in again.stderr
 
 
-def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, tmp_path: Path) -> None:
+def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, cli: Cli, tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(cluster.dataset_src, src)
     (src / "manifest.json").unlink()
@@ -81,15 +127,17 @@ def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, tmp_p
 @pytest.mark.parametrize(("args", "message"), [
     (["seed", "--run", "../etc"], "run name '../etc' is not allowed"),
     (["seed", "--preset", "huge"], "--preset 'huge' is unknown; allowed: ['cluster', 'small']"),
+    (["seed", "--dataset", "../x"], "--dataset '../x' is not allowed: use 1-63 letters"),
     (["worker", "--lease-ttl", "0"], "--lease-ttl must be > 0"),
     (["seed", "--customers", "many"], "--customers must be a int, got 'many'"),
 ])
-def test_usage_errors_name_the_flag_and_exit_2(cluster: Cluster, args: list[str], message: str) -> None:
+def test_usage_errors_name_the_flag_and_exit_2(cluster: Cluster, cli: Cli, args: list[str], message: str) -> None:
     out = cli(cluster, *args)
     assert out.returncode == 2 and message in out.stderr
+    assert not (cluster.share / "datasets" / "fraud").exists() and not (cluster.share / "runs").exists()
 
 
-def test_runs_file_errors(cluster: Cluster, tmp_path: Path) -> None:
+def test_runs_file_errors(cluster: Cluster, cli: Cli, tmp_path: Path) -> None:
     bad = tmp_path / "runs.json"
     bad.write_text(json.dumps({"main": {"learning_rate": 1}}))
     out = cli(cluster, "seed", "--runs-file", str(bad))
@@ -107,15 +155,15 @@ def test_runs_file_errors(cluster: Cluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("password", "message"), [("not-it", "refused the password"), ("", "requires a password")])
-def test_a_bad_password_fails_at_once_with_a_clear_error(cluster: Cluster, password: str, message: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "workload", "status"], cwd=ROOT, capture_output=True, text=True,
-                         env={**cluster.env(), "REDIS_PASSWORD": password}, timeout=60)
+def test_a_bad_password_fails_at_once_with_a_clear_error(cluster: Cluster, cli: Cli, password: str,
+                                                          message: str) -> None:
+    out = cli(cluster, "status", REDIS_PASSWORD=password)
     assert out.returncode == 2 and message in out.stderr
     assert "not-it" not in out.stderr, "the password must not be logged"
 
 
-def test_status_shows_progress_leases_and_figures(cluster: Cluster) -> None:
-    cluster.seed()
+def test_status_shows_progress_leases_and_figures(cluster: Cluster, cli: Cli) -> None:
+    seed(cli, cluster)
     out = cli(cluster, "status")
     assert out.returncode == 0 and "6 items: 6 pending, 0 leased, 0 done" in out.stdout
     cluster.start_worker("w", PLOT_INTERVAL_SECONDS="3600")
@@ -163,7 +211,7 @@ def test_ctrl_c_on_local_stops_everything_and_the_next_run_resumes(tmp_path: Pat
     ({"main": {"epochs": 2.7}}, "run 'main': epochs=2.7 is not allowed; must be a whole number"),
     ({"a": {"seed": 1}, "b": {"seed": 1}}, "runs 'a' and 'b' have the same hyperparameters"),
 ])
-def test_a_bad_runs_file_is_refused_naming_the_file_and_nothing_is_recorded(cluster: Cluster, runs: dict,
+def test_a_bad_runs_file_is_refused_naming_the_file_and_nothing_is_recorded(cluster: Cluster, cli: Cli, runs: dict,
                                                                            message: str) -> None:
     shutil.copytree(cluster.dataset_src, cluster.share / "datasets" / "fraud")
     runs_file = cluster.share.parent / "sweep.json"
@@ -176,7 +224,7 @@ def test_a_bad_runs_file_is_refused_naming_the_file_and_nothing_is_recorded(clus
     assert not (cluster.share / "runs").exists() and cluster.counts().total == 0
 
 
-def test_status_fails_fast_when_redis_is_unreachable(cluster: Cluster) -> None:
+def test_status_fails_fast_when_redis_is_unreachable(cluster: Cluster, cli: Cli) -> None:
     cluster.server.kill()
     started = time.monotonic()
     out = cli(cluster, "status")
@@ -184,10 +232,10 @@ def test_status_fails_fast_when_redis_is_unreachable(cluster: Cluster) -> None:
     assert time.monotonic() - started < 15, "status is for a person at a terminal: seconds, not minutes"
 
 
-def test_status_fails_fast_when_redis_is_frozen(cluster: Cluster) -> None:
+def test_status_fails_fast_when_redis_is_frozen(cluster: Cluster, cli: Cli) -> None:
     """A frozen Redis accepts the connection and never answers: only the call timeout ends the wait
     (about 4 s; a bound of 15 s stays clear of a loaded machine and of the 40 s a worker's timeout gives)."""
-    cluster.seed()
+    seed(cli, cluster)
     cluster.server.proc.send_signal(signal.SIGSTOP)
     try:
         started = time.monotonic()
@@ -199,7 +247,7 @@ def test_status_fails_fast_when_redis_is_frozen(cluster: Cluster) -> None:
     assert took < 15, f"status took {took:.1f}s against a frozen Redis"
 
 
-def test_a_killed_seeders_temporary_folder_is_cleaned(cluster: Cluster) -> None:
+def test_a_killed_seeders_temporary_folder_is_cleaned(cluster: Cluster, cli: Cli) -> None:
     datasets = cluster.share / "datasets"
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -208,12 +256,12 @@ def test_a_killed_seeders_temporary_folder_is_cleaned(cluster: Cluster) -> None:
     (stale / "training" / "half.parquet").write_bytes(b"PAR1")
     busy = datasets / f".other.tmp-another-pod-{os.getpid()}"  # another pod's, still being written
     busy.mkdir()
-    cluster.seed()
+    seed(cli, cluster)
     assert not stale.exists(), "a dead seeder's temporary folder survived"
     assert busy.exists(), "a live seeder's folder on another pod must be left alone"
 
 
-def test_a_second_local_on_the_same_folder_refuses_and_a_killed_local_leaves_nothing(tmp_path: Path) -> None:
+def test_a_second_local_on_the_same_folder_refuses_and_a_killed_local_leaves_nothing(tmp_path: Path, cli: Cli) -> None:
     base = tmp_path / "local"
     runs = tmp_path / "runs.json"
     runs.write_text(json.dumps({"main": {"epochs": 200}}))
@@ -228,7 +276,7 @@ def test_a_second_local_on_the_same_folder_refuses_and_a_killed_local_leaves_not
     while not list(base.glob("logs/worker-*.log")):
         assert time.monotonic() < deadline and first.poll() is None
         time.sleep(0.2)
-    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    second = cli(None, *cmd[3:])  # refused before it starts anything: this process will do
     assert second.returncode == 2 and f"another `make local` (pid {first.pid}) is running on {base}" in second.stderr
     first.send_signal(signal.SIGKILL)  # a closed terminal or a second Ctrl-C could leave no time to clean up
     first.wait()
@@ -246,10 +294,10 @@ def _listening(port: int) -> bool:
         return False
 
 
-def test_exit_codes_and_requeue(cluster: Cluster) -> None:
+def test_exit_codes_and_requeue(cluster: Cluster, cli: Cli) -> None:
     """0 all done; 4 drained with dead letters; `requeue` brings them back and they train."""
     quick = {**HPARAMS, "epochs": 4}  # what is tested is the queue's verdict, not the model
-    cluster.seed({"main": quick, "bad": {**quick, "seed": 1}})
+    seed(cli, cluster, {"main": quick, "bad": {**quick, "seed": 1}})
     (cluster.share / "runs" / "bad.json").write_text('{"run": "bad", "dataset": "fraud", "hparams": {"lr": 5}}')
     cluster.start_worker("w")
     assert cluster.wait_all() == [4], cluster.log("w")

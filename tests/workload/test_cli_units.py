@@ -1,0 +1,435 @@
+"""cli.py's pieces in this process, against a real Redis and real files: the worker's settings from its
+environment, the runs and the simulator's spec a seed reads, how a user's files are read, where a dataset
+comes from, the queue a command opens, `status` and `requeue` line by line, `wait-drained`'s verdict.
+(test_cli.py drives whole commands; `make mutation` runs these for each of cli.py's mutants.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from exports import one_error_line
+
+from workload import cli
+from workload.core import preemption
+from workload.data import dataset as ds
+from workload.data import features, simulator
+from workload.data.reading import Reading
+from workload.model.hparams import parse_runs
+from workload.queue.workqueue import CALL_TIMEOUT_S, Item, WorkQueue, connect
+from workload.runtime.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(120)
+
+# Every variable cli.py reads: each test starts with none of them set, whatever the shell running pytest has.
+ENV = ("SHARE_DIR", "REDIS_URL", "REDIS_PASSWORD", "QUEUE_PREFIX", "MAX_ATTEMPTS", "RUNS_FILE", "DATASETS_SRC",
+       "DATASET", "DATASET_PRESET", "DATASET_COLUMNS", "DATASET_DATETIME_FORMAT", "WORKER_ID", "LEASE_TTL_SECONDS",
+       "CHECKPOINT_INTERVAL_SECONDS", "TORCH_THREADS", "OUTPUT_URI", "REDIS_RETRY_SECONDS", "PLOT_INTERVAL_SECONDS",
+       "INFRA_GIVE_UP_SECONDS", "STALL_SECONDS", "TERM_GRACE_SECONDS", "LOG_LEVEL")
+SECONDS = {"REDIS_RETRY_SECONDS": "redis_retry_s", "PLOT_INTERVAL_SECONDS": "plot_interval_s",
+           "INFRA_GIVE_UP_SECONDS": "infra_give_up_s", "STALL_SECONDS": "stall_s",
+           "TERM_GRACE_SECONDS": "term_grace_s"}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    yield monkeypatch
+    for handler in logging.root.handlers[:]:  # cli.setup_logging's, bound to capsys's stream (closed after the
+        if type(handler) is logging.StreamHandler:  # test); pytest's own handlers are subclasses: kept
+            logging.root.removeHandler(handler)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.kill()
+
+
+@pytest.fixture
+def redis_env(server: RedisServer, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+              tmp_path: Path) -> str:
+    """The module's Redis in the environment, under a queue prefix of this test's own; returns the prefix."""
+    prefix = f"t{abs(hash(request.node.nodeid)) % 10**9}"
+    for name, value in (("REDIS_URL", server.url), ("REDIS_PASSWORD", server.password), ("QUEUE_PREFIX", prefix),
+                        ("SHARE_DIR", str(tmp_path / "share"))):
+        monkeypatch.setenv(name, value)
+    return prefix
+
+
+def queue_of(server: RedisServer, prefix: str, max_attempts: int = 5) -> WorkQueue:
+    return WorkQueue(connect(server.url, server.password), prefix, max_attempts=max_attempts)
+
+
+def parse(*argv: str):
+    return cli.parser().parse_args(list(argv))
+
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    """`python -m workload ARGS` in this process: exit status (argparse's SystemExit included), stdout, stderr."""
+
+    def go(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return go
+
+
+# -- env_seconds, worker_config ----------------------------------------------------------------------
+def test_env_seconds_reads_a_positive_number_or_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.env_seconds("STALL_SECONDS", 7) == 7
+    for text, value in (("2.5", 2.5), ("0.001", 0.001), ("90", 90.0), ("1e3", 1000.0)):
+        monkeypatch.setenv("STALL_SECONDS", text)
+        assert cli.env_seconds("STALL_SECONDS", 7) == value
+    for text in ("soon", "", "5s"):
+        monkeypatch.setenv("STALL_SECONDS", text)
+        with pytest.raises(cli.UsageError) as err:
+            cli.env_seconds("STALL_SECONDS", 7)
+        assert str(err.value) == f"STALL_SECONDS={text!r} is not a number of seconds"
+    for text in ("0", "-1", "-0.5", "nan", "NaN"):  # a NaN budget never runs out: retries or waits forever
+        monkeypatch.setenv("STALL_SECONDS", text)
+        with pytest.raises(cli.UsageError) as err:
+            cli.env_seconds("STALL_SECONDS", 7)
+        assert str(err.value) == f"STALL_SECONDS={text!r} is not allowed: it must be > 0"
+
+
+def test_worker_config_defaults() -> None:
+    cfg = cli.worker_config(parse("worker"))
+    assert cfg.share == Path("/mnt/share") and cfg.redis_url == "redis://localhost:6379/0"
+    assert cfg.redis_password is None and cfg.prefix == "spottrain"
+    assert cfg.worker_id == f"{socket.gethostname()}-{os.getpid()}"
+    assert (cfg.lease_ttl_s, cfg.checkpoint_interval_s, cfg.max_attempts) == (30.0, 10.0, 5)
+    assert (cfg.redis_retry_s, cfg.plot_interval_s, cfg.infra_give_up_s, cfg.stall_s) == (300, 30, 300, 300)
+    assert cfg.term_grace_s == preemption.STOP_WITHIN_S == 13
+    assert parse("worker").threads is None
+
+
+def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {"SHARE_DIR": "/data/share", "REDIS_URL": "redis://r:1/2", "REDIS_PASSWORD": "pw", "QUEUE_PREFIX": "q",
+              "MAX_ATTEMPTS": "9", "WORKER_ID": "pod-1", "LEASE_TTL_SECONDS": "12.5",
+              "CHECKPOINT_INTERVAL_SECONDS": "4", "TORCH_THREADS": "3", "REDIS_RETRY_SECONDS": "11",
+              "PLOT_INTERVAL_SECONDS": "12", "INFRA_GIVE_UP_SECONDS": "13", "STALL_SECONDS": "14",
+              "TERM_GRACE_SECONDS": "8"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    args = parse("worker")
+    cfg = cli.worker_config(args)
+    assert cfg.share == Path("/data/share") and cfg.redis_url == "redis://r:1/2" and cfg.redis_password == "pw"
+    assert (cfg.prefix, cfg.worker_id, cfg.max_attempts) == ("q", "pod-1", 9)
+    assert (cfg.lease_ttl_s, cfg.checkpoint_interval_s, args.threads) == (12.5, 4.0, 3)
+    assert {var: getattr(cfg, field) for var, field in SECONDS.items()} == {
+        "REDIS_RETRY_SECONDS": 11, "PLOT_INTERVAL_SECONDS": 12, "INFRA_GIVE_UP_SECONDS": 13, "STALL_SECONDS": 14,
+        "TERM_GRACE_SECONDS": 8}
+    flags = cli.worker_config(parse("worker", "--share", "/s", "--redis-url", "redis://x:3/0", "--queue-prefix", "p",
+                                    "--max-attempts", "2", "--worker-id", "me", "--lease-ttl", "6",
+                                    "--checkpoint-interval", "1.5"))
+    assert (flags.share, flags.redis_url, flags.prefix, flags.max_attempts, flags.worker_id, flags.lease_ttl_s,
+            flags.checkpoint_interval_s) == (Path("/s"), "redis://x:3/0", "p", 2, "me", 6.0, 1.5), "flags win"
+
+
+@pytest.mark.parametrize("name", sorted(SECONDS))
+def test_the_worker_refuses_a_bad_seconds_variable_naming_it(name: str, monkeypatch: pytest.MonkeyPatch,
+                                                             run: Run) -> None:
+    for other, seconds in (("REDIS_RETRY_SECONDS", "0.1"), ("INFRA_GIVE_UP_SECONDS", "0.1")):
+        monkeypatch.setenv(other, seconds)  # a worker that wrongly started gives up in a second, not minutes
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv(name, "soon")
+    code, out, err = run("worker")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(f"ERROR workload: {name}='soon' is not a number of seconds")
+    monkeypatch.setenv(name, "0")
+    code, _, err = run("worker")
+    assert code == 2 and one_error_line(err).endswith(f"{name}='0' is not allowed: it must be > 0")
+
+
+def test_the_worker_refuses_bad_flags_and_variables(monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+    code, _, err = run("worker", "--lease-ttl", "-1")
+    assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got '-1'" in err
+    code, _, err = run("worker", "--threads", "two")
+    assert code == 2 and "argument --threads: --threads must be a int, got 'two'" in err
+    code, _, err = run("worker", "--max-attempts", "0")
+    assert code == 2 and "--max-attempts must be > 0, got '0'" in err
+    code, _, err = run("worker", "--checkpoint-interval", "0")
+    assert code == 2 and "--checkpoint-interval must be > 0, got '0'" in err
+    code, _, err = run("worker", "--lease-ttl", "nan")
+    assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got 'nan'" in err
+
+
+# -- make_queue ------------------------------------------------------------------------------------
+def test_make_queue_connects_with_the_password_prefix_and_retry_asked(server: RedisServer, redis_env: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    args = parse("worker", "--max-attempts", "7")
+    q = cli.make_queue(args)
+    assert q.redis.ping() and q.keys.items == f"{redis_env}:items"
+    assert (q.max_attempts, q.retry_for_s) == (7, 300)
+    assert q.redis.connection_pool.connection_kwargs["socket_timeout"] == CALL_TIMEOUT_S
+    assert q.redis.connection_pool.connection_kwargs["password"] == server.password
+    monkeypatch.setenv("REDIS_RETRY_SECONDS", "42")
+    status_args = parse("status")
+    q = cli.make_queue(status_args)
+    assert (q.max_attempts, q.retry_for_s) == (5, 42), "status has no --max-attempts: 5"
+    q = cli.make_queue(status_args, retry_for_s=3.0, call_timeout_s=0.75)
+    assert q.retry_for_s == 3.0 and q.redis.connection_pool.connection_kwargs["socket_timeout"] == 0.75
+    monkeypatch.setenv("REDIS_PASSWORD", "wrong")
+    q = cli.make_queue(status_args, server.password)
+    assert q.redis.ping(), "a password given (a local folder's) wins over REDIS_PASSWORD"
+
+
+# -- load_runs, simulation_spec, simulated_source --------------------------------------------------
+def test_load_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.load_runs(parse("seed")) == parse_runs({"main": {}}, "--run")
+    assert cli.load_runs(parse("seed", "--run", "a", "--run", "b")) == parse_runs({"a": {}, "b": {}}, "--run")
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"wide": {"hidden": [8]}, "a": {"epochs": 3}}))
+    runs = cli.load_runs(parse("seed", "--runs-file", str(sweep), "--run", "a", "--run", "b"))
+    assert runs == parse_runs({"wide": {"hidden": [8]}, "a": {"epochs": 3}, "b": {}}, "-"), \
+        "a --run named in the file keeps the file's hyperparameters"
+    monkeypatch.setenv("RUNS_FILE", str(sweep))
+    assert set(cli.load_runs(parse("seed"))) == {"wide", "a"}
+    missing = tmp_path / "none.json"
+    with pytest.raises(cli.UsageError, match=rf"^--runs-file {missing}: cannot read it as JSON \{{run name: "
+                                             r"\{hyperparameters\}\}: \[Errno 2\] No such file"):
+        cli.load_runs(parse("seed", "--runs-file", str(missing)))
+    sweep.write_text(json.dumps(["a"] * 40))
+    with pytest.raises(cli.UsageError) as err:
+        cli.load_runs(parse("seed", "--runs-file", str(sweep)))
+    assert str(err.value) == (f"--runs-file {sweep}: expected a non-empty object {{run name: {{hyperparameters}}}}, "
+                              f"got {json.dumps(['a'] * 40)[:80]}")
+    monkeypatch.delenv("RUNS_FILE")
+    with pytest.raises(cli.UsageError, match=r"^--run: run name 'a b' is not allowed"):
+        cli.load_runs(parse("seed", "--run", "a b"))
+
+
+def test_simulation_spec_and_its_source() -> None:
+    small = simulator.PRESETS["small"]
+    assert cli.simulation_spec(parse("seed")) == small
+    assert cli.simulated_source(small) == ("simulator:customers=2500,terminals=2000,train_days=21,test_days=7,"
+                                           "start_date=2018-04-01,seed=1,radius=5.0")
+    spec = cli.simulation_spec(parse("seed", "--customers", "10", "--terminals", "20", "--train-days", "3",
+                                     "--test-days", "2", "--start-date", "2019-01-02", "--sim-seed", "0"))
+    assert asdict(spec) == {"customers": 10, "terminals": 20, "train_days": 3, "test_days": 2,
+                            "start_date": "2019-01-02", "seed": 0, "radius": 5.0}, "seed 0 is a seed, not none"
+    assert cli.simulation_spec(parse("seed", "--preset", "cluster", "--train-days", "5")) == \
+        simulator.SimulationSpec(customers=5000, terminals=10000, train_days=5, test_days=7, start_date="2018-04-01",
+                                 seed=0)
+    with pytest.raises(cli.UsageError) as err:
+        cli.simulation_spec(parse("seed", "--preset", "Small"))
+    assert str(err.value) == "--preset 'Small' is unknown; allowed: ['cluster', 'small']"
+
+
+def test_the_preset_comes_from_dataset_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATASET_PRESET", "cluster")
+    assert cli.simulation_spec(parse("seed")) == simulator.PRESETS["cluster"]
+    assert cli.simulation_spec(parse("seed", "--preset", "small")) == simulator.PRESETS["small"]
+
+
+# -- data_reading ----------------------------------------------------------------------------------
+def test_data_reading_from_flags_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.data_reading(parse("seed")) == Reading(columns=(), datetime_format=None)
+    mapping = tmp_path / "columns.yaml"
+    mapping.write_text("ts: TX_DATETIME\ncard: CUSTOMER_ID\n")
+    assert cli.data_reading(parse("seed", "--columns", str(mapping), "--datetime-format", "%d/%m/%Y %H:%M")) == \
+        Reading(columns=(("card", "CUSTOMER_ID"), ("ts", "TX_DATETIME")), datetime_format="%d/%m/%Y %H:%M")
+    monkeypatch.setenv("DATASET_COLUMNS", json.dumps({"when": "TX_DATETIME"}))
+    monkeypatch.setenv("DATASET_DATETIME_FORMAT", "epoch-ms")
+    assert cli.data_reading(parse("score", "--model", "m", "--datasets", "d")) == \
+        Reading(columns=(("when", "TX_DATETIME"),), datetime_format="epoch-ms")
+    assert cli.data_reading(parse("seed", "--columns", str(mapping))).columns == \
+        (("card", "CUSTOMER_ID"), ("ts", "TX_DATETIME")), "--columns wins over DATASET_COLUMNS"
+    assert cli.data_reading(parse("seed", "--datetime-format", "epoch-s")).datetime_format == "epoch-s"
+    monkeypatch.setenv("DATASET_COLUMNS", "")
+    assert cli.data_reading(parse("seed")).columns == ()
+
+
+@pytest.mark.parametrize(("argv", "columns", "message"), [
+    ((), "card: CUSTOMER_ID", "DATASET_COLUMNS: not a JSON mapping of your column names to ours "
+                              "(Expecting value: line 1 column 1 (char 0))"),
+    ((), '{"card": "NOPE"}', "DATASET_COLUMNS: 'card' maps to unknown column 'NOPE'; allowed: "),
+    ((), "[]", "DATASET_COLUMNS: expected a mapping of your column names to ours"),
+    (("--datetime-format", "%H:%M"), "", "--datetime-format '%H:%M' is not a date format; give strftime directives"),
+    (("--columns", "{missing}"), "", "--columns {missing}: cannot read it (No such file or directory)"),
+    (("--columns", "{mapping}", "--datetime-format", "%Y"), "", "--datetime-format '%Y' is not a date format"),
+])
+def test_data_reading_errors_name_the_flag_or_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       argv: tuple[str, ...], columns: str, message: str) -> None:
+    (tmp_path / "m.json").write_text('{"card": "CUSTOMER_ID"}')
+    names = {"missing": tmp_path / "nothing.yaml", "mapping": tmp_path / "m.json"}
+    if columns:
+        monkeypatch.setenv("DATASET_COLUMNS", columns)
+    with pytest.raises(cli.UsageError) as err:
+        cli.data_reading(parse("seed", *(a.format(**names) for a in argv)))
+    assert str(err.value).startswith(message.format(**names)), str(err.value)
+
+
+# -- place_dataset, store_features -----------------------------------------------------------------
+TINY_ARGS = ("--customers", "20", "--terminals", "10", "--train-days", "2", "--test-days", "1", "--sim-seed", "3")
+
+
+def test_place_dataset_simulates_once_and_keeps_one_source(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "workload")
+    root = tmp_path / "datasets" / "sim"
+    root.parent.mkdir(parents=True)
+    args = parse("seed", *TINY_ARGS)
+    assert cli.place_dataset(args, root) == 0
+    uri = cli.simulated_source(cli.simulation_spec(args))
+    manifest = ds.read_manifest(root)
+    assert manifest["source"] == uri
+    assert sorted(f["path"] for f in manifest["files"]) == [
+        "testing/2018-04-03.parquet", "training/2018-04-01.parquet", "training/2018-04-02.parquet"]
+    assert sorted(os.listdir(root.parent)) == [".sim.lock", "sim"], "the simulator's temporary folder is gone"
+    caplog.clear()
+    assert cli.place_dataset(args, root) == 0
+    assert f"dataset {root} ({uri}) is already on the share" in caplog.messages
+    with pytest.raises(ds.DatasetError, match=f"dataset 'sim' on the share was published from {uri}; refusing to "
+                                              "feed it from simulator:.*seed=4"):
+        cli.place_dataset(parse("seed", *TINY_ARGS[:-1], "4"), root)
+    by_hand = tmp_path / "datasets" / "hand"
+    shutil.copytree(root, by_hand)
+    unsourced = ds.read_manifest(by_hand)
+    del unsourced["source"]
+    (by_hand / ds.MANIFEST).write_text(json.dumps(unsourced))
+    caplog.clear()
+    assert cli.place_dataset(parse("seed", *TINY_ARGS[:-1], "4"), by_hand) == 0
+    assert caplog.messages == [f"dataset {by_hand} is already on the share: not touching it"]
+
+
+def test_place_dataset_publishes_a_folder_and_counts_new_scoring_days(tmp_path: Path, dataset_src: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "workload")
+    src = tmp_path / "src"
+    shutil.copytree(dataset_src, src)
+    (src / ds.MANIFEST).unlink()
+    tomorrow = src / "testing" / "2018-04-08.parquet"
+    kept = tomorrow.rename(tmp_path / tomorrow.name)  # appended later, as a scoring/ day
+    root = tmp_path / "datasets" / "fraud"
+    root.parent.mkdir()
+    args = parse("seed", "--datasets", str(src))
+    assert cli.place_dataset(args, root) == 0, "no scoring/ day: whatever else was copied"
+    files = len(list(src.glob("*/*.parquet")))
+    assert f"synced {src} into {root}: {files} file(s) copied, 0 unchanged" in caplog.messages
+    (src / "scoring").mkdir()
+    kept.rename(src / "scoring" / tomorrow.name)
+    caplog.clear()
+    assert cli.place_dataset(args, root) == 1
+    assert f"synced {src} into {root}: 1 file(s) copied, {files} unchanged" in caplog.messages
+    assert cli.place_dataset(args, root) == 0
+    caplog.clear()
+    for computed, kept in ((files, 0), (0, files)):  # the training and testing days, computed once
+        cli.store_features(root)
+        assert re.fullmatch(rf"features \(version {features.FEATURE_VERSION}\): {computed} day\(s\) computed in "
+                            rf"[0-9.]+s, {kept} already stored", caplog.messages[-1]), caplog.messages
+
+
+# -- wait-drained ----------------------------------------------------------------------------------
+def test_wait_drained_exits_0_when_drained_and_3_after_its_timeout(server: RedisServer, redis_env: str,
+                                                                  run: Run) -> None:
+    assert run("wait-drained", "--timeout", "5", "--poll", "0.05")[0] == 0
+    queue_of(server, redis_env).enqueue([Item("r", "training/2018-04-01.parquet", "fraud", 1)])
+    code, _, err = run("wait-drained", "--timeout", "0.2", "--poll", "0.05")
+    assert code == 3 and "queue not drained after 0s: 1 pending, 0 leased" in err
+    code, _, err = run("wait-drained", "--timeout", "0")
+    assert code == 2 and "--timeout must be > 0, got '0'" in err
+    for flag in ("--timeout", "--poll"):  # NaN: a wait that never ends, or time.sleep(nan)'s traceback
+        code, _, err = run("wait-drained", flag, "nan")
+        assert code == 2 and f"argument {flag}: {flag} must be > 0, got 'nan'" in err
+
+
+# -- status, requeue -------------------------------------------------------------------------------
+def day(run: str, n: int) -> Item:
+    return Item(run, f"training/2018-04-0{n}.parquet", "fraud", n)
+
+
+def test_status_shows_leases_retries_and_dead_letters(server: RedisServer, redis_env: str, run: Run) -> None:
+    code, out, err = run("status")
+    assert code == 0, err
+    assert out.splitlines()[0] == f"queue {redis_env}: 0 items: 0 pending, 0 leased, 0 done, 0 dead-lettered  (drained)"
+    assert out.splitlines()[-1].startswith("the queue was never seeded (or Redis lost its data)")
+    q = queue_of(server, redis_env, max_attempts=3)
+    q.enqueue([day(r, n) for r in ("a", "b", "c") for n in (1, 2)])
+    q.mark_seeded()
+    held, retried, dead = (q.claim(f"w{i}", ttl_s=60) for i in (1, 2, 3))  # one lease per run at a time
+    assert [held.item.run, retried.item.run, dead.item.run] == ["a", "b", "c"]
+    assert q.release(retried, error="disk full") == "pending"  # b: one failed attempt
+    assert q.release(dead, error="cannot read", permanent=True) == "dead"
+    code, out, err = run("status")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"queue {redis_env}: 6 items: 4 pending, 1 leased, 0 done, 1 dead-lettered"
+    assert lines[1] == "run a: 0/2 shards applied, 1 pending, 0 dead-lettered"
+    assert re.fullmatch(rf"  leased: a/training/2018-04-01.parquet by w1 \(token {held.token}\), lease expires in "
+                        r"(59|60)\.\ds", lines[2]), lines[2]
+    assert lines[3:7] == ["run b: 0/2 shards applied, 2 pending, 0 dead-lettered",
+                          "  retrying: b/training/2018-04-01.parquet (1 failed): disk full",
+                          "run c: 0/2 shards applied, 1 pending, 1 dead-lettered",
+                          "  dead: c/training/2018-04-01.parquet after 1 attempt(s): cannot read"]
+    assert len(lines) == 8 and lines[7].startswith("share vs queue: ") and "never seeded" not in out
+
+
+def test_status_says_when_a_lease_expired_and_what_is_retrying(server: RedisServer, redis_env: str,
+                                                               run: Run) -> None:
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("a", 2), day("b", 1)])
+    q.release(q.claim("w1", ttl_s=60), error="timeout reading")
+    q.claim("w1", ttl_s=0.001)  # a's first day again: its lease runs out at once
+    code, out, _ = run("status")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"queue {redis_env}: 3 items: 2 pending, 1 leased, 0 done, 0 dead-lettered"
+    assert re.fullmatch(r"  leased: a/training/2018-04-01.parquet by w1 \(token \d+\), lease EXPIRED \d+\.\ds ago "
+                        r"\(a claim will reap it\)", lines[2]), lines[2]
+    assert lines[3] == "  retrying: a/training/2018-04-01.parquet (1 failed): timeout reading"
+    assert lines[4] == "run b: 0/1 shards applied, 1 pending, 0 dead-lettered"
+    assert "never seeded" not in out, "a queue with work in it was seeded, whatever its flag says"
+
+
+def test_requeue_all_one_run_or_one_item(server: RedisServer, redis_env: str, run: Run) -> None:
+    q = queue_of(server, redis_env)
+    q.enqueue([day(r, 1) for r in "abcdefg"])
+    for _ in "abcdefg":
+        lease = q.claim("w", ttl_s=60)
+        q.release(lease, error=f"broken {lease.item.run}", permanent=True)
+    code, out, err = run("requeue", "--run", "a", "--item", "b/training/2018-04-01.parquet")
+    assert code == 2 and out == "" and one_error_line(err).endswith(
+        "--item 'b/training/2018-04-01.parquet' is not an item of --run 'a' (item ids are <run>/<shard>)")
+    code, out, err = run("requeue", "--run", "a", "--item", "ab/training/2018-04-01.parquet")
+    assert code == 2 and "is not an item of --run 'a'" in err, "run a's items start with 'a/'"
+    code, out, _ = run("requeue", "--item", "a/training/2018-04-01.parquet")
+    assert code == 0 and out.splitlines() == [
+        "requeued 1 dead-lettered item(s) in item a/training/2018-04-01.parquet, attempts reset:",
+        "  a/training/2018-04-01.parquet (was: broken a)",
+        "6 still dead-lettered (malformed, or outside the selection): b/training/2018-04-01.parquet, "
+        "c/training/2018-04-01.parquet, d/training/2018-04-01.parquet, e/training/2018-04-01.parquet, "
+        "f/training/2018-04-01.parquet ..."]
+    code, out, _ = run("requeue", "--run", "b")
+    assert code == 0 and out.splitlines()[:2] == ["requeued 1 dead-lettered item(s) in run b, attempts reset:",
+                                                  "  b/training/2018-04-01.parquet (was: broken b)"]
+    assert out.splitlines()[2].startswith("5 still dead-lettered (malformed, or outside the selection): c/")
+    assert not out.splitlines()[2].endswith(" ..."), "five left: all shown"
+    code, out, _ = run("requeue", "--item", "a/training/2018-04-01.parquet")
+    assert code == 4 and out == "no dead-lettered items to requeue in item a/training/2018-04-01.parquet (5 " \
+                                "dead-lettered in total)\n"
+    code, out, _ = run("requeue", "--run", "a")
+    assert code == 0 and out == "no dead-lettered items to requeue in run a (5 dead-lettered in total)\n"
+    code, out, _ = run("requeue")
+    assert code == 0 and out.splitlines()[0] == "requeued 5 dead-lettered item(s) in all runs, attempts reset:"
+    assert len(out.splitlines()) == 6 and q.counts().dead == 0
+    code, out, _ = run("requeue")
+    assert code == 0 and out == "no dead-lettered items to requeue in all runs (0 dead-lettered in total)\n"
