@@ -65,14 +65,35 @@ def setup_logging(worker_id: str | None = None) -> None:
                         format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s")
 
 
+class FromEnv(str):
+    """A flag's default read from the environment, as text: argparse converts a string default with the flag's
+    ``type`` when the flag is not given, so a bad variable is a usage error (exit 2) naming the variable, as a bad
+    flag is, not a traceback from converting it while the parser is built."""
+
+    variable: str
+
+    def __new__(cls, variable: str, default: str | None = None) -> Any:
+        text = env(variable, default)
+        if text is None:
+            return None
+        made = super().__new__(cls, text)
+        made.variable = variable
+        return made
+
+
+KIND_WORDS = {int: "an integer", float: "a number"}
+
+
 def positive(kind: type, what: str) -> Any:
     def parse(text: str) -> Any:
+        # From the environment (FromEnv, unless its default was taken): the variable is what the user set.
+        said = f"env {text.variable}" if isinstance(text, FromEnv) else what
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a {kind.__name__}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{said} must be {KIND_WORDS[kind]}, got {text!r}") from None
         if not value > 0:  # NaN too: every comparison with it is False, so `<= 0` would let it through
-            raise argparse.ArgumentTypeError(f"{what} must be > 0, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{said} must be > 0, got {text!r}")
         return value
     return parse
 
@@ -91,7 +112,7 @@ def add_redis(p: argparse.ArgumentParser) -> None:
 
 
 def add_attempts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-attempts", type=positive(int, "--max-attempts"), default=int(env("MAX_ATTEMPTS", 5)),
+    p.add_argument("--max-attempts", type=positive(int, "--max-attempts"), default=FromEnv("MAX_ATTEMPTS", "5"),
                    help="failed attempts before an item is dead-lettered (env MAX_ATTEMPTS; default 5)")
 
 
@@ -507,13 +528,13 @@ def add_worker(sub: Any) -> None:
     add_attempts(w)
     w.add_argument("--worker-id", default=env("WORKER_ID"),
                    help="name in leases and logs (env WORKER_ID; default HOSTNAME-PID)")
-    w.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=float(env("LEASE_TTL_SECONDS", 30)),
+    w.add_argument("--lease-ttl", type=positive(float, "--lease-ttl"), default=FromEnv("LEASE_TTL_SECONDS", "30"),
                    help="seconds a lease lives without a heartbeat (env LEASE_TTL_SECONDS; default 30)")
     w.add_argument("--checkpoint-interval", type=positive(float, "--checkpoint-interval"),
-                   default=float(env("CHECKPOINT_INTERVAL_SECONDS", 10)),
+                   default=FromEnv("CHECKPOINT_INTERVAL_SECONDS", "10"),
                    help="seconds of training between mid-shard checkpoints (env CHECKPOINT_INTERVAL_SECONDS; "
                         "default 10)")
-    w.add_argument("--threads", type=positive(int, "--threads"), default=int(env("TORCH_THREADS", 0)) or None,
+    w.add_argument("--threads", type=positive(int, "--threads"), default=FromEnv("TORCH_THREADS"),
                    help="torch CPU threads (env TORCH_THREADS; default: torch's choice)")
     w.set_defaults(fn=worker)
 

@@ -129,7 +129,7 @@ def test_seed_copies_a_dataset_folder_and_refuses_pickle(cluster: Cluster, cli: 
     (["seed", "--preset", "huge"], "--preset 'huge' is unknown; allowed: ['cluster', 'small']"),
     (["seed", "--dataset", "../x"], "--dataset '../x' is not allowed: use 1-63 letters"),
     (["worker", "--lease-ttl", "0"], "--lease-ttl must be > 0"),
-    (["seed", "--customers", "many"], "--customers must be a int, got 'many'"),
+    (["seed", "--customers", "many"], "--customers must be an integer, got 'many'"),
 ])
 def test_usage_errors_name_the_flag_and_exit_2(cluster: Cluster, cli: Cli, args: list[str], message: str) -> None:
     out = cli(cluster, *args)

@@ -165,13 +165,34 @@ def test_the_worker_refuses_bad_flags_and_variables(monkeypatch: pytest.MonkeyPa
     code, _, err = run("worker", "--lease-ttl", "-1")
     assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got '-1'" in err
     code, _, err = run("worker", "--threads", "two")
-    assert code == 2 and "argument --threads: --threads must be a int, got 'two'" in err
+    assert code == 2 and "argument --threads: --threads must be an integer, got 'two'" in err
     code, _, err = run("worker", "--max-attempts", "0")
     assert code == 2 and "--max-attempts must be > 0, got '0'" in err
     code, _, err = run("worker", "--checkpoint-interval", "0")
     assert code == 2 and "--checkpoint-interval must be > 0, got '0'" in err
     code, _, err = run("worker", "--lease-ttl", "nan")
     assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got 'nan'" in err
+
+
+@pytest.mark.parametrize(("name", "text", "flag", "rule"), [
+    ("MAX_ATTEMPTS", "many", "--max-attempts", "must be an integer"),
+    ("MAX_ATTEMPTS", "0", "--max-attempts", "must be > 0"),
+    ("LEASE_TTL_SECONDS", "soon", "--lease-ttl", "must be a number"),
+    ("LEASE_TTL_SECONDS", "-1", "--lease-ttl", "must be > 0"),
+    ("CHECKPOINT_INTERVAL_SECONDS", "nan", "--checkpoint-interval", "must be > 0"),
+    ("TORCH_THREADS", "-2", "--threads", "must be > 0"),
+    ("TORCH_THREADS", "2.5", "--threads", "must be an integer"),
+])
+def test_a_bad_variable_behind_a_flag_is_a_usage_error_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, run: Run, name: str, text: str, flag: str, rule: str) -> None:
+    """The pods set these variables (infra/jobs.py): a bad one is exit 2 and one line, as a bad flag is, not a
+    traceback from converting it while the parser is built."""
+    monkeypatch.setenv(name, text)
+    code, out, err = run("worker")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].endswith(f"error: argument {flag}: env {name} {rule}, got {text!r}")
+    given = vars(parse("worker", flag, "7"))  # the flag given wins: the variable is not read
+    assert given[flag.removeprefix("--").replace("-", "_")] == 7
 
 
 # -- make_queue ------------------------------------------------------------------------------------
