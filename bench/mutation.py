@@ -406,6 +406,7 @@ OLD_FORMAT_DEFAULT = ("a checkpoint of format >= 4 records window_days, and one 
 WORKQUEUE = "workload/queue/workqueue.py"
 WORKER = "workload/runtime/worker.py"
 STEPS = "workload/runtime/steps.py"
+REDIS_SERVER = "workload/runtime/redis_server.py"
 HEARTBEAT = "workload/runtime/heartbeat.py"
 CHECKPOINT = "workload/share/checkpoint.py"
 FSUTIL = "workload/share/fsutil.py"
@@ -595,6 +596,37 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(POLICY_RULES, 'last.partition(":")', 'last.rpartition(":")', TAG_COLON),
     # worker:
     Equivalent(WORKER, ">= self.cfg.infra_give_up_s", "> self.cfg.infra_give_up_s", CLOCK),
+    # redis_server.py: die_with_parent's prctl call, and the server's configuration text.
+    *(Equivalent(REDIS_SERVER, "ctypes.CDLL(None, use_errno=True)", after,
+                 "nothing reads ctypes.get_errno(): prctl's return is not checked (it fails only for an invalid "
+                 "signal number)")
+      for after in ("ctypes.CDLL(None, use_errno=None)", "ctypes.CDLL(None, )", "ctypes.CDLL(None, use_errno=False)")),
+    *(Equivalent(REDIS_SERVER, "libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)", f"libc.prctl({after})",
+                 "PR_SET_PDEATHSIG reads only arg2, the signal (kernel/sys.c: `me->pdeath_signal = arg2`); arg3-arg5 "
+                 "are not checked for it, so a NULL (ctypes' None), a 1 or a missing trailing argument change nothing")
+      for after in ("_PR_SET_PDEATHSIG, int(sig), None, 0, 0", "_PR_SET_PDEATHSIG, int(sig), 0, None, 0",
+                    "_PR_SET_PDEATHSIG, int(sig), 0, 0, None", "_PR_SET_PDEATHSIG, int(sig), 0, 0",
+                    "_PR_SET_PDEATHSIG, int(sig), 0, 0, ", "_PR_SET_PDEATHSIG, int(sig), 1, 0, 0",
+                    "_PR_SET_PDEATHSIG, int(sig), 0, 1, 0")),
+    *(Equivalent(REDIS_SERVER, before, before.upper().replace("FSYNC: STR", "fsync: str"),
+                 "redis-server reads config directive names and their yes/no and enum values in any letter case "
+                 "(config.c lowercases the name and compares values with strcasecmp); "
+                 "test_the_server_is_configured_as_documented reads each one back from the running server")
+      for before in ('fsync: str = "always"', '"bind 127.0.0.1",', '"appendonly yes",', "'save \"\"',",
+                     '"protected-mode yes",', '"loglevel warning",')),
+    Equivalent(REDIS_SERVER, "self.proc: subprocess.Popen[bytes] | None = None",
+               'self.proc: subprocess.Popen[bytes] | None = ""',
+               "read only as `if self.proc and ...` (stop, kill) before start sets it: '' and None alike"),
+    *(Equivalent(REDIS_SERVER, before, after,
+                 "with a logfile configured (the config on stdin sets one) redis-server writes nothing to its "
+                 "stdout: DEVNULL or the parent's stdout receive the same nothing")
+      for before, after in (("stdout=subprocess.DEVNULL, ", "stdout=None, "), ("stdout=subprocess.DEVNULL, ", ""))),
+    Equivalent(REDIS_SERVER, "if time.monotonic() > deadline:", "if time.monotonic() >= deadline:", CLOCK),
+    *(Equivalent(REDIS_SERVER, before, after,
+                 "a wait's length or a poll's interval: when the server is found ready or given up on, never whether")
+      for before, after in (("time.sleep(0.05)", "time.sleep(1.05)"),
+                            ("def start(self, timeout_s: float = 15.0)", "def start(self, timeout_s: float = 16.0)"),
+                            ("def stop(self, timeout_s: float = 10.0)", "def stop(self, timeout_s: float = 11.0)"))),
     Equivalent(HEARTBEAT, "time.monotonic() >= self._valid_until", "time.monotonic() > self._valid_until",
                CLOCK),
     Equivalent(HEARTBEAT, 'name="heartbeat"', 'name="XXheartbeatXX"', THREAD_NAME),
