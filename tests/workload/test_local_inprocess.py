@@ -655,7 +655,8 @@ def test_main_trains_the_tiny_dataset_end_to_end(workload_env: None, tmp_path: P
     info = messages(logs, logging.INFO)
     assert info[1:] == [f"nothing new to train: 6 shard(s) applied, 0 dead-lettered (delete {base} to start over)"]
     assert messages(logs, logging.ERROR) == [] and not (base / CONNECTION).exists()
-    assert capsys.readouterr().out.splitlines()[:3] == ["", "Summary", "  run main: 6/6 shards applied, 0 dead-lettered"]
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == ["", "Summary", "  run main: 6/6 shards applied, 0 dead-lettered"], out
 
 
 def test_main_refuses_a_folder_another_local_holds(workload_env: None, held_by_another: tuple[Path, int],
