@@ -412,6 +412,7 @@ CHECKPOINT = "workload/share/checkpoint.py"
 FSUTIL = "workload/share/fsutil.py"
 GPU = "workload/runtime/gpu.py"
 LAUNCH = "workload/runtime/launch.py"
+LOCAL = "workload/runtime/local.py"
 HPARAMS = "workload/model/hparams.py"
 READING = "workload/data/reading.py"
 SOURCE = "workload/data/source.py"
@@ -1347,6 +1348,25 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(PUBLISH, "ds.check_suffix(f.rel, f.uri)", "ds.check_suffix(f.uri)",
                "a SourceFile's uri ends in its rel (a local path or uri/rel, gs://bucket/prefix/rel for an object): "
                "the suffix judged is the same, and `where` defaults to that path, the same uri the message names"),
+    # local.py
+    Equivalent(LOCAL, "os.ftruncate(fd, 0)", "os.ftruncate(fd, 1)",
+               "the pid line written next, at offset 0, is at least two bytes (a digit and a newline): it covers the "
+               "one byte kept, so the file holds that line alone either way"),
+    Equivalent(LOCAL, "interrupted = False", "interrupted = None", TRUTH),
+    *(Equivalent(LOCAL, "seeded > 0", after,
+                 "this return runs only when seeded != 0, and EXIT_FAILED is 1: a code of 0 never gets here and a "
+                 "code of 1 is returned as 1 either way")
+      for after in ("seeded >= 0", "seeded > 1")),
+    Equivalent(LOCAL, "last_print = 0.0", "last_print = 1.0",
+               "time.monotonic() is Linux's CLOCK_MONOTONIC, seconds since boot: `local` runs long past a machine's "
+               "first 11 s, so the first line prints at once either way"),
+    Equivalent(LOCAL, "elif now - last_print >= 10:", "elif now - last_print > 10:", CLOCK),
+    *(Equivalent(LOCAL, f"{call}flush=True)", f"{call}{after})",
+                 "sys.stderr is line-buffered (Python >= 3.9, a terminal or not), and a line-buffered TextIOWrapper "
+                 "flushes every write that holds a newline or a carriage return: this one holds one (the redraw's "
+                 "leading '\\r', or print's '\\n'), so it is flushed at once either way")
+      for call in ('end="", file=sys.stderr, ', "print(line, file=sys.stderr, ")
+      for after in ("flush=None", "flush=False", "")),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -156,10 +156,10 @@ def test_the_connection_file_is_owner_only_and_reads_back(tmp_path: Path, server
 
 
 def test_the_connection_file_makes_its_folder(tmp_path: Path, server: RedisServer) -> None:
-    base = tmp_path / "new"
-    base.mkdir()
+    base = tmp_path / "new" / "deeper"  # neither there yet: every missing folder is made
     path = write_connection(base, server, base / "share")
     assert path.parent == base / "redis" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert write_connection(base, server, base / "share") == path  # its folder there already: replaced
 
 
 def test_no_connection_file_means_no_local_running(tmp_path: Path) -> None:
@@ -210,6 +210,8 @@ def test_a_connection_file_of_a_live_process_reads(tmp_path: Path) -> None:
         path.write_text(json.dumps({"url": "redis://127.0.0.1:1/0", "password": "p", "share": "/s",
                                     "pid": str(alive.pid)}))  # a number as text reads too
         assert read_connection(str(tmp_path)) == local.Connection("redis://127.0.0.1:1/0", "p", Path("/s"))
+        with pytest.raises(subprocess.TimeoutExpired):  # only asked whether it lives: no signal it would die of
+            alive.wait(timeout=0.5)
     finally:
         alive.kill()
         alive.wait()
@@ -414,6 +416,16 @@ def test_watch_without_a_terminal_prints_a_line_then_the_last(partly: WorkQueue,
     assert len(lines) == 2, err  # the first at once, then at most one a 10 s, and the last when all ended
     first, last = elapsed(lines[0]), elapsed(lines[1])
     assert 1000 <= first <= 1001 and 1001 <= last <= 1005, err
+
+
+def test_watch_without_a_terminal_prints_a_line_every_10_seconds(partly: WorkQueue, capsys, monkeypatch) -> None:
+    """A worker of 10.8 s: a line at once, the next 10 s later (not 11), and the last."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    workers = [sh("sleep 10.8")]
+    started = time.monotonic() - 1000
+    watch(partly, workers, started)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and 1000 <= elapsed(lines[0]) <= 1001 and 1010 <= elapsed(lines[1]) <= 1011, lines
 
 
 def test_watch_on_a_terminal_redraws_one_line(partly: WorkQueue, capsys, monkeypatch) -> None:
@@ -633,6 +645,18 @@ def test_main_trains_the_tiny_dataset_end_to_end(workload_env: None, tmp_path: P
     assert lines[-2:] == [f"    report:  {run_dir / 'report.txt'}",
                           f"    plots:   {run_dir / 'metrics.png'}, {run_dir / 'pr_curve.png'}"], out
     assert (run_dir / "report.txt").exists() and (base / "local.lock").read_text() == f"{os.getpid()}\n"
+    # Again on the same folder (its logs/ there already): Redis reloads its AOF, nothing is left to train.
+    # The lock is held for the life of the process: released here as the first `local`'s end would.
+    for fd in Path("/proc/self/fd").iterdir():
+        if os.path.realpath(fd) == str(base / "local.lock"):
+            os.close(int(fd.name))
+    logs.clear()
+    assert local.main(args) == EXIT_DONE
+    info = messages(logs, logging.INFO)
+    assert info[1:] == [f"nothing new to train: 6 shard(s) applied, 0 dead-lettered (delete {base} to start over)"]
+    assert messages(logs, logging.ERROR) == [] and not (base / CONNECTION).exists()
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == ["", "Summary", "  run main: 6/6 shards applied, 0 dead-lettered"], out
 
 
 def test_main_refuses_a_folder_another_local_holds(workload_env: None, held_by_another: tuple[Path, int],
@@ -663,6 +687,68 @@ def test_main_returns_seeds_code_when_seeding_fails(workload_env: None, tmp_path
     port = int(REDIS_LINE.fullmatch(messages(logs, logging.INFO)[0])[2])
     assert not listening(port) and not (base / CONNECTION).exists()
     assert list((base / "logs").iterdir()) == [] and children() <= before
+
+
+def test_main_shows_a_failed_workers_log(workload_env: None, tmp_path: Path, dataset_src: Path, logs) -> None:
+    """A worker that cannot start (its lease TTL refused): its exit code and the last lines of its log."""
+    base = tmp_path / "local"
+    args = local_args("--dir", str(base), "--datasets", str(dataset_src), "--workers", "1")
+    args.lease_ttl = -1  # past the command line's check: the worker's own refuses it
+    assert local.main(args) == EXIT_FAILED
+    log_file = base / "logs" / "worker-0.log"
+    tail = log_file.read_text().splitlines()[-15:]
+    assert "--lease-ttl" in "\n".join(tail), tail
+    assert messages(logs, logging.ERROR) == [f"worker local-0 exited {EXIT_BAD_CONFIG}; last lines of its log:\n"
+                                             + "\n".join(tail)]
+    assert not (base / CONNECTION).exists()
+
+
+def seeder_of(before: set[int], deadline: float) -> int | None:
+    """The `workload seed` child started since `before`, once it shows (None past the deadline)."""
+    while time.monotonic() < deadline:
+        for pid in children() - before:
+            try:
+                if b"seed" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                    return pid
+            except OSError:
+                pass
+        time.sleep(0.01)
+    return None
+
+
+def test_main_fails_when_the_seeder_is_killed(workload_env: None, tmp_path: Path, dataset_src: Path, logs) -> None:
+    """A seeder killed by a signal (its code negative) is a failure, not a code to pass on; while it ran, the
+    connection file named this Redis and share."""
+    base = tmp_path / "local"
+    before = children()
+    seen: list[object] = []
+
+    def kill_the_seeder() -> None:
+        pid = seeder_of(before, time.monotonic() + 30)
+        if pid is not None:
+            seen.append(read_connection(base))
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_seeder)
+    killer.start()
+    try:
+        code = local.main(local_args("--dir", str(base), "--datasets", str(dataset_src)))
+    finally:
+        killer.join()
+    assert code == EXIT_FAILED
+    url = REDIS_LINE.fullmatch(messages(logs, logging.INFO)[0])[1]
+    assert [(c.url, c.share) for c in seen] == [(url, base / "share")]  # type: ignore[attr-defined]
+    assert messages(logs, logging.ERROR) == ["seeding failed (see above)"] and not (base / CONNECTION).exists()
+
+
+def test_main_whose_redis_cannot_start_raises_its_error(workload_env: None, tmp_path: Path) -> None:
+    """No connection file was written: cleaning up must not hide the server's error behind a missing file."""
+    base = tmp_path / "local"
+    (base / "redis").mkdir(parents=True)
+    (base / "redis" / "appendonly.aof").write_text("not an AOF\n")  # the server refuses to load it
+    with pytest.raises(RuntimeError, match="redis-server exited with"):
+        local.main(local_args("--dir", str(base)))
+    assert not (base / CONNECTION).exists()
 
 
 def test_main_interrupted_cleans_up(workload_env: None, tmp_path: Path, dataset_src: Path, logs, capsys) -> None:
@@ -838,6 +924,62 @@ def test_a_server_that_does_not_answer_in_time_is_killed(tmp_path: Path) -> None
         s.start(timeout_s=0)
     assert str(exc.value) == f"redis-server did not answer on port {s.port} within 0s"
     assert s.proc is None and children() == before
+
+
+# -- the children `local` starts: they die with it ----------------------------------------------------------
+
+PROBE = """\
+import ctypes, os, time
+if os.environ.get("LOCAL_PROBE"):  # a stand-in child: records its parent-death signal, then waits or exits
+    sig = ctypes.c_int()
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    with open(os.environ["LOCAL_PROBE"] + ".tmp", "w") as f:
+        f.write(str(sig.value))
+    os.rename(os.environ["LOCAL_PROBE"] + ".tmp", os.environ["LOCAL_PROBE"])
+    if os.environ.get("LOCAL_PROBE_WAIT"):
+        time.sleep(30)
+    os._exit(0)
+"""
+
+
+def probe_env(tmp_path: Path, **extra: str) -> tuple[dict[str, str], Path]:
+    """The environment of a child whose Python, before running anything, writes PR_GET_PDEATHSIG to a file."""
+    site = tmp_path / "probe"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PROBE)
+    report = tmp_path / "pdeathsig"
+    return {**os.environ, "PYTHONPATH": str(site), "LOCAL_PROBE": str(report), **extra}, report
+
+
+def test_the_seeder_dies_with_local(tmp_path: Path) -> None:
+    env, report = probe_env(tmp_path)
+    assert local.seed(local_args("--dir", str(tmp_path)), env) == 0
+    assert report.read_text() == str(int(signal.SIGTERM))
+
+
+def test_a_worker_has_its_own_session_and_dies_with_local(tmp_path: Path) -> None:
+    """Its own session (a Ctrl-C in the terminal reaches `local` alone, which stops the workers as a preemption
+    would); SIGTERM when the thread that started it ends (Linux ties the parent-death signal to that thread)."""
+    env, report = probe_env(tmp_path, LOCAL_PROBE_WAIT="1")
+    workers: list[subprocess.Popen[bytes]] = []
+    sids: list[int] = []
+
+    def start() -> None:
+        local.start_workers(local_args("--dir", str(tmp_path), "--workers", "1"), env, tmp_path, workers)
+        deadline = time.monotonic() + 30
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sids.append(os.getsid(workers[0].pid))
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    try:
+        assert report.read_text() == str(int(signal.SIGTERM))
+        assert sids == [workers[0].pid]
+        assert workers[0].wait(timeout=5) == -signal.SIGTERM
+    finally:
+        stop_workers(workers)
 
 
 def started_from_a_thread(*sig: int) -> subprocess.Popen[bytes]:
