@@ -418,16 +418,6 @@ def test_watch_without_a_terminal_prints_a_line_then_the_last(partly: WorkQueue,
     assert 1000 <= first <= 1001 and 1001 <= last <= 1005, err
 
 
-def test_watch_without_a_terminal_prints_a_line_every_10_seconds(partly: WorkQueue, capsys, monkeypatch) -> None:
-    """A worker of 10.8 s: a line at once, the next 10 s later (not 11), and the last."""
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
-    workers = [sh("sleep 10.8")]
-    started = time.monotonic() - 1000
-    watch(partly, workers, started)
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 3 and 1000 <= elapsed(lines[0]) <= 1001 and 1010 <= elapsed(lines[1]) <= 1011, lines
-
-
 def test_watch_on_a_terminal_redraws_one_line(partly: WorkQueue, capsys, monkeypatch) -> None:
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     workers = [sh("sleep 1.2"), ended("exit 4")]
