@@ -315,6 +315,7 @@ GROUPS: tuple[Group, ...] = (
             "tests/workload/test_local_verdict.py",
             "tests/workload/test_local.py",
             "tests/workload/test_queue.py",
+            "tests/workload/test_redis_server.py",
         ),
         jobs_per_core=2,
     ),
