@@ -690,6 +690,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(STEPS, "if test_scores is None else", "if (test_scores is None) or True else",
                "the scores passed in are this trainer's scores of the same test days, computed just before: "
                "scoring again gives the same values, only later"),
+    Equivalent(STEPS, "trainer.window(self.item.shard)[:-1]", "trainer.window(None)[:-1]",
+               "Trainer.window(s) drops only s from the applied days before taking the newest ones, then appends s, "
+               "cut off by [:-1]; the item's day is never in the trainer's applied list here (Attempt.run acked a "
+               "day already applied before warm_start, a rewind's target holds only earlier days, and finish_shard "
+               "appends the day only after read_day), so dropping None or the day drops nothing either way"),
     # trainer:
     Equivalent(TRAINER, "torch.cuda.is_available() else", "(torch.cuda.is_available()) and False else",
                CPU_ONLY),
@@ -1132,6 +1137,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(STEPS, 'if pos.get(d, -1) > mine]', 'if pos.get(d, -1) >= mine]',
                "run() acks a day its checkpoint already applied before any rewind: the attempt's own day is never "
                "among the applied days here, so > and >= select the same ones"),
+    Equivalent(STEPS, 'if pos.get(d, -1) < mine]', 'if pos.get(d, -1) <= mine]',
+               "pos gives each dataset day its own index and other days -1, so only the attempt's own day has "
+               "pos == mine, and run() acks a day its checkpoint already applied before any rewind (rewind's one "
+               "caller, with the same checkpoint): that day is never among the applied days here, so < and <= "
+               "select the same earlier days"),
     *(Equivalent(STEPS, f"if pos.get(d, -1) {op} mine]", f"if pos.get(d, {after}) {op} mine]",
                  "a run's applied days are training days of its dataset, which keeps every published day (days are "
                  "immutable once published): pos has each of them, the default is never read")
