@@ -492,10 +492,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
       for after in ("getattr(exc, 'message', None)", "getattr(exc, 'message', )")),
     *(Equivalent(SCORE, 'prefix="score-"', after,
                  "nothing reads the temporary folder's name: it is removed when scoring ends, errors name the "
-                 "user's files, publish's info lines are held back and its warnings name 'dataset', the folder "
-                 "inside it (only an OS error quoted by a feature-store warning could show a path in it, prefix "
+                 "user's files, publish's info lines are held back and its warnings name the user's source "
+                 "(called=src) (only an OS error quoted by a feature-store warning could show a path in it, prefix "
                  "and all)")
       for after in ("prefix=None", 'prefix="XXscore-XX"', 'prefix="SCORE-"')),
+    *(Equivalent(SCORE, 'tmp / "dataset"', after,
+                 "the copy's folder, alone in score's fresh temporary folder (removed when scoring ends): nothing "
+                 "reads its name. Errors name the user's files, publish's info lines are held back, and its "
+                 "warnings name the user's source (called=src; they said 'dataset dataset: ...' before, "
+                 "test_score_warnings_name_the_users_folder_never_the_staging_copy); only an OS error quoted by a "
+                 "feature-store warning (a full or read-only /tmp) could show a path in it, beside tmp's random name")
+      for after in ('tmp / "XXdatasetXX"', 'tmp / "DATASET"')),
     *(Equivalent(SCORE, ", pa.bool_())", after,
                  "metrics.alert_columns gives numpy bool arrays (scores >= threshold), which pa.array types as "
                  "pa.bool_() when given no type") for after in (", None)", ", )")),
