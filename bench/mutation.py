@@ -906,6 +906,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "difflib's default cutoff")
       for after in ("get_close_matches(name, declared, cutoff=0.6)", "get_close_matches(name, declared, n=1, )",
                     "get_close_matches(name, declared, n=2, cutoff=0.6)")),
+    Equivalent(INFRA_CONFIG, '"datasetUri", need_prefix=False)', '"datasetUri", need_prefix=None)',
+               "_gcs_uri reads need_prefix only for its truth (the shape's ternary and `need_prefix and not prefix`): "
+               "None and False are both false"),
+    Equivalent(INFRA_CONFIG, '(len(bucket) > 63 and "." not in bucket)', '(len(bucket) > 64 and "." not in bucket)',
+               "a bucket name without a dot is its own only dot-separated part, which the rule above already refuses "
+               "over 63 characters: a 64-character one is refused either way (test_bucket_names_cloud_storage_"
+               "refuses_are_refused), and no name reaches this clause's bound"),
     Equivalent(INFRA_CLUSTER, "self._pools: list[gcp.container.NodePool] = []",
                "self._pools: list[gcp.container.NodePool] = None",
                "read only as the Kubernetes provider's depends_on: an Autopilot cluster has no pools, and None and [] "
