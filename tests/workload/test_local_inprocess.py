@@ -202,8 +202,15 @@ def test_a_connection_file_whose_writer_is_gone_says_so(tmp_path: Path, server: 
                               "run `make local` again to resume")
 
 
+def _signals_at_their_defaults() -> None:
+    # A shell started under nohup (or any parent that ignores SIGHUP) hands the ignoring down: reset them, so
+    # that a signal sent by mistake kills the process as it would in a terminal.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_a_connection_file_of_a_live_process_reads(tmp_path: Path) -> None:
-    alive = sh("exec sleep 30")
+    alive = sh("exec sleep 30", preexec_fn=_signals_at_their_defaults)
     try:
         path = tmp_path / "redis" / "connection.json"
         path.parent.mkdir()
