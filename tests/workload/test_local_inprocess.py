@@ -425,6 +425,29 @@ def test_watch_without_a_terminal_prints_a_line_then_the_last(partly: WorkQueue,
     assert 1000 <= first <= 1001 and 1001 <= last <= 1005, err
 
 
+def test_watch_without_a_terminal_prints_every_10_seconds_of_its_clock(partly: WorkQueue, capsys,
+                                                                      monkeypatch) -> None:
+    """The cadence itself, on a clock the test steps: each of watch's 0.5 s sleeps moves it 0.5 s, and the
+    worker (a real process) is killed once 25 s have passed, so the lines fall at exact times."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    worker = sh("exec sleep 60")
+    clock = {"now": 5000.0}
+
+    def sleep(seconds: float) -> None:
+        clock["now"] += seconds
+        if clock["now"] >= 5025.0 and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    monkeypatch.setattr(local, "time", argparse.Namespace(monotonic=lambda: clock["now"], sleep=sleep))
+    try:
+        watch(partly, [worker], 5000.0)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert [elapsed(line) for line in capsys.readouterr().err.splitlines()] == [0, 10, 20, 25]
+
+
 def test_watch_on_a_terminal_redraws_one_line(partly: WorkQueue, capsys, monkeypatch) -> None:
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     workers = [sh("sleep 1.2"), ended("exit 4")]
