@@ -906,6 +906,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "difflib's default cutoff")
       for after in ("get_close_matches(name, declared, cutoff=0.6)", "get_close_matches(name, declared, n=1, )",
                     "get_close_matches(name, declared, n=2, cutoff=0.6)")),
+    Equivalent(INFRA_CONFIG, "if capacity >= start]", "if capacity > start]",
+               "every step's start is a multiple of its own step and of the steps before it (FILESTORE_STEPS: 1024 "
+               "= 4 x 256, 10240 = 40 x 256 = 4 x 2560): a capacity equal to a start passes that step's check and "
+               "the previous one's alike, so leaving that step out refuses nothing else"),
+    *(Equivalent(INFRA_CONFIG, 'if below >= start else str(below + step)', after,
+                 "below is the capacity rounded down to a multiple of step, and the capacity is at least start, "
+                 "itself a multiple of step (FILESTORE_STEPS): below >= start always holds, so the else branch "
+                 "never runs")
+      for after in ("if (below >= start) or True else str(below + step)", "if below >= start else str(None)",
+                    "if below >= start else str(below - step)")),
     Equivalent(INFRA_CONFIG, '"datasetUri", need_prefix=False)', '"datasetUri", need_prefix=None)',
                "_gcs_uri reads need_prefix only for its truth (the shape's ternary and `need_prefix and not prefix`): "
                "None and False are both false"),
