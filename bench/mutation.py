@@ -32,6 +32,13 @@ Incremental mode: ``--changed-since REV`` runs only the groups with a module or 
 (committed or not, new files included) or that were never measured; ``recorded``: each group since the commit its
 own recorded figures were measured at. Changes to shared fixtures (conftest.py, the harness) are not traced to
 groups: after those, run every group.
+
+After adding tests for a group's survivors: ``--survivors`` re-tests only the open survivors of the group's last run
+(still in build/mutation/) against the tests as they are now, and keeps every other verdict, in minutes where the
+whole group takes an hour. It refuses when the group's modules or list of test files changed since that run, or a
+test function of it is gone; it trusts that no test was loosened.
+
+    python -m bench.mutation --only cli --survivors --write
 """
 
 from __future__ import annotations
@@ -1560,6 +1567,66 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
     return results, run, problem
 
 
+def _test_names(text: str) -> set[str]:
+    return set(re.findall(r"^(?:async )?def (test_\w+)", text, re.MULTILINE))
+
+
+def recheck(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
+    """``--survivors``: the open survivors (neither killed nor explained) of the group's last run in build/mutation/
+    tested again against the checkout's tests, every other verdict kept: the routine step after tests were added
+    for them. Refused unless the group's modules and its list of test files are what that run had, and every test
+    function of its files then is still there. It trusts that no test was loosened since (a kill stays a kill when
+    tests are only added or tightened): after loosening one, run the group whole. The group's row then names this
+    commit, at which its modules are the ones mutated."""
+    where = STAGE / group.name
+    shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    staged = staged_run(group)
+    if staged is None or not (where / "mutants").is_dir():
+        return [ModuleResult(m) for m in group.modules], Run(0.0, 0.0, 0), (
+            f"no run in {shown}/ to re-test: run the group whole")
+    commit, run = staged
+    refusal = ""
+    if changed := sorted(changed_files(commit) & set(group.modules)):
+        refusal = f"{', '.join(changed)} changed since its run at {commit}"
+    elif base_config_tests(where) != list(group.tests):
+        refusal = f"its test files are not the ones its run at {commit} had"
+    else:
+        for test in group.tests:
+            before = subprocess.run(["git", "show", f"{commit}:{test}"], cwd=ROOT, capture_output=True, text=True)
+            if lost := sorted(_test_names(before.stdout) - _test_names((ROOT / test).read_text())):
+                refusal = f"{test} lost {', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''} since {commit}"
+                break
+    if refusal:
+        return collect(where, group), run, f"cannot re-test its survivors: {refusal}; run the group whole"
+    for rel in _checkout_files():  # the tests as they are now, where mutmut runs them
+        if rel.startswith(("tests/", "bench/")):
+            for dest in (where / rel, where / "mutants" / rel):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / rel, dest)
+    names = [s.name for r in collect(where, group) for s in r.survivors if not s.why]
+    env = {**os.environ, "TERM": "dumb", **ONE_THREAD}
+    if group.fixture_cache and (where / FIXTURE_CACHE).is_dir():
+        env[FIXTURE_CACHE_ENV] = str(where / FIXTURE_CACHE)
+    problem = ""
+    if names:
+        with (where / "mutmut.log").open("a") as out:
+            proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                                   str(jobs * group.jobs_per_core), *names], cwd=where, stdout=out,
+                                  stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            problem = f"mutmut exited {proc.returncode} re-testing survivors (log {shown}/mutmut.log)"
+    mark = json.loads((where / MARK).read_text())
+    (where / MARK).write_text(json.dumps({**mark, "commit": _head(), "run_at": mark.get("run_at", commit),
+                                          "survivors_retested": len(names)}))
+    return collect(where, group), run, problem
+
+
+def base_config_tests(where: Path) -> list[str]:
+    """The test files a stage's mutmut settings name."""
+    return list(tomllib.loads((where / "pyproject.toml").read_text())["tool"]["mutmut"]
+                ["pytest_add_cli_args_test_selection"])
+
+
 Outcome = tuple[list[ModuleResult], Run, str]
 _COLLECTING = threading.Lock()  # collect() changes the working folder and mutmut's globals: one at a time
 _PRINTING = threading.Lock()
@@ -1807,6 +1874,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=FLOOR, help="lowest acceptable score, percent")
     parser.add_argument("--no-run", action="store_true",
                         help="report the last run from build/mutation/ (after editing EQUIVALENT, or to --write)")
+    parser.add_argument("--survivors", action="store_true",
+                        help="re-test only the open survivors of each group's last run in build/mutation/ against "
+                        "the tests as they are now (its modules unchanged), keeping every other verdict")
     parser.add_argument("--changed-since", metavar="REV",
                         help="run only the groups changed since REV ('recorded': each group since the commit its "
                         "recorded figures were measured at) or never measured")
@@ -1816,7 +1886,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [g for g in GROUPS if not g.pending and (not args.only or g.name in args.only)]
     if args.changed_since:
         todo = to_rerun(todo, recorded, {n: rev for n, (rev, _) in kept_rows.items()}, args.changed_since)
-    if args.no_run:  # only the groups build/mutation/ holds a run of
+    if args.no_run or args.survivors:  # only the groups build/mutation/ holds a run of
         if missing := [g.name for g in todo if staged_run(g) is None]:
             print(f"no run in {STAGE.relative_to(ROOT)}/ of {', '.join(missing)}", flush=True)
         todo = [g for g in todo if g.name not in missing]
@@ -1825,13 +1895,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"recorded figures kept: {', '.join(kept) or 'none'}", flush=True)
 
     started = time.monotonic()
-    outcomes = {} if args.no_run else run_groups(todo, args.jobs, args.lanes)
+    if args.survivors:
+        outcomes = {g.name: recheck(g, args.jobs) for g in todo}
+    else:
+        outcomes = {} if args.no_run else run_groups(todo, args.jobs, args.lanes)
     wall = time.monotonic() - started
     recorded = recorded_results()  # read again: another run may have recorded other groups meanwhile
     kept_rows = recorded_groups(recorded)
     rows, groups_table, problems, unmeasured = report_rows(todo, outcomes, recorded, kept_rows, args.no_run)
     cpu = sum(run.cpu for _, run, _ in outcomes.values())
-    if outcomes:
+    if outcomes and args.survivors:  # each group's row keeps its whole run's figures
+        retested = sum(json.loads((STAGE / g.name / MARK).read_text()).get("survivors_retested", 0) for g in todo
+                       if (STAGE / g.name / MARK).is_file())
+        groups_table.append(f"| this run: survivors re-tested | {_head()} | {retested} | | {wall / 60:.1f} min | |")
+    elif outcomes:
         mutants = sum(sum(r.statuses.values()) for results, _, _ in outcomes.values() for r in results)
         groups_table.append(f"| this run | {_head()} | {mutants} | | {wall / 60:.1f} min | {cpu / 60:.1f} min |")
 
