@@ -1,31 +1,41 @@
 """cli.py's pieces in this process, against a real Redis and real files: the worker's settings from its
 environment, the runs and the simulator's spec a seed reads, how a user's files are read, where a dataset
 comes from, the queue a command opens, `status` and `requeue` line by line, `wait-drained`'s verdict.
+`worker` whole, in this process: it trains a seeded queue, refuses a GPU it cannot use, gives up on an
+unreachable Redis after its retry budget, and stops on SIGTERM.
 (test_cli.py drives whole commands; `make mutation` runs these for each of cli.py's mutants.)"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 from exports import one_error_line
 
 from workload import cli
 from workload.core import preemption
+from workload.core.errors import EXIT_GPU_UNUSABLE, EXIT_INFRA, EXIT_TERMINATED
 from workload.data import dataset as ds
 from workload.data import features, simulator
 from workload.data.reading import Reading
 from workload.model.hparams import parse_runs
 from workload.queue.workqueue import CALL_TIMEOUT_S, Item, WorkQueue, connect
+from workload.runtime import gpu
 from workload.runtime.redis_server import RedisServer
+from workload.share.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -454,3 +464,157 @@ def test_requeue_all_one_run_or_one_item(server: RedisServer, redis_env: str, ru
     assert len(out.splitlines()) == 6 and q.counts().dead == 0
     code, out, _ = run("requeue")
     assert code == 0 and out == "no dead-lettered items to requeue in all runs (0 dead-lettered in total)\n"
+
+
+# -- worker: the whole command, in this process ----------------------------------------------------
+# Three training days and one test day of 100 customers, and one epoch a day: a worker drains it in seconds.
+SMALL_ARGS = ("--customers", "100", "--terminals", "80", "--train-days", "3", "--test-days", "1", "--sim-seed", "11")
+QUICK = {"epochs": 1, "batch_size": 256, "hidden": [8]}
+DAYS = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3)]
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens on port 1: every connection is refused at once
+
+
+@dataclasses.dataclass
+class Saved:
+    sigterm: object
+    sigint: object
+
+
+@pytest.fixture
+def in_process_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Saved]:
+    """What `worker` changes in the process that runs it, put back afterwards: the SIGTERM and SIGINT handlers it
+    installs (pytest's own again, so no later signal reaches a finished worker), torch's thread count, the root
+    logger's level (setup_logging's basicConfig; clean_env removes its handler) and a SIGTERM's grace timer.
+    No GPU is given, whatever the machine: the GPU variables are unset."""
+    for name in (gpu.ENV_EXPECTED_GPUS, gpu.ENV_VISIBLE_DEVICES):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PLOT_INTERVAL_SECONDS", "3600")  # pictures only after a run's last day
+    monkeypatch.setenv("TERM_GRACE_SECONDS", "3600")  # a SIGTERM's hard exit (os._exit) never ends pytest
+    saved = Saved(signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    threads, level, before = torch.get_num_threads(), logging.root.level, set(threading.enumerate())
+    try:
+        yield saved
+    finally:
+        signal.signal(signal.SIGTERM, saved.sigterm)
+        signal.signal(signal.SIGINT, saved.sigint)
+        torch.set_num_threads(threads)
+        logging.root.setLevel(level)
+        for timer in threading.enumerate():
+            if timer not in before and isinstance(timer, threading.Timer):
+                timer.cancel()
+
+
+@contextlib.contextmanager
+def sigterm_once_handled(saved: Saved, after_s: float = 0.0) -> Iterator[None]:
+    """SIGTERM to this process `after_s` seconds into the block, as soon as the worker's handler is in place (never
+    to pytest's own handler, which would end the whole test run); no signal when the block ends first."""
+    finished = threading.Event()
+
+    def send() -> None:
+        if finished.wait(after_s):
+            return
+        while not finished.wait(0.01):
+            if signal.getsignal(signal.SIGTERM) is not saved.sigterm:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        sender.join()
+
+
+def seed_small(run: Run, tmp_path: Path) -> None:
+    """`seed` of one quick run over a small simulated dataset, into redis_env's queue and share."""
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": QUICK}))
+    code, _, err = run("seed", "--runs-file", str(runs), *SMALL_ARGS)
+    assert code == 0, err
+
+
+def test_the_worker_trains_every_item_logs_its_id_and_exits_0(server: RedisServer, redis_env: str, run: Run,
+                                                            in_process_worker: Saved, tmp_path: Path) -> None:
+    seed_small(run, tmp_path)
+    torch.set_num_threads(2)  # not what --threads asks
+    code, out, err = run("worker", "--worker-id", "cli-w1", "--threads", "1")
+    assert code == 0 and out == "", err
+    assert torch.get_num_threads() == 1, "--threads sets torch's CPU threads"
+    c = queue_of(server, redis_env).counts()
+    assert (c.pending, c.leased, c.done, c.dead, c.total) == (0, 0, 3, 0, 3) and c.drained
+    run_dir = tmp_path / "share" / "output" / "main"
+    loaded = CheckpointStore(run_dir).load()
+    assert loaded is not None and loaded.state["applied"] == DAYS
+    assert (run_dir / "report.txt").read_text().count("training dataset: ") == 3
+    logs = [line for line in err.splitlines() if LOG_LINE.match(line)]
+    assert len(logs) > 3 and all(" [cli-w1]: " in line for line in logs), err
+    assert logs[-1].endswith(" INFO workload.runtime.worker [cli-w1]: queue drained: 3 done of 3; exiting 0"), err
+    for signum, saved in ((signal.SIGTERM, in_process_worker.sigterm), (signal.SIGINT, in_process_worker.sigint)):
+        handler = signal.getsignal(signum)
+        assert callable(handler) and handler is not saved, f"the worker installs its {signum.name} handler"
+
+
+def test_a_worker_given_a_gpu_cuda_cannot_use_exits_6_claiming_nothing(server: RedisServer, redis_env: str,
+                                                                       run: Run, in_process_worker: Saved,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    seed_small(run, tmp_path)
+    monkeypatch.setenv(gpu.ENV_EXPECTED_GPUS, "64")  # more GPUs than any machine running this holds
+    reason = gpu.unusable_reason()
+    assert reason.startswith("this pod was given a GPU (EXPECTED_GPUS=64) but CUDA sees "), reason
+    code, out, err = run("worker", "--worker-id", "cli-w1")
+    assert (code, out, err) == (EXIT_GPU_UNUSABLE, "", f"error: {reason}\n")
+    c = queue_of(server, redis_env).counts()
+    assert (c.pending, c.leased, c.done, c.dead, c.total) == (3, 0, 0, 0, 3), "nothing claimed"
+    assert not (tmp_path / "share" / "output" / "main" / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGTERM) is in_process_worker.sigterm, "refused before any handler"
+
+
+# A worker still retrying after 20 s is stopped by SIGTERM (exit 143, not 3): the retry budget it should have had is
+# 1 s, so the test fails in 20 s rather than after the 300 s default. The pytest timeout is a last resort.
+GAVE_UP_WITHIN_S = 20
+
+
+@pytest.mark.timeout(60)
+def test_the_worker_gives_up_on_an_unreachable_redis_after_redis_retry_seconds(
+        run: Run, in_process_worker: Saved, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SHARE_DIR", str(tmp_path / "share"))
+    monkeypatch.setenv("REDIS_RETRY_SECONDS", "1")
+    with sigterm_once_handled(in_process_worker, after_s=GAVE_UP_WITHIN_S):
+        code, out, err = run("worker", "--redis-url", UNREACHABLE)
+    assert code == EXIT_INFRA and out == "", f"still retrying after {GAVE_UP_WITHIN_S}s, not 1 s: {err}"
+    assert "Redis unreachable for 1s during " in one_error_line(err)
+
+
+@pytest.mark.timeout(60)
+def test_the_workers_queue_retries_for_the_workers_configured_budget(
+        run: Run, in_process_worker: Saved, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The queue's retry budget is the worker settings' redis_retry_s, not a second reading of the environment:
+    a budget set in the settings alone (the environment leaves the 300 s default) is the one kept."""
+    monkeypatch.setenv("SHARE_DIR", str(tmp_path / "share"))
+    configured = cli.worker_config
+    monkeypatch.setattr(cli, "worker_config",
+                        lambda args: dataclasses.replace(configured(args), redis_retry_s=1.0))
+    with sigterm_once_handled(in_process_worker, after_s=GAVE_UP_WITHIN_S):
+        code, _, err = run("worker", "--redis-url", UNREACHABLE)
+    assert code == EXIT_INFRA, f"still retrying after {GAVE_UP_WITHIN_S}s, not the configured 1 s: {err}"
+    assert "Redis unreachable for 1s during " in one_error_line(err)
+
+
+def test_sigterm_stops_an_in_process_worker_with_143(server: RedisServer, redis_env: str, run: Run,
+                                                   in_process_worker: Saved, tmp_path: Path) -> None:
+    """The run's next day is leased by a peer, so the worker waits; SIGTERM, sent once the worker's handler is
+    in place, ends the wait: exit 143, nothing claimed. Without the handler the peer's lease runs out after 10 s
+    and the worker trains everything: exit 0."""
+    seed_small(run, tmp_path)
+    queue = queue_of(server, redis_env)
+    assert queue.claim("peer", ttl_s=10) is not None
+    with sigterm_once_handled(in_process_worker):
+        code, out, err = run("worker", "--worker-id", "cli-w1")
+    assert code == EXIT_TERMINATED and out == "", err
+    assert " WARNING workload.runtime.worker [cli-w1]: SIGTERM received: stopping at the next batch boundary" in err
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.dead) == (2, 1, 0, 0), "the worker claimed nothing; the peer's lease holds"
