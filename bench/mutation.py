@@ -432,6 +432,7 @@ PLOTS = "workload/model/plots.py"
 PUBLISH = "workload/data/publish.py"
 EXPORT = "workload/model/export.py"
 SCORE = "workload/model/score.py"
+CLI = "workload/cli.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -1409,6 +1410,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "leading '\\r', or print's '\\n'), so it is flushed at once either way")
       for call in ('end="", file=sys.stderr, ', "print(line, file=sys.stderr, ")
       for after in ("flush=None", "flush=False", "")),
+    # cli.py
+    Equivalent(CLI, "password = None", 'password = ""',
+               "status's `password` (None unless --dir read one) is only passed to make_queue, which reads it as "
+               "`password or env(\"REDIS_PASSWORD\")`: None and \"\" are both falsy, so REDIS_PASSWORD is used alike"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -618,3 +618,156 @@ def test_sigterm_stops_an_in_process_worker_with_143(server: RedisServer, redis_
     assert " WARNING workload.runtime.worker [cli-w1]: SIGTERM received: stopping at the next batch boundary" in err
     c = queue.counts()
     assert (c.pending, c.leased, c.done, c.dead) == (2, 1, 0, 0), "the worker claimed nothing; the peer's lease holds"
+
+
+# -- status --dir, requeue's edges, wait-drained's timings, export's and score's errors --------------------
+
+
+def test_status_dir_reads_a_running_locals_redis_password_and_share(server: RedisServer, redis_env: str,
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    run: Run) -> None:
+    """The folder's connection file wins over --redis-url, REDIS_PASSWORD and SHARE_DIR: all three point
+    elsewhere here (a closed port, a wrong password, a share whose plan cannot be read)."""
+    from workload.queue import plan
+    from workload.runtime.local import write_connection
+
+    base, share = tmp_path / "local", tmp_path / "local" / "share"
+    write_connection(base, server, share)  # written by this process, which is alive: a running `local`
+    elsewhere = tmp_path / "elsewhere"
+    plan.record(elsewhere, plan.RunSpec(run="other", dataset="fraud", hparams={}))  # no dataset: unreadable plan
+    for name, value in (("REDIS_URL", "redis://127.0.0.1:1/0"), ("REDIS_PASSWORD", "wrong"),
+                        ("SHARE_DIR", str(elsewhere))):
+        monkeypatch.setenv(name, value)
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("a", 2)])
+    q.mark_seeded()
+    code, out, err = run("status", "--dir", str(base))
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"queue {redis_env}: 2 items: 2 pending, 0 leased, 0 done, 0 dead-lettered",
+        "run a: 0/2 shards applied, 2 pending, 0 dead-lettered",
+        "share vs queue: the share's plan is 0 run(s), 0 item(s); the queue holds them all"]
+    code, out, _ = run("status", "--share", str(share), "--redis-url", server.url)
+    assert code == 2 and out == "", "without --dir, REDIS_PASSWORD is the password (a wrong one here)"
+
+
+def test_status_dir_without_a_running_local_is_one_line_exit_2(tmp_path: Path, run: Run) -> None:
+    code, out, err = run("status", "--dir", str(tmp_path))
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: --dir {tmp_path}: no `python -m workload local` is running there (no "
+        f"{tmp_path / 'redis' / 'connection.json'}); start it with `make local`")
+
+
+def test_requeue_accepts_an_item_of_the_run_named(server: RedisServer, redis_env: str, run: Run) -> None:
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("a", 2), day("b", 1)])
+    for _ in range(3):
+        lease = q.claim("w", ttl_s=60)
+        q.release(lease, error=f"broken {lease.item.id}", permanent=True)
+    code, out, err = run("requeue", "--run", "a", "--item", "a/training/2018-04-02.parquet")
+    assert code == 0, err
+    assert out.splitlines() == [
+        "requeued 1 dead-lettered item(s) in item a/training/2018-04-02.parquet, attempts reset:",
+        "  a/training/2018-04-02.parquet (was: broken a/training/2018-04-02.parquet)",
+        "2 still dead-lettered (malformed, or outside the selection): a/training/2018-04-01.parquet, "
+        "b/training/2018-04-01.parquet"], "five or fewer left: every one named, nothing after them"
+
+
+def test_requeue_prints_a_question_mark_for_an_error_it_did_not_see(server: RedisServer, redis_env: str,
+                                                                     run: Run) -> None:
+    """`before` is read from the snapshot, which lists runs from the queue's set of runs: a dead letter of a run
+    missing from that set (or whose record lacks its error) is requeued all the same, its error unknown."""
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("b", 1)])
+    for _ in range(2):
+        lease = q.claim("w", ttl_s=60)
+        q.release(lease, error="broken", permanent=True)
+    q.redis.srem(q.keys.runs, "a")  # a's dead letter is in no run `status` lists
+    q.redis.hset(q.keys.dead, "b/training/2018-04-01.parquet", json.dumps({"attempts": 1}))  # no error recorded
+    code, out, err = run("requeue")
+    assert code == 0, err
+    assert out.splitlines() == ["requeued 2 dead-lettered item(s) in all runs, attempts reset:",
+                                "  a/training/2018-04-01.parquet (was: ?)",
+                                "  b/training/2018-04-01.parquet (was: ?)"]
+    assert q.counts().pending == 2 and q.counts().dead == 0
+
+
+def test_requeue_fails_fast_when_redis_is_unreachable(redis_env: str, monkeypatch: pytest.MonkeyPatch,
+                                                      run: Run) -> None:
+    """requeue is for a person at a terminal, as status is: its 3 s, not REDIS_RETRY_SECONDS (a worker's)."""
+    import time
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("REDIS_RETRY_SECONDS", "7")
+    started = time.monotonic()
+    code, out, err = run("requeue")
+    took = time.monotonic() - started
+    assert code == 3 and out == ""
+    assert "ERROR workload: Redis unreachable for 3s during snapshot: " in one_error_line(err), err
+    assert took < 15, f"requeue took {took:.1f}s against a closed port"
+
+
+def test_wait_drained_waits_its_timeout_looking_every_poll(server: RedisServer, redis_env: str, run: Run) -> None:
+    """--timeout 1 --poll 0.05: about twenty looks, then 'after 1s' (--poll's 0.05 s as the timeout would
+    say 0s; the default 5 s poll would sleep once, to the deadline, after one look)."""
+    queue_of(server, redis_env).enqueue([day("r", 1)])
+    code, out, err = run("wait-drained", "--timeout", "1", "--poll", "0.05")
+    assert code == 3 and out == ""
+    assert one_error_line(err).endswith(
+        "ERROR workload.runtime.launch: queue not drained after 1s: 1 pending, 0 leased")
+    looks = err.count("waiting for training to finish: 1 pending, 0 leased")
+    assert looks >= 3, f"{looks} look(s) in a second at a 0.05 s poll"
+
+
+def test_export_without_a_destination_is_one_line_exit_2(tmp_path: Path, run: Run) -> None:
+    code, out, err = run("export", "--share", str(tmp_path / "share"), "--run", "main")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        "ERROR workload: --to is required (or env OUTPUT_URI): a folder, or gs://bucket/prefix")
+
+
+def test_export_of_a_run_whose_files_cannot_be_read_names_the_share_and_run(tmp_path: Path, run: Run) -> None:
+    share = tmp_path / "share"
+    checkpoints = share / "output" / "main" / "checkpoints"
+    checkpoints.parent.mkdir(parents=True)
+    checkpoints.write_text("a file where the checkpoints folder should be")
+    code, out, err = run("export", "--share", str(share), "--run", "main", "--to", str(tmp_path / "out"))
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: --share {share}: cannot read run 'main' ([Errno 20] Not a directory: '{checkpoints}')")
+    assert not (tmp_path / "out").exists()
+
+
+def test_score_names_a_data_file_it_cannot_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+    """A socket where a day's file should be: opening it fails with ENXIO, an OSError whose strerror is the
+    message (not the exception's text, which repeats the path)."""
+    import torch
+
+    from workload.model.export import model_bytes
+    from workload.model.hparams import HParams
+    from workload.model.trainer import Trainer
+
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(model_bytes(Trainer("m", HParams(hidden=(4,)), features.FEATURE_NAMES, torch.device("cpu"),
+                                          features.FEATURE_VERSION).state_dict()))
+    data = tmp_path / "data"
+    (data / "training").mkdir(parents=True)
+    monkeypatch.chdir(data / "training")  # a relative name: a socket's path is limited to 107 bytes
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("2018-04-01.parquet")
+    code, out, err = run("score", "--model", str(model), "--datasets", str(data), "--out", str(tmp_path / "s.parquet"))
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(f"ERROR workload: --datasets {data}: No such device or address")
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_worker_config_refusals_past_the_parser_are_usage_errors() -> None:
+    """Every value WorkerConfig refuses, the parser and env_seconds refuse first; its own check is the layer
+    behind them (a flag added without one), and still ends as one usage line naming the field."""
+    args = parse("worker")
+    args.lease_ttl = 0.0
+    with pytest.raises(cli.UsageError) as err:
+        cli.worker_config(args)
+    assert str(err.value) == "lease_ttl_s=0.0 is not allowed: it must be positive"
+    assert isinstance(err.value.__cause__, ValueError)
