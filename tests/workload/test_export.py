@@ -459,6 +459,30 @@ def test_a_bucket_export_uploads_what_changed_by_checksum_with_content_types(buc
         assert bucket.blob(f"main/{name}").download_as_bytes() == data, name
 
 
+def test_a_bucket_export_that_may_not_list_uploads_every_file(bucket, caplog, monkeypatch) -> None:
+    """Listing only spares uploads: a role that may write objects but not list them (no storage.objects.list)
+    still exports, uploading every file, one already there with the same bytes included."""
+    from google.api_core import exceptions
+
+    caplog.set_level(logging.INFO, logger="workload.model.export")
+    files = {"report.txt": b"report\n", MODEL_FILE: b"model"}
+    bucket.blob("out/main/report.txt").upload_from_string(files["report.txt"])  # would be spared if listed
+    denial = "exporter@p.iam.gserviceaccount.com does not have storage.objects.list access to the bucket."
+
+    def list_blobs(*args, **kwargs):  # as the client's iterator does: the 403 comes with the first page
+        raise exceptions.Forbidden(denial)
+        yield
+
+    monkeypatch.setattr(bucket.client, "list_blobs", list_blobs)
+    export = RunExport(run="main", files=files, days_applied=1)
+    assert write_gs(export, f"gs://{bucket.name}/out", client=bucket.client) == f"gs://{bucket.name}/out/main/"
+    said = [r.getMessage() for r in caplog.records if r.name == "workload.model.export"]
+    assert said == [f"gs://{bucket.name}/out/main/: cannot list objects ({denial}); uploading every file",
+                    f"gs://{bucket.name}/out/main/: 2 object(s) uploaded, 0 already there"]
+    for name, data in files.items():
+        assert bucket.blob(f"out/main/{name}").download_as_bytes() == data, name
+
+
 def test_a_bucket_export_that_fails_says_where_and_why_in_one_line(emulator: str, monkeypatch) -> None:
     export = RunExport(run="main", files={"report.txt": b"report\n"}, days_applied=1)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator)

@@ -162,6 +162,19 @@ def test_score_errors_name_the_users_file_never_the_staging_copy(model: Path, da
     assert "score-" not in errors[0] and not (tmp_path / "s.parquet").exists()
 
 
+def test_score_warnings_name_the_users_folder_never_the_staging_copy(model: Path, dataset_src: Path, tmp_path: Path,
+                                                                    capsys) -> None:
+    """A folder with no history/ days: the shortened feature windows are the user's to fix, in their folder. The
+    warning named the temporary copy's folder ("dataset dataset: ..."), which told them nothing."""
+    folder = copy_files(dataset_src, tmp_path / "export")
+    code, err = run(capsys, "score", "--model", str(model), "--datasets", str(folder), "--days", "testing",
+                    "--out", str(tmp_path / "s.parquet"))
+    assert code == 0, err
+    shortfall = ds.history_shortfall(ds.Dataset(dataset_src).files)
+    assert shortfall and shortfall.endswith("put earlier days in history/ to give them full history")
+    assert said(err, "WARNING", publish.__name__) == [f"{folder}: {shortfall}"]
+
+
 def test_score_refuses_a_symbolic_link_in_the_folder(model: Path, dataset_src: Path, tmp_path: Path, capsys) -> None:
     folder = copy_files(dataset_src, tmp_path / "export", role_of=tomorrow_as_scoring)
     secret = tmp_path / "secret.csv"

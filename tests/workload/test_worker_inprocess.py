@@ -23,7 +23,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -869,6 +869,71 @@ def test_a_queue_wiped_while_the_worker_runs_is_restored_from_the_share(env: Sha
     assert queue.counts().total == 0
 
 
+def test_a_queue_wiped_between_two_days_is_restored_by_the_loop_and_the_run_finishes(env: Share) -> None:
+    """Redis loses everything right after the first day's ack, past the loop's opening reconcile: the loop finds
+    the queue empty and unseeded, restores it from the share and goes on claiming (not stopping as if signalled):
+    exit 0, every day applied once."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    real = worker.process
+    wiped: list[str] = []
+
+    def then_wiped(lease):
+        outcome = real(lease)
+        if not wiped:
+            queue.redis.flushall()
+            wiped.append(lease.item.shard)
+        return outcome
+
+    worker.process = then_wiped  # type: ignore[method-assign]
+    assert worker.run() == EXIT_DONE
+    assert wiped == [DAYS[0]]
+    state = env.state()
+    assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS, "day 1 not trained again"
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.total) == (0, 0, 3, 3) and queue.seeded()
+
+
+def test_a_run_recorded_on_the_share_while_the_worker_runs_is_trained_before_it_exits(env: Share) -> None:
+    """The queue drains, but the share's plan holds a run Redis lacks (recorded after the loop's opening
+    reconcile: a Redis restored from an older snapshot looks the same): the loop adds it and trains it, and
+    exits 0 only once the share's plan is done."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    real = worker.process
+
+    def recording_a_run(lease):
+        plan.record(env.share, plan.RunSpec(run="second", dataset="fraud", hparams=QUICK))
+        return real(lease)
+
+    worker.process = recording_a_run  # type: ignore[method-assign]
+    assert worker.run() == EXIT_DONE
+    assert env.state()["applied"] == env.state("second")["applied"] == DAYS
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.total) == (0, 0, 6, 6)
+
+
+def test_a_share_plan_that_cannot_be_read_adds_nothing_and_a_drained_queue_exits_0(
+        env: Share, caplog: pytest.LogCaptureFixture) -> None:
+    """A run record on the share that is not one: reconcile cannot compare, says so, and reports nothing added
+    (True would send the loop round again forever); the drained queue exits 0."""
+    queue = env.seed()
+    assert queue.mark_done(plan.items(env.share)) == len(DAYS)
+    broken = env.share / "runs" / "broken.json"
+    broken.write_text("{not json")
+    worker = Worker(env.config(), queue)
+    assert worker.reconcile() is False
+    assert any(r.message.startswith(f"cannot compare the queue with the share's plan: {broken}: not a run record")
+               for r in caplog.records), [r.message for r in caplog.records]
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    t.start()
+    t.join(10)
+    worker.stop.set()  # a bound: a loop that went round forever ends here, with 143
+    t.join(5)
+    assert result == [EXIT_DONE]
+
+
 def test_a_backfilled_day_rewinds_the_run_to_the_boundary_before_it_and_applies_the_later_days_again(
         env: Share) -> None:
     """The in-process twin of test_late_days.py: day 2 published after days 1 and 3 were applied. Its attempt goes
@@ -928,6 +993,128 @@ def test_a_day_before_every_applied_one_rewinds_to_a_cold_start(env: Share) -> N
     assert env.state()["reapplied"][0]["from"] == "a cold start"
     assert env.state()["reapplied"][0]["reapplied"] == DAYS[1:]
     assert worker.run() == EXIT_DONE and env.state()["applied"] == DAYS
+
+
+def withhold(env: Share, days: list[str], spec: simulator.SimulationSpec = SPEC) -> Callable[[str], None]:
+    """The dataset published on the share without `days` (their files held back); the function returned
+    publishes one of them late, as a backfill does (seed, given a new day, enqueues it)."""
+    target = env.share / "datasets" / "fraud"
+    simulator.generate(target, spec)
+    held = {day: (target / day).read_bytes() for day in days}
+    for day in days:
+        (target / day).unlink()
+    ds.write_manifest(target)
+    ds.Dataset(target).ensure_features()
+
+    def publish(day: str) -> None:
+        (target / day).write_bytes(held.pop(day))
+        ds.write_manifest(target)
+        ds.Dataset(target).ensure_features()
+
+    return publish
+
+
+def test_every_rewind_of_a_lineage_is_recorded_in_utc_including_one_from_a_checkpoint_without_records(
+        env: Share) -> None:
+    """Days published newest first: day 3, then day 2, then day 1. Each late day rewinds the run to a cold start,
+    and the lineage keeps every rewind's record, the first one's carried on by the second, each stamped with the
+    UTC time it happened (the process's local zone is UTC+05:30 here). The first rewind starts from a checkpoint
+    written before rewinds were recorded (no "reapplied" entry): it has none to carry on."""
+    publish = withhold(env, DAYS[:2])
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    assert worker.run() == EXIT_DONE and env.state()["applied"] == [DAYS[2]]
+    store = CheckpointStore(env.share / "output" / "main")
+    loaded = store.load()
+    older = {k: v for k, v in loaded.state.items() if k != "reapplied"}
+    assert store.save(older, path=store.next_path(loaded.token), may_promote=lambda: True) is not None
+    assert "reapplied" not in store.load().state
+
+    def late(day: str) -> tuple[datetime, datetime]:
+        publish(day)
+        queue.enqueue(plan.items(env.share))
+        started = datetime.now(UTC).replace(microsecond=0)
+        with local_time_zone("Asia/Kolkata"):
+            assert worker.run() == EXIT_DONE
+        return started, datetime.now(UTC)
+
+    first = late(DAYS[1])
+    assert env.state()["applied"] == DAYS[1:]
+    second = late(DAYS[0])
+    state = env.state()
+    assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS
+    records = state["reapplied"]
+    assert [{k: r[k] for k in ("day", "reapplied", "from", "why")} for r in records] == [
+        {"day": DAYS[1], "reapplied": [DAYS[2]], "from": "a cold start",
+         "why": f"{DAYS[1]} arrived after {DAYS[2]} was applied (a backfill or a requeued day)"},
+        {"day": DAYS[0], "reapplied": DAYS[1:], "from": "a cold start",
+         "why": f"{DAYS[0]} arrived after {DAYS[2]} was applied (a backfill or a requeued day)"}]
+    for record, (started, ended) in zip(records, (first, second), strict=True):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", record["time"]), record["time"]
+        when = datetime.strptime(record["time"], "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+        assert started <= when <= ended, (record["time"], started, ended)
+    report = (env.share / "output" / "main" / "report.txt").read_text()
+    assert [line for line in report.splitlines() if line.startswith("re-applied at ")] == [
+        f"re-applied at {r['time']}: {', '.join(r['reapplied'])}, because {r['why']}; the run went back to "
+        f"a cold start and applied {r['day']} and every later day in date order" for r in records]
+
+
+DAYS4 = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3, 4)]
+
+
+def test_a_late_day_whose_boundary_checkpoint_is_gone_is_dead_lettered_with_what_to_do(env: Share) -> None:
+    """Four days, day 2 published after days 1, 3 and 4 were applied, and the checkpoint that ends day 1 removed
+    from the share meanwhile (by hand, or by an older version's retention): the reports written since say it was
+    pruned, and day 2, which cannot rewind to it, is dead-lettered at once with what to do; the run is untouched."""
+    publish = withhold(env, [DAYS4[1]], dataclasses.replace(SPEC, train_days=4))
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    for _ in range(2):
+        assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    store = CheckpointStore(env.share / "output" / "main")
+    assert store.load().state["applied"] == [DAYS4[0], DAYS4[2]]
+    gone = store.load().state["history"][0]["checkpoint"]
+    for _, path in store.manifests():
+        entries = json.loads(path.read_text())["entries"]
+        path.write_text(json.dumps({"entries": [e for e in entries if e["file"] != gone]}))
+    (store.dir / gone).unlink()
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    state = env.state()
+    assert state["applied"] == [DAYS4[0], DAYS4[2], DAYS4[3]]
+    lines = [line for line in (env.share / "output" / "main" / "report.txt").read_text().splitlines()
+             if line.startswith("model checkpoint: ")]
+    assert lines == [f"model checkpoint: {store.dir / gone} (pruned: only the newest checkpoints are kept)",
+                     *(f"model checkpoint: {store.dir / h['checkpoint']}" for h in state["history"][1:])]
+
+    newest = store.load().path
+    publish(DAYS4[1])
+    queue.enqueue(plan.items(env.share))
+    lease = queue.claim("w1", 10)
+    assert lease.item.shard == DAYS4[1]
+    assert worker.process(lease) is Outcome.FAILED
+    entry = dead(queue)[lease.item.id]
+    assert entry["attempts"] == 1
+    assert entry["error"] == (
+        f"run main: day {DAYS4[1]} arrived after later days were applied ({DAYS4[2]} ...), and the boundary "
+        f"checkpoint before it is no longer in {store.dir}: retrain from scratch by seeding a new run name with "
+        "the same hyperparameters (seed --runs-file), which applies every day in date order")
+    assert store.load().path == newest, "nothing promoted"
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 3, 1), "days 3 and 4 stay done: nothing was rewound"
+
+
+def test_keep_checkpoints_bounds_the_mid_day_checkpoints_kept_on_the_share(env: Share) -> None:
+    """A checkpoint at every batch, `keep_checkpoints` 2: after the day the share holds the newest two, the day's
+    boundary and the mid-day one before it, and the manifest keeps exactly those."""
+    queue = env.seed({"main": {**QUICK, "batch_size": 8}})
+    worker = Worker(env.config(checkpoint_interval_s=1e-9, keep_checkpoints=2), queue)
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    boundary = env.state()["history"][-1]["checkpoint"]
+    seq, token = re.fullmatch(r"ckpt-(\d{8})-t(\d+)\.pt", boundary).groups()
+    assert int(seq) >= 4, "mid-day checkpoints were written, and the older ones pruned"
+    files = sorted(p.name for p in (env.share / "output" / "main" / "checkpoints").glob("ckpt-*.pt"))
+    assert files == [f"ckpt-{int(seq) - 1:08d}-t{token}.pt", boundary]
+    assert CheckpointStore(env.share / "output" / "main").retained() == set(files)
 
 
 def test_an_empty_never_seeded_queue_with_no_runs_on_the_share_exits_3(env: Share) -> None:

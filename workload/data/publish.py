@@ -84,15 +84,17 @@ def _changed(f: SourceFile, entry: dict[str, Any]) -> str:
 
 
 def publish(root: Path, src: Source, reading: Reading = AS_IS,
-            required: tuple[str, ...] = ds.REQUIRED_ROLES) -> Outcome:
+            required: tuple[str, ...] = ds.REQUIRED_ROLES, called: str | None = None) -> Outcome:
     """Bring the dataset at `root` up to date with `src`, its files read through `reading`: copy
     what is new, refuse what changed. `required`: the roles the dataset must have (score needs none).
+    `called`: what its warnings call the dataset, "dataset <name>" unless given (score's copy is a
+    temporary folder: it names the user's source instead).
 
     Loaders of one dataset take turns: the later one syncs against what the earlier one published."""
     root.parent.mkdir(parents=True, exist_ok=True)
     with _publishing(root):
         _remove_staging(root)
-        return _publish(root, src, reading, required)
+        return _publish(root, src, reading, required, called or f"dataset {root.name}")
 
 
 def lock_path(root: Path) -> Path:
@@ -117,7 +119,7 @@ def _publishing(root: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...]) -> Outcome:
+def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...], called: str) -> Outcome:
     manifest = ds.read_manifest(root) if (root / ds.MANIFEST).exists() else None
     if manifest is None and root.exists():
         if any(root.iterdir()):
@@ -144,7 +146,7 @@ def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...
         entries = _add(root, src, new, manifest is None, entries, reading, required)
     warning = ds.history_shortfall(entries)
     if warning:
-        log.warning("dataset %s: %s", root.name, warning)
+        log.warning("%s: %s", called, warning)
     return Outcome(root=root, source=src.uri, copied=[f.rel for f in new], unchanged=len(listed) - len(new),
                    entries=entries)
 

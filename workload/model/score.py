@@ -118,8 +118,8 @@ def open_dataset(src: str, tmp: Path, reading: Reading) -> ds.Dataset:
     publishing = logging.getLogger(publish.__name__)
     level = publishing.level
     publishing.setLevel(logging.WARNING)  # "published into <tmp>" would name the temporary copy
-    try:
-        outcome = publish.publish(tmp / "dataset", source.open_source(src), reading, required=())
+    try:  # its warnings name `src`, never the copy ("dataset dataset: ..." told the user nothing)
+        outcome = publish.publish(tmp / "dataset", source.open_source(src), reading, required=(), called=src)
     finally:
         publishing.setLevel(level)
     log.info("read %d file(s) from %s", len(outcome.copied), src)
