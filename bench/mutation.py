@@ -1414,6 +1414,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(CLI, "password = None", 'password = ""',
                "status's `password` (None unless --dir read one) is only passed to make_queue, which reads it as "
                "`password or env(\"REDIS_PASSWORD\")`: None and \"\" are both falsy, so REDIS_PASSWORD is used alike"),
+    Equivalent(CLI, 'reading.check_format(args.datetime_format, "--datetime-format")',
+               "reading.check_format(args.datetime_format, )",
+               "check_format's `flag` parameter defaults to \"--datetime-format\" (workload/data/reading.py), the very "
+               "string dropped: its refusal names --datetime-format either way"),
+    *(Equivalent(CLI, "specs.setdefault(name, {})", f"specs.setdefault(name, {after})",
+                 "`specs` is local to load_runs and read only by parse_runs (`specs or ...` is non-empty either way), "
+                 "whose first step for each run is `spec = {} if spec is None else spec` (workload/model/hparams.py): "
+                 "a --run the runs file does not name gets the default hyperparameters either way")
+      for after in ("None", "")),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

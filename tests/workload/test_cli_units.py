@@ -1,6 +1,8 @@
 """cli.py's pieces in this process, against a real Redis and real files: the worker's settings from its
 environment, the runs and the simulator's spec a seed reads, how a user's files are read, where a dataset
 comes from, the queue a command opens, `status` and `requeue` line by line, `wait-drained`'s verdict.
+`seed` in this process: the reading a published export keeps, where the simulator stages, the runs' hyperparameters
+in Redis, and which Jobs the scheduled loader posts to an API server on loopback (apiserver.py).
 `worker` whole, in this process: it trains a seeded queue, refuses a GPU it cannot use, gives up on an
 unreachable Redis after its retry budget, and stops on SIGTERM.
 (test_cli.py drives whole commands; `make mutation` runs these for each of cli.py's mutants.)"""
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -16,14 +19,17 @@ import re
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
-from exports import one_error_line
+from apiserver import ApiServer, api_server
+from exports import BANK_COLUMNS, bank_export, one_error_line, write_mapping
 
 from workload import cli
 from workload.core import preemption
@@ -31,11 +37,13 @@ from workload.core.errors import EXIT_GPU_UNUSABLE, EXIT_INFRA, EXIT_TERMINATED
 from workload.data import dataset as ds
 from workload.data import features, simulator
 from workload.data.reading import Reading
-from workload.model.hparams import parse_runs
+from workload.model.hparams import HParams, default_seed, parse_runs
+from workload.queue import plan
 from workload.queue.workqueue import CALL_TIMEOUT_S, Item, WorkQueue, connect
-from workload.runtime import gpu
+from workload.runtime import gpu, launch
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
+from workload.share.fsutil import tmp_dir_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -771,3 +779,126 @@ def test_worker_config_refusals_past_the_parser_are_usage_errors() -> None:
         cli.worker_config(args)
     assert str(err.value) == "lease_ttl_s=0.0 is not allowed: it must be positive"
     assert isinstance(err.value.__cause__, ValueError)
+
+
+# -- seed: the reading a published export keeps, where the simulator stages, a share not made yet, the runs'
+# hyperparameters in Redis, and which Jobs the scheduled loader starts ---------------------------------------
+DAY_FIRST = "%d/%m/%Y %H:%M:%S"
+
+
+def test_a_bank_export_is_published_with_its_column_mapping_and_date_format(tmp_path: Path,
+                                                                            dataset_src: Path) -> None:
+    """The bank's own column names (--columns) and day-first dates (--datetime-format): published as they are, with
+    the reading recorded, so every day reads back as the canonical file it came from."""
+    export = bank_export(dataset_src, tmp_path / "export")
+    for path in export.glob("*/*.csv"):
+        day = pd.read_csv(path)
+        day["ts"] = pd.to_datetime(day["ts"], utc=True).dt.strftime(DAY_FIRST)
+        day.to_csv(path, index=False)
+    root = tmp_path / "datasets" / "bank"
+    root.parent.mkdir()
+    args = parse("seed", "--datasets", str(export), "--columns", str(write_mapping(tmp_path / "columns.yaml")),
+                 "--datetime-format", DAY_FIRST)
+    assert cli.place_dataset(args, root) == 0
+    assert ds.read_manifest(root)["reading"] == {"columns": BANK_COLUMNS, "datetime_format": DAY_FIRST}
+    published = ds.Dataset(root)
+    originals = sorted(dataset_src.glob("*/*.parquet"))
+    assert sorted(f["path"] for f in published.files) == sorted(f"{p.parent.name}/{p.stem}.csv" for p in originals)
+    for original in originals:
+        pd.testing.assert_frame_equal(published.transactions(f"{original.parent.name}/{original.stem}.csv"),
+                                      ds.read_transactions(original), check_exact=True)
+
+
+def test_the_simulator_stages_its_days_beside_the_dataset_not_in_the_machines_temp_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staging folder is named for this host and process in the share's datasets folder, where the next seed's
+    clean_stale_tmp finds a killed seeder's leftovers; the machine's temp folder (a pod's small ephemeral disk) is
+    never used: here it is a file, so a folder made there would fail."""
+    not_a_folder = tmp_path / "tmp-is-a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_folder))  # tempfile's default dir=, whatever TMPDIR says
+    staged: list[tuple[Path, bool]] = []
+    generate = simulator.generate
+
+    def seen(folder: Path, spec: simulator.SimulationSpec) -> None:
+        staged.append((folder, folder.is_dir()))
+        generate(folder, spec)
+
+    monkeypatch.setattr(simulator, "generate", seen)
+    root = tmp_path / "share" / "datasets" / "sim"
+    root.parent.mkdir(parents=True)
+    assert cli.place_dataset(parse("seed", *TINY_ARGS), root) == 0
+    ((folder, existed),) = staged
+    assert existed and folder.parent == root.parent and folder.name.startswith(tmp_dir_for(root).name + "-")
+    assert not folder.exists() and len(ds.read_manifest(root)["files"]) == 3
+
+
+def test_seed_makes_a_share_whose_folders_do_not_exist_yet(redis_env: str, tmp_path: Path, run: Run) -> None:
+    share = tmp_path / "new-volume" / "mounted" / "share"
+    code, _, err = run("seed", "--share", str(share), "--run", "main", *TINY_ARGS)
+    assert code == 0, err
+    assert len(ds.read_manifest(share / "datasets" / "fraud")["files"]) == 3
+
+
+def test_seed_stores_each_runs_hyperparameters_in_redis(server: RedisServer, redis_env: str, tmp_path: Path,
+                                                        run: Run) -> None:
+    """What a worker trains with: the runs file's hyperparameters, and the defaults for a --run it does not name."""
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": QUICK}))
+    code, _, err = run("seed", "--runs-file", str(runs), "--run", "extra", *TINY_ARGS)
+    assert code == 0, err
+    queue = queue_of(server, redis_env)
+    expected = parse_runs({"main": QUICK, "extra": {}}, "-")
+    assert {name: queue.spec(name) for name in ("main", "extra")} == {n: hp.to_dict() for n, hp in expected.items()}
+    assert queue.spec("extra") == HParams(seed=default_seed("extra")).to_dict()
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    """The Kubernetes API server on loopback (apiserver.py); the launcher posts there with the fixture's
+    service-account folder in place of the pod's fixed path."""
+    with api_server(tmp_path, monkeypatch) as state:
+        monkeypatch.setattr(launch, "create_job", functools.partial(launch.create_job, sa_dir=state.sa_dir))
+        yield state
+
+
+def job_files(tmp_path: Path) -> tuple[str, str]:
+    """The training and scoring Jobs' manifests, as the scheduled loader's ConfigMap mounts them."""
+    paths = []
+    for kind in ("training", "scoring"):
+        path = tmp_path / f"{kind}-job.json"
+        path.write_text(json.dumps({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": kind}}))
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def posted(api: ApiServer) -> list[str]:
+    return [body["metadata"]["name"] for _, _, body in api.posts]
+
+
+def test_the_scheduled_loader_starts_training_then_scoring_for_new_work_and_nothing_once_all_is_done(
+        server: RedisServer, redis_env: str, tmp_path: Path, run: Run, api: ApiServer) -> None:
+    """A simulated dataset has no scoring/ days: the scoring Job is started only because the training Job was
+    (its models will change). Once every item is done and nothing new arrives, neither is."""
+    training, scoring = job_files(tmp_path)
+    loader = ("seed", "--run", "main", *TINY_ARGS, "--launch-job", training, "--launch-scoring", scoring)
+    code, _, err = run(*loader)
+    assert code == 0, err
+    assert posted(api) == ["training", "scoring"]
+    assert api.posts[0][:2] == ("/apis/batch/v1/namespaces/fraud/jobs", "Bearer pod-token")
+    queue = queue_of(server, redis_env)
+    assert queue.mark_done(plan.items(tmp_path / "share")) == 2
+    code, _, err = run(*loader)
+    assert code == 0, err
+    assert posted(api) == ["training", "scoring"], "nothing added, nothing pending: no Job at all"
+
+
+def test_without_launch_job_new_training_days_do_not_start_scoring(redis_env: str, tmp_path: Path, run: Run,
+                                                                   api: ApiServer) -> None:
+    """The scoring Job waits for models that a training Job will change: without --launch-job this seed starts no
+    training, and with no new scoring/ day there is nothing to score, however many training days it added."""
+    _, scoring = job_files(tmp_path)
+    code, _, err = run("seed", "--run", "main", *TINY_ARGS, "--launch-scoring", scoring)
+    assert code == 0, err
+    assert api.posts == []
+    assert "queued 2 new item(s)" in err
