@@ -1423,6 +1423,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "whose first step for each run is `spec = {} if spec is None else spec` (workload/model/hparams.py): "
                  "a --run the runs file does not name gets the default hyperparameters either way")
       for after in ("None", "")),
+    *(Equivalent(CLI, "stream=sys.stderr, ", after,
+                 "setup_logging's basicConfig(force=True) passes neither filename nor handlers, so it builds "
+                 "StreamHandler(kwargs.pop('stream', None)), and StreamHandler.__init__ takes sys.stderr when stream "
+                 "is None (CPython's logging/__init__.py): the same sys.stderr object, read in the same call")
+      for after in ("stream=None, ", "")),
+    Equivalent(CLI, 'os.environ.get("LOG_LEVEL", "INFO").upper()', 'os.environ.get("LOG_LEVEL", "info").upper()',
+               "the default is upper-cased at once by the .upper() that follows: 'info'.upper() == 'INFO'"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).

@@ -5,6 +5,7 @@ comes from, the queue a command opens, `status` and `requeue` line by line, `wai
 in Redis, and which Jobs the scheduled loader posts to an API server on loopback (apiserver.py).
 `worker` whole, in this process: it trains a seeded queue, refuses a GPU it cannot use, gives up on an
 unreachable Redis after its retry budget, and stops on SIGTERM.
+main's answer to a Redis that wants a password, refuses one, or sends another error reply.
 (test_cli.py drives whole commands; `make mutation` runs these for each of cli.py's mutants.)"""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import redis
 import torch
 from apiserver import ApiServer, api_server
 from exports import BANK_COLUMNS, bank_export, one_error_line, write_mapping
@@ -902,3 +904,53 @@ def test_without_launch_job_new_training_days_do_not_start_scoring(redis_env: st
     assert code == 0, err
     assert api.posts == []
     assert "queued 2 new item(s)" in err
+
+
+# -- help texts, main's Redis errors, logging ---
+# (The help texts are tested in test_help.py; setup_logging's survivors are explained in bench/mutation.py.)
+def test_a_redis_asking_for_a_password_none_was_given_for_is_one_line_exit_2(server: RedisServer, redis_env: str,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           run: Run) -> None:
+    """The module's Redis has requirepass: without REDIS_PASSWORD it answers NOAUTH (redis-py raises it as an
+    AuthenticationError), with a wrong one WRONGPASS. Either is one line naming the variable, at once, never
+    retried and never the password itself."""
+    monkeypatch.delenv("REDIS_PASSWORD")
+    code, out, err = run("status")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: Redis at {server.url} requires a password: set REDIS_PASSWORD")
+    monkeypatch.setenv("REDIS_PASSWORD", "not-the-password")
+    code, out, err = run("requeue")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: Redis at {server.url} refused the password: check REDIS_PASSWORD")
+    assert "not-the-password" not in err and "retrying" not in err
+
+
+@pytest.mark.parametrize(("password", "message"), [(None, "requires a password: set REDIS_PASSWORD"),
+                                                   ("not-it", "refused the password: check REDIS_PASSWORD")])
+def test_a_noauth_reply_raised_as_a_plain_response_error_is_the_password_message_too(
+        password: str | None, message: str, monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+    """main also reads NOAUTH in a plain ResponseError's text (a client or proxy that does not map the reply to
+    AuthenticationError, as the installed redis-py does): the same one line and exit 2, not a traceback."""
+    if password:
+        monkeypatch.setenv("REDIS_PASSWORD", password)
+
+    def refused(self: WorkQueue) -> None:
+        raise redis.ResponseError("NOAUTH Authentication required.")
+
+    monkeypatch.setattr(WorkQueue, "snapshot", refused)
+    code, out, err = run("status", "--redis-url", UNREACHABLE)
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(f"ERROR workload: Redis at {UNREACHABLE} {message}")
+
+
+def test_any_other_redis_error_reply_is_raised_not_taken_for_a_password_problem(
+        server: RedisServer, redis_env: str, run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    """An error reply that is not about authentication (here WRONGTYPE: the queue's set of runs is a string) is a
+    bug to see whole: main raises it, and says nothing about passwords."""
+    queue_of(server, redis_env).redis.set(f"{redis_env}:runs", "not a set")
+    with pytest.raises(redis.ResponseError, match="^WRONGTYPE ") as raised:
+        run("status")
+    assert not isinstance(raised.value, redis.AuthenticationError)
+    assert "password" not in capsys.readouterr().err

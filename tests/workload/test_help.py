@@ -62,6 +62,24 @@ def test_each_env_variable_named_in_a_help_text_sets_its_flag(monkeypatch) -> No
     assert checked >= 15
 
 
+def test_the_share_and_redis_flags_say_where_the_password_and_the_volume_come_from(monkeypatch) -> None:
+    """What `--help` prints for --redis-url and --share, read as a user reads it (argparse wraps the lines): the
+    password comes from REDIS_PASSWORD only, and every variable is named as it is spelled, in capitals."""
+    monkeypatch.setenv("COLUMNS", "80")
+    redis_url = ("--redis-url REDIS_URL Redis URL without the password, which comes from env REDIS_PASSWORD only "
+                 "(env REDIS_URL; default redis://localhost:6379/0)")
+    share = "--share SHARE the shared volume: datasets/, runs/, output/ (env SHARE_DIR; default /mnt/share)"
+    offered = {"--redis-url": set(), "--share": set()}
+    for name, p in commands().items():
+        text = " ".join(p.format_help().split())
+        for flag, sentence in (("--redis-url", redis_url), ("--share", share)):
+            if f"{flag} " in text:
+                assert sentence in text, f"{name}: {text}"
+                offered[flag].add(name)
+    assert offered == {"--redis-url": {"seed", "worker", "status", "requeue", "wait-drained"},
+                       "--share": {"seed", "worker", "status", "export"}}
+
+
 def test_flags_that_mean_nothing_for_a_command_are_not_offered() -> None:
     offered = {name: {s for a in flags(p) for s in a.option_strings} for name, p in commands().items()}
     for name in ("seed", "status"):
