@@ -35,8 +35,9 @@ groups: after those, run every group.
 
 After adding tests for a group's survivors: ``--survivors`` re-tests only the open survivors of the group's last run
 (still in build/mutation/) against the tests as they are now, and keeps every other verdict, in minutes where the
-whole group takes an hour. It refuses when the group's modules or list of test files changed since that run, or a
-test function of it is gone; it trusts that no test was loosened.
+whole group takes an hour; mutants an interrupted run never reached are tested too. It refuses when the group's
+modules or list of test files changed since that run, or a test function of it is gone; it trusts that no test was
+loosened.
 
     python -m bench.mutation --only cli --survivors --write
 """
@@ -1593,12 +1594,13 @@ def _test_names(text: str) -> set[str]:
 
 
 def recheck(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
-    """``--survivors``: the open survivors (neither killed nor explained) of the group's last run in build/mutation/
-    tested again against the checkout's tests, every other verdict kept: the routine step after tests were added
-    for them. Refused unless the group's modules and its list of test files are what that run had, and every test
-    function of its files then is still there. It trusts that no test was loosened since (a kill stays a kill when
-    tests are only added or tightened): after loosening one, run the group whole. The group's row then names this
-    commit, at which its modules are the ones mutated."""
+    """``--survivors``: the open survivors (neither killed nor explained) of the group's last run in
+    build/mutation/ tested again against the checkout's tests, every other verdict kept: the routine step after
+    tests were added for them. The mutants a stopped run never reached are tested too, so that it finishes with
+    the new tests. Refused unless the group's modules and its list of test files are what that run had, and
+    every test function of its files then is still there. It trusts that no test was loosened since (a kill
+    stays a kill when tests are only added or tightened): after loosening one, run the group whole. The group's
+    row then names this commit, at which its modules are the ones mutated."""
     where = STAGE / group.name
     shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
     staged = staged_run(group)
@@ -1624,7 +1626,7 @@ def recheck(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
             for dest in (where / rel, where / "mutants" / rel):
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / rel, dest)
-    names = [s.name for r in collect(where, group) for s in r.survivors if not s.why]
+    names = [s.name for r in collect(where, group) for s in r.survivors if not s.why] + _unchecked(where, group)
     env = {**os.environ, "TERM": "dumb", **ONE_THREAD}
     if group.fixture_cache and (where / FIXTURE_CACHE).is_dir():
         env[FIXTURE_CACHE_ENV] = str(where / FIXTURE_CACHE)
@@ -1640,6 +1642,16 @@ def recheck(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
     (where / MARK).write_text(json.dumps({**mark, "commit": _head(), "run_at": mark.get("run_at", commit),
                                           "survivors_retested": len(names)}))
     return collect(where, group), run, problem
+
+
+def _unchecked(where: Path, group: Group) -> list[str]:
+    """The mutants a run stopped before testing (mutmut's verdict still None)."""
+    out = []
+    for module in group.modules:
+        meta = where / "mutants" / f"{module}.meta"
+        codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+        out += [name for name, code in codes.items() if code is None]
+    return out
 
 
 def base_config_tests(where: Path) -> list[str]:
