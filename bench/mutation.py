@@ -32,6 +32,14 @@ Incremental mode: ``--changed-since REV`` runs only the groups with a module or 
 (committed or not, new files included) or that were never measured; ``recorded``: each group since the commit its
 own recorded figures were measured at. Changes to shared fixtures (conftest.py, the harness) are not traced to
 groups: after those, run every group.
+
+After adding tests for a group's survivors: ``--survivors`` re-tests only the open survivors of the group's last run
+(still in build/mutation/) against the tests as they are now, and keeps every other verdict, in minutes where the
+whole group takes an hour; mutants an interrupted run never reached are tested too. It refuses when the group's
+modules or list of test files changed since that run, or a test function of it is gone; it trusts that no test was
+loosened.
+
+    python -m bench.mutation --only cli --survivors --write
 """
 
 from __future__ import annotations
@@ -425,6 +433,7 @@ PLOTS = "workload/model/plots.py"
 PUBLISH = "workload/data/publish.py"
 EXPORT = "workload/model/export.py"
 SCORE = "workload/model/score.py"
+CLI = "workload/cli.py"
 
 # One line each: why this mutant cannot change what the code does. Matched on source text, so an entry
 # survives unrelated edits (mutmut's mutant numbers do not).
@@ -906,6 +915,23 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "difflib's default cutoff")
       for after in ("get_close_matches(name, declared, cutoff=0.6)", "get_close_matches(name, declared, n=1, )",
                     "get_close_matches(name, declared, n=2, cutoff=0.6)")),
+    Equivalent(INFRA_CONFIG, "if capacity >= start]", "if capacity > start]",
+               "every step's start is a multiple of its own step and of the steps before it (FILESTORE_STEPS: 1024 "
+               "= 4 x 256, 10240 = 40 x 256 = 4 x 2560): a capacity equal to a start passes that step's check and "
+               "the previous one's alike, so leaving that step out refuses nothing else"),
+    *(Equivalent(INFRA_CONFIG, 'if below >= start else str(below + step)', after,
+                 "below is the capacity rounded down to a multiple of step, and the capacity is at least start, "
+                 "itself a multiple of step (FILESTORE_STEPS): below >= start always holds, so the else branch "
+                 "never runs")
+      for after in ("if (below >= start) or True else str(below + step)", "if below >= start else str(None)",
+                    "if below >= start else str(below - step)")),
+    Equivalent(INFRA_CONFIG, '"datasetUri", need_prefix=False)', '"datasetUri", need_prefix=None)',
+               "_gcs_uri reads need_prefix only for its truth (the shape's ternary and `need_prefix and not prefix`): "
+               "None and False are both false"),
+    Equivalent(INFRA_CONFIG, '(len(bucket) > 63 and "." not in bucket)', '(len(bucket) > 64 and "." not in bucket)',
+               "a bucket name without a dot is its own only dot-separated part, which the rule above already refuses "
+               "over 63 characters: a 64-character one is refused either way (test_bucket_names_cloud_storage_"
+               "refuses_are_refused), and no name reaches this clause's bound"),
     Equivalent(INFRA_CLUSTER, "self._pools: list[gcp.container.NodePool] = []",
                "self._pools: list[gcp.container.NodePool] = None",
                "read only as the Kubernetes provider's depends_on: an Autopilot cluster has no pools, and None and [] "
@@ -1385,6 +1411,26 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "leading '\\r', or print's '\\n'), so it is flushed at once either way")
       for call in ('end="", file=sys.stderr, ', "print(line, file=sys.stderr, ")
       for after in ("flush=None", "flush=False", "")),
+    # cli.py
+    Equivalent(CLI, "password = None", 'password = ""',
+               "status's `password` (None unless --dir read one) is only passed to make_queue, which reads it as "
+               "`password or env(\"REDIS_PASSWORD\")`: None and \"\" are both falsy, so REDIS_PASSWORD is used alike"),
+    Equivalent(CLI, 'reading.check_format(args.datetime_format, "--datetime-format")',
+               "reading.check_format(args.datetime_format, )",
+               "check_format's `flag` parameter defaults to \"--datetime-format\" (workload/data/reading.py), the very "
+               "string dropped: its refusal names --datetime-format either way"),
+    *(Equivalent(CLI, "specs.setdefault(name, {})", f"specs.setdefault(name, {after})",
+                 "`specs` is local to load_runs and read only by parse_runs (`specs or ...` is non-empty either way), "
+                 "whose first step for each run is `spec = {} if spec is None else spec` (workload/model/hparams.py): "
+                 "a --run the runs file does not name gets the default hyperparameters either way")
+      for after in ("None", "")),
+    *(Equivalent(CLI, "stream=sys.stderr, ", after,
+                 "setup_logging's basicConfig(force=True) passes neither filename nor handlers, so it builds "
+                 "StreamHandler(kwargs.pop('stream', None)), and StreamHandler.__init__ takes sys.stderr when stream "
+                 "is None (CPython's logging/__init__.py): the same sys.stderr object, read in the same call")
+      for after in ("stream=None, ", "")),
+    Equivalent(CLI, 'os.environ.get("LOG_LEVEL", "INFO").upper()', 'os.environ.get("LOG_LEVEL", "info").upper()',
+               "the default is upper-cased at once by the .upper() that follows: 'info'.upper() == 'INFO'"),
 )
 
 # Verdicts by mutmut's own names (mutmut.stats.status_by_exit_code maps its exit codes to them).
@@ -1541,6 +1587,77 @@ def run_group(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
         tail = log.read_text(errors="replace").replace("\r", "\n").strip().splitlines()[-5:]
         problem = f"mutmut exited {proc.returncode} (log {log.relative_to(ROOT)}): " + " | ".join(tail)
     return results, run, problem
+
+
+def _test_names(text: str) -> set[str]:
+    return set(re.findall(r"^(?:async )?def (test_\w+)", text, re.MULTILINE))
+
+
+def recheck(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
+    """``--survivors``: the open survivors (neither killed nor explained) of the group's last run in
+    build/mutation/ tested again against the checkout's tests, every other verdict kept: the routine step after
+    tests were added for them. The mutants a stopped run never reached are tested too, so that it finishes with
+    the new tests. Refused unless the group's modules and its list of test files are what that run had, and
+    every test function of its files then is still there. It trusts that no test was loosened since (a kill
+    stays a kill when tests are only added or tightened): after loosening one, run the group whole. The group's
+    row then names this commit, at which its modules are the ones mutated."""
+    where = STAGE / group.name
+    shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    staged = staged_run(group)
+    if staged is None or not (where / "mutants").is_dir():
+        return [ModuleResult(m) for m in group.modules], Run(0.0, 0.0, 0), (
+            f"no run in {shown}/ to re-test: run the group whole")
+    commit, run = staged
+    refusal = ""
+    if changed := sorted(changed_files(commit) & set(group.modules)):
+        refusal = f"{', '.join(changed)} changed since its run at {commit}"
+    elif base_config_tests(where) != list(group.tests):
+        refusal = f"its test files are not the ones its run at {commit} had"
+    else:
+        for test in group.tests:
+            before = subprocess.run(["git", "show", f"{commit}:{test}"], cwd=ROOT, capture_output=True, text=True)
+            if lost := sorted(_test_names(before.stdout) - _test_names((ROOT / test).read_text())):
+                refusal = f"{test} lost {', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''} since {commit}"
+                break
+    if refusal:
+        return collect(where, group), run, f"cannot re-test its survivors: {refusal}; run the group whole"
+    for rel in _checkout_files():  # the tests as they are now, where mutmut runs them
+        if rel.startswith(("tests/", "bench/")):
+            for dest in (where / rel, where / "mutants" / rel):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / rel, dest)
+    names = [s.name for r in collect(where, group) for s in r.survivors if not s.why] + _unchecked(where, group)
+    env = {**os.environ, "TERM": "dumb", **ONE_THREAD}
+    if group.fixture_cache and (where / FIXTURE_CACHE).is_dir():
+        env[FIXTURE_CACHE_ENV] = str(where / FIXTURE_CACHE)
+    problem = ""
+    if names:
+        with (where / "mutmut.log").open("a") as out:
+            proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
+                                   str(jobs * group.jobs_per_core), *names], cwd=where, stdout=out,
+                                  stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0:
+            problem = f"mutmut exited {proc.returncode} re-testing survivors (log {shown}/mutmut.log)"
+    mark = json.loads((where / MARK).read_text())
+    (where / MARK).write_text(json.dumps({**mark, "commit": _head(), "run_at": mark.get("run_at", commit),
+                                          "survivors_retested": len(names)}))
+    return collect(where, group), run, problem
+
+
+def _unchecked(where: Path, group: Group) -> list[str]:
+    """The mutants a run stopped before testing (mutmut's verdict still None)."""
+    out = []
+    for module in group.modules:
+        meta = where / "mutants" / f"{module}.meta"
+        codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+        out += [name for name, code in codes.items() if code is None]
+    return out
+
+
+def base_config_tests(where: Path) -> list[str]:
+    """The test files a stage's mutmut settings name."""
+    return list(tomllib.loads((where / "pyproject.toml").read_text())["tool"]["mutmut"]
+                ["pytest_add_cli_args_test_selection"])
 
 
 Outcome = tuple[list[ModuleResult], Run, str]
@@ -1790,6 +1907,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=FLOOR, help="lowest acceptable score, percent")
     parser.add_argument("--no-run", action="store_true",
                         help="report the last run from build/mutation/ (after editing EQUIVALENT, or to --write)")
+    parser.add_argument("--survivors", action="store_true",
+                        help="re-test only the open survivors of each group's last run in build/mutation/ against "
+                        "the tests as they are now (its modules unchanged), keeping every other verdict")
     parser.add_argument("--changed-since", metavar="REV",
                         help="run only the groups changed since REV ('recorded': each group since the commit its "
                         "recorded figures were measured at) or never measured")
@@ -1799,7 +1919,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [g for g in GROUPS if not g.pending and (not args.only or g.name in args.only)]
     if args.changed_since:
         todo = to_rerun(todo, recorded, {n: rev for n, (rev, _) in kept_rows.items()}, args.changed_since)
-    if args.no_run:  # only the groups build/mutation/ holds a run of
+    if args.no_run or args.survivors:  # only the groups build/mutation/ holds a run of
         if missing := [g.name for g in todo if staged_run(g) is None]:
             print(f"no run in {STAGE.relative_to(ROOT)}/ of {', '.join(missing)}", flush=True)
         todo = [g for g in todo if g.name not in missing]
@@ -1808,13 +1928,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"recorded figures kept: {', '.join(kept) or 'none'}", flush=True)
 
     started = time.monotonic()
-    outcomes = {} if args.no_run else run_groups(todo, args.jobs, args.lanes)
+    if args.survivors:
+        outcomes = {g.name: recheck(g, args.jobs) for g in todo}
+    else:
+        outcomes = {} if args.no_run else run_groups(todo, args.jobs, args.lanes)
     wall = time.monotonic() - started
     recorded = recorded_results()  # read again: another run may have recorded other groups meanwhile
     kept_rows = recorded_groups(recorded)
     rows, groups_table, problems, unmeasured = report_rows(todo, outcomes, recorded, kept_rows, args.no_run)
     cpu = sum(run.cpu for _, run, _ in outcomes.values())
-    if outcomes:
+    if outcomes and args.survivors:  # each group's row keeps its whole run's figures
+        retested = sum(json.loads((STAGE / g.name / MARK).read_text()).get("survivors_retested", 0) for g in todo
+                       if (STAGE / g.name / MARK).is_file())
+        groups_table.append(f"| this run: survivors re-tested | {_head()} | {retested} | | {wall / 60:.1f} min | |")
+    elif outcomes:
         mutants = sum(sum(r.statuses.values()) for results, _, _ in outcomes.values() for r in results)
         groups_table.append(f"| this run | {_head()} | {mutants} | | {wall / 60:.1f} min | {cpu / 60:.1f} min |")
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import threading
 import time
 import tomllib
@@ -350,3 +353,54 @@ def test_the_floor_holds_for_each_module_not_only_for_the_total(tmp_path: Path,
     summary = next(line for line in block if "Mutation score" in line)
     assert "Mutation score 98.2 % over 2 module(s)" in summary and "falls short" in summary
     assert "below the floor of 90 %: workload/model/metrics.py" in block
+
+
+def _stage_of(group: mutation.Group, where: Path, commit: str, codes: dict[str, int], tests=None) -> Path:
+    """A group's stage as a run leaves it: the commit it was copied at, its mutmut settings, mutmut's verdicts."""
+    stage = where / group.name
+    (stage / "mutants" / Path(group.modules[0]).parent).mkdir(parents=True)
+    (stage / mutation.MARK).write_text(json.dumps({"commit": commit, "wall": 60.0, "cpu": 50.0, "jobs": 1}))
+    narrowed = mutation.Group(group.name, group.modules, tuple(tests if tests is not None else group.tests))
+    (stage / "pyproject.toml").write_text(mutation.group_pyproject((ROOT / "pyproject.toml").read_text(), narrowed))
+    (stage / "mutants" / f"{group.modules[0]}.meta").write_text(json.dumps({"exit_code_by_key": codes}))
+    return stage
+
+
+def test_survivors_are_retested_only_where_the_run_still_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """--survivors keeps a run's verdicts and moves its row to this commit only when the modules it mutated and
+    its test files are unchanged; otherwise it says why and leaves the stage as it was."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    head, first = git("rev-parse", "--short=12", "HEAD"), git("rev-list", "--max-parents=0", "HEAD").split()[0]
+    monkeypatch.setattr(mutation, "STAGE", tmp_path)
+    group = next(g for g in mutation.GROUPS if g.name == "queue")
+    killed = {f"workload.queue.workqueue.x_claim__mutmut_{i}": 1 for i in range(1, 4)}
+
+    results, run, problem = mutation.recheck(group, 1)  # no run to re-test
+    assert problem == f"no run in {tmp_path}/queue/ to re-test: run the group whole"
+    assert run.jobs == 0 and all(not r.statuses for r in results)
+
+    if first != head:  # a shallow clone has no older commit
+        stage = _stage_of(group, tmp_path, first, killed)  # the module did not exist at the first commit
+        _, _, problem = mutation.recheck(group, 1)
+        assert problem == (f"cannot re-test its survivors: {group.modules[0]} changed since its run at {first}; run "
+                           "the group whole")
+        assert json.loads((stage / mutation.MARK).read_text())["commit"] == first
+        shutil.rmtree(stage)
+
+    stage = _stage_of(group, tmp_path, head, killed, tests=group.tests[:1])
+    _, _, problem = mutation.recheck(group, 1)
+    assert problem == (f"cannot re-test its survivors: its test files are not the ones its run at {head} had; run "
+                       "the group whole")
+
+    shutil.rmtree(stage)
+    stage = _stage_of(group, tmp_path, head, killed)  # nothing open: no mutmut, the verdicts kept, the row moved
+    results, run, problem = mutation.recheck(group, 1)
+    assert problem == "" and (run.wall, run.cpu, run.jobs) == (60.0, 50.0, 1)
+    assert [dict(r.statuses) for r in results] == [{"killed": 3}]
+    mark = json.loads((stage / mutation.MARK).read_text())
+    assert (mark["commit"], mark["run_at"], mark["survivors_retested"]) == (mutation._head(), head, 0)
+    assert (stage / group.tests[0]).read_text() == (ROOT / group.tests[0]).read_text()  # the tests as they are now
+    assert not (stage / "mutmut.log").exists()

@@ -317,6 +317,24 @@ def test_unknown_keys_are_found_in_the_engines_config(monkeypatch: pytest.Monkey
         runtime_config.CONFIG.reset(token)
 
 
+def test_the_engines_config_reads_as_the_same_values_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pulumi up` passes no mapping: every key, the project's and gcp's, is read through pulumi.Config."""
+    import json
+
+    from pulumi.runtime import config as runtime_config
+    from pulumi.runtime import settings
+
+    values = render.stack_config("dev")
+    token = runtime_config.CONFIG.set({})
+    try:
+        monkeypatch.setenv("PULUMI_CONFIG", json.dumps(values))
+        monkeypatch.setattr(config.pulumi, "get_stack", lambda: "dev")
+        monkeypatch.setattr(settings.SETTINGS, "project", config.PROJECT)  # what Pulumi.yaml names
+        assert config.load() == config.load(values, stack="dev")
+    finally:
+        runtime_config.CONFIG.reset(token)
+
+
 def _write_stack(tmp_path, monkeypatch: pytest.MonkeyPatch, text: str) -> str:
     stacks = tmp_path / "stacks"
     stacks.mkdir(exist_ok=True)

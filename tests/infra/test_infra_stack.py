@@ -201,6 +201,17 @@ def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
     assert r.one("pulumi:providers:kubernetes").dependencies == [cluster.urn]
 
 
+def test_a_cluster_on_an_existing_vpc_names_it_in_the_stacks_project_and_region(rendered: Render) -> None:
+    """A shared VPC is not created but addressed: the cluster names it under the stack's own project and region."""
+    r = rendered("dev", network="shared-vpc", subnetwork="shared-sub")
+    assert not r.of_type(NETWORK) and not r.of_type(SUBNETWORK)
+    cluster = r.one(CLUSTER)
+    assert (cluster.inputs["network"], cluster.inputs["subnetwork"]) == (
+        f"projects/{render.FAKE_PROJECT_ID}/global/networks/shared-vpc",
+        f"projects/{render.FAKE_PROJECT_ID}/regions/us-central1/subnetworks/shared-sub",
+    )
+
+
 def test_standard_cluster_has_a_spot_gpu_pool_that_training_pods_tolerate(rendered: Render) -> None:
     # A stack name whose slug does not fit the node account's id: cut to 24 characters, and the cut's
     # trailing '-' dropped (GCP's 6-30 characters, lowercase, digits and inner hyphens).

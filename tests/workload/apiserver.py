@@ -1,0 +1,72 @@
+"""An HTTPS server on loopback standing in for the Kubernetes API server: a self-signed certificate that the pod's
+CA file names, a service-account folder (namespace, token, ca.crt) and KUBERNETES_SERVICE_HOST/PORT pointing at it.
+It records every Job POSTed and answers what the test sets (test_launch_inprocess.py, test_cli_units.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class ApiServer:
+    """What the API server saw, and what it answers next."""
+
+    sa_dir: Path
+    url: str
+    status: int = 201
+    text: str = "{}"
+    delay_s: float = 0.0
+    posts: list[tuple[str, str, dict]] = field(default_factory=list)
+
+
+@contextmanager
+def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    sa_dir = tmp_path / "serviceaccount"
+    sa_dir.mkdir()
+    (sa_dir / "namespace").write_text("fraud\n")
+    (sa_dir / "token").write_text("pod-token\n")
+    shutil.copy(crt, sa_dir / "ca.crt")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.posts.append((self.path, self.headers["Authorization"], body))
+            time.sleep(state.delay_s)
+            self.send_response(state.status)
+            self.end_headers()
+            self.wfile.write(state.text.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(crt, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    port = server.server_address[1]
+    state = ApiServer(sa_dir, f"https://127.0.0.1:{port}/apis/batch/v1/namespaces/fraud/jobs")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(port))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
