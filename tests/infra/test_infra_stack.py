@@ -742,3 +742,57 @@ def test_the_share_is_created_after_the_subnet(stack: str, rendered: Render) -> 
     assert subnet.urn in r.one(FILESTORE).dependencies
     existing = rendered(stack, network="shared-vpc", subnetwork="shared-subnet")
     assert not existing.of_type("gcp:compute/subnetwork:Subnetwork") and existing.one(FILESTORE)
+
+
+OUTPUT_URI = "gs://acme-results/spot-trainer/main"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_an_output_bucket_adds_the_scoring_job_and_the_workers_identity_in_the_stacks_namespace(
+    stack: str, rendered: Render
+) -> None:
+    """With outputUri (the way test_infra_scoring.py renders it): the workers' Kubernetes service account and the
+    scoring Job are created in the stack's namespace (after the Namespace itself, whose name they take) through
+    the cluster's provider, and the outputs name the Job and the bucket's URI."""
+    r = rendered(stack, outputUri=OUTPUT_URI)
+    namespace = r.one("kubernetes:core/v1:Namespace", "namespace")
+    provider = r.one("pulumi:providers:kubernetes")
+    provider_ref = f"{provider.urn}::{provider.id}"
+    identity = r.one("spot-trainer:iam:WorkloadIdentity", "worker-identity")
+    granted = [res for res in r.kubernetes() if res.parent == identity.urn]
+    assert [(res.type, res.name) for res in granted] == [("kubernetes:core/v1:ServiceAccount", "worker-identity")]
+    scoring = r.one(JOB, "scoring")
+    for res in (*granted, scoring):
+        assert res.inputs["metadata"]["namespace"] == r.config.namespace, res.urn
+        assert namespace.urn in res.dependencies, res.urn
+        assert res.provider == provider_ref, res.urn
+    assert r.outputs["scoringJob"] == scoring.inputs["metadata"]["name"] == "spot-trainer-scorer"
+    assert r.outputs["outputUri"] == OUTPUT_URI
+
+
+def test_no_quota_lookup_and_not_checked_with_check_gpu_quota_off(rendered: Render) -> None:
+    """checkGpuQuota=false: the Cloud Quotas API is never asked, and the output says so in these words."""
+    r = rendered("dev", checkGpuQuota=False)
+    assert [c.token for c in r.calls] == ["gcp:organizations/getClientConfig:getClientConfig"]
+    assert r.outputs["gpuQuota"] == "not checked"
+
+
+def test_the_quota_check_reads_the_limits_of_the_stacks_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spot quota is per region: the check reads the stack's region's row (8 here), no other region's."""
+    spot = "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region"
+    monkeypatch.setattr(render, "GPU_QUOTAS", {spot: {"europe-west4": 32, "us-central1": 8}})
+    r = render.render("dev")  # not the cached fixture: the quotas differ from every other test's
+    assert r.config.region == "us-central1"
+    assert r.outputs["gpuQuota"] == f"{spot}=8, GPUS-ALL-REGIONS-per-project=16"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_quota_lookup_waits_for_the_project_apis(stack: str, rendered: Render) -> None:
+    """The lookup reads the Cloud Quotas API only once the APIs are enabled (depends_on): the mock engine keeps
+    no dependencies of a provider function call, but its result carries them into the training Job's metadata
+    (the quota check's mark), so they show there, every API's, besides the other metadata's own."""
+    r = rendered(stack)
+    training = r.one(JOB, "training")
+    assert {s.urn for s in r.of_type("gcp:projects/service:Service")} <= set(training.property_dependencies["metadata"])
+    unchecked = rendered(stack, checkGpuQuota=False).one(JOB, "training")
+    assert not any(":projects/service:Service::" in urn for urn in unchecked.property_dependencies.get("metadata", []))
