@@ -1429,6 +1429,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "StreamHandler(kwargs.pop('stream', None)), and StreamHandler.__init__ takes sys.stderr when stream "
                  "is None (CPython's logging/__init__.py): the same sys.stderr object, read in the same call")
       for after in ("stream=None, ", "")),
+    Equivalent(CLI, "break_on_hyphens=False)", "break_on_hyphens=None)",
+               "textwrap (CPython 3.11's textwrap.py) reads break_on_hyphens twice: `if self.break_on_hyphens is "
+               "True` (None is not True, as False is not: the simple word splitter either way) and `if "
+               "self.break_on_hyphens and len(chunk) > space_left` (None is falsy, as False: no split at a "
+               "hyphen): _sub's description is filled identically"),
     Equivalent(CLI, 'os.environ.get("LOG_LEVEL", "INFO").upper()', 'os.environ.get("LOG_LEVEL", "info").upper()',
                "the default is upper-cased at once by the .upper() that follows: 'info'.upper() == 'INFO'"),
 )

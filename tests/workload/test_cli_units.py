@@ -954,3 +954,95 @@ def test_any_other_redis_error_reply_is_raised_not_taken_for_a_password_problem(
         run("status")
     assert not isinstance(raised.value, redis.AuthenticationError)
     assert "password" not in capsys.readouterr().err
+
+
+# -- score's flags, status's lease and retry lines ---
+def test_score_needs_a_model_and_datasets_and_writes_scores_parquet_by_default(run: Run) -> None:
+    """--model and --datasets have no variable behind them: argparse itself refuses a score without them."""
+    for argv, missing in (((), "--model, --datasets"), (("--model", "m"), "--datasets"),
+                          (("--datasets", "d"), "--model")):
+        code, out, err = run("score", *argv)
+        assert code == 2 and out == ""
+        assert err.splitlines()[-1] == ("python -m workload score: error: the following arguments are required: "
+                                        f"{missing}")
+    args = parse("score", "--model", "results/m.safetensors", "--datasets", "d")
+    assert isinstance(args.model, Path) and args.model == Path("results/m.safetensors")
+    assert args.out == "scores.parquet" and args.datasets == "d"
+
+
+@pytest.mark.parametrize(("offset_ms", "when"), [
+    (100_000_000, "expires in 100000.0s"),  # seconds are ms / 1000, exactly
+    (500, "expires in 0.5s"),  # under a second left: still running, not expired
+    (0, "expires in 0.0s"),  # the deadline is now: not expired yet (a claim reaps only past it)
+    (-1500, "EXPIRED 1.5s ago (a claim will reap it)")])
+def test_status_shows_the_time_a_lease_has_left_from_redis_clock(server: RedisServer, redis_env: str, run: Run,
+                                                                 monkeypatch: pytest.MonkeyPatch, offset_ms: int,
+                                                                 when: str) -> None:
+    """The lease's deadline is set relative to the snapshot's own `now_ms`, so the line is exact."""
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1)])
+    held = q.claim("w1", ttl_s=60)
+    snapshot = WorkQueue.snapshot
+
+    def at_offset(self: WorkQueue) -> dict:
+        snap = snapshot(self)
+        snap["runs"]["a"]["lease"]["deadline"] = str(snap["now_ms"] + offset_ms)
+        return snap
+
+    monkeypatch.setattr(WorkQueue, "snapshot", at_offset)
+    code, out, err = run("status")
+    assert code == 0, err
+    assert out.splitlines()[2] == (f"  leased: a/training/2018-04-01.parquet by w1 (token {held.token}), "
+                                   f"lease {when}")
+
+
+def test_status_counts_0_failures_for_an_error_without_an_attempts_count(server: RedisServer, redis_env: str,
+                                                                         run: Run) -> None:
+    """The queue's scripts write an item's error and its attempts together; an error whose count is missing
+    (written by hand, or by an older queue) reads as 0 failed attempts, never None or a made-up 1."""
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1)])
+    q.mark_seeded()
+    connect(server.url, server.password).hset(f"{redis_env}:errors", "a/training/2018-04-01.parquet", "lost count")
+    code, out, err = run("status")
+    assert code == 0, err
+    assert out.splitlines()[2] == "  retrying: a/training/2018-04-01.parquet (0 failed): lost count"
+
+
+def test_status_reads_no_metrics_for_a_run_name_that_would_leave_the_output_folder(
+        server: RedisServer, redis_env: str, run: Run, tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    line = json.dumps({"shard": "training/2018-04-01.parquet", "average_precision": 0.5, "base_rate": 0.01,
+                       "roc_auc": 0.9, "recall_at_1pct_fpr": 0.2, "card_precision_top100": 0.3})
+    for folder in (share / "output" / "a", share / "x"):  # a's own, and what output/../x names
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(line + "\n")
+    q = queue_of(server, redis_env)
+    q.enqueue([day("a", 1)])
+    q.mark_seeded()
+    connect(server.url, server.password).sadd(f"{redis_env}:runs", "../x")  # a hostile run name in Redis
+    code, out, err = run("status")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1:5] == [
+        "run ../x: 0/0 shards applied, 0 pending, 0 dead-lettered",
+        "run a: 0/1 shards applied, 1 pending, 0 dead-lettered",
+        "  latest: after training/2018-04-01.parquet: average precision 0.500 vs base rate 0.0100; "
+        "card precision@100 0.300; ROC AUC 0.900; recall@1%FPR 0.200",
+        f"  report: {share / 'output' / 'a' / 'report.txt'}"], out
+    assert out.count("latest: ") == 1, "../x's metrics (share/x, outside output/) are never read"
+
+
+def test_status_says_when_it_cannot_read_the_shares_plan_and_how_to_seed_a_queue(
+        server: RedisServer, redis_env: str, run: Run, tmp_path: Path) -> None:
+    record = tmp_path / "share" / "runs" / "bad.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("not JSON")
+    code, out, err = run("status")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"queue {redis_env}: 0 items: 0 pending, 0 leased, 0 done, 0 dead-lettered  (drained)"
+    assert lines[1] == (f"share vs queue: cannot read the share's plan: {record}: not a run record (Expecting value: "
+                        "line 1 column 1 (char 0)); expected {run, dataset, hparams}")
+    assert lines[2:] == ["the queue was never seeded (or Redis lost its data): a worker restores it from the "
+                         "share's run records, or run `python -m workload seed`"]

@@ -46,6 +46,13 @@ def test_every_command_has_an_example_and_every_flag_its_default_and_env(monkeyp
                 assert f"default {shown(action.default)}" in action.help, f"{where}: help disagrees with the default"
 
 
+def test_every_commands_help_keeps_its_example_on_a_line_of_its_own(monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    for name, p in commands().items():
+        assert re.match(r"example:\n  \S", p.epilog), name
+        assert f"\n\n{p.epilog}\n" in p.format_help(), f"{name}: argparse refilled the example: {p.format_help()}"
+
+
 def test_each_env_variable_named_in_a_help_text_sets_its_flag(monkeypatch) -> None:
     checked = 0
     for name, p in commands().items():
@@ -87,8 +94,10 @@ HELP_TEXTS = Path(__file__).with_name("cli_help_texts.json")
 
 def help_texts() -> dict[str, object]:
     top = cli.parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {a.dest: a.help for a in sub._choices_actions}  # each command's line in the top-level --help
     return {"": {"description": top.description, "epilog": top.epilog},
-            **{name: {"description": p.description, "epilog": p.epilog,
+            **{name: {"summary": summaries.get(name), "description": p.description, "epilog": p.epilog,
                       "flags": {" ".join(a.option_strings): a.help for a in flags(p)},
                       "arguments": {a.dest: a.help for a in p._actions if not a.option_strings}}
                for name, p in commands().items()}}
