@@ -638,13 +638,13 @@ def test_status_dir_reads_a_running_locals_redis_password_and_share(server: Redi
                                                                     run: Run) -> None:
     """The folder's connection file wins over --redis-url, REDIS_PASSWORD and SHARE_DIR: all three point
     elsewhere here (a closed port, a wrong password, a share whose plan cannot be read)."""
-    from workload.queue import plan
     from workload.runtime.local import write_connection
 
     base, share = tmp_path / "local", tmp_path / "local" / "share"
     write_connection(base, server, share)  # written by this process, which is alive: a running `local`
     elsewhere = tmp_path / "elsewhere"
-    plan.record(elsewhere, plan.RunSpec(run="other", dataset="fraud", hparams={}))  # no dataset: unreadable plan
+    (elsewhere / "runs").mkdir(parents=True)
+    (elsewhere / "runs" / "bad.json").write_text("not JSON")  # a plan status would say it cannot read
     for name, value in (("REDIS_URL", "redis://127.0.0.1:1/0"), ("REDIS_PASSWORD", "wrong"),
                         ("SHARE_DIR", str(elsewhere))):
         monkeypatch.setenv(name, value)
