@@ -1429,6 +1429,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "StreamHandler(kwargs.pop('stream', None)), and StreamHandler.__init__ takes sys.stderr when stream "
                  "is None (CPython's logging/__init__.py): the same sys.stderr object, read in the same call")
       for after in ("stream=None, ", "")),
+    *(Equivalent(CLI, 'p.add_subparsers(dest="command", required=True,', f"p.add_subparsers({after}required=True,",
+                 "nothing reads args.command: each command's parser sets fn (set_defaults), which main calls, and "
+                 "argparse names a missing command by its metavar, COMMAND (test_the_command_line_names_itself_and_"
+                 "asks_for_a_command)")
+      for after in ("", 'dest="XXcommandXX", ', 'dest="COMMAND", ')),
     Equivalent(CLI, "break_on_hyphens=False)", "break_on_hyphens=None)",
                "textwrap (CPython 3.11's textwrap.py) reads break_on_hyphens twice: `if self.break_on_hyphens is "
                "True` (None is not True, as False is not: the simple word splitter either way) and `if "

@@ -1046,3 +1046,29 @@ def test_status_says_when_it_cannot_read_the_shares_plan_and_how_to_seed_a_queue
                         "line 1 column 1 (char 0)); expected {run, dataset, hparams}")
     assert lines[2:] == ["the queue was never seeded (or Redis lost its data): a worker restores it from the "
                          "share's run records, or run `python -m workload seed`"]
+
+
+# -- the parser itself: its name, a missing command, score's --days, wait-drained's defaults -------------------
+
+
+def test_the_command_line_names_itself_and_asks_for_a_command(run: Run) -> None:
+    assert cli.parser().format_usage() == "usage: python -m workload [-h] COMMAND ...\n"
+    code, out, err = run()
+    assert (code, out) == (2, "") and err.splitlines()[-1] == (
+        "python -m workload: error: the following arguments are required: COMMAND")
+
+
+def test_score_days_takes_its_three_choices_only(run: Run) -> None:
+    for days in ("scoring", "testing", "all"):
+        assert parse("score", "--model", "m", "--datasets", "d", "--days", days).days == days
+    assert parse("score", "--model", "m", "--datasets", "d").days == "scoring"
+    code, _, err = run("score", "--model", "m", "--datasets", "d", "--days", "tomorrow")
+    last = err.splitlines()[-1]  # how argparse quotes the choices varies with the Python version
+    assert code == 2 and last.startswith("python -m workload score: error: argument --days: invalid choice: "
+                                         "'tomorrow' (choose from "), err
+    assert re.sub(r"['\s]", "", last.split("(choose from ")[1]) == "scoring,testing,all)", err
+
+
+def test_wait_drained_waits_an_hour_looking_every_5_seconds_by_default() -> None:
+    args = parse("wait-drained")
+    assert (args.timeout, args.poll) == (3600.0, 5.0)
