@@ -1072,3 +1072,13 @@ def test_score_days_takes_its_three_choices_only(run: Run) -> None:
 def test_wait_drained_waits_an_hour_looking_every_5_seconds_by_default() -> None:
     args = parse("wait-drained")
     assert (args.timeout, args.poll) == (3600.0, 5.0)
+
+
+def test_export_local_and_status_flags_read_as_their_types_and_defaults(run: Run) -> None:
+    assert parse("export").run == "main"
+    workers = parse("local", "--workers", "3").workers
+    assert workers == 3 and type(workers) is int
+    assert parse("status", "--dir", "x").dir == Path("x")
+    for given, why in (("0", "--workers must be > 0, got '0'"), ("two", "--workers must be an integer, got 'two'")):
+        code, _, err = run("local", "--workers", given)
+        assert code == 2 and err.splitlines()[-1] == f"python -m workload local: error: argument --workers: {why}"
