@@ -1082,3 +1082,18 @@ def test_export_local_and_status_flags_read_as_their_types_and_defaults(run: Run
     for given, why in (("0", "--workers must be > 0, got '0'"), ("two", "--workers must be an integer, got 'two'")):
         code, _, err = run("local", "--workers", given)
         assert code == 2 and err.splitlines()[-1] == f"python -m workload local: error: argument --workers: {why}"
+
+
+def test_local_flags_read_as_their_types_and_defaults(run: Run) -> None:
+    args = parse("local")
+    assert (args.workers, args.dir, args.datasets, args.preset, args.run, args.runs_file) == (
+        2, Path("local"), None, "small", None, None)
+    assert (args.checkpoint_interval, args.lease_ttl, args.requeue) == (5.0, 15.0, False)
+    args = parse("local", "--dir", "d", "--run", "a", "--run", "b", "--checkpoint-interval", "2.5", "--lease-ttl", "4",
+                 "--requeue", "--preset", "tiny")
+    assert (args.dir, args.run, args.checkpoint_interval, args.lease_ttl, args.requeue, args.preset) == (
+        Path("d"), ["a", "b"], 2.5, 4.0, True, "tiny")
+    for flag in ("--checkpoint-interval", "--lease-ttl"):
+        for given, why in (("0", f"{flag} must be > 0, got '0'"), ("soon", f"{flag} must be a number, got 'soon'")):
+            code, _, err = run("local", flag, given)
+            assert code == 2 and err.splitlines()[-1] == f"python -m workload local: error: argument {flag}: {why}"
