@@ -1434,6 +1434,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                  "argparse names a missing command by its metavar, COMMAND (test_the_command_line_names_itself_and_"
                  "asks_for_a_command)")
       for after in ("", 'dest="XXcommandXX", ', 'dest="COMMAND", ')),
+    *(Equivalent(CLI, '__import__("workload.runtime.local", fromlist=["main"])',
+                 f'__import__("workload.runtime.local", fromlist=[{after}])',
+                 "a non-empty fromlist only makes __import__ return workload.runtime.local itself rather than the "
+                 "top package; its names are looked up only in a package (one with __path__), and local is a module")
+      for after in ('"XXmainXX"', '"MAIN"')),
     Equivalent(CLI, "break_on_hyphens=False)", "break_on_hyphens=None)",
                "textwrap (CPython 3.11's textwrap.py) reads break_on_hyphens twice: `if self.break_on_hyphens is "
                "True` (None is not True, as False is not: the simple word splitter either way) and `if "
