@@ -1653,9 +1653,10 @@ def recheck(group: Group, jobs: int) -> tuple[list[ModuleResult], Run, str]:
                                   stderr=subprocess.STDOUT, env=env)
         if proc.returncode != 0:
             problem = f"mutmut exited {proc.returncode} re-testing survivors (log {shown}/mutmut.log)"
-    mark = json.loads((where / MARK).read_text())
-    (where / MARK).write_text(json.dumps({**mark, "commit": _head(), "run_at": mark.get("run_at", commit),
-                                          "survivors_retested": len(names)}))
+    if not problem:  # a failed re-test leaves the row where its run was
+        mark = json.loads((where / MARK).read_text())
+        (where / MARK).write_text(json.dumps({**mark, "commit": _head(), "run_at": mark.get("run_at", commit),
+                                              "survivors_retested": len(names)}))
     return collect(where, group), run, problem
 
 
