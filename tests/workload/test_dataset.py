@@ -720,3 +720,82 @@ def test_run_records_live_in_runs_beside_them(tmp_path: Path) -> None:
 
     assert runs_dir(tmp_path) == tmp_path / "runs"
     assert runs_dir(str(tmp_path)) == tmp_path / "runs"  # type: ignore[arg-type]
+
+
+# -- a day sent twice under new IDs (check_not_resent), on the rows' hashes as Keys.of makes them --------------
+def _hashes(*spans: tuple[int, int]) -> np.ndarray:
+    """Row hashes as Keys.of gives them (unique, sorted, uint64), from half-open spans of stand-in values."""
+    return np.unique(np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans]))
+
+
+def _resent_message(later: str, n: int, earlier: str) -> str:
+    return (f"{later} repeats {n} transactions of {earlier} (same card, terminal, time and amount) under other "
+            "transaction IDs: a day sent twice would be learned twice; remove one of them")
+
+
+# Each case: the files' row hashes (in manifest order), their row counts, and the refusal (None: accepted).
+# Names are the user's ("bank/x.csv"), unlike the keys ("training/x"): the message must use the names.
+RESENT_CASES = {
+    "one file": ({"a": _hashes((0, 100))}, {"a": 100}, None),
+    "two files, nothing shared": ({"a": _hashes((0, 100)), "b": _hashes((100, 200))}, {"a": 100, "b": 100}, None),
+    "half the smaller day shared: re-sent": (
+        {"a": _hashes((0, 100)), "b": _hashes((50, 150))}, {"a": 100, "b": 100}, ("b", 50, "a")),
+    "one row short of half: a coincidence": (
+        {"a": _hashes((0, 100)), "b": _hashes((51, 151))}, {"a": 100, "b": 100}, None),
+    "the smaller day sets the share": (
+        {"a": _hashes((0, 1000)), "b": _hashes((980, 1010))}, {"a": 1000, "b": 30}, ("b", 20, "a")),
+    "below the floor of 20 rows, even all of a small day": (
+        {"a": _hashes((0, 1000)), "b": _hashes((981, 1000))}, {"a": 1000, "b": 19}, None),
+    "the floor reached by a small day": (
+        {"a": _hashes((0, 20)), "b": _hashes((0, 20))}, {"a": 20, "b": 20}, ("b", 20, "a")),
+    "counted against the file's rows, not its distinct rows": (
+        {"a": _hashes((0, 100)), "b": _hashes((70, 130))}, {"a": 100, "b": 130}, None),
+    "the later file named as the copy, whatever the values' order": (
+        {"b": _hashes((500, 540)), "a": _hashes((0, 10), (500, 530))}, {"b": 40, "a": 40}, ("a", 30, "b")),
+    "three files: the pair that shares, though the third holds some of its rows": (
+        {"a": _hashes((0, 40)), "b": _hashes((15, 25), (1000, 1030)), "c": _hashes((5, 35))},
+        {"a": 40, "b": 40, "c": 30}, ("c", 30, "a")),
+    "a row in three files counts for each pair: c repeats 60 of a's 100, b only 40": (
+        {"a": _hashes((0, 100)), "b": _hashes((0, 40), (1000, 1060)), "c": _hashes((0, 60), (2000, 2040))},
+        {"a": 100, "b": 100, "c": 100}, ("c", 60, "a")),
+    "rows shared by four files, none past the threshold": (
+        {k: _hashes((0, 19), (1000 * (i + 1), 1000 * (i + 1) + 40)) for i, k in enumerate("abcd")},
+        dict.fromkeys("abcd", 59), None),
+    "three copies: the second named first, as the copy of the first": (
+        {"a": _hashes((0, 30)), "b": _hashes((0, 30)), "c": _hashes((0, 30))}, {"a": 30, "b": 30, "c": 30},
+        ("b", 30, "a")),
+}
+
+
+@pytest.mark.parametrize("case", list(RESENT_CASES))
+def test_a_day_repeating_anothers_rows_under_new_ids_is_refused_past_its_threshold(case: str) -> None:
+    """Refused when two days share at least max(RESENT_MIN_ROWS, RESENT_SHARE x the smaller day's rows)
+    rows; the message names the later file as the copy of the earlier, by the user's names."""
+    from workload.data.dataset import RESENT_MIN_ROWS, RESENT_SHARE, check_not_resent
+    assert (RESENT_SHARE, RESENT_MIN_ROWS) == (0.5, 20)  # the cases' thresholds
+    rows, sizes, refusal = RESENT_CASES[case]
+    names = {rel: f"bank/{rel}.csv" for rel in rows}
+    if refusal is None:
+        check_not_resent(rows, names, sizes)
+        return
+    later, n, earlier = refusal
+    with pytest.raises(DatasetError) as err:
+        check_not_resent(rows, names, sizes)
+    assert str(err.value) == _resent_message(names[later], n, names[earlier])
+
+
+def test_a_renumbered_copy_of_a_day_is_refused_by_its_rows_not_its_ids(tmp_path: Path, dataset_src: Path) -> None:
+    """Through the manifest's checks: the rows' card, terminal, time and amount make a row's identity;
+    its ID and its position in the file do not. A cent's difference is another transaction."""
+    root = _copy(dataset_src, tmp_path / "d")
+    original = pd.read_parquet(root / "training" / "2018-04-03.parquet")
+    copy = original.assign(TRANSACTION_ID=original[schema.TRANSACTION_ID] + 10**9).iloc[::-1]
+    copy.to_csv(root / "training" / "2018-04-03b.csv", index=False)
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == _resent_message("training/2018-04-03b.csv", len(original),
+                                             "training/2018-04-03.parquet")
+    copy.assign(TX_AMOUNT=copy[schema.TX_AMOUNT] + 0.01).to_csv(root / "training" / "2018-04-03b.csv",
+                                                                index=False)
+    entries = write_manifest(root)
+    assert "training/2018-04-03b.csv" in [e["path"] for e in entries]

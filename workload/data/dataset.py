@@ -335,17 +335,29 @@ class Keys:
 
 def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: dict[str, int]) -> None:
     """No day repeats another day's transactions under new IDs (an export re-sent, renumbered): it
-    would be trained on twice, or tested on after training. A handful of equal rows is coincidence."""
+    would be trained on twice, or tested on after training. A handful of equal rows is coincidence.
+
+    A row in several files counts for every pair of them (a day sent three times, or a re-sent day
+    that another day partly repeats, is still measured against each file it repeats)."""
     if len(rows) < 2:
         return
     rels = list(rows)
     values = np.concatenate([rows[r] for r in rels])
     owner = np.repeat(np.arange(len(rels)), [len(rows[r]) for r in rels])
-    order = np.argsort(values, kind="stable")
+    order = np.lexsort((owner, values))  # equal rows together, their files in manifest order
     v, o = values[order], owner[order]
-    same = np.flatnonzero((v[1:] == v[:-1]) & (o[1:] != o[:-1]))
-    pairs, counts = np.unique(np.stack([np.minimum(o[same], o[same + 1]), np.maximum(o[same], o[same + 1])]),
-                              axis=1, return_counts=True) if len(same) else (np.empty((2, 0), int), np.empty(0, int))
+    starts = np.flatnonzero(np.r_[True, v[1:] != v[:-1]])
+    lengths = np.diff(np.r_[starts, len(v)])
+    earlier, later = [], []
+    for length in np.unique(lengths[lengths > 1]):  # rows in `length` files: each pair of those files
+        files = o[starts[lengths == length][:, None] + np.arange(length)]
+        i, j = np.triu_indices(length, 1)
+        earlier.append(files[:, i].ravel())
+        later.append(files[:, j].ravel())
+    if not earlier:
+        return
+    pairs, counts = np.unique(np.stack([np.concatenate(earlier), np.concatenate(later)]), axis=1,
+                              return_counts=True)
     for (a, b), n in zip(pairs.T, counts, strict=True):
         smaller = min(sizes[rels[a]], sizes[rels[b]])
         if n >= max(RESENT_MIN_ROWS, RESENT_SHARE * smaller):
