@@ -140,8 +140,9 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "dataset",
         ("workload/data/dataset.py",),
+        # test_featurestore.py: what Dataset.ensure_features counts and feature_inputs records for the store.
         ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py", "tests/workload/test_identity.py",
-         "tests/workload/test_rare_paths.py"),
+         "tests/workload/test_rare_paths.py", "tests/model/test_featurestore.py"),
         cpu_minutes=6.8,
     ),
     Group(

@@ -799,3 +799,43 @@ def test_a_renumbered_copy_of_a_day_is_refused_by_its_rows_not_its_ids(tmp_path:
                                                                 index=False)
     entries = write_manifest(root)
     assert "training/2018-04-03b.csv" in [e["path"] for e in entries]
+
+
+def test_a_days_feature_inputs_are_its_windows_files_as_the_manifest_and_the_share_describe_them(
+        tmp_path: Path, dataset_src: Path) -> None:
+    """What the feature store records, and compares, for a day: each file its window reads, with the
+    manifest's description and the share's size and modification time; a file gone, with why. These
+    are the keys features stored by earlier releases were recorded with: renaming one would mark every
+    stored day stale."""
+    root = _copy(dataset_src, tmp_path / "d")
+    write_manifest(root)
+    manifest = {e["path"]: e for e in json.loads((root / MANIFEST).read_text())["files"]}
+    window = ["training/2018-04-01.parquet", "training/2018-04-02.parquet", "training/2018-04-03.parquet"]
+    described = ("path", "rows", "frauds", "first", "last", "start", "end")
+
+    def expected(rel: str, seen: dict) -> dict:
+        return {**{k: manifest[rel][k] for k in described}, **seen}
+
+    def on_disk(rel: str) -> dict:
+        st = (root / rel).stat()
+        return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    got = Dataset(root).feature_inputs("training/2018-04-03.parquet")
+    assert got == [expected(rel, on_disk(rel)) for rel in window]
+    (root / window[0]).unlink()
+    got = Dataset(root).feature_inputs("training/2018-04-03.parquet")
+    assert got == [expected(window[0], {"missing": "No such file or directory"}),
+                   *(expected(rel, on_disk(rel)) for rel in window[1:])]
+
+
+def test_read_ids_needs_labels_on_every_day_but_a_scoring_one(tmp_path: Path, dataset_src: Path) -> None:
+    """A day read for its IDs alone is still read by its role's rules: a training day without its label
+    column is refused, a scoring day without one reads."""
+    frame = day(tmp_path, dataset_src).drop(columns=[schema.TX_FRAUD])
+    for role in ("training", "scoring"):
+        (tmp_path / role).mkdir()
+        frame.to_csv(tmp_path / role / "d.csv", index=False)
+    ids = read_ids(tmp_path / "scoring" / "d.csv", "scoring/d.csv")
+    np.testing.assert_array_equal(ids, np.sort(frame[schema.TRANSACTION_ID].to_numpy()))
+    with pytest.raises(DatasetError, match=r"^training/d\.csv: missing column\(s\) \['TX_FRAUD'\]"):
+        read_ids(tmp_path / "training" / "d.csv", "training/d.csv")
