@@ -839,3 +839,133 @@ def test_read_ids_needs_labels_on_every_day_but_a_scoring_one(tmp_path: Path, da
     np.testing.assert_array_equal(ids, np.sort(frame[schema.TRANSACTION_ID].to_numpy()))
     with pytest.raises(DatasetError, match=r"^training/d\.csv: missing column\(s\) \['TX_FRAUD'\]"):
         read_ids(tmp_path / "training" / "d.csv", "training/d.csv")
+
+
+def test_check_dataset_asks_for_the_roles_its_caller_requires() -> None:
+    """score publishes scoring/ days alone (required=("scoring",)); seed needs training and testing.
+    A caller requiring nothing still refuses a dataset with no day at all."""
+    from workload.data.dataset import Keys, check_dataset
+    scoring = {"path": "scoring/2018-05-01.csv", "role": "scoring", "first": "2018-05-01", "last": "2018-05-01",
+               "start": "2018-05-01T00:00:00+00:00", "end": "2018-05-01T23:00:00+00:00", "rows": 2, "frauds": 0}
+    keys = {scoring["path"]: Keys(ids=np.array([1, 2]), rows=np.array([11, 12], dtype=np.uint64))}
+    check_dataset([scoring], keys, "bank/", required=("scoring",))
+    with pytest.raises(DatasetError, match=r"^bank/: no training/ files; a dataset has training/ and testing/"):
+        check_dataset([scoring], keys, "bank/")
+    with pytest.raises(DatasetError) as err:
+        check_dataset([], {}, "bank/", required=())
+    assert str(err.value) == "bank/: no day files in history/, training/, testing/, scoring/"
+
+
+def _span(path: str, role: str, first: str, last: str | None = None) -> dict:
+    last = last or first
+    return {"path": path, "role": role, "first": first, "last": last, "start": f"{first}T00:00:00+00:00",
+            "end": f"{last}T12:00:00+00:00", "rows": 1, "frauds": 0}
+
+
+def test_training_after_the_first_testing_day_is_refused_naming_the_earliest_such_day() -> None:
+    """Training on the first testing day itself is not refused here (the roles' overlap rule refuses it
+    when they share an instant); a training day after it is, the earliest one named, by the user's name."""
+    from workload.data.dataset import check_training_before_testing
+    tests = [_span("testing/b.csv", "testing", "2018-04-09"), _span("testing/a.csv", "testing", "2018-04-07")]
+    check_training_before_testing([_span("training/x.csv", "training", "2018-04-07"), *tests])
+    check_training_before_testing([_span("training/only.csv", "training", "2018-05-01")])  # nothing to test on
+    late = [_span("training/z.csv", "training", "2018-04-11"),
+            {**_span("training/y.csv", "training", "2018-04-08"), "source": {"uri": "gs://bank/exports/y.csv"}},
+            _span("training/w.csv", "training", "2018-04-10")]
+    with pytest.raises(DatasetError) as err:
+        check_training_before_testing([_span("training/v.csv", "training", "2018-04-01"), *late, *tests])
+    assert str(err.value) == ("gs://bank/exports/y.csv (2018-04-08) is after the first testing day 2018-04-07: "
+                              "features and labels from after the test period would leak into training")
+
+
+def test_the_manifest_records_how_its_files_are_read_unless_as_they_are(tmp_path: Path) -> None:
+    from workload.data.dataset import save_manifest
+    entry = _span("training/a.csv", "training", "2018-04-01")
+    save_manifest(tmp_path, [entry], source="gs://bank/exports")
+    assert json.loads((tmp_path / MANIFEST).read_text()) == {"source": "gs://bank/exports", "files": [entry]}
+    reading = Reading(columns=(("card", schema.CUSTOMER_ID),), datetime_format="%d/%m/%Y %H:%M")
+    save_manifest(tmp_path, [entry], source=None, reading=reading)
+    assert json.loads((tmp_path / MANIFEST).read_text()) == {
+        "source": None, "reading": {"columns": {"card": schema.CUSTOMER_ID}, "datetime_format": "%d/%m/%Y %H:%M"},
+        "files": [entry]}
+
+
+def test_a_hand_laid_dataset_reads_its_scoring_days_without_labels(tmp_path: Path, dataset_src: Path) -> None:
+    """write_manifest and a worker's reads apply each role's rule: a scoring/ day may lack the label
+    column (it reads as 0, never as a label), a training day may not."""
+    root = _copy(dataset_src, tmp_path / "d")
+    (root / "scoring").mkdir()
+    tomorrow = read_transactions(root / "testing" / "2018-04-08.parquet")
+    tomorrow = tomorrow.assign(TX_DATETIME=tomorrow[schema.TX_DATETIME] + pd.Timedelta(days=1),
+                               TRANSACTION_ID=tomorrow[schema.TRANSACTION_ID] + 10**6)
+    tomorrow.drop(columns=[schema.TX_FRAUD]).to_csv(root / "scoring" / "2018-04-09.csv", index=False)
+    entries = write_manifest(root)
+    assert entries[-1]["path"] == "scoring/2018-04-09.csv" and entries[-1]["frauds"] == 0
+    got = Dataset(root).transactions("scoring/2018-04-09.csv")
+    assert (got[schema.TX_FRAUD] == 0).all() and len(got) == len(tomorrow)
+    tomorrow.drop(columns=[schema.TX_FRAUD]).to_csv(root / "training" / "2018-04-06.csv", index=False)
+    (root / "training" / "2018-04-06.parquet").unlink()
+    (root / "scoring" / "2018-04-09.csv").unlink()
+    with pytest.raises(DatasetError, match=r"training/2018-04-06\.csv: missing column\(s\) \['TX_FRAUD'\]"):
+        write_manifest(root)
+
+
+def test_the_read_cache_keeps_at_most_its_rows_and_rereads_a_day_pushed_out(tmp_path: Path, dataset_src: Path) -> None:
+    root = _copy(dataset_src, tmp_path / "d")
+    write_manifest(root)
+    days = ["training/2018-04-01.parquet", "training/2018-04-02.parquet", "training/2018-04-03.parquet"]
+    rows = [len(read_transactions(root / d)) for d in days]
+    data = Dataset(root, cache_rows=rows[0] + rows[1] + rows[2] - 1)  # two days fit, three do not
+    for d in days:
+        data.transactions(d)
+    (root / days[0]).unlink()  # pushed out when the third day came in: read from the share again
+    (root / days[1]).rename(root / "moved.parquet")  # still cached: not read again
+    data.transactions(days[1])
+    with pytest.raises(FileNotFoundError):
+        data.transactions(days[0])
+
+
+def test_ensure_features_stores_training_and_testing_days_past_history_and_scoring_ones(
+        tmp_path: Path, dataset_src: Path) -> None:
+    """History days come first in time; they are skipped, not the end of the walk."""
+    root = _copy(dataset_src, tmp_path / "d")
+    (root / "history").mkdir()
+    early = read_transactions(root / "training" / "2018-04-01.parquet")
+    early.assign(TX_DATETIME=early[schema.TX_DATETIME] - pd.Timedelta(days=1),
+                 TRANSACTION_ID=early[schema.TRANSACTION_ID] + 10**6).to_parquet(root / "history" / "a.parquet")
+    write_manifest(root)
+    assert Dataset(root).ensure_features() == (8, 0)
+    assert Dataset(root).ensure_features() == (0, 8)
+
+
+def test_a_partial_renumbered_resend_is_found_whatever_its_rows_positions(tmp_path: Path, dataset_src: Path) -> None:
+    """Keys.of hashes the rows' values only: the last two thirds of a day, sent again renumbered, sit at
+    other positions in their file than in the original and still match."""
+    from workload.data.dataset import Keys
+    original = read_transactions(dataset_src / "training" / "2018-04-03.parquet")
+    part = original.iloc[len(original) // 3:].assign(TRANSACTION_ID=lambda f: f[schema.TRANSACTION_ID] + 10**9)
+    part = read_transactions(_written(tmp_path / "part.parquet", part))
+    a, b = Keys.of(original), Keys.of(part)
+    assert len(np.intersect1d(a.rows, b.rows)) == len(part)
+    assert len(a.rows) == len(original)
+
+
+def _written(path: Path, frame: pd.DataFrame) -> Path:
+    frame.to_parquet(path, index=False)
+    return path
+
+
+def test_an_id_in_two_files_names_them_in_manifest_order_whatever_the_ids_order() -> None:
+    """Real IDs come in any order; the file listed first in the manifest is named first (a sort that
+    does not keep equal IDs in their files' order would swap them: 1000 shuffled IDs show it)."""
+    from workload.data.dataset import check_unique_ids
+    rng = np.random.default_rng(4)  # numpy's default sort puts this duplicate's second file first
+    first, second = rng.permutation(1000).astype(np.int64), (rng.permutation(1000) + 1000).astype(np.int64)
+    second[-1] = first[500]
+    names = {"training/a.parquet": "bank/a.csv", "testing/b.parquet": "bank/b.csv"}
+    with pytest.raises(DatasetError) as err:
+        check_unique_ids({"training/a.parquet": first, "testing/b.parquet": second}, names)
+    assert str(err.value) == (f"TRANSACTION_ID {first[500]} is in both bank/a.csv and bank/b.csv; transaction IDs "
+                              "must be unique across the dataset")
+    check_unique_ids({}, names)
+    check_unique_ids({"training/a.parquet": first}, names)
