@@ -911,18 +911,31 @@ def test_a_hand_laid_dataset_reads_its_scoring_days_without_labels(tmp_path: Pat
 
 
 def test_the_read_cache_keeps_at_most_its_rows_and_rereads_a_day_pushed_out(tmp_path: Path, dataset_src: Path) -> None:
+    """Least recently read days go first, and the count of cached rows follows what goes: a day pushed
+    out is read from the share again (here: gone from it), one still cached is not."""
     root = _copy(dataset_src, tmp_path / "d")
     write_manifest(root)
-    days = ["training/2018-04-01.parquet", "training/2018-04-02.parquet", "training/2018-04-03.parquet"]
-    rows = [len(read_transactions(root / d)) for d in days]
-    data = Dataset(root, cache_rows=rows[0] + rows[1] + rows[2] - 1)  # two days fit, three do not
-    for d in days:
+    days = [f"training/2018-04-0{i}.parquet" for i in range(1, 5)]
+    rows = sorted(len(read_transactions(root / d)) for d in days)
+    assert rows[-1] + rows[-2] < rows[0] + rows[1] + rows[2]
+    data = Dataset(root, cache_rows=rows[-1] + rows[-2])  # any two days fit, no three do
+
+    def gone(rel: str) -> bool:
+        (root / rel).rename(root / "away.parquet")
+        try:
+            data.transactions(rel)
+            return False
+        except FileNotFoundError:
+            return True
+        finally:
+            (root / "away.parquet").rename(root / rel)
+
+    for d in days[:3]:
         data.transactions(d)
-    (root / days[0]).unlink()  # pushed out when the third day came in: read from the share again
-    (root / days[1]).rename(root / "moved.parquet")  # still cached: not read again
-    data.transactions(days[1])
-    with pytest.raises(FileNotFoundError):
-        data.transactions(days[0])
+    assert gone(days[0]) and not gone(days[1]) and not gone(days[2])
+    data.transactions(days[1])  # days[2] is now the least recently read
+    data.transactions(days[3])
+    assert gone(days[2]) and not gone(days[1]) and not gone(days[3])
 
 
 def test_ensure_features_stores_training_and_testing_days_past_history_and_scoring_ones(
@@ -969,3 +982,131 @@ def test_an_id_in_two_files_names_them_in_manifest_order_whatever_the_ids_order(
                               "must be unique across the dataset")
     check_unique_ids({}, names)
     check_unique_ids({"training/a.parquet": first}, names)
+
+
+# -- a bank's columns (validate's column rules, _columns), as the column mapping names them ----------------------
+BANK = Reading(columns=(("amount", schema.TX_AMOUNT), ("card", schema.CUSTOMER_ID), ("fraud", schema.TX_FRAUD),
+                        ("secs", schema.TX_TIME_SECONDS)))
+
+
+def _bank_day(dataset_src: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(dataset_src / "training/2018-04-02.parquet").iloc[:50]
+    return frame.rename(columns={schema.TX_AMOUNT: "amount", schema.CUSTOMER_ID: "card", schema.TX_FRAUD: "fraud",
+                                 schema.TX_TIME_SECONDS: "secs"})
+
+
+def test_a_mapped_day_reads_under_the_schemas_names_its_extra_columns_named_as_ignored(dataset_src: Path) -> None:
+    bank = _bank_day(dataset_src).assign(merchant_name="acme")
+    got = validate(bank, "bank/d.csv", reading=BANK)
+    assert list(got.columns) == list(schema.COLUMNS)
+    canonical = pd.read_parquet(dataset_src / "training/2018-04-02.parquet").iloc[:50]
+    pd.testing.assert_frame_equal(got, validate(canonical, "d.parquet"))
+    assert got.attrs["ignored"] == ["merchant_name"]  # the simulator's known extras are read past, not named
+    assert validate(bank.drop(columns=["secs"]), "bank/d.csv", reading=Reading(columns=BANK.columns[:3])).attrs[
+        "ignored"] == ["merchant_name"]
+
+
+@pytest.mark.parametrize(("change", "reading", "message"), [
+    # A mapped optional column the file lacks: the mapping is wrong, named with what the file has.
+    (lambda f: f.drop(columns=["secs"]), BANK,
+     "bank/d.csv: column(s) ['secs'] of the column mapping (column mapping {amount->TX_AMOUNT, card->CUSTOMER_ID, "
+     "fraud->TX_FRAUD, secs->TX_TIME_SECONDS}, datetime format ISO 8601) are not in the file; it has "
+     "['TRANSACTION_ID', 'TX_DATETIME', 'card', 'TERMINAL_ID', 'amount', 'TX_TIME_DAYS', 'fraud', "
+     "'TX_FRAUD_SCENARIO']"),
+    # ... listing at most 20 of the file's columns.
+    (lambda f: f.drop(columns=["secs"]).assign(**{f"x{i:02}": 0 for i in range(20)}), BANK,
+     "are not in the file; it has ['TRANSACTION_ID', 'TX_DATETIME', 'card', 'TERMINAL_ID', 'amount', 'TX_TIME_DAYS', "
+     "'fraud', 'TX_FRAUD_SCENARIO', 'x00', 'x01', 'x02', 'x03', 'x04', 'x05', 'x06', 'x07', 'x08', 'x09', 'x10', "
+     "'x11']"),
+    # A mapped required column the file lacks: the required columns' rule, in the user's names.
+    (lambda f: f.drop(columns=["amount"]), BANK,
+     "bank/d.csv: missing column(s) ['amount']; a day needs ['TRANSACTION_ID', 'TX_DATETIME', 'card', 'TERMINAL_ID', "
+     "'amount', 'fraud']"),
+    (lambda f: f.drop(columns=["fraud"]), BANK,
+     "bank/d.csv: missing column(s) ['fraud']; a day needs ['TRANSACTION_ID', 'TX_DATETIME', 'card', 'TERMINAL_ID', "
+     "'amount', 'fraud'] (unlabelled days go in scoring/)"),
+    (lambda f: f.drop(columns=["fraud", "amount"]), BANK,
+     "bank/d.csv: missing column(s) ['amount', 'fraud']; a day needs ['TRANSACTION_ID', 'TX_DATETIME', 'card', "
+     "'TERMINAL_ID', 'amount', 'fraud']"),
+    (lambda f: f.assign(CUSTOMER_ID=1), BANK,
+     "bank/d.csv: column(s) ['CUSTOMER_ID'] given twice (a mapped column and one of that name); map one, or drop "
+     "the other"),
+])
+def test_a_mapped_days_column_problems_are_named_in_the_users_names(dataset_src: Path, change, reading: Reading,
+                                                                     message: str) -> None:
+    with pytest.raises(DatasetError) as err:
+        validate(change(_bank_day(dataset_src)), "bank/d.csv", reading=reading)
+    assert message in str(err.value) and str(err.value).startswith("bank/d.csv: "), str(err.value)
+
+
+def test_an_unlabelled_day_reads_its_empty_or_absent_label_as_integer_zero(dataset_src: Path) -> None:
+    """A scoring day's label column may be absent or present and empty; it reads as 0 (int64, like a
+    labelled day's), never as a label. A training day (validate's default) needs its labels."""
+    bank = _bank_day(dataset_src)
+    for frame in (bank.drop(columns=["fraud"]), bank.assign(fraud=np.nan)):
+        got = validate(frame, "bank/d.csv", reading=BANK, labels=False)
+        assert got[schema.TX_FRAUD].dtype == np.int64 and (got[schema.TX_FRAUD] == 0).all()
+        with pytest.raises(DatasetError, match="missing column|has a missing value"):
+            validate(frame, "bank/d.csv", reading=BANK)
+    with pytest.raises(DatasetError, match=r"bank/d\.csv: missing column\(s\) \['amount'\]; a day needs \["
+                                           r"'TRANSACTION_ID', 'TX_DATETIME', 'card', 'TERMINAL_ID', 'amount'\]$"):
+        validate(bank.drop(columns=["fraud", "amount"]), "bank/d.csv", reading=BANK, labels=False)
+
+
+def test_native_timestamps_are_read_as_they_are_whatever_format_is_declared(dataset_src: Path) -> None:
+    """A declared format (epoch-s, a strftime pattern) is how text or numbers are read; a Parquet
+    column already of timestamps needs none, and is not read as numbers."""
+    frame = pd.read_parquet(dataset_src / "training/2018-04-02.parquet").iloc[:20]
+    plain = validate(frame, "d.parquet")
+    for fmt in ("epoch-s", "epoch-ms", "%d/%m/%Y %H:%M"):
+        got = validate(frame, "d.parquet", reading=Reading(datetime_format=fmt))
+        pd.testing.assert_frame_equal(got, plain)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("soon", "d.csv: column TX_DATETIME must hold numbers: row 4 has 'soon'"),
+    (1e300, "d.csv: column TX_DATETIME has an unparseable timestamp 1e+300 (row 4); write timestamps in the "
+            "declared format 'epoch-s' or in ISO 8601"),
+])
+def test_a_bad_epoch_is_refused_naming_its_row(dataset_src: Path, value, message: str) -> None:
+    frame = pd.read_parquet(dataset_src / "training/2018-04-02.parquet").iloc[:20]
+    seconds = (frame[schema.TX_DATETIME].astype("int64") // 10**9).astype(object)
+    seconds.iloc[3] = value
+    with pytest.raises(DatasetError) as err:
+        validate(frame.assign(TX_DATETIME=seconds), "d.csv", reading=Reading(datetime_format="epoch-s"))
+    assert str(err.value) == message
+
+
+def test_a_dataset_reads_its_files_by_the_mapping_its_manifest_records(tmp_path: Path, dataset_src: Path) -> None:
+    from workload.data.dataset import Keys, describe, save_manifest
+    root = tmp_path / "d"
+    (root / "training").mkdir(parents=True)
+    bank = _bank_day(dataset_src)
+    bank.to_csv(root / "training" / "d.csv", index=False)
+    frame = validate(bank, "d.csv", reading=BANK)
+    save_manifest(root, [describe(frame, "training/d.csv")], source=None, reading=BANK)
+    assert Keys.of(frame).ids.tolist() == frame[schema.TRANSACTION_ID].tolist()
+    data = Dataset(root)
+    assert data.reading == BANK
+    pd.testing.assert_frame_equal(data.transactions("training/d.csv"), frame)
+
+
+def test_feature_windows_are_found_whatever_order_the_manifest_lists_files_in(tmp_path: Path,
+                                                                              dataset_src: Path) -> None:
+    """A manifest edited by hand, or written by an older release, need not be in time order: the files
+    a day's window reads are found by their days, not their position."""
+    root = _copy(dataset_src, tmp_path / "d")
+    write_manifest(root)
+    expected = Dataset(root).feature_inputs("testing/2018-04-08.parquet")
+    record = json.loads((root / MANIFEST).read_text())
+    record["files"] = record["files"][::-1]
+    (root / MANIFEST).write_text(json.dumps(record))
+    assert sorted(Dataset(root).feature_inputs("testing/2018-04-08.parquet"), key=lambda e: e["path"]) == sorted(
+        expected, key=lambda e: e["path"])
+    assert len(expected) == 8
+
+
+def test_a_manifest_without_files_loads_and_has_nothing_to_train(tmp_path: Path) -> None:
+    (tmp_path / MANIFEST).write_text(json.dumps({"source": None, "files": []}))
+    data = Dataset(tmp_path)
+    assert data.training_shards() == [] and data.files == []
