@@ -831,6 +831,27 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(DATASET, 'pop("_target").to_numpy(dtype=bool)', 'pop("_target").to_numpy(dtype=None)',
                "_target is made of Python bools (assign(_target=is_target)), so the column is bool already; "
                "features.compute casts the mask to bool again"),
+    Equivalent(DATASET, "lengths[lengths > 1]", "lengths[lengths >= 1]",
+               "a row held by one file is no pair: np.triu_indices(1, 1) is empty, so length-1 runs add nothing"),
+    *(Equivalent(DATASET, "zip(pairs.T, counts, strict=True)", f"zip(pairs.T, counts, {kw})",
+                 "np.unique(..., axis=1, return_counts=True) returns one count per pair: the lengths always agree")
+      for kw in ("strict=None", "", "strict=False")),
+    Equivalent(DATASET, "exc.strerror or str(exc)", "exc.strerror or str(None)",
+               "an OSError from stat() always carries its strerror, so the fallback is never read"),
+    Equivalent(DATASET, "continue  # (the label is the last column of schema.COLUMNS)",
+               "break  # (the label is the last column of schema.COLUMNS)",
+               "the label column is the last of schema.COLUMNS: after it the loop has nothing left to break out of"),
+    *(Equivalent(DATASET, ".days for f in self.files), default=0)", f".days for f in self.files), {kw})",
+                 "the default is read only when the manifest lists no file, and then nothing reads _longest: "
+                 "resolve() refuses every path before a window is looked up")
+      for kw in ("default=None", "default=1")),
+    Equivalent(DATASET, "lo = bisect.bisect_left(self._firsts, str((start - pd.Timedelta(days=self._longest)).date()))",
+               "lo = None",
+               "slicing from the first file finds the same files (each is still kept only if its last day reaches "
+               "the window's start): only the cost differs, which bench.featurecost measures"),
+    Equivalent(DATASET, "hash_pandas_object(frame[list(_ROW_KEY)], index=False)",
+               "hash_pandas_object(frame[list(_ROW_KEY)], index=None)",
+               "pandas reads only the truth of `index`: None leaves the index out as False does"),
     # metrics:
     *(Equivalent(METRICS, f"np.asarray({name}, dtype=np.float64)", f"np.asarray({name}, {kw})",
                  "labels are only compared with 0.5: any numeric or boolean dtype compares as its float64 value")

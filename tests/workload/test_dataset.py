@@ -908,6 +908,16 @@ def test_a_hand_laid_dataset_reads_its_scoring_days_without_labels(tmp_path: Pat
     (root / "scoring" / "2018-04-09.csv").unlink()
     with pytest.raises(DatasetError, match=r"training/2018-04-06\.csv: missing column\(s\) \['TX_FRAUD'\]"):
         write_manifest(root)
+    # A published training day read by a worker is held to its labels too (here: replaced since).
+    (root / "training" / "2018-04-06.csv").unlink()
+    tomorrow.assign(TX_DATETIME=tomorrow[schema.TX_DATETIME] - pd.Timedelta(days=3)).to_csv(
+        root / "training" / "2018-04-06.csv", index=False)
+    write_manifest(root)
+    tomorrow.drop(columns=[schema.TX_FRAUD]).to_csv(root / "training" / "2018-04-06.csv", index=False)
+    with pytest.raises(DatasetError, match=r"training/2018-04-06\.csv: missing column\(s\) \['TX_FRAUD'\]"):
+        Dataset(root).transactions("training/2018-04-06.csv")
+    with pytest.raises(DatasetError, match=r"missing column\(s\) \['TX_FRAUD'\]"):  # labels unless told otherwise
+        read_transactions(root / "training" / "2018-04-06.csv")
 
 
 def test_the_read_cache_keeps_at_most_its_rows_and_rereads_a_day_pushed_out(tmp_path: Path, dataset_src: Path) -> None:
@@ -1036,7 +1046,10 @@ def test_a_mapped_days_column_problems_are_named_in_the_users_names(dataset_src:
                                                                      message: str) -> None:
     with pytest.raises(DatasetError) as err:
         validate(change(_bank_day(dataset_src)), "bank/d.csv", reading=reading)
-    assert message in str(err.value) and str(err.value).startswith("bank/d.csv: "), str(err.value)
+    if message.startswith("bank/d.csv: "):  # the whole message
+        assert str(err.value) == message
+    else:
+        assert str(err.value).startswith("bank/d.csv: ") and str(err.value).endswith(message), str(err.value)
 
 
 def test_an_unlabelled_day_reads_its_empty_or_absent_label_as_integer_zero(dataset_src: Path) -> None:
@@ -1096,17 +1109,27 @@ def test_feature_windows_are_found_whatever_order_the_manifest_lists_files_in(tm
     """A manifest edited by hand, or written by an older release, need not be in time order: the files
     a day's window reads are found by their days, not their position."""
     root = _copy(dataset_src, tmp_path / "d")
-    write_manifest(root)
-    expected = Dataset(root).feature_inputs("testing/2018-04-08.parquet")
-    record = json.loads((root / MANIFEST).read_text())
-    record["files"] = record["files"][::-1]
-    (root / MANIFEST).write_text(json.dumps(record))
-    assert sorted(Dataset(root).feature_inputs("testing/2018-04-08.parquet"), key=lambda e: e["path"]) == sorted(
-        expected, key=lambda e: e["path"])
-    assert len(expected) == 8
+    files = write_manifest(root)
+    days = [f["path"] for f in files]
+    expected = {rel: sorted(Dataset(root).feature_inputs(rel), key=lambda e: e["path"]) for rel in days}
+    assert len(expected["testing/2018-04-08.parquet"]) == 8
+    for order in (files[::-1], files[3:] + files[:3], files[1::2] + files[::2]):
+        (root / MANIFEST).write_text(json.dumps({"source": None, "files": order}))
+        data = Dataset(root)
+        for rel in days:
+            assert sorted(data.feature_inputs(rel), key=lambda e: e["path"]) == expected[rel], rel
 
 
 def test_a_manifest_without_files_loads_and_has_nothing_to_train(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text(json.dumps({"source": None, "files": []}))
     data = Dataset(tmp_path)
     assert data.training_shards() == [] and data.files == []
+
+
+def test_a_symbolic_link_named_like_a_day_is_refused_not_followed(tmp_path: Path, dataset_src: Path) -> None:
+    link = tmp_path / "d.parquet"
+    link.symlink_to(dataset_src / "training/2018-04-02.parquet")
+    with pytest.raises(DatasetError) as err:
+        read_transactions(link, "bank/d.parquet")
+    assert str(err.value) == ("bank/d.parquet: a symbolic link; links are never followed, put the file itself in the "
+                              "dataset")

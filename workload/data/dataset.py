@@ -247,7 +247,7 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, rea
     for column, kind in schema.COLUMNS.items():
         if column not in frame.columns:  # the label of an unlabelled day: never read as one
             out[column] = np.zeros(len(frame), dtype=np.int64)
-            continue
+            continue  # (the label is the last column of schema.COLUMNS)
         values = frame[column].reset_index(drop=True)
         name = reading.source_of(column)
         if values.isna().any():
