@@ -782,6 +782,9 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                STATS_ZEROS),
     Equivalent(TRAINER, "if positives else 1.0", "if positives else 2.0",
                "a day without fraud has no y = 1 term for BCE's pos_weight to scale: any weight, the same loss"),
+    Equivalent(TRAINER, "days <= hp.full_window_days:", "days < hp.full_window_days:",
+               "at days == full_window_days the other branch gives max(1, ceil(epochs * d / d)) = epochs (epochs >= 1, "
+               "hparams.py): the same epochs either way"),
     Equivalent(TRAINER, "zero_grad(set_to_none=True)", "zero_grad(set_to_none=None)",
                "torch reads only the flag's truth: None zeroes the gradients as False does (explained above)"),
     # dataset:

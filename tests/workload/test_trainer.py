@@ -507,3 +507,24 @@ def test_a_format_2_day_stopped_mid_way_resumes_with_the_runs_epochs() -> None:
     assert resumed.train_shard(x, y, lambda: True)
     assert resumed.steps == whole.steps == 3 * 11
     assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in whole.model.state_dict().items())
+
+
+def test_deterministic_kernels_are_asked_of_cuda_only() -> None:
+    """On CUDA, torch is asked for deterministic kernels (warning where it has none) and cuDNN stops
+    benchmarking; on the CPU nothing is changed (its kernels are deterministic already, and the
+    global switch would turn every nondeterministic op into a warning). The flags are torch's own and
+    need no GPU to set."""
+    from workload.model.trainer import use_deterministic
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark)
+    try:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True
+        use_deterministic(torch.device("cpu"))
+        assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+        use_deterministic(torch.device("cuda"))
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark = before[2]
