@@ -412,6 +412,26 @@ def test_a_report_from_a_checkpoint_a_newer_lease_superseded_is_not_written(env:
     assert report.read_text() == "the newer lease's report\n"
 
 
+def test_a_stopped_heartbeat_beats_no_more_though_its_lease_still_holds(env: Share) -> None:
+    """Heartbeat.run in the caller's thread, stopped before it starts: it returns at once, without a beat,
+    although the lease is not lost (the loop ends on stop *or* loss, not only on both)."""
+    queue = env.seed()
+    beat = Heartbeat(queue, queue.claim("w1", 10), ttl_s=10, interval_s=0.01)
+    beats, renew = [], beat.beat
+
+    def counted() -> bool | None:
+        beats.append(time.monotonic())
+        if len(beats) == 3:
+            beat.lost.set()  # ends a loop that would not stop by itself
+        return renew()
+
+    beat.beat = counted
+    beat.stop()
+    beat.run()
+    assert beats == [] and not beat.lost.is_set()
+    assert beat.confirm(), "the lease is still ours"
+
+
 @pytest.mark.parametrize("run", ["a/b", "..", "/etc"])
 def test_the_worker_refuses_a_bad_run_name_on_its_own_as_an_item_fault(env: Share, run: str) -> None:
     """The second layer, without the claim-time check in front of it: a run name that cannot name a folder
