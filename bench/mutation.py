@@ -170,13 +170,14 @@ GROUPS: tuple[Group, ...] = (
     # The infra components whose rendered specs carry the product's guarantees (Job failure rules and
     # security context, Redis password/AOF/NetworkPolicy, Workload Identity roles and conditions, the
     # share and its preparation, spot GPU selection, the VPC), each built alone under the mock engine by
-    # test_infra_components.py (a mutant costs a component build, not whole-stack renders); with them the
+    # test_infra_redis.py, test_infra_platform.py and test_infra_workloads.py, through infra.program's own wiring
+    # (tests/infra/components.py; a mutant costs a component build, not whole-stack renders); with them the
     # names they share with the worker and the policy pack (contract.py). Two groups of about half the
     # mutants each (1,715 took 45.4 min on one lane together): the Jobs and what they mount, and the rest.
     Group(
         "infra",
-        tuple(f"infra/{m}.py" for m in ("filestore", "gpu", "identity", "network", "redis")),
-        ("tests/infra/test_infra_components.py", "tests/test_contract.py"),
+        tuple(f"infra/{m}.py" for m in ("filestore", "gpu", "identity", "network", "redis", "platform")),
+        ("tests/infra/test_infra_redis.py", "tests/infra/test_infra_platform.py", "tests/test_contract.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=18.0,
     ),
@@ -184,7 +185,8 @@ GROUPS: tuple[Group, ...] = (
         "jobs",
         tuple(f"infra/{m}.py" for m in ("jobs", "share_prep", "contract")),
         # The scoring Job is built only with an output bucket: test_infra_scoring.py renders it.
-        ("tests/infra/test_infra_components.py", "tests/test_contract.py", "tests/infra/test_infra_scoring.py"),
+        ("tests/infra/test_infra_workloads.py", "tests/infra/test_infra_platform.py", "tests/test_contract.py",
+         "tests/infra/test_infra_scoring.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=19.0,
     ),
@@ -221,7 +223,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "config",
         ("infra/config.py",),
-        ("tests/infra/test_infra_config.py", "tests/infra/test_infra_schedule.py"),
+        ("tests/infra/test_infra_config.py", "tests/infra/test_infra_config_rules.py",
+         "tests/infra/test_infra_schedule.py"),
     ),
     # errors: the failure classes and exit codes; faults: the crash tests' injection points (inert unless
     # WORKLOAD_FAULT names one), driven in-process by test_errors.py.
@@ -352,8 +355,10 @@ OUT_OF_SCOPE: dict[str, str] = {
     "infra/render.py": "tooling: renders the mock-engine stack for kubernetes-validate and the offline policy run",
     "infra/diff.py": "tooling: `make diff` prints what a config change would replace (its facts: replacements.py)",
     "policy/offline.py": "tooling: runs the rules over a rendered stack without the Pulumi CLI",
+    "infra/kube.py": "one frozen dataclass (where Kubernetes objects go): no function for mutmut to mutate",
     "infra/gke.py": ("constants only: GKE's label and resource names, shared with the policy pack; mutmut mutates "
-                     "functions, and test_infra_components.py and the policy tests check the names in use"),
+                     "functions, and the component tests (test_infra_platform.py) and the policy tests check the names "
+                     "in use"),
     "workload/data/schema.py": ("constants only: the schema's column names and kinds; mutmut mutates functions, and "
                                 "the simulator and dataset tests read every column by these names"),
     "workload/core/preemption.py": ("constants only: the spot grace period and its margins, tuning values; "

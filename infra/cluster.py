@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -32,6 +33,32 @@ class ClusterArgs:
     gpu: GpuConfig
 
 
+def _common(args: ClusterArgs, network: Network) -> dict[str, Any]:
+    """The cluster's arguments in either mode: place, network ranges, channel, privacy, identity, protection."""
+    site = args.site
+    return dict(
+        project=site.project_id,
+        location=site.region,
+        network=network.network_id,
+        subnetwork=network.subnetwork_id,
+        ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
+            cluster_secondary_range_name=args.network.pods_range_name,
+            services_secondary_range_name=args.network.services_range_name,
+        ),
+        release_channel=gcp.container.ClusterReleaseChannelArgs(channel=args.cluster.release_channel),
+        private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
+            enable_private_nodes=args.cluster.private_nodes,
+            # The control plane stays reachable so `pulumi up` and kubectl work from a laptop.
+            enable_private_endpoint=False,
+        ),
+        workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
+            workload_pool=f"{site.project_id}.svc.id.goog"
+        ),
+        deletion_protection=args.cluster.deletion_protection,
+        resource_labels=site.labels.as_dict(),
+    )
+
+
 class Cluster(pulumi.ComponentResource):
     """A cluster whose pods reach the Filestore VPC, plus ``provider`` for every Kubernetes object."""
 
@@ -44,80 +71,10 @@ class Cluster(pulumi.ComponentResource):
         self, name: str, args: ClusterArgs, network: Network, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("spot-trainer:gcp:Cluster", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        site = args.site
-        labels = site.labels.as_dict()
         self._pools: list[gcp.container.NodePool] = []
-
-        # Nodes run as this account, not the project's default compute account (Editor by default).
-        self.node_service_account = gcp.serviceaccount.Account(
-            f"{name}-nodes",
-            project=site.project_id,
-            account_id=f"{site.labels.app}-{site.slug}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
-            display_name=f"GKE nodes of {site.labels.app} ({site.stack})",
-            opts=child,
-        )
-        node_roles = [
-            gcp.projects.IAMMember(
-                f"{name}-nodes-{role.split('/')[-1]}",
-                project=site.project_id,
-                role=role,
-                member=self.node_service_account.member,
-                opts=child,
-            )
-            for role in NODE_ROLES
-        ]
-
-        common = dict(
-            project=site.project_id,
-            location=site.region,
-            network=network.network_id,
-            subnetwork=network.subnetwork_id,
-            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
-                cluster_secondary_range_name=args.network.pods_range_name,
-                services_secondary_range_name=args.network.services_range_name,
-            ),
-            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=args.cluster.release_channel),
-            private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
-                enable_private_nodes=args.cluster.private_nodes,
-                # The control plane stays reachable so `pulumi up` and kubectl work from a laptop.
-                enable_private_endpoint=False,
-            ),
-            workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
-                workload_pool=f"{site.project_id}.svc.id.goog"
-            ),
-            deletion_protection=args.cluster.deletion_protection,
-            resource_labels=labels,
-        )
-        if args.cluster.autopilot:
-            cluster = gcp.container.Cluster(
-                name,
-                enable_autopilot=True,
-                cluster_autoscaling=gcp.container.ClusterClusterAutoscalingArgs(
-                    auto_provisioning_defaults=_AutoProvisioningArgs(
-                        service_account=self.node_service_account.email,
-                        oauth_scopes=[CLOUD_PLATFORM_SCOPE],
-                    ),
-                ),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=node_roles),
-                **common,
-            )
-        else:
-            cluster = gcp.container.Cluster(
-                name,
-                # Node pools are separate resources: the default pool is replaced by ours.
-                remove_default_node_pool=True,
-                initial_node_count=1,
-                # The default pool exists for a moment before it is removed: without this it would run as
-                # the Compute Engine default account, which org policies often disable or strip.
-                node_config=gcp.container.ClusterNodeConfigArgs(
-                    service_account=self.node_service_account.email, oauth_scopes=[CLOUD_PLATFORM_SCOPE]
-                ),
-                # Dataplane V2 enforces NetworkPolicy (the Redis policy relies on it).
-                datapath_provider="ADVANCED_DATAPATH",
-                opts=pulumi.ResourceOptions(parent=self, depends_on=node_roles),
-                **common,
-            )
+        node_roles = self._node_account(name, args.site)
+        cluster = self._cluster(name, args, network, node_roles)
+        if not args.cluster.autopilot:
             self._standard_pools(name, args, cluster)
         self.name = cluster.name
         # The pool exists once the cluster does: Workload Identity bindings take it from here (identity.py).
@@ -135,6 +92,61 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=self._pools),
         )
         self.register_outputs({"name": self.name, "kubeconfig": self.kubeconfig})
+
+    def _node_account(self, name: str, site: Site) -> list[gcp.projects.IAMMember]:
+        """Nodes run as this account, not the project's default compute account (Editor by default)."""
+        child = pulumi.ResourceOptions(parent=self)
+        self.node_service_account = gcp.serviceaccount.Account(
+            f"{name}-nodes",
+            project=site.project_id,
+            account_id=f"{site.labels.app}-{site.slug}"[:24].rstrip("-") + "-nodes",  # 6-30 characters
+            display_name=f"GKE nodes of {site.labels.app} ({site.stack})",
+            opts=child,
+        )
+        return [
+            gcp.projects.IAMMember(
+                f"{name}-nodes-{role.split('/')[-1]}",
+                project=site.project_id,
+                role=role,
+                member=self.node_service_account.member,
+                opts=child,
+            )
+            for role in NODE_ROLES
+        ]
+
+    def _cluster(
+        self, name: str, args: ClusterArgs, network: Network, node_roles: list[gcp.projects.IAMMember]
+    ) -> gcp.container.Cluster:
+        """The cluster itself: Autopilot, or Standard with its default pool removed (our pools replace it)."""
+        opts = pulumi.ResourceOptions(parent=self, depends_on=node_roles)
+        if args.cluster.autopilot:
+            return gcp.container.Cluster(
+                name,
+                enable_autopilot=True,
+                cluster_autoscaling=gcp.container.ClusterClusterAutoscalingArgs(
+                    auto_provisioning_defaults=_AutoProvisioningArgs(
+                        service_account=self.node_service_account.email,
+                        oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    ),
+                ),
+                opts=opts,
+                **_common(args, network),
+            )
+        return gcp.container.Cluster(
+            name,
+            # Node pools are separate resources: the default pool is replaced by ours.
+            remove_default_node_pool=True,
+            initial_node_count=1,
+            # The default pool exists for a moment before it is removed: without this it would run as
+            # the Compute Engine default account, which org policies often disable or strip.
+            node_config=gcp.container.ClusterNodeConfigArgs(
+                service_account=self.node_service_account.email, oauth_scopes=[CLOUD_PLATFORM_SCOPE]
+            ),
+            # Dataplane V2 enforces NetworkPolicy (the Redis policy relies on it).
+            datapath_provider="ADVANCED_DATAPATH",
+            opts=opts,
+            **_common(args, network),
+        )
 
     def _standard_pools(self, name: str, args: ClusterArgs, cluster: gcp.container.Cluster) -> None:
         """A small on-demand pool for Redis and the loader, and the spot GPU pool for training."""

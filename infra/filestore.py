@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 
 from infra import contract
 from infra.config import FilestoreConfig, Site
+from infra.kube import InCluster
 from infra.network import Network
 
 
@@ -33,10 +34,10 @@ class FilestoreShare(pulumi.ComponentResource):
         name: str,
         args: FilestoreArgs,
         network: Network,
-        provider: k8s.Provider,
-        namespace: pulumi.Input[str],
+        kube: InCluster,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """``kube``: where the share's volume and its claim go (the claim in the stack's namespace)."""
         super().__init__("spot-trainer:storage:FilestoreShare", name, None, opts)
         site, fs, protected = args.site, args.filestore, args.protected
         self.instance = gcp.filestore.Instance(
@@ -66,9 +67,9 @@ class FilestoreShare(pulumi.ComponentResource):
         self.share = fs.share
         self.path = f"/{fs.share}"
         self.claim_name = "share"
-        self._site, self._provider = site, provider
+        self._site, self._provider = site, kube.provider
         self.capacity_gb, self.claim_gb = fs.capacity_gb, fs.claim_gb
-        self.volume, self.claim = self.bind(name, namespace, self.claim_name, "share")
+        self.volume, self.claim = self.bind(name, kube.namespace, self.claim_name, "share")
         self.register_outputs({"ip": self.ip, "share": self.share, "claim": self.claim_name})
 
     def bind(

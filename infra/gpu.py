@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -19,6 +20,14 @@ from infra.config import GpuConfig
 from infra.gke import ACCELERATOR_LABEL, COMPUTE_CLASS_LABEL, GPU_DRIVER_LABEL, GPU_RESOURCE, SPOT_LABEL
 
 
+@dataclass(frozen=True)
+class GpuArgs:
+    """The GPUs' slice of the stack, and the cluster's mode (Autopilot: pods ask; Standard: the spot pool)."""
+
+    gpu: GpuConfig
+    autopilot: bool
+
+
 class GpuCapacity(pulumi.ComponentResource):
     """``node_selector`` and ``tolerations`` for training pods, and what they must wait for."""
 
@@ -27,14 +36,10 @@ class GpuCapacity(pulumi.ComponentResource):
     resources: list[pulumi.Resource]
 
     def __init__(
-                self,
-        name: str,
-        gpu: GpuConfig,
-        autopilot: bool,
-        provider: k8s.Provider,
-        opts: pulumi.ResourceOptions | None = None,
+        self, name: str, args: GpuArgs, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("spot-trainer:k8s:GpuCapacity", name, None, opts)
+        gpu, autopilot = args.gpu, args.autopilot
         # Tolerated everywhere: the Standard pool's spot taint and GKE's GPU taint; harmless on Autopilot.
         self.tolerations = [
             {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"},

@@ -27,6 +27,7 @@ import pulumi_kubernetes as k8s
 
 from infra import contract
 from infra.config import GcsUri, Site
+from infra.kube import InCluster
 
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
 READ_OBJECTS = "roles/storage.objectViewer"
@@ -59,6 +60,22 @@ def workload_member(pool: str, namespace: str, ksa: str) -> str:
     return f"serviceAccount:{pool}[{namespace}/{ksa}]"
 
 
+@dataclass(frozen=True)
+class IdentityArgs:
+    """One component's identity: where its account goes (``site``), the cluster's workload identity pool,
+    the component it is for, and its bucket grants.
+
+    ``workload_pool``: the cluster's pool output, never the project's name typed in: the pool exists only once
+    the cluster does, and IAM refuses a binding to a member of a pool that does not exist ("Identity Pool does
+    not exist": terraform-google-modules/terraform-google-kubernetes-engine#916 fixed it the same way). The
+    output carries the dependency on the cluster."""
+
+    site: Site
+    workload_pool: pulumi.Input[str]
+    component: str
+    grants: tuple[BucketGrant, ...]
+
+
 class WorkloadIdentity(pulumi.ComponentResource):
     """A GSA, the KSA that acts as it, and the GSA's bucket roles. Pods opt in with
     ``serviceAccountName: <ksa_name>``."""
@@ -68,23 +85,11 @@ class WorkloadIdentity(pulumi.ComponentResource):
     service_account: k8s.core.v1.ServiceAccount
 
     def __init__(
-        self,
-        name: str,
-        site: Site,
-        namespace_name: str,
-        workload_pool: pulumi.Input[str],
-        component: str,
-        grants: list[BucketGrant],
-        provider: k8s.Provider,
-        namespace: pulumi.Input[str],
-        opts: pulumi.ResourceOptions | None = None,
+        self, name: str, args: IdentityArgs, kube: InCluster, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        """``workload_pool``: the cluster's pool output, never the project's name typed in: the pool exists
-        only once the cluster does, and IAM refuses a binding to a member of a pool that does not exist
-        ("Identity Pool does not exist": terraform-google-modules/terraform-google-kubernetes-engine#916
-        fixed it the same way). The output carries the dependency on the cluster."""
         super().__init__("spot-trainer:iam:WorkloadIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        site, component = args.site, args.component
         self.ksa_name = f"{site.labels.app}-{component}"
         self.account = gcp.serviceaccount.Account(
             name,
@@ -99,35 +104,35 @@ class WorkloadIdentity(pulumi.ComponentResource):
             name,
             metadata={
                 "name": self.ksa_name,
-                "namespace": namespace,
+                "namespace": kube.namespace,
                 "labels": contract.labels(component),
                 "annotations": {contract.GCP_SERVICE_ACCOUNT_ANNOTATION: self.account.email},
             },
             # The pods that use it mount its token (infra.jobs): Workload Identity exchanges it. The
             # account is bound to no Kubernetes role, so the token opens nothing in the cluster.
-            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=kube.provider),
         )
         binding = gcp.serviceaccount.IAMMember(
             f"{name}-workload-identity",
             # The GSA's fully-qualified name (projects/<p>/serviceAccounts/<email>), as the SDK asks.
             service_account_id=self.account.name,
             role=WORKLOAD_IDENTITY_USER,
-            member=pulumi.Output.from_input(workload_pool).apply(
-                lambda pool: workload_member(pool, namespace_name, self.ksa_name)
+            member=pulumi.Output.from_input(args.workload_pool).apply(
+                lambda pool: workload_member(pool, kube.namespace_name, self.ksa_name)
             ),
             opts=child,
         )
-        self.grants = [
-            gcp.storage.BucketIAMMember(
-                f"{name}-{grant.role.rsplit('.', 1)[-1].lower()}",
-                bucket=grant.location.bucket,
-                role=grant.role,
-                member=self.account.member,
-                condition=grant.condition(),
-                opts=child,
-            )
-            for grant in grants
-        ]
+        self.grants = [self._grant(name, grant) for grant in args.grants]
         # Pods that start before the binding exists get 403s from the metadata server: wait for all of it.
         self.resources: list[pulumi.Resource] = [self.service_account, binding, *self.grants]
         self.register_outputs({"email": self.account.email, "ksa": self.ksa_name})
+
+    def _grant(self, name: str, grant: BucketGrant) -> gcp.storage.BucketIAMMember:
+        return gcp.storage.BucketIAMMember(
+            f"{name}-{grant.role.rsplit('.', 1)[-1].lower()}",
+            bucket=grant.location.bucket,
+            role=grant.role,
+            member=self.account.member,
+            condition=grant.condition(),
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pulumi
@@ -23,23 +24,77 @@ def _from_cwd(path: str) -> str:
     return os.path.relpath(REPO_ROOT / path)
 
 
+@dataclass(frozen=True)
+class ImageArgs:
+    """Where the repository goes (``site``), and who pulls the image: the nodes' service account member."""
+
+    site: Site
+    reader_member: pulumi.Input[str]
+
+
+def _cache(ref: str) -> tuple[list[docker_build.CacheFromArgs], list[docker_build.CacheToArgs]]:
+    """Layers come from the registry when unchanged (torch alone is gigabytes): CI runners and laptops start
+    with an empty local cache. `max` keeps every stage's layers; image-manifest OCI cache is the form Artifact
+    Registry stores."""
+    return (
+        [docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=ref))],
+        [
+            docker_build.CacheToArgs(
+                registry=docker_build.CacheToRegistryArgs(
+                    ref=ref,
+                    mode=docker_build.CacheMode.MAX,
+                    image_manifest=True,
+                    oci_media_types=True,
+                )
+            )
+        ],
+    )
+
+
 class TrainingImage(pulumi.ComponentResource):
     """``ref`` is ``<repository>@sha256:<digest>``: a code change replaces the Jobs, no change keeps them."""
 
     ref: pulumi.Output[str]
     repository_url: str
 
-    def __init__(
-        self,
-        name: str,
-        site: Site,
-        reader_member: pulumi.Input[str],
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
+    def __init__(self, name: str, args: ImageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spot-trainer:build:TrainingImage", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        site = args.site
         repo_id = f"{site.labels.app}-{site.slug}"  # stacks may share a project and region
         registry = f"{site.region}-docker.pkg.dev"
+        self._repository(name, site, repo_id, args.reader_member)
+        self.repository_url = f"{registry}/{site.project_id}/{repo_id}/{IMAGE_NAME}"
+        self.cache_ref = f"{self.repository_url}:{CACHE_TAG}"
+        # The deployer's short-lived OAuth token: no key file, no `gcloud auth configure-docker` needed.
+        token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
+        cache_from, cache_to = _cache(self.cache_ref)
+        self.image = docker_build.Image(
+            name,
+            context=docker_build.BuildContextArgs(location=_from_cwd(contract.IMAGE_CONTEXT)),
+            dockerfile=docker_build.DockerfileArgs(location=_from_cwd(contract.IMAGE_DOCKERFILE)),
+            platforms=[docker_build.Platform.LINUX_AMD64],
+            tags=[f"{self.repository_url}:{site.slug}"],
+            push=True,
+            # `pulumi preview` (every pull request) does not build the CUDA image; `pulumi up` does.
+            build_on_preview=False,
+            cache_from=cache_from,
+            cache_to=cache_to,
+            registries=[
+                docker_build.RegistryArgs(
+                    address=registry, username="oauth2accesstoken", password=token.access_token
+                )
+            ],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
+        )
+        # The reference carries the grant as a dependency: whatever runs the image (the Jobs) is created
+        # only once nodes may pull it, instead of racing the IAM binding into ImagePullBackOff.
+        self.ref = pulumi.Output.all(self.image.digest, self.reader_grant.id).apply(
+            lambda parts: f"{self.repository_url}@{parts[0]}"
+        )
+        self.register_outputs({"ref": self.ref})
+
+    def _repository(self, name: str, site: Site, repo_id: str, reader_member: pulumi.Input[str]) -> None:
+        child = pulumi.ResourceOptions(parent=self)
         self.repository = gcp.artifactregistry.Repository(
             name,
             project=site.project_id,
@@ -60,45 +115,3 @@ class TrainingImage(pulumi.ComponentResource):
             member=reader_member,
             opts=child,
         )
-        self.repository_url = f"{registry}/{site.project_id}/{repo_id}/{IMAGE_NAME}"
-        self.cache_ref = f"{self.repository_url}:{CACHE_TAG}"
-        # The deployer's short-lived OAuth token: no key file, no `gcloud auth configure-docker` needed.
-        token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
-        self.image = docker_build.Image(
-            name,
-            context=docker_build.BuildContextArgs(location=_from_cwd(contract.IMAGE_CONTEXT)),
-            dockerfile=docker_build.DockerfileArgs(location=_from_cwd(contract.IMAGE_DOCKERFILE)),
-            platforms=[docker_build.Platform.LINUX_AMD64],
-            tags=[f"{self.repository_url}:{site.slug}"],
-            push=True,
-            # `pulumi preview` (every pull request) does not build the CUDA image; `pulumi up` does.
-            build_on_preview=False,
-            # Layers come from the registry when unchanged (torch alone is gigabytes): CI runners and
-            # laptops start with an empty local cache. `max` keeps every stage's layers; image-manifest
-            # OCI cache is the form Artifact Registry stores.
-            cache_from=[
-                docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=self.cache_ref))
-            ],
-            cache_to=[
-                docker_build.CacheToArgs(
-                    registry=docker_build.CacheToRegistryArgs(
-                        ref=self.cache_ref,
-                        mode=docker_build.CacheMode.MAX,
-                        image_manifest=True,
-                        oci_media_types=True,
-                    )
-                )
-            ],
-            registries=[
-                docker_build.RegistryArgs(
-                    address=registry, username="oauth2accesstoken", password=token.access_token
-                )
-            ],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
-        )
-        # The reference carries the grant as a dependency: whatever runs the image (the Jobs) is created
-        # only once nodes may pull it, instead of racing the IAM binding into ImagePullBackOff.
-        self.ref = pulumi.Output.all(self.image.digest, self.reader_grant.id).apply(
-            lambda parts: f"{self.repository_url}@{parts[0]}"
-        )
-        self.register_outputs({"ref": self.ref})

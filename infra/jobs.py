@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +20,9 @@ import pulumi_kubernetes as k8s
 
 from infra import contract
 from infra.config import DataConfig, JobConfig
-from infra.filestore import FilestoreShare
 from infra.gke import GPU_RESOURCE, ZONE_LABEL
 from infra.gpu import GpuCapacity
-from infra.identity import WorkloadIdentity
+from infra.platform import Platform
 from infra.redis import RedisQueue
 from workload.core import errors, preemption  # stdlib only: the exit codes' and the grace period's one definition
 
@@ -146,74 +146,83 @@ def _env(jobs: JobConfig, redis: RedisQueue) -> list[dict[str, Any]]:
     ]
 
 
-def _pod_template(
-    component: str,
-    image: pulumi.Input[str],
-    argv: list[str],
-    resources: dict[str, Any],
-    args: JobArgs,
-    redis: RedisQueue,
-    share: FilestoreShare,
-    node_selector: dict[str, str] | None = None,
-    tolerations: list[dict[str, Any]] | None = None,
-    service_account: str | None = None,
-    env: list[dict[str, Any]] | None = None,
-    volumes: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
-    annotations: dict[str, pulumi.Input[str]] | None = None,
-) -> dict[str, Any]:
-    """``volumes``: extra (volume, mount) pairs; ``service_account``: a Workload Identity KSA (else the
+@dataclass(frozen=True)
+class PodArgs:
+    """What one Job's pod adds to what every workload pod has (infra.jobs ``_pod_template``).
+
+    ``volumes``: extra (volume, mount) pairs; ``service_account``: a Workload Identity KSA (else the
     namespace's default account, which has no Google roles)."""
-    extra = volumes or []
+
+    component: str
+    argv: list[str]
+    resources: dict[str, Any]
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    service_account: str | None = None
+    env: list[dict[str, Any]] | None = None
+    volumes: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
+    annotations: dict[str, pulumi.Input[str]] | None = None
+
+
+def _pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": contract.WORKLOAD_UID,
+        "runAsGroup": contract.WORKLOAD_UID,
+        "fsGroup": contract.WORKLOAD_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container(pod: PodArgs, image: pulumi.Input[str], args: JobArgs, platform: Platform) -> dict[str, Any]:
+    return {
+        "name": pod.component,
+        "image": image,
+        "args": pod.argv,
+        "env": _env(args.jobs, platform.queue) + (pod.env or []),
+        "resources": pod.resources,
+        "securityContext": contract.restricted_security_context(),
+        # The last log lines become the pod's termination message on a failure: the provider's
+        # await prints it, so `pulumi up` shows the worker's own error.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": SHARE_VOLUME, "mountPath": contract.SHARE_DIR},
+            *(mount for _, mount in pod.volumes or []),
+        ],
+    }
+
+
+def _pod_template(pod: PodArgs, image: pulumi.Input[str], args: JobArgs, platform: Platform) -> dict[str, Any]:
+    """Every workload pod: uid 10001, the share mounted, the queue's address and password in its environment."""
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": contract.WORKLOAD_UID,
-            "runAsGroup": contract.WORKLOAD_UID,
-            "fsGroup": contract.WORKLOAD_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [
-            {
-                "name": component,
-                "image": image,
-                "args": argv,
-                "env": _env(args.jobs, redis) + (env or []),
-                "resources": resources,
-                "securityContext": contract.restricted_security_context(),
-                # The last log lines become the pod's termination message on a failure: the provider's
-                # await prints it, so `pulumi up` shows the worker's own error.
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                "volumeMounts": [
-                    {"name": SHARE_VOLUME, "mountPath": contract.SHARE_DIR},
-                    *(mount for _, mount in extra),
-                ],
-            }
-        ],
+        "securityContext": _pod_security_context(),
+        "containers": [_container(pod, image, args, platform)],
         "volumes": [
-            {"name": SHARE_VOLUME, "persistentVolumeClaim": {"claimName": share.claim_name}},
-            *(volume for volume, _ in extra),
+            {"name": SHARE_VOLUME, "persistentVolumeClaim": {"claimName": platform.share.claim_name}},
+            *(volume for volume, _ in pod.volumes or []),
         ],
     }
-    if service_account:
-        spec["serviceAccountName"] = service_account
+    if pod.service_account:
+        spec["serviceAccountName"] = pod.service_account
         # Workload Identity needs the pod's service account token: Google's own GKE workloads turn it
         # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
         # not reach Google APIs through Workload Identity). Only the loader's account has a Kubernetes
         # role, and only with `schedule` set: create Jobs in its namespace (infra/schedule.py).
         spec["automountServiceAccountToken"] = True
+    node_selector = pod.node_selector
     if args.share_zone:
         # The share lives in one zone: reading it from another costs inter-zone traffic on every read.
         node_selector = {**(node_selector or {}), ZONE_LABEL: args.share_zone}
     if node_selector:
         spec["nodeSelector"] = node_selector
-    if tolerations:
-        spec["tolerations"] = tolerations
-    metadata: dict[str, Any] = {"labels": contract.labels(component)}
-    if annotations:
-        metadata["annotations"] = annotations
+    if pod.tolerations:
+        spec["tolerations"] = pod.tolerations
+    metadata: dict[str, Any] = {"labels": contract.labels(pod.component)}
+    if pod.annotations:
+        metadata["annotations"] = pod.annotations
     return {"metadata": metadata, "spec": spec}
 
 
@@ -235,11 +244,14 @@ def _with_quota(metadata: dict[str, Any], quota: pulumi.Input[str] | None) -> di
     return metadata
 
 
+def _timeouts(minutes: int | None) -> pulumi.CustomTimeouts | None:
+    """How long `pulumi up` waits for a Job to complete (None: the provider's default, or no wait at all)."""
+    return None if minutes is None else pulumi.CustomTimeouts(create=f"{minutes}m", update=f"{minutes}m")
+
+
 def one_off_pod(
     args: JobArgs,
-    image: pulumi.Input[str],
-    redis: RedisQueue,
-    share: FilestoreShare,
+    platform: Platform,
     name: str,
     argv: list[str],
     command: list[str] | None = None,
@@ -250,7 +262,8 @@ def one_off_pod(
     ``service_account``: run as that Workload Identity account (an export to the output bucket)."""
 
     def render(ref: str) -> str:
-        template = _pod_template(contract.LOADER, ref, argv, {}, args, redis, share, service_account=service_account)
+        pod = PodArgs(contract.LOADER, argv, {}, service_account=service_account)
+        template = _pod_template(pod, ref, args, platform)
         container = template["spec"]["containers"][0]
         container.pop("resources")
         container["name"] = name  # kubectl attaches to the container named like the pod
@@ -262,15 +275,12 @@ def one_off_pod(
             f"--overrides='{json.dumps(overrides, separators=(',', ':'))}'"
         )
 
-    return pulumi.Output.from_input(image).apply(render)
+    return pulumi.Output.from_input(platform.image).apply(render)
 
 
 def loader_template(
     args: JobArgs,
-    image: pulumi.Input[str],
-    redis: RedisQueue,
-    share: FilestoreShare,
-    identity: WorkloadIdentity | None,
+    platform: Platform,
     runs_config_map: pulumi.Input[str],
     seed_inputs: pulumi.Input[str],
     extra_args: list[str] | None = None,
@@ -281,21 +291,18 @@ def loader_template(
         {"name": RUNS_VOLUME, "configMap": {"name": runs_config_map}},
         {"name": RUNS_VOLUME, "mountPath": contract.RUNS_DIR, "readOnly": True},
     )
-    data = args.data
-    return _pod_template(
+    data, identity = args.data, platform.identities.loader
+    pod = PodArgs(
         contract.LOADER,
-        image,
         contract.loader_args(data.dataset_name, args.jobs.dataset_preset, data.dataset.uri if data.dataset else None)
         + (extra_args or []),
         {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
-        args,
-        redis,
-        share,
         service_account=identity.ksa_name if identity else None,
         volumes=[runs_volume, *(volumes or [])],
         annotations={contract.SEED_INPUTS_ANNOTATION: seed_inputs},
         env=loader_env(data),
     )
+    return _pod_template(pod, platform.image, args, platform)
 
 
 def loader_spec(jobs: JobConfig, template: dict[str, Any]) -> dict[str, Any]:
@@ -311,28 +318,18 @@ def loader_spec(jobs: JobConfig, template: dict[str, Any]) -> dict[str, Any]:
 
 
 def training_spec(
-    args: JobArgs,
-    image: pulumi.Input[str],
-    redis: RedisQueue,
-    share: FilestoreShare,
-    capacity: GpuCapacity,
-    identity: WorkloadIdentity | None,
-    seed_inputs: pulumi.Input[str],
+    args: JobArgs, platform: Platform, capacity: GpuCapacity, seed_inputs: pulumi.Input[str]
 ) -> dict[str, Any]:
     """The training Job's spec: the stack's training Job and the one the schedule starts share it."""
-    jobs = args.jobs
+    jobs, identity = args.jobs, platform.identities.worker
     gpus = str(args.gpu_count)
-    template = _pod_template(
+    pod = PodArgs(
         contract.WORKER,
-        image,
         contract.WORKER_ARGS,
         {
             "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
             "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
         },
-        args,
-        redis,
-        share,
         node_selector=capacity.node_selector,
         tolerations=capacity.tolerations,
         service_account=identity.ksa_name if identity else None,
@@ -349,32 +346,23 @@ def training_spec(
         "backoffLimit": jobs.backoff_limit,
         "activeDeadlineSeconds": jobs.active_deadline_seconds,
         "podFailurePolicy": failure_policy(contract.WORKER, gpu=True),
-        "template": template,
+        "template": _pod_template(pod, platform.image, args, platform),
     }
 
 
-def scoring_spec(
-    args: JobArgs,
-    image: pulumi.Input[str],
-    redis: RedisQueue,
-    share: FilestoreShare,
-    identity: WorkloadIdentity,
-    seed_inputs: pulumi.Input[str],
-) -> dict[str, Any]:
+def scoring_spec(args: JobArgs, platform: Platform, seed_inputs: pulumi.Input[str]) -> dict[str, Any]:
     """The scoring Job's spec: the stack's scoring Job and the one the schedule starts share it.
 
     An init container (``wait-drained``, CPU) first waits until the queue holds nothing pending or leased,
     so every container scores with its run's newest model even when training still runs (a scheduled
     load, or jobAwait=skip). It waits at most the training Job's own deadline and exits 3 past it; the
     Job's deadline adds the scoring time (loaderTimeoutMinutes) to that wait."""
-    jobs, output = args.jobs, args.data.output
-    assert output is not None, "a scoring Job needs outputUri"
+    jobs, output, identity = args.jobs, args.data.output, platform.identities.worker
+    assert output is not None and identity is not None, "a scoring Job needs outputUri"
     resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
-    template = _pod_template(
-        contract.SCORER, image, [], resources, args, redis, share,
-        service_account=identity.ksa_name,
-        annotations={contract.SEED_INPUTS_ANNOTATION: seed_inputs},
-    )  # fmt: skip
+    pod = PodArgs(contract.SCORER, [], resources, service_account=identity.ksa_name,
+                  annotations={contract.SEED_INPUTS_ANNOTATION: seed_inputs})  # fmt: skip
+    template = _pod_template(pod, platform.image, args, platform)
     (base,) = template["spec"]["containers"]
     dataset = args.data.dataset_name
     template["spec"]["containers"] = [  # container names are DNS labels; a run name need not be one
@@ -394,31 +382,56 @@ def scoring_spec(
     }
 
 
-class LoaderJob(pulumi.ComponentResource):
+class _StackJob(pulumi.ComponentResource):
+    """A component around one Job that Pulumi manages: the Job has a fixed name, so a replacement (a new
+    image digest, new runs) must delete the old Job before creating the new one."""
+
+    job: k8s.batch.v1.Job
+    name: str
+
+    def _declare(
+        self,
+        name: str,
+        metadata: dict[str, Any],
+        spec: dict[str, Any],
+        provider: k8s.Provider,
+        depends_on: list[pulumi.Resource],
+        timeout_minutes: int | None,
+    ) -> None:
+        self.job = k8s.batch.v1.Job(
+            name,
+            metadata=metadata,
+            spec=spec,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                delete_before_replace=True,
+                depends_on=depends_on,
+                custom_timeouts=_timeouts(timeout_minutes),
+            ),
+        )
+        self.register_outputs({"name": self.name})
+
+
+class LoaderJob(_StackJob):
     """Puts the datasets on the share (synced from ``datasetUri``, or simulated) and enqueues (run, day)
     items for the stack's ``runs``; always awaited, because workers that start on an empty queue would
     see it drained and exit 0."""
 
-    job: k8s.batch.v1.Job
     runs: k8s.core.v1.ConfigMap
-    name: str
     seed_inputs: pulumi.Output[str]
 
     def __init__(
         self,
         name: str,
         args: JobArgs,
-        image: pulumi.Input[str],
-        redis: RedisQueue,
-        share: FilestoreShare,
-        identity: WorkloadIdentity | None,
-        provider: k8s.Provider,
-        namespace: pulumi.Input[str],
+        platform: Platform,
+        after: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
-        after: list[pulumi.Resource] | None = None,
     ) -> None:
+        """``after``: what must be done before the load starts (the share handed to the workloads' uid)."""
         super().__init__("spot-trainer:k8s:LoaderJob", name, None, opts)
-        jobs = args.jobs
+        jobs, namespace, identity, queue = args.jobs, platform.namespace, platform.identities.loader, platform.queue
         self.name = f"{contract.APP}-{contract.LOADER}"
         # The runs file `seed --runs-file` reads: the stack's `runs`, already checked by infra.config.
         self.runs = k8s.core.v1.ConfigMap(
@@ -433,123 +446,90 @@ class LoaderJob(pulumi.ComponentResource):
             # whatever its enableConfigMapMutable setting, provider/pkg/provider/diff.go), never a file
             # changing under a running loader. The name is fixed, so the old one goes first.
             immutable=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, delete_before_replace=True),
+            opts=pulumi.ResourceOptions(parent=self, provider=platform.provider, delete_before_replace=True),
         )
-        self.seed_inputs = pulumi.Output.from_input(image).apply(lambda ref: seed_inputs(args, ref))
-        template = loader_template(args, image, redis, share, identity, self.runs.metadata.name, self.seed_inputs)
-        self.job = k8s.batch.v1.Job(
+        self.seed_inputs = pulumi.Output.from_input(platform.image).apply(lambda ref: seed_inputs(args, ref))
+        template = loader_template(args, platform, self.runs.metadata.name, self.seed_inputs)
+        self._declare(
             name,
-            metadata=_job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
-            spec=loader_spec(jobs, template),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=provider,
-                # Fixed names: a new image digest must delete the old Job before creating the new one.
-                delete_before_replace=True,
-                depends_on=[
-                    redis.deployment, redis.network_policy, share.claim, self.runs,
-                    *(identity.resources if identity else []), *(after or []),
-                ],  # fmt: skip
-                custom_timeouts=pulumi.CustomTimeouts(
-                    create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
-                ),
-            ),
+            _job_metadata(self.name, contract.LOADER, namespace, skip_await=False),
+            loader_spec(jobs, template),
+            platform.provider,
+            [
+                queue.deployment, queue.network_policy, platform.share.claim, self.runs,
+                *(identity.resources if identity else []), *after,
+            ],  # fmt: skip
+            jobs.loader_timeout_minutes,
         )
-        self.register_outputs({"name": self.name})
 
 
-class TrainingJob(pulumi.ComponentResource):
+@dataclass(frozen=True)
+class TrainingArgs:
+    """The training Job's slice: the Jobs' settings, the GPU capacity its pods land on, the loader it follows
+    (and whose seed inputs it carries), and the GPU quota check's result (infra/quota.py; ``None``: not
+    checked): the Job is created only once it passed."""
+
+    work: JobArgs
+    capacity: GpuCapacity
+    loader: LoaderJob
+    quota: pulumi.Input[str] | None = None
+
+
+class TrainingJob(_StackJob):
     """``parallelism`` workers on spot GPUs draining the queue; started after the loader finished."""
 
-    job: k8s.batch.v1.Job
-    name: str
-
     def __init__(
-        self,
-        name: str,
-        args: JobArgs,
-        image: pulumi.Input[str],
-        redis: RedisQueue,
-        share: FilestoreShare,
-        capacity: GpuCapacity,
-        loader: LoaderJob,
-        identity: WorkloadIdentity | None,
-        provider: k8s.Provider,
-        namespace: pulumi.Input[str],
-        opts: pulumi.ResourceOptions | None = None,
-        quota: pulumi.Input[str] | None = None,
+        self, name: str, args: TrainingArgs, platform: Platform, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        """``quota``: the GPU quota check's result (infra/quota.py); the Job is created only once it passed."""
         super().__init__("spot-trainer:k8s:TrainingJob", name, None, opts)
-        jobs = args.jobs
+        work, identity = args.work, platform.identities.worker
+        jobs = work.jobs
         self.name = f"{contract.APP}-{contract.WORKER}"
-        timeouts = None
-        if not jobs.skip_await:
-            wait = f"{jobs.timeout_minutes}m"
-            timeouts = pulumi.CustomTimeouts(create=wait, update=wait)
-        self.job = k8s.batch.v1.Job(
+        metadata = _job_metadata(self.name, contract.WORKER, platform.namespace, jobs.skip_await)
+        # A `parallelism` change replaces the Job too (pulumi-kubernetes lists .spec.parallelism among a Job's
+        # replace-on-change fields, provider/pkg/provider/diff.go). Accepted, not ignored: workers checkpoint
+        # and release on SIGTERM and the new Job resumes from the share, while ignore_changes would keep the
+        # first value forever (docs/cloud.md).
+        self._declare(
             name,
-            metadata=_with_quota(_job_metadata(self.name, contract.WORKER, namespace, jobs.skip_await), quota),
-            spec=training_spec(args, image, redis, share, capacity, identity, loader.seed_inputs),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=provider,
-                # Fixed names: a new image digest must delete the old Job before creating the new one.
-                # A `parallelism` change replaces the Job too (pulumi-kubernetes lists .spec.parallelism
-                # among a Job's replace-on-change fields, provider/pkg/provider/diff.go). Accepted, not
-                # ignored: workers checkpoint and release on SIGTERM and the new Job resumes from the
-                # share, while ignore_changes would keep the first value forever (docs/cloud.md).
-                delete_before_replace=True,
-                depends_on=[loader.job, *capacity.resources, *(identity.resources if identity else [])],
-                custom_timeouts=timeouts,
-            ),
+            _with_quota(metadata, args.quota),
+            training_spec(work, platform, args.capacity, args.loader.seed_inputs),
+            platform.provider,
+            [args.loader.job, *args.capacity.resources, *(identity.resources if identity else [])],
+            None if jobs.skip_await else jobs.timeout_minutes,
         )
-        self.register_outputs({"name": self.name})
 
 
-class ScoringJob(pulumi.ComponentResource):
+@dataclass(frozen=True)
+class ScoringArgs:
+    """The scoring Job's slice: the Jobs' settings, and the training Job and loader it follows."""
+
+    work: JobArgs
+    training: TrainingJob
+    loader: LoaderJob
+
+
+class ScoringJob(_StackJob):
     """With ``outputUri``: after training, each scored run's newest model (its newest promoted checkpoint
     on the share, read-only) scores the dataset's ``scoring/`` days, and the scores go to
     ``<outputUri>/<run>/scores/<day>.parquet``. On CPU (no GPU, no spot selector: a short Job that a
     preemption would only delay), as the workers' Google identity (the one that may write there). One
     container per run in one pod: the runs score side by side and the Job completes when all have."""
 
-    job: k8s.batch.v1.Job
-    name: str
-
     def __init__(
-        self,
-        name: str,
-        args: JobArgs,
-        image: pulumi.Input[str],
-        redis: RedisQueue,
-        share: FilestoreShare,
-        training: TrainingJob,
-        loader: LoaderJob,
-        identity: WorkloadIdentity,
-        provider: k8s.Provider,
-        namespace: pulumi.Input[str],
-        opts: pulumi.ResourceOptions | None = None,
+        self, name: str, args: ScoringArgs, platform: Platform, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("spot-trainer:k8s:ScoringJob", name, None, opts)
-        jobs, output = args.jobs, args.data.output
-        assert output is not None, "a scoring Job needs outputUri"
+        jobs, identity = args.work.jobs, platform.identities.worker
+        assert args.work.data.output is not None and identity is not None, "a scoring Job needs outputUri"
         self.name = f"{contract.APP}-{contract.SCORER}"
-        timeouts = None if jobs.skip_await else pulumi.CustomTimeouts(
-            create=f"{jobs.loader_timeout_minutes}m", update=f"{jobs.loader_timeout_minutes}m"
-        )
-        self.job = k8s.batch.v1.Job(
+        self._declare(
             name,
-            metadata=_job_metadata(self.name, contract.SCORER, namespace, skip_await=jobs.skip_await),
+            _job_metadata(self.name, contract.SCORER, platform.namespace, skip_await=jobs.skip_await),
             # Replaced with the Jobs it follows: new data or a new image scores again (see seed_inputs).
-            spec=scoring_spec(args, image, redis, share, identity, loader.seed_inputs),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                provider=provider,
-                delete_before_replace=True,
-                # After training (awaited with jobAwait=wait): the newest models are the trained ones.
-                depends_on=[training.job, *identity.resources],
-                custom_timeouts=timeouts,
-            ),
+            scoring_spec(args.work, platform, args.loader.seed_inputs),
+            platform.provider,
+            # After training (awaited with jobAwait=wait): the newest models are the trained ones.
+            [args.training.job, *identity.resources],
+            None if jobs.skip_await else jobs.loader_timeout_minutes,
         )
-        self.register_outputs({"name": self.name})

@@ -7,6 +7,7 @@ the one place that cuts the validated ``StackConfig`` into the typed slices the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -17,14 +18,16 @@ from infra import contract
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig
 from infra.filestore import FilestoreArgs, FilestoreShare
-from infra.gpu import GpuCapacity
-from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, WorkloadIdentity
-from infra.image import TrainingImage
-from infra.jobs import JobArgs, LoaderJob, ScoringJob, TrainingJob, one_off_pod
+from infra.gpu import GpuArgs, GpuCapacity
+from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, IdentityArgs, WorkloadIdentity
+from infra.image import ImageArgs, TrainingImage
+from infra.jobs import JobArgs, LoaderJob, ScoringArgs, ScoringJob, TrainingArgs, TrainingJob, one_off_pod
+from infra.kube import InCluster
 from infra.network import Network, NetworkArgs
+from infra.platform import Identities, Platform
 from infra.quota import check as check_gpu_quota
-from infra.redis import RedisQueue
-from infra.schedule import ScheduledLoad
+from infra.redis import RedisArgs, RedisQueue
+from infra.schedule import ScheduleArgs, ScheduledLoad
 from infra.services import ProjectServices, apis
 from infra.share_prep import SharePreparation
 
@@ -47,8 +50,78 @@ def job_args(cfg: StackConfig) -> JobArgs:
     return JobArgs(cfg.namespace, cfg.jobs, cfg.data, gpu_count=cfg.gpu.count, share_zone=zone)
 
 
-def build(cfg: StackConfig) -> dict[str, Any]:
-    """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
+def workload_namespace(cfg: StackConfig, provider: k8s.Provider) -> InCluster:
+    """The stack's namespace, where every workload object goes."""
+    namespace = k8s.core.v1.Namespace(
+        "namespace",
+        metadata={
+            "name": cfg.namespace,
+            # Every pod here is non-root with a RuntimeDefault seccomp profile: enforce it.
+            "labels": {contract.NAME_LABEL: contract.APP, "pod-security.kubernetes.io/enforce": "restricted"},
+        },
+        opts=pulumi.ResourceOptions(provider=provider),
+    )
+    return InCluster(provider, namespace.metadata.name, cfg.namespace)
+
+
+def _identity(
+    cfg: StackConfig, kube: InCluster, workload_pool: pulumi.Input[str], grant: BucketGrant, on_gcp: Any
+) -> WorkloadIdentity:
+    component = contract.LOADER if grant.role == READ_OBJECTS else contract.WORKER
+    args = IdentityArgs(cfg.site, workload_pool, component, (grant,))
+    return WorkloadIdentity(f"{component}-identity", args, kube, opts=on_gcp)
+
+
+def platform(
+    cfg: StackConfig,
+    kube: InCluster,
+    image: pulumi.Input[str],
+    network: Network,
+    workload_pool: pulumi.Input[str],
+    on_gcp: pulumi.ResourceOptions,
+) -> Platform:
+    """The share, the queue and the Google identities: what every workload is wired to."""
+    share = FilestoreShare("share", filestore_args(cfg), network, kube, opts=on_gcp)
+    queue = RedisQueue("redis", RedisArgs(cfg.redis_image), kube)
+    # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
+    data = cfg.data
+    loader = _identity(cfg, kube, workload_pool, BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False),
+                       on_gcp) if data.dataset else None  # fmt: skip
+    worker = _identity(cfg, kube, workload_pool, BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True),
+                       on_gcp) if data.output else None  # fmt: skip
+    return Platform(kube, image, Identities(loader=loader, worker=worker), share, queue)
+
+
+@dataclass(frozen=True)
+class Workloads:
+    """The stack's Jobs and what they run on (``None``: not declared by this stack's config)."""
+
+    capacity: GpuCapacity
+    loader: LoaderJob
+    training: TrainingJob
+    scoring: ScoringJob | None
+    scheduled: ScheduledLoad | None
+
+
+def workloads(cfg: StackConfig, platform: Platform, quota: pulumi.Input[str] | None = None) -> Workloads:
+    """The Jobs, in the order they run: share preparation, loader, training, scoring; and the schedule.
+    ``quota``: the GPU quota check's result, which the training Job waits for."""
+    capacity = GpuCapacity("gpu", GpuArgs(cfg.gpu, cfg.cluster.autopilot), platform.provider)
+    work = job_args(cfg)
+    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
+    prepared = SharePreparation("share-prep", platform)
+    loader = LoaderJob("loader", work, platform, after=[prepared.job])
+    training = TrainingJob("training", TrainingArgs(work, capacity, loader, quota), platform)
+    # With outputUri: the scoring/ days are scored by the newest models after training.
+    scoring = ScoringJob("scoring", ScoringArgs(work, training, loader), platform) if (
+        platform.identities.worker) else None  # fmt: skip
+    # With `schedule` (datasetUri required, infra.config): reloads and, for new work, trains on its own.
+    scheduled = ScheduledLoad("schedule", ScheduleArgs(work, capacity, loader), platform) if (
+        cfg.jobs.schedule and platform.identities.loader) else None  # fmt: skip
+    return Workloads(capacity, loader, training, scoring, scheduled)
+
+
+def _warn_about_standbys(cfg: StackConfig) -> None:
     if cfg.jobs.standby_workers:
         where = "on spot GPUs, or on-demand ones while spot is out (onDemandFallback)" if (
             cfg.gpu.on_demand_fallback) else "on spot GPUs"
@@ -56,6 +129,11 @@ def build(cfg: StackConfig) -> dict[str, Any]:
             f"parallelism {cfg.jobs.parallelism} > {len(cfg.jobs.runs)} run(s): {cfg.jobs.standby_workers} "
             f"training pod(s) will wait {where} as hot standbys (a run trains on one worker at a time). "
             "Add runs (a sweep) or lower parallelism if that is not what you want to pay for.")
+
+
+def build(cfg: StackConfig) -> dict[str, Any]:
+    """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
+    _warn_about_standbys(cfg)
     services = ProjectServices("services", cfg.project_id, apis(cfg.data))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
@@ -65,126 +143,86 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         opts=pulumi.ResourceOptions(depends_on=services.services),
     )
     on_gcp = pulumi.ResourceOptions(providers={"gcp": gcp_provider})
-
     network = Network("network", network_args(cfg), opts=on_gcp)
     cluster = Cluster("cluster", cluster_args(cfg), network, opts=on_gcp)
-    image = TrainingImage("image", cfg.site, reader_member=cluster.node_service_account.member, opts=on_gcp)
-
-    namespace = k8s.core.v1.Namespace(
-        "namespace",
-        metadata={
-            "name": cfg.namespace,
-            # Every pod here is non-root with a RuntimeDefault seccomp profile: enforce it.
-            "labels": {contract.NAME_LABEL: contract.APP, "pod-security.kubernetes.io/enforce": "restricted"},
-        },
-        opts=pulumi.ResourceOptions(provider=cluster.provider),
-    )
-    ns = namespace.metadata.name
-    capacity = GpuCapacity("gpu", cfg.gpu, cfg.cluster.autopilot, cluster.provider)
-    share = FilestoreShare("share", filestore_args(cfg), network, cluster.provider, ns, opts=on_gcp)
-    redis = RedisQueue("redis", cfg.redis_image, cluster.provider, ns, cfg.namespace)
-    site, work = cfg.site, job_args(cfg)
-    # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
-    data = cfg.data
-    loader_identity = (
-        WorkloadIdentity(
-            "loader-identity", site, cfg.namespace, cluster.workload_pool, contract.LOADER,
-            [BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False)], cluster.provider, ns, opts=on_gcp,
-        )
-        if data.dataset else None
-    )  # fmt: skip
-    worker_identity = (
-        WorkloadIdentity(
-            "worker-identity", site, cfg.namespace, cluster.workload_pool, contract.WORKER,
-            [BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True)], cluster.provider, ns, opts=on_gcp,
-        )
-        if data.output else None
-    )  # fmt: skip
-    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
-    prepared = SharePreparation("share-prep", cfg.namespace, image.ref, share, cluster.provider)
-    loader = LoaderJob(
-        "loader", work, image.ref, redis, share, loader_identity, cluster.provider, ns, after=[prepared.job]
-    )
+    image = TrainingImage("image", ImageArgs(cfg.site, cluster.node_service_account.member), opts=on_gcp)
+    kube = workload_namespace(cfg, cluster.provider)
+    shared = platform(cfg, kube, image.ref, network, cluster.workload_pool, on_gcp)
     # Read before any GPU pod exists: the training Job waits on it, and a shortfall fails `pulumi up` here.
     quota = check_gpu_quota(
         cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,
         pulumi.InvokeOutputOptions(provider=gcp_provider, depends_on=services.services),
     ) if cfg.gpu.check_quota else None  # fmt: skip
-    training = TrainingJob(
-        "training", work, image.ref, redis, share, capacity, loader, worker_identity, cluster.provider, ns,
-        quota=quota,
-    )
+    return outputs(cfg, cluster, shared, workloads(cfg, shared, quota), quota)
 
-    # With outputUri: the scoring/ days are scored by the newest models after training.
-    scoring = (
-        ScoringJob(
-            "scoring", work, image.ref, redis, share, training, loader, worker_identity, cluster.provider, ns
-        )
-        if worker_identity else None
-    )  # fmt: skip
 
-    # With `schedule` (datasetUri required, infra.config): reloads and, for new work, trains on its own.
-    scheduled = ScheduledLoad(
-        "schedule", work, image.ref, redis, share, capacity, loader, loader_identity, worker_identity,
-        cluster.provider, ns,
-    ) if cfg.jobs.schedule and loader_identity else None  # fmt: skip
-
-    n = f"-n {cfg.namespace}"
-    workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
+def outputs(
+    cfg: StackConfig, cluster: Cluster, platform: Platform, jobs: Workloads, quota: pulumi.Input[str] | None
+) -> dict[str, Any]:
+    """The stack outputs: where things are, and the commands that reach them."""
+    data, ids = cfg.data, platform.identities
     return {
         "clusterName": cluster.name,
         "kubeconfig": cluster.kubeconfig,
-        "filestoreIp": share.ip,
-        "filestoreShare": share.share,
-        "imageRef": image.ref,
-        "redisService": f"{redis.service_name}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}",
-        "loaderJob": loader.name,
-        "trainingJob": training.name,
-        "scoringJob": scoring.name if scoring else "",
-        "scheduledLoader": scheduled.name if scheduled else "",
+        "filestoreIp": platform.share.ip,
+        "filestoreShare": platform.share.share,
+        "imageRef": platform.image,
+        "redisService": f"{platform.queue.service_name}.{cfg.namespace}.svc.cluster.local:{contract.REDIS_PORT}",
+        "loaderJob": jobs.loader.name,
+        "trainingJob": jobs.training.name,
+        "scoringJob": jobs.scoring.name if jobs.scoring else "",
+        "scheduledLoader": jobs.scheduled.name if jobs.scheduled else "",
         # The GPU quota limits read at this `pulumi up` (checkGpuQuota).
         "gpuQuota": quota if quota is not None else "not checked",
         "datasetUri": data.dataset.uri if data.dataset else "",
         "outputUri": data.output.uri if data.output else "",
         "serviceAccounts": {
             component: identity.account.email
-            for component, identity in ((contract.LOADER, loader_identity), (contract.WORKER, worker_identity))
+            for component, identity in ((contract.LOADER, ids.loader), (contract.WORKER, ids.worker))
             if identity
         },
-        "commands": {
-            "credentials": pulumi.Output.concat(
-                "gcloud container clusters get-credentials ",
-                cluster.name,
-                f" --region {cfg.region} --project {cfg.project_id}",
-            ),
-            "status": f"kubectl {n} get job {loader.name} {training.name} -o wide",
-            "pods": f"kubectl {n} get pods -l {contract.NAME_LABEL}={contract.APP} -o wide",
-            "logs": f"kubectl {n} logs -f -l {workers} --prefix --max-log-requests=50",
-            "wait": f"kubectl {n} wait --for=condition=complete job/{training.name} --timeout=24h",
-            # `pulumi up` never re-runs a Job that exists, failed or not: replace it (docs/cloud.md).
-            "rerunLoader": pulumi.Output.concat("pulumi up --replace '", loader.job.urn, "'"),
-            "rerunTraining": pulumi.Output.concat("pulumi up --replace '", training.job.urn, "'"),
-            # New days in the bucket change no config: replace both Jobs to load and train them.
-            "reload": pulumi.Output.concat(
-                "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"
-            ),
-            "queueStatus": one_off_pod(work, image.ref, redis, share, "status", contract.STATUS_ARGS),
-            # With outputUri: export a run by hand, as the workers' account (the only one that may write).
-            "export": {
-                run: one_off_pod(
-                    work, image.ref, redis, share, "export", contract.export_args(run, data.output.uri),
-                    service_account=worker_identity.ksa_name,
-                )
-                for run in cfg.jobs.runs
-            } if data.output and worker_identity else {},  # fmt: skip
-            "report": one_off_pod(
-                work,
-                image.ref,
-                redis,
-                share,
-                "report",
-                [],
-                command=["sh", "-c", f"cat {contract.SHARE_DIR}/{contract.REPORT_GLOB}"],
-            ),
-        },
+        "commands": commands(cfg, cluster, platform, jobs),
+    }
+
+
+def commands(cfg: StackConfig, cluster: Cluster, platform: Platform, jobs: Workloads) -> dict[str, Any]:
+    """The kubectl and pulumi lines the stack outputs for day two (docs/cloud.md)."""
+    n = f"-n {cfg.namespace}"
+    workers = f"{contract.COMPONENT_LABEL}={contract.WORKER}"
+    loader, training = jobs.loader, jobs.training
+    return {
+        "credentials": pulumi.Output.concat(
+            "gcloud container clusters get-credentials ",
+            cluster.name,
+            f" --region {cfg.region} --project {cfg.project_id}",
+        ),
+        "status": f"kubectl {n} get job {loader.name} {training.name} -o wide",
+        "pods": f"kubectl {n} get pods -l {contract.NAME_LABEL}={contract.APP} -o wide",
+        "logs": f"kubectl {n} logs -f -l {workers} --prefix --max-log-requests=50",
+        "wait": f"kubectl {n} wait --for=condition=complete job/{training.name} --timeout=24h",
+        # `pulumi up` never re-runs a Job that exists, failed or not: replace it (docs/cloud.md).
+        "rerunLoader": pulumi.Output.concat("pulumi up --replace '", loader.job.urn, "'"),
+        "rerunTraining": pulumi.Output.concat("pulumi up --replace '", training.job.urn, "'"),
+        # New days in the bucket change no config: replace both Jobs to load and train them.
+        "reload": pulumi.Output.concat(
+            "pulumi up --replace '", loader.job.urn, "' --replace '", training.job.urn, "'"
+        ),
+        **one_off_commands(cfg, platform),
+    }
+
+
+def one_off_commands(cfg: StackConfig, platform: Platform) -> dict[str, Any]:
+    """``kubectl run`` lines for throw-away pods: the queue's status, an export per run, the reports."""
+    work, data, worker = job_args(cfg), cfg.data, platform.identities.worker
+    return {
+        "queueStatus": one_off_pod(work, platform, "status", contract.STATUS_ARGS),
+        # With outputUri: export a run by hand, as the workers' account (the only one that may write).
+        "export": {
+            run: one_off_pod(work, platform, "export", contract.export_args(run, data.output.uri),
+                             service_account=worker.ksa_name)
+            for run in cfg.jobs.runs
+        } if data.output and worker else {},  # fmt: skip
+        "report": one_off_pod(
+            work, platform, "report", [], command=["sh", "-c", f"cat {contract.SHARE_DIR}/{contract.REPORT_GLOB}"]
+        ),
     }

@@ -18,17 +18,16 @@ Its pod's init container waits on CPU until the queue is drained, so it scores w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.filestore import FilestoreShare
 from infra.gpu import GpuCapacity
-from infra.identity import WorkloadIdentity
 from infra.jobs import JobArgs, LoaderJob, loader_spec, loader_template, scoring_spec, training_spec
-from infra.redis import RedisQueue
+from infra.platform import Platform
 
 LAUNCH_VOLUME = "launch"
 # The Job the schedule starts. A fixed name: while one exists (training, or finished and not yet removed),
@@ -45,46 +44,37 @@ SCHEDULED_SCORING_JOB = f"{contract.APP}-{contract.SCORER}-scheduled"
 STARTING_DEADLINE_S = 3600
 
 
+def _scheduled(name: str, component: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A Job manifest the launcher posts: a stack Job's spec, its own name, and a TTL. No namespace: it is
+    created in the launcher's own."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": contract.labels(component)},
+        "spec": {**spec, "ttlSecondsAfterFinished": SCHEDULED_JOB_TTL_S},
+    }
+
+
 def scheduled_training_job(
-    args: JobArgs,
-    image: pulumi.Input[str],
-    redis: RedisQueue,
-    share: FilestoreShare,
-    capacity: GpuCapacity,
-    identity: WorkloadIdentity | None,
-    seed_inputs: pulumi.Input[str],
+    args: JobArgs, platform: Platform, capacity: GpuCapacity, seed_inputs: pulumi.Input[str]
 ) -> dict[str, Any]:
-    """The Job manifest the launcher posts: the stack's training Job's spec, its own name, and a TTL.
-    No namespace: it is created in the launcher's own."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": SCHEDULED_JOB, "labels": contract.labels(contract.WORKER)},
-        "spec": {
-            **training_spec(args, image, redis, share, capacity, identity, seed_inputs),
-            "ttlSecondsAfterFinished": SCHEDULED_JOB_TTL_S,
-        },
-    }
+    """The training Job the launcher posts: the stack's training Job's spec, its own name, a TTL."""
+    return _scheduled(SCHEDULED_JOB, contract.WORKER, training_spec(args, platform, capacity, seed_inputs))
 
 
-def scheduled_scoring_job(
-    args: JobArgs,
-    image: pulumi.Input[str],
-    redis: RedisQueue,
-    share: FilestoreShare,
-    identity: WorkloadIdentity,
-    seed_inputs: pulumi.Input[str],
-) -> dict[str, Any]:
-    """The scoring Job manifest the launcher posts: the stack's scoring Job's spec, its own name, a TTL."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": SCHEDULED_SCORING_JOB, "labels": contract.labels(contract.SCORER)},
-        "spec": {
-            **scoring_spec(args, image, redis, share, identity, seed_inputs),
-            "ttlSecondsAfterFinished": SCHEDULED_JOB_TTL_S,
-        },
-    }
+def scheduled_scoring_job(args: JobArgs, platform: Platform, seed_inputs: pulumi.Input[str]) -> dict[str, Any]:
+    """The scoring Job the launcher posts: the stack's scoring Job's spec, its own name, a TTL."""
+    return _scheduled(SCHEDULED_SCORING_JOB, contract.SCORER, scoring_spec(args, platform, seed_inputs))
+
+
+@dataclass(frozen=True)
+class ScheduleArgs:
+    """The schedule's slice: the Jobs' settings (``schedule`` among them), the GPU capacity the training Job it
+    posts lands on, and the stack's loader (its runs file, its seed inputs; the first load is Pulumi's)."""
+
+    work: JobArgs
+    capacity: GpuCapacity
+    loader: LoaderJob
 
 
 class ScheduledLoad(pulumi.ComponentResource):
@@ -94,62 +84,21 @@ class ScheduledLoad(pulumi.ComponentResource):
     name: str
 
     def __init__(
-        self,
-        name: str,
-        args: JobArgs,
-        image: pulumi.Input[str],
-        redis: RedisQueue,
-        share: FilestoreShare,
-        capacity: GpuCapacity,
-        loader: LoaderJob,
-        loader_identity: WorkloadIdentity,
-        worker_identity: WorkloadIdentity | None,
-        provider: k8s.Provider,
-        namespace: pulumi.Input[str],
-        opts: pulumi.ResourceOptions | None = None,
+        self, name: str, args: ScheduleArgs, platform: Platform, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("spot-trainer:k8s:ScheduledLoad", name, None, opts)
-        jobs = args.jobs
+        work, loader, launcher = args.work, args.loader, platform.identities.loader
+        assert launcher is not None, "a schedule needs datasetUri (infra.config), which gives the loader its identity"
         self.name = f"{contract.APP}-{contract.LOADER}-scheduled"
-        child = pulumi.ResourceOptions(parent=self, provider=provider)
-        meta = {"namespace": namespace, "labels": contract.labels(contract.LOADER)}
-        body = scheduled_training_job(args, image, redis, share, capacity, worker_identity, loader.seed_inputs)
-        bodies = {contract.LAUNCH_KEY: pulumi.Output.json_dumps(body)}
-        launch_args = ["--launch-job", contract.LAUNCH_FILE]
-        if args.data.output and worker_identity:  # the stack scores: so does each scheduled load
-            scoring = scheduled_scoring_job(args, image, redis, share, worker_identity, loader.seed_inputs)
-            bodies[contract.SCORING_LAUNCH_KEY] = pulumi.Output.json_dumps(scoring)
-            launch_args += ["--launch-scoring", contract.SCORING_LAUNCH_FILE]
-        launch = k8s.core.v1.ConfigMap(
-            f"{name}-job",
-            metadata={"name": f"{contract.APP}-launch", **meta},
-            # Mutable: a new image or new runs update the body in place, and the mounted file follows.
-            data=bodies,
-            opts=child,
-        )
-        # rbac.authorization.k8s.io/v1 Role and RoleBinding (pulumi_kubernetes.rbac.v1 Role(rules=...),
-        # RoleBinding(role_ref=..., subjects=...); the roleRef cannot change, so the provider replaces it).
-        role = k8s.rbac.v1.Role(
-            f"{name}-role",
-            metadata={"name": self.name, **meta},
-            rules=[{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}],
-            opts=child,
-        )
-        binding = k8s.rbac.v1.RoleBinding(
-            f"{name}-binding",
-            metadata={"name": self.name, **meta},
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.name},
-            subjects=[{"kind": "ServiceAccount", "name": loader_identity.ksa_name, "namespace": namespace}],
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[role]),
-        )
+        launch, launch_args = self._launch_bodies(name, args, platform)
+        binding = self._launch_right(name, platform, launcher.ksa_name)
         mount = (
             {"name": LAUNCH_VOLUME, "configMap": {"name": launch.metadata.name}},
             {"name": LAUNCH_VOLUME, "mountPath": contract.LAUNCH_DIR, "readOnly": True},
         )
         template = loader_template(
-            args, image, redis, share, loader_identity, loader.runs.metadata.name, loader.seed_inputs,
-            extra_args=launch_args, volumes=[mount],
-        )  # fmt: skip
+            work, platform, loader.runs.metadata.name, loader.seed_inputs, extra_args=launch_args, volumes=[mount]
+        )
         # batch/v1 CronJobSpec as the provider declares it (pulumi_kubernetes/batch/v1/_inputs.py
         # CronJobSpecArgs: schedule, job_template, concurrency_policy, starting_deadline_seconds, time_zone,
         # *_jobs_history_limit). The provider has no await logic for CronJobs (provider/pkg/await/
@@ -157,9 +106,9 @@ class ScheduledLoad(pulumi.ComponentResource):
         # CronJobs as upstream Kubernetes does, Autopilot included (GKE docs "CronJobs", GA since 1.21).
         self.cron_job = k8s.batch.v1.CronJob(
             name,
-            metadata={"name": self.name, **meta},
+            metadata={"name": self.name, **self._meta(platform)},
             spec={
-                "schedule": jobs.schedule,
+                "schedule": work.jobs.schedule,
                 # Explicit: the controller's own zone otherwise (kubernetes.io "CronJob": time zones, GA 1.27).
                 "timeZone": "Etc/UTC",
                 # A load still running when the next is due is left alone: two seeders would only race.
@@ -169,14 +118,58 @@ class ScheduledLoad(pulumi.ComponentResource):
                 "failedJobsHistoryLimit": 3,
                 "jobTemplate": {
                     "metadata": {"labels": contract.labels(contract.LOADER)},
-                    "spec": loader_spec(jobs, template),
+                    "spec": loader_spec(work.jobs, template),
                 },
             },
             opts=pulumi.ResourceOptions(
                 parent=self,
-                provider=provider,
+                provider=platform.provider,
                 # After the first load (pulumi up's own), with the right to launch already granted.
-                depends_on=[loader.job, launch, binding, *capacity.resources, *loader_identity.resources],
+                depends_on=[loader.job, launch, binding, *args.capacity.resources, *launcher.resources],
             ),
         )
         self.register_outputs({"name": self.name})
+
+    @staticmethod
+    def _meta(platform: Platform) -> dict[str, Any]:
+        return {"namespace": platform.namespace, "labels": contract.labels(contract.LOADER)}
+
+    def _launch_bodies(
+        self, name: str, args: ScheduleArgs, platform: Platform
+    ) -> tuple[k8s.core.v1.ConfigMap, list[str]]:
+        """The ConfigMap of the Jobs the launcher may post, and the launcher's arguments that name them."""
+        work, seed = args.work, args.loader.seed_inputs
+        body = scheduled_training_job(work, platform, args.capacity, seed)
+        bodies = {contract.LAUNCH_KEY: pulumi.Output.json_dumps(body)}
+        launch_args = ["--launch-job", contract.LAUNCH_FILE]
+        if work.data.output and platform.identities.worker:  # the stack scores: so does each scheduled load
+            scoring = scheduled_scoring_job(work, platform, seed)
+            bodies[contract.SCORING_LAUNCH_KEY] = pulumi.Output.json_dumps(scoring)
+            launch_args += ["--launch-scoring", contract.SCORING_LAUNCH_FILE]
+        launch = k8s.core.v1.ConfigMap(
+            f"{name}-job",
+            metadata={"name": f"{contract.APP}-launch", **self._meta(platform)},
+            # Mutable: a new image or new runs update the body in place, and the mounted file follows.
+            data=bodies,
+            opts=pulumi.ResourceOptions(parent=self, provider=platform.provider),
+        )
+        return launch, launch_args
+
+    def _launch_right(self, name: str, platform: Platform, launcher: str) -> k8s.rbac.v1.RoleBinding:
+        """``create`` on ``jobs`` in the stack's namespace, for the launcher's service account alone."""
+        meta = self._meta(platform)
+        # rbac.authorization.k8s.io/v1 Role and RoleBinding (pulumi_kubernetes.rbac.v1 Role(rules=...),
+        # RoleBinding(role_ref=..., subjects=...); the roleRef cannot change, so the provider replaces it).
+        role = k8s.rbac.v1.Role(
+            f"{name}-role",
+            metadata={"name": self.name, **meta},
+            rules=[{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}],
+            opts=pulumi.ResourceOptions(parent=self, provider=platform.provider),
+        )
+        return k8s.rbac.v1.RoleBinding(
+            f"{name}-binding",
+            metadata={"name": self.name, **meta},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.name},
+            subjects=[{"kind": "ServiceAccount", "name": launcher, "namespace": platform.namespace}],
+            opts=pulumi.ResourceOptions(parent=self, provider=platform.provider, depends_on=[role]),
+        )

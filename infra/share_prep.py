@@ -12,11 +12,13 @@ The workloads' namespace stays ``restricted``. docs/cloud.md says why this and n
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
-from infra.filestore import FilestoreShare
+from infra.platform import Platform
 
 # Pod Security level of the preparation namespace: the least that admits a root container.
 PREP_POD_SECURITY = "baseline"
@@ -36,28 +38,59 @@ def prep_namespace(namespace: str) -> str:
     return f"{namespace[:52].rstrip('-')}-share-prep"
 
 
+def _pod_spec(image: pulumi.Input[str]) -> dict[str, Any]:
+    """Root with CHOWN alone, the share mounted at MOUNT, SCRIPT run once."""
+    uid = contract.WORKLOAD_UID
+    return {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": contract.SHARE_PREP,
+                "image": image,
+                "command": ["sh", "-c", SCRIPT],
+                "env": [
+                    {"name": "SHARE", "value": MOUNT},
+                    {"name": "OWNER", "value": f"{uid}:{uid}"},
+                ],
+                "resources": {
+                    "requests": {"cpu": "250m", "memory": "256Mi"},
+                    "limits": {"memory": "256Mi"},
+                },
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "privileged": False,
+                    "capabilities": {"drop": ["ALL"], "add": PREP_CAPABILITIES},
+                },
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "volumeMounts": [{"name": "share", "mountPath": MOUNT}],
+            }
+        ],
+        "volumes": [{"name": "share", "persistentVolumeClaim": {"claimName": "share"}}],
+    }
+
+
 class SharePreparation(pulumi.ComponentResource):
     """``job`` completes once uid 10001 owns the share root; the loader ``depends_on`` it."""
 
     job: k8s.batch.v1.Job
     namespace: k8s.core.v1.Namespace
 
-    def __init__(
-        self,
-        name: str,
-        namespace: str,
-        image: pulumi.Input[str],
-        share: FilestoreShare,
-        provider: k8s.Provider,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
+    def __init__(self, name: str, platform: Platform, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spot-trainer:storage:SharePreparation", name, None, opts)
+        provider = platform.provider
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider)
         labels = contract.labels(contract.SHARE_PREP)
         self.namespace = k8s.core.v1.Namespace(
             name,
             metadata={
-                "name": prep_namespace(namespace),
+                "name": prep_namespace(platform.kube.namespace_name),
                 "labels": {
                     contract.NAME_LABEL: contract.APP,
                     "pod-security.kubernetes.io/enforce": PREP_POD_SECURITY,
@@ -67,8 +100,7 @@ class SharePreparation(pulumi.ComponentResource):
         )
         ns = self.namespace.metadata.name
         # A PV binds one claim: this namespace gets its own pair on the same share, same mount options.
-        _, claim = share.bind(f"{name}-share", ns, "share", "share-prep")
-        uid = contract.WORKLOAD_UID
+        _, claim = platform.share.bind(f"{name}-share", ns, "share", "share-prep")
         self.job = k8s.batch.v1.Job(
             name,
             metadata={"name": f"{contract.APP}-{contract.SHARE_PREP}", "namespace": ns, "labels": labels},
@@ -79,42 +111,7 @@ class SharePreparation(pulumi.ComponentResource):
                         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
                     ]
                 },
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": False,
-                        "securityContext": {
-                            "runAsUser": 0,
-                            "runAsGroup": 0,
-                            "runAsNonRoot": False,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [
-                            {
-                                "name": contract.SHARE_PREP,
-                                "image": image,
-                                "command": ["sh", "-c", SCRIPT],
-                                "env": [
-                                    {"name": "SHARE", "value": MOUNT},
-                                    {"name": "OWNER", "value": f"{uid}:{uid}"},
-                                ],
-                                "resources": {
-                                    "requests": {"cpu": "250m", "memory": "256Mi"},
-                                    "limits": {"memory": "256Mi"},
-                                },
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": False,
-                                    "privileged": False,
-                                    "capabilities": {"drop": ["ALL"], "add": PREP_CAPABILITIES},
-                                },
-                                "terminationMessagePolicy": "FallbackToLogsOnError",
-                                "volumeMounts": [{"name": "share", "mountPath": MOUNT}],
-                            }
-                        ],
-                        "volumes": [{"name": "share", "persistentVolumeClaim": {"claimName": "share"}}],
-                    },
-                },
+                "template": {"metadata": {"labels": labels}, "spec": _pod_spec(platform.image)},
             },
             opts=pulumi.ResourceOptions(
                 parent=self,
