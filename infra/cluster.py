@@ -117,8 +117,12 @@ class Cluster(pulumi.ComponentResource):
     def _cluster(
         self, name: str, args: ClusterArgs, network: Network, node_roles: list[gcp.projects.IAMMember]
     ) -> gcp.container.Cluster:
-        """The cluster itself: Autopilot, or Standard with its default pool removed (our pools replace it)."""
-        opts = pulumi.ResourceOptions(parent=self, depends_on=node_roles)
+        """The cluster itself: Autopilot, or Standard with its default pool removed (our pools replace it).
+
+        Protected twice unless allowDataLoss: the provider's ``deletion_protection`` refuses a delete, but only
+        when it comes, after a replacing change (region, mode, network, ranges) has created the second cluster
+        and re-pointed every Kubernetes object at it; Pulumi's ``protect`` refuses the replacement up front."""
+        opts = pulumi.ResourceOptions(parent=self, depends_on=node_roles, protect=args.cluster.deletion_protection)
         if args.cluster.autopilot:
             return gcp.container.Cluster(
                 name,

@@ -51,17 +51,17 @@ class FilestoreShare(pulumi.ComponentResource):
                     network=network.network_name, modes=["MODE_IPV4"], connect_mode="DIRECT_PEERING"
                 )
             ],
-            # Checkpoints and datasets live here: protect them as the cluster is (prod). Filestore's own
-            # protection exists on ZONAL, REGIONAL and ENTERPRISE only; on a BASIC tier the argument fails
-            # the create (terraform-provider-google issue 20311), so it is left out and `protect` (the
-            # engine refuses to delete the resource) guards the instance instead.
+            # Checkpoints and datasets live here: protected as the cluster is, unless allowDataLoss. Filestore's
+            # own protection exists on ZONAL, REGIONAL and ENTERPRISE only; on a BASIC tier the argument fails the
+            # create (terraform-provider-google issue 20311), so it is left out there. Pulumi's `protect` guards
+            # every tier on top of it: the provider's check only fires at delete time, after a replacing change
+            # (zone, tier, share name, network) has already created the empty replacement and re-pointed the
+            # claims at it; `protect` makes the engine refuse the replacement before anything is created (issue 36).
             deletion_protection_enabled=protected if fs.api_deletion_protection else None,
             labels=site.labels.as_dict(),
             # After the subnet: the instance names only the VPC, and creating it beside the subnet raced the
             # peering Filestore sets up on a network that was still being built.
-            opts=pulumi.ResourceOptions(
-                parent=self, protect=protected and not fs.api_deletion_protection, depends_on=network.ready
-            ),
+            opts=pulumi.ResourceOptions(parent=self, protect=protected, depends_on=network.ready),
         )
         self.ip = self.instance.networks.apply(lambda nets: nets[0].ip_addresses[0])
         self.share = fs.share

@@ -107,9 +107,10 @@ def test_the_share_is_one_filestore_bound_to_exactly_one_claim(stack: str, tier:
     assert instance.inputs["labels"] == b.cfg.labels.as_dict()
     protected = b.cfg.cluster.deletion_protection
     if fs.api_deletion_protection:
-        assert instance.inputs["deletionProtectionEnabled"] is protected and not instance.protect
+        assert instance.inputs["deletionProtectionEnabled"] is protected
     else:
-        assert "deletionProtectionEnabled" not in instance.inputs and instance.protect is protected
+        assert "deletionProtectionEnabled" not in instance.inputs
+    assert instance.protect is protected, "Pulumi's protect on every tier: it refuses a replacement up front"
     assert b.resolved["ip"] == render.FILESTORE_IP
     volume = b.one("kubernetes:core/v1:PersistentVolume").inputs
     claim = b.one("kubernetes:core/v1:PersistentVolumeClaim").inputs
