@@ -38,6 +38,14 @@ RUNS_VOLUME = "runs"
 # "PodFailurePolicy" from a FailJob rule, is waited out until the await times out (30 or 120 minutes).
 AWAIT_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded")
 
+# A Job's podFailurePolicy is immutable (kubernetes pkg/apis/batch/validation/validation.go,
+# ValidateJobSpecUpdate: ValidateImmutableField(spec.PodFailurePolicy, ...)), but pulumi-kubernetes' diff does
+# not list it among a Job's replace-on-change fields (provider/pkg/provider/diff.go: .spec.template and others),
+# so a change to the rules alone would PATCH the Job and fail "field is immutable". The Jobs Pulumi manages
+# name the path in replaceOnChanges (pulumi.com/docs "Resource option: replaceOnChanges", path syntax
+# "spec.input"): the engine replaces them instead, old one first (fixed names, delete_before_replace).
+REPLACE_ON_CHANGES = ["spec.podFailurePolicy"]
+
 # Preemption or eviction: not the code's fault, retry without consuming backoffLimit.
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
 
@@ -406,6 +414,7 @@ class _StackJob(pulumi.ComponentResource):
                 parent=self,
                 provider=provider,
                 delete_before_replace=True,
+                replace_on_changes=REPLACE_ON_CHANGES,
                 depends_on=depends_on,
                 custom_timeouts=_timeouts(timeout_minutes),
             ),

@@ -18,6 +18,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import contract
+from infra.jobs import REPLACE_ON_CHANGES
 from infra.platform import Platform
 
 # Pod Security level of the preparation namespace: the least that admits a root container.
@@ -118,6 +119,8 @@ class SharePreparation(pulumi.ComponentResource):
                 provider=provider,
                 # Fixed name: a new image digest deletes the old Job before the new one runs again.
                 delete_before_replace=True,
+                # Its podFailurePolicy is immutable as every Job's (infra.jobs REPLACE_ON_CHANGES).
+                replace_on_changes=REPLACE_ON_CHANGES,
                 depends_on=[claim],
                 # A new node and the training image pull come first: minutes, not seconds.
                 custom_timeouts=pulumi.CustomTimeouts(create="15m", update="15m"),

@@ -69,6 +69,7 @@ def snapshot(stack: str) -> dict[str, Any]:
             "protect": r.protect,
             "deleteBeforeReplace": r.delete_before_replace,
             "ignoreChanges": sorted(r.ignore_changes),
+            "replaceOnChanges": sorted(r.replace_on_changes),
             "customTimeouts": r.custom_timeouts,
             "inputs": plain(r.masked_inputs),
         }

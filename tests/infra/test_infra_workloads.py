@@ -66,6 +66,24 @@ def test_the_failure_policy_means_what_the_design_says(name: str) -> None:
         assert JobController(spec).pod_failed(FailedPod({"sidecar": code, worker: 0})) != "PodFailurePolicy"
 
 
+def _at(inputs: dict[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        inputs = inputs[key]
+    return inputs
+
+
+def test_a_change_to_a_jobs_failure_policy_replaces_the_job_instead_of_patching_it() -> None:
+    """podFailurePolicy is immutable in the API (ValidateJobSpecUpdate) and not replace-on-change in the provider:
+    every Job Pulumi manages names it in replaceOnChanges, and deletes the old Job first (its name is fixed)."""
+    b = workloads(**DATA)
+    managed = b.of_type(JOB)
+    assert {j.name for j in managed} == {"share-prep", "loader", "training", "scoring"}
+    for job in managed:
+        assert jobs.REPLACE_ON_CHANGES == ["spec.podFailurePolicy"] == job.replace_on_changes, job.name
+        assert _at(job.inputs, job.replace_on_changes[0])["rules"], f"{job.name}: the path names its rules"
+        assert job.delete_before_replace, job.name
+
+
 def test_the_jobs_run_for_as_long_as_the_config_says() -> None:
     b = workloads(jobAwait="wait")
     loader, training = b.one(JOB, "loader"), b.one(JOB, "training")
