@@ -18,6 +18,8 @@ import pandas as pd
 
 from workload.data import dataset as ds
 from workload.data import featurestore, schema, simulator
+from workload.data.dayfile import HISTORY, TRAINING
+from workload.data.manifest import MANIFEST, write_manifest
 
 CACHE = Path(__file__).resolve().parent.parent / "build" / "bench"
 TEST_DAYS = 2
@@ -46,7 +48,7 @@ def _publish(root: Path, training: dict[str, pd.DataFrame], testing: dict[str, p
         (tmp / role).mkdir(parents=True)
         for name, frame in files.items():
             frame.reset_index(drop=True).to_parquet(tmp / role / f"{name}.parquet", index=False)
-    ds.write_manifest(tmp)
+    write_manifest(tmp)
     tmp.rename(root)
     return root
 
@@ -54,7 +56,7 @@ def _publish(root: Path, training: dict[str, pd.DataFrame], testing: dict[str, p
 def single_shard(rows: int, pop: Population = HANDBOOK) -> Path:
     """A dataset whose one training file holds the last `rows` transactions before two test days."""
     root = pop.folder(f"single-{rows}")
-    if (root / ds.MANIFEST).exists():
+    if (root / MANIFEST).exists():
         return root
     per_day = 1.8 * pop.customers  # under the simulator's mean rate (~1.95 a customer a day)
     days = int(rows // per_day) + 2  # a little more than enough days
@@ -74,19 +76,19 @@ def daily(train_days: int, history_days: int = 0, pop: Population = HANDBOOK) ->
     """`history_days` then `train_days` daily shards (the simulator's own layout) and two test days.
     History days feed the feature windows only: `seed` enqueues no item for them."""
     root = pop.folder(f"daily-{history_days}h{train_days}")
-    if (root / ds.MANIFEST).exists():
+    if (root / MANIFEST).exists():
         return root
     spec = simulator.SimulationSpec(customers=pop.customers, terminals=pop.terminals,
                                     train_days=history_days + train_days, test_days=TEST_DAYS,
                                     start_date="2018-04-01", seed=12)
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    days = sorted(p for p in simulator.generate(tmp, spec) if p.parent.name == ds.TRAINING)
+    days = sorted(p for p in simulator.generate(tmp, spec) if p.parent.name == TRAINING)
     if history_days:
-        (tmp / ds.HISTORY).mkdir()
+        (tmp / HISTORY).mkdir()
         for path in days[:history_days]:
-            path.rename(tmp / ds.HISTORY / path.name)
-    ds.write_manifest(tmp)
+            path.rename(tmp / HISTORY / path.name)
+    write_manifest(tmp)
     tmp.rename(root)
     return root
 

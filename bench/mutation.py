@@ -139,7 +139,7 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "dataset",
-        ("workload/data/dataset.py",),
+        ("workload/data/dayfile.py", "workload/data/rules.py", "workload/data/manifest.py", "workload/data/dataset.py"),
         # test_featurestore.py: what Dataset.ensure_features counts and feature_inputs records for the store.
         ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py", "tests/workload/test_identity.py",
          "tests/workload/test_rare_paths.py", "tests/model/test_featurestore.py"),
@@ -411,6 +411,9 @@ INFRA_PROGRAM = "infra/program.py"
 POLICY_RULES = "policy/rules.py"
 POLICY_PACK = "policy/pack.py"
 DATASET = "workload/data/dataset.py"
+DAYFILE = "workload/data/dayfile.py"
+RULES = "workload/data/rules.py"
+MANIFEST = "workload/data/manifest.py"
 ERRORS = "workload/core/errors.py"
 FEATURES = "workload/data/features.py"
 METRICS = "workload/model/metrics.py"
@@ -793,21 +796,19 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(TRAINER, "zero_grad(set_to_none=True)", "zero_grad(set_to_none=None)",
                "torch reads only the flag's truth: None zeroes the gradients as False does (explained above)"),
     # dataset:
-    Equivalent(DATASET, "io.BytesIO(_read_bytes(path, where))", "io.BytesIO(_read_bytes(path, None))",
-               "`where` only names the file in _read_bytes' refusal, a ValueError there: read_ids then falls back to "
-               "the full read, which refuses the file naming `where` itself"),
     Equivalent(DATASET, "popitem(last=False)", "popitem(last=None)",
                "OrderedDict.popitem reads only the truth of `last`: None and False both pop the oldest"),
-    Equivalent(DATASET, 'TRANSACTION_ID], kind="stable"', "TRANSACTION_ID], kind=None", SORT_BY_TWO),
-    Equivalent(DATASET, 'ID], kind="stable"', 'ID], kind="XXstableXX"', SORT_BY_TWO),
-    Equivalent(DATASET, 'kind="stable", ignore_index', "ignore_index", SORT_BY_TWO),
+    *(Equivalent(module, 'TRANSACTION_ID], kind="stable"', "TRANSACTION_ID], kind=None", SORT_BY_TWO)
+      for module in (DAYFILE, DATASET)),
+    *(Equivalent(module, 'ID], kind="stable"', 'ID], kind="XXstableXX"', SORT_BY_TWO) for module in (DAYFILE, DATASET)),
+    Equivalent(DAYFILE, 'kind="stable", ignore_index', "ignore_index", SORT_BY_TWO),
     Equivalent(DATASET, '], kind="stable")', "], )", SORT_BY_TWO),
     Equivalent("*", 'kind="stable"', 'kind="STABLE"', "numpy and pandas read the sort kind in any letter case"),
-    Equivalent(DATASET, "len(schema.COLUMNS) > 1", "len(schema.COLUMNS) >= 1", NINE_COLUMNS),
-    Equivalent(DATASET, "len(schema.COLUMNS) > 1", "len(schema.COLUMNS) > 2", NINE_COLUMNS),
-    Equivalent(DATASET, "indent=1)", "indent=2)", JSON_LAYOUT),
-    Equivalent(DATASET, "indent=1)", "indent=None)", JSON_LAYOUT),
-    Equivalent(DATASET, ", indent=1)", ", )", JSON_LAYOUT),
+    Equivalent(DAYFILE, "len(schema.COLUMNS) > 1", "len(schema.COLUMNS) >= 1", NINE_COLUMNS),
+    Equivalent(DAYFILE, "len(schema.COLUMNS) > 1", "len(schema.COLUMNS) > 2", NINE_COLUMNS),
+    Equivalent(MANIFEST, "indent=1)", "indent=2)", JSON_LAYOUT),
+    Equivalent(MANIFEST, "indent=1)", "indent=None)", JSON_LAYOUT),
+    Equivalent(MANIFEST, ", indent=1)", ", )", JSON_LAYOUT),
     Equivalent(DATASET, "pd.concat(parts, ignore_index=True)", "pd.concat(parts, ignore_index=None)",
                WINDOW_INDEX),
     Equivalent(DATASET, "pd.concat(parts, ignore_index=True)", "pd.concat(parts, )", WINDOW_INDEX),
@@ -823,10 +824,10 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "midnight, is outside every target's window"),
     Equivalent(DATASET, "(days < end))", "(days <= end))",
                "a row at `end` is later than every target row, and features only look back"),
-    Equivalent(DATASET, "out = pd.DataFrame(index=range(len(frame)))", "out = pd.DataFrame(index=None)",
+    Equivalent(DAYFILE, "out = pd.DataFrame(index=range(len(frame)))", "out = pd.DataFrame(index=None)",
                "the first column set, TRANSACTION_ID, is an array of len(frame) values: it gives an index-less frame "
                "the same RangeIndex"),
-    Equivalent(DATASET, "to_numpy(dtype=np.float64)  # whole", "to_numpy(dtype=None)  # whole",
+    Equivalent(DAYFILE, "to_numpy(dtype=np.float64)  # whole", "to_numpy(dtype=None)  # whole",
                "here numbers are floats (or booleans) of some width: whole, below 2**63 and their int64 cast read the "
                "same in their own dtype as in float64, which holds every narrower float exactly"),
     Equivalent(DATASET, "cache_rows: int = 10_000_000", "cache_rows: int = 10000001",
@@ -839,14 +840,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(DATASET, 'pop("_target").to_numpy(dtype=bool)', 'pop("_target").to_numpy(dtype=None)',
                "_target is made of Python bools (assign(_target=is_target)), so the column is bool already; "
                "features.compute casts the mask to bool again"),
-    Equivalent(DATASET, "lengths[lengths > 1]", "lengths[lengths >= 1]",
+    Equivalent(RULES, "lengths[lengths > 1]", "lengths[lengths >= 1]",
                "a row held by one file is no pair: np.triu_indices(1, 1) is empty, so length-1 runs add nothing"),
-    *(Equivalent(DATASET, "zip(pairs.T, counts, strict=True)", f"zip(pairs.T, counts, {kw})",
+    *(Equivalent(RULES, "zip(pairs.T, counts, strict=True)", f"zip(pairs.T, counts, {kw})",
                  "np.unique(..., axis=1, return_counts=True) returns one count per pair: the lengths always agree")
       for kw in ("strict=None", "", "strict=False")),
     Equivalent(DATASET, "exc.strerror or str(exc)", "exc.strerror or str(None)",
                "an OSError from stat() always carries its strerror, so the fallback is never read"),
-    Equivalent(DATASET, "continue  # (the label is the last column of schema.COLUMNS)",
+    Equivalent(DAYFILE, "continue  # (the label is the last column of schema.COLUMNS)",
                "break  # (the label is the last column of schema.COLUMNS)",
                "the label column is the last of schema.COLUMNS: after it the loop has nothing left to break out of"),
     *(Equivalent(DATASET, ".days for f in self.files), default=0)", f".days for f in self.files), {kw})",
@@ -857,7 +858,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                "lo = None",
                "slicing from the first file finds the same files (each is still kept only if its last day reaches "
                "the window's start): only the cost differs, which bench.featurecost measures"),
-    Equivalent(DATASET, "hash_pandas_object(frame[list(_ROW_KEY)], index=False)",
+    Equivalent(RULES, "hash_pandas_object(frame[list(_ROW_KEY)], index=False)",
                "hash_pandas_object(frame[list(_ROW_KEY)], index=None)",
                "pandas reads only the truth of `index`: None leaves the index out as False does"),
     # metrics:

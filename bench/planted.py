@@ -126,14 +126,14 @@ BUGS: tuple[Bug, ...] = (
         (Edit("workload/model/trainer.py", '        torch.set_rng_state(state["rng"]["torch"])\n', ""),),
         ("tests/workload/test_trainer_rng.py::test_restored_trainer_draws_what_the_uninterrupted_one_draws",)),
     Bug("11a-denylist", "check_suffix's pickle denylist removed (the allowlist stays)",
-        (Edit("workload/data/dataset.py",
+        (Edit("workload/data/dayfile.py",
               "    if suffix in _PICKLE_SUFFIXES:\n"
               "        raise DatasetError(\n"
               '            f"{where}: {suffix} files are never read (unpickling a file from a shared volume runs "\n'
               '            f"arbitrary code); convert it to Parquet or CSV")\n', ""),),
         (f"{LAYERS}::test_pickle_suffixes_are_refused_even_where_the_allowlist_would_admit_them",)),
     Bug("11a-read", "read_transactions opens a file without asking check_suffix",
-        (Edit("workload/data/dataset.py", "    check_suffix(path, where)\n    data = _read_bytes(path, where)\n",
+        (Edit("workload/data/dayfile.py", "    check_suffix(path, where)\n    data = _read_bytes(path, where)\n",
               "    data = _read_bytes(path, where)\n"),),
         (f"{LAYERS}::test_read_transactions_never_opens_a_pickle",)),
     Bug("11a-resolve", "Dataset.resolve admits a listed pickle (no suffix check)",

@@ -48,6 +48,7 @@ import torch
 from bench import data as bench_data
 from workload.data import dataset as ds
 from workload.data import features, simulator
+from workload.data.manifest import MANIFEST, write_manifest
 from workload.model import metrics
 from workload.model.trainer import HParams, Trainer
 
@@ -105,12 +106,12 @@ class Score:
 def cluster_dataset(cache: Path = bench_data.CACHE, mini: bool = False) -> Path:
     """The ``cluster`` preset on disk (cached under build/bench), as ``seed`` lays it out."""
     root = cache / ("cluster-mini" if mini else "cluster")
-    if (root / ds.MANIFEST).exists():
+    if (root / MANIFEST).exists():
         return root
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     simulator.generate(tmp, MINI_SPEC if mini else simulator.PRESETS["cluster"])
-    ds.write_manifest(tmp)
+    write_manifest(tmp)
     tmp.rename(root)
     return root
 

@@ -34,6 +34,8 @@ from workload.core.errors import (
 )
 from workload.data import dataset as ds
 from workload.data import publish, reading, simulator, source
+from workload.data.dayfile import SCORING, DatasetError
+from workload.data.manifest import MANIFEST, read_manifest
 from workload.model import report
 from workload.model.hparams import HParams, parse_runs
 from workload.queue import plan
@@ -206,15 +208,15 @@ def place_dataset(args: argparse.Namespace, root: Path) -> int:
         outcome = publish.publish(root, source.open_source(args.datasets), data_reading(args))
         log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
                  outcome.unchanged)
-        return sum(rel.startswith(f"{ds.SCORING}/") for rel in outcome.copied)
+        return sum(rel.startswith(f"{SCORING}/") for rel in outcome.copied)
     spec = simulation_spec(args)
     uri = simulated_source(spec)
-    if (root / ds.MANIFEST).exists():
+    if (root / MANIFEST).exists():
         recorded = publish.recorded_source(root)
         if recorded is None:  # laid out by hand before sources were recorded
             log.info("dataset %s is already on the share: not touching it", root)
             return 0
-        publish.check_source(root, ds.read_manifest(root), uri)
+        publish.check_source(root, read_manifest(root), uri)
         log.info("dataset %s (%s) is already on the share", root, uri)
         return 0
     log.info("simulating transactions: %s", spec)
@@ -355,7 +357,7 @@ def status(args: argparse.Namespace) -> int:
             out.append(f"  report: {output_dir / run / REPORT_TXT}")
     try:
         out.append(plan.gap(queue, args.share).line())
-    except (plan.PlanError, ds.DatasetError) as exc:
+    except (plan.PlanError, DatasetError) as exc:
         out.append(f"share vs queue: cannot read the share's plan: {exc}")
     if c.drained and not queue.seeded():
         out.append("the queue was never seeded (or Redis lost its data): a worker restores it from the share's "
@@ -606,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         log.error("%s", exc)
         return EXIT_BAD_CONFIG
-    except ds.DatasetError as exc:
+    except DatasetError as exc:
         log.error("dataset problem: %s", exc)
         return EXIT_BAD_CONFIG
     except source.SourceUnreachable as exc:

@@ -15,6 +15,8 @@ import torch
 from workload import cli
 from workload.data import dataset as ds
 from workload.data import features, publish, simulator, source
+from workload.data.dayfile import HISTORY, TESTING, TRAINING
+from workload.data.manifest import write_manifest
 from workload.model import calibration, metrics, report
 from workload.model.export import MODEL_FILE
 from workload.model.hparams import HParams
@@ -37,10 +39,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trainer, di
     share = tmp_path_factory.mktemp("share")
     root = share / "datasets" / "fraud"
     simulator.generate(root, SPEC)
-    (root / ds.HISTORY).mkdir()
-    for day in sorted((root / ds.TRAINING).iterdir())[:HISTORY_DAYS]:
-        day.rename(root / ds.HISTORY / day.name)
-    ds.write_manifest(root)
+    (root / HISTORY).mkdir()
+    for day in sorted((root / TRAINING).iterdir())[:HISTORY_DAYS]:
+        day.rename(root / HISTORY / day.name)
+    write_manifest(root)
     data = ds.Dataset(root)
     test = data.test_examples()
     trainer = Trainer("cal", HP, features.FEATURE_NAMES, torch.device("cpu"), features.FEATURE_VERSION)
@@ -111,9 +113,9 @@ def test_calibration_sees_no_test_day_and_no_label_younger_than_the_delay(traine
     data = ds.Dataset(share / "datasets" / "fraud")
     everything = [f["path"] for f in data.files]
     days = calibration.eligible_days(data, everything)
-    first_test = min(pd.Timestamp(f["first"]) for f in data.files if f["role"] == ds.TESTING)
+    first_test = min(pd.Timestamp(f["first"]) for f in data.files if f["role"] == TESTING)
     cutoff = first_test - pd.Timedelta(seconds=features.LABEL_DELAY_SECONDS)
-    assert days and all(data.entry(d)["role"] == ds.TRAINING for d in days)
+    assert days and all(data.entry(d)["role"] == TRAINING for d in days)
     assert all(pd.Timestamp(data.entry(d)["last"]) <= cutoff for d in days)
     # The newest usable ones: the training day right after the last one used is younger than the delay.
     later = [s for s in data.training_shards() if s > days[-1]]
@@ -273,7 +275,7 @@ def test_without_test_days_the_newest_applied_days_are_used(tmp_path: Path) -> N
     # Laid out as `score` publishes a folder: no role required, so no testing/ day either.
     data = ds.Dataset(publish.publish(tmp_path / "fraud", source.LocalSource(tmp_path / "days"), required=()).root)
     shards = data.training_shards()
-    assert len(shards) == calibration.CALIBRATION_DAYS + 2 and not any(f["role"] == ds.TESTING for f in data.files)
+    assert len(shards) == calibration.CALIBRATION_DAYS + 2 and not any(f["role"] == TESTING for f in data.files)
     assert calibration.eligible_days(data, [*reversed(shards), shards[-1]]) == shards[-calibration.CALIBRATION_DAYS:]
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from workload.data import dataset as ds
 from workload.data import features, featurestore, simulator
+from workload.data.dayfile import DatasetError
+from workload.data.manifest import MANIFEST, write_manifest
 
 SPEC = simulator.SimulationSpec(customers=300, terminals=120, train_days=10, test_days=2, start_date="2018-04-01",
                                 seed=5)
@@ -24,7 +26,7 @@ SPEC = simulator.SimulationSpec(customers=300, terminals=120, train_days=10, tes
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("src") / "fraud"
     simulator.generate(root, SPEC)
-    ds.write_manifest(root)
+    write_manifest(root)
     return root
 
 
@@ -149,9 +151,9 @@ def test_a_new_feature_version_never_reads_the_old_files(root: Path, monkeypatch
 def test_a_changed_history_day_makes_later_days_stale(root: Path) -> None:
     data = _fresh(root)
     assert data.ensure_features()[0] == SPEC.train_days + SPEC.test_days
-    manifest = json.loads((root / ds.MANIFEST).read_text())
+    manifest = json.loads((root / MANIFEST).read_text())
     manifest["files"][2]["frauds"] += 1  # as if day 3's file had been replaced by one with another label
-    (root / ds.MANIFEST).write_text(json.dumps(manifest))
+    (root / MANIFEST).write_text(json.dumps(manifest))
     computed, kept = _fresh(root).ensure_features()
     assert computed > 0 and kept >= 2  # days before it are untouched, days whose window reads it are redone
 
@@ -162,10 +164,10 @@ def test_days_appended_later_get_features_when_seeded(source: Path, tmp_path: Pa
     last = sorted((root / "training").iterdir())[-1]
     held = tmp_path / last.name
     shutil.move(last, held)
-    ds.write_manifest(root)
+    write_manifest(root)
     assert _fresh(root).ensure_features() == (SPEC.train_days + SPEC.test_days - 1, 0)
     shutil.move(held, last)
-    ds.write_manifest(root)
+    write_manifest(root)
     computed, kept = _fresh(root).ensure_features()
     # The appended day, and the test days whose windows now read it.
     assert computed == 1 + SPEC.test_days and kept == SPEC.train_days - 1
@@ -196,7 +198,7 @@ def test_a_day_file_replaced_after_seeding_is_read_again_not_served_from_the_sto
     (root / rel).write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(featurestore.StaleFeatures, match="other dataset files than the share now holds"):
         _fresh(root).stored_features(rel)
-    with pytest.raises((OSError, ds.DatasetError), match="2018-04-06.parquet"):
+    with pytest.raises((OSError, DatasetError), match="2018-04-06.parquet"):
         _fresh(root).examples([rel])
 
 

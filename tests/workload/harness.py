@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from workload.data import dataset as ds
 from workload.data import simulator
+from workload.data.manifest import MANIFEST, write_manifest
 from workload.queue.workqueue import Counts, Lease, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
@@ -34,9 +34,9 @@ HPARAMS = {"epochs": 40, "batch_size": 64, "hidden": [32, 16], "window_days": 1}
 def make_dataset(folder: Path) -> Path:
     """The tiny dataset, simulated once and validated, laid out as seed would."""
     root = folder / "fraud"
-    if not (root / ds.MANIFEST).exists():
+    if not (root / MANIFEST).exists():
         simulator.generate(root, TINY)
-        ds.write_manifest(root)
+        write_manifest(root)
     return root
 
 

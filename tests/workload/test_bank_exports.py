@@ -17,8 +17,9 @@ from exports import BANK_COLUMNS, BANK_NAMES, EXTRA, bank_export, copy_files, on
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
 from workload.cli import DEFAULT_DATASET
-from workload.data import dataset as ds
 from workload.data import publish, schema
+from workload.data.dayfile import DatasetError, read_transactions
+from workload.data.manifest import MANIFEST
 from workload.data.reading import Reading
 from workload.data.source import LocalSource
 
@@ -50,8 +51,8 @@ def test_a_bank_export_reads_as_the_canonical_files(tmp_path: Path, dataset_src:
     assert any(not g["tx_id"].is_monotonic_increasing for _, g in ties.groupby("ts")), "tied IDs out of order"
     for original in sorted(dataset_src.glob("*/*.parquet")):
         shaped = export / original.parent.name / f"{original.stem}.csv"
-        pd.testing.assert_frame_equal(ds.read_transactions(shaped, reading=MAPPING),
-                                      ds.read_transactions(original), check_exact=True)
+        pd.testing.assert_frame_equal(read_transactions(shaped, reading=MAPPING),
+                                      read_transactions(original), check_exact=True)
 
 
 def test_a_bank_export_trains_to_the_canonical_weights(cluster: Cluster, tmp_path: Path,
@@ -60,7 +61,7 @@ def test_a_bank_export_trains_to_the_canonical_weights(cluster: Cluster, tmp_pat
     out = seed(cluster, "--datasets", str(export), "--columns", str(write_mapping(tmp_path / "columns.yaml")))
     assert out.returncode == 0, out.stderr
     assert out.stderr.count(f"ignored column(s): {EXTRA}") == 1, out.stderr
-    assert json.loads((cluster.share / "datasets" / "fraud" / ds.MANIFEST).read_text())["reading"] == \
+    assert json.loads((cluster.share / "datasets" / "fraud" / MANIFEST).read_text())["reading"] == \
         {"columns": BANK_COLUMNS, "datetime_format": None}
     cluster.start_worker("w")
     assert cluster.wait_all() == [0], cluster.log("w")
@@ -159,7 +160,7 @@ def test_a_resent_day_is_refused_naming_both_files_and_honest_days_are_not(tmp_p
     publish.publish(tmp_path / "share" / "honest", LocalSource(folder))  # five equal rows: a coincidence
     resent = day3.assign(TRANSACTION_ID=day3[schema.TRANSACTION_ID] + 2 * 10**9).sample(frac=0.8, random_state=1)
     resent.to_parquet(folder / "training" / "2018-04-03b.parquet", index=False)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish.publish(tmp_path / "share" / "honest", LocalSource(folder))
     # 579 or so of the 584 rows: the few day 4 also holds pair with it first.
     assert re.fullmatch(
@@ -167,7 +168,7 @@ def test_a_resent_day_is_refused_naming_both_files_and_honest_days_are_not(tmp_p
             f" transactions of {folder / 'training' / '2018-04-03.parquet'} (same card, terminal, time and amount) "
             "under other transaction IDs: a day sent twice would be learned twice; remove one of them"),
         str(err.value)), str(err.value)
-    assert "training/2018-04-03b.parquet" not in (tmp_path / "share" / "honest" / ds.MANIFEST).read_text()
+    assert "training/2018-04-03b.parquet" not in (tmp_path / "share" / "honest" / MANIFEST).read_text()
 
 
 def test_a_changed_mapping_is_a_new_dataset(tmp_path: Path, dataset_src: Path) -> None:
@@ -175,7 +176,7 @@ def test_a_changed_mapping_is_a_new_dataset(tmp_path: Path, dataset_src: Path) -
     root = tmp_path / "share" / "bank"
     publish.publish(root, LocalSource(folder), MAPPING)
     other = Reading(columns=MAPPING.columns, datetime_format="%d/%m/%Y %H:%M")
-    with pytest.raises(ds.DatasetError, match="was published with column mapping .* refusing .*datetime format "
+    with pytest.raises(DatasetError, match="was published with column mapping .* refusing .*datetime format "
                                               "%d/%m/%Y %H:%M: a changed mapping or date format is a new dataset"):
         publish.publish(root, LocalSource(folder), other)
     assert publish.publish(root, LocalSource(folder), MAPPING).copied == []
@@ -198,7 +199,7 @@ def test_a_day_without_labels_outside_scoring_is_refused_naming_the_label(tmp_pa
     folder = bank_export(dataset_src, tmp_path / "export")
     day = folder / "training" / "2018-04-03.csv"
     pd.read_csv(day).drop(columns=[BANK_NAMES[schema.TX_FRAUD]]).to_csv(day, index=False)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish.publish(tmp_path / "share" / "d", LocalSource(folder), MAPPING)
     assert str(err.value).startswith(f"{day}: missing column(s) ['is_fraud']; a day needs ['tx_id', 'ts', 'card_id', "
                                      "'merchant_id', 'amount', 'is_fraud'] (unlabelled days go in scoring/)")

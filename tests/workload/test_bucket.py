@@ -19,7 +19,7 @@ import pytest
 from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
-from workload.data import dataset as ds
+from workload.data.manifest import MANIFEST
 from workload.data.source import BucketSource, LocalSource, SourceError, access_retry_seconds, open_source
 from workload.model.hparams import default_seed
 
@@ -97,7 +97,7 @@ def test_a_bucket_trains_like_a_folder_syncs_incrementally_and_grows_by_days(
                "--datasets", uri)
     assert out.returncode == 0, out.stderr
     assert f"synced {uri} into {cluster.share / 'datasets' / 'cloud'}: 7 file(s) copied, 0 unchanged" in out.stderr
-    manifest = json.loads((cluster.share / "datasets" / "cloud" / ds.MANIFEST).read_text())
+    manifest = json.loads((cluster.share / "datasets" / "cloud" / MANIFEST).read_text())
     assert manifest["source"] == uri
     entry = next(e for e in manifest["files"] if e["path"] == DAY3)
     assert entry["source"]["uri"] == f"{uri}/{DAY3}"
@@ -128,7 +128,7 @@ def test_a_bucket_trains_like_a_folder_syncs_incrementally_and_grows_by_days(
         "five days, then the sixth appended: the weights of all six at once"
 
     # A published day changed in the bucket: refused by name, nothing copied or queued.
-    manifest_bytes = (cluster.share / "datasets" / "cloud" / ds.MANIFEST).read_bytes()
+    manifest_bytes = (cluster.share / "datasets" / "cloud" / MANIFEST).read_bytes()
     changed = pd.read_parquet(src / DAY3)
     changed.loc[0, "TX_AMOUNT"] += 1
     changed.to_parquet(tmp_path / "changed.parquet", index=False)
@@ -136,7 +136,7 @@ def test_a_bucket_trains_like_a_folder_syncs_incrementally_and_grows_by_days(
     out = seed(cluster, bucket, tmp_path, {"main": HPARAMS}, "--dataset", "cloud", "--datasets", uri)
     assert out.returncode == 2
     assert f"dataset problem: {DAY3} ({uri}/{DAY3}) changed since it was published" in one_error_line(out.stderr)
-    assert (cluster.share / "datasets" / "cloud" / ds.MANIFEST).read_bytes() == manifest_bytes
+    assert (cluster.share / "datasets" / "cloud" / MANIFEST).read_bytes() == manifest_bytes
     assert cluster.counts().pending == 0
 
     # Another source under the same dataset name: refused, not silently ignored.

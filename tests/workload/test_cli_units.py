@@ -38,6 +38,8 @@ from workload.core import preemption
 from workload.core.errors import EXIT_GPU_UNUSABLE, EXIT_INFRA, EXIT_TERMINATED
 from workload.data import dataset as ds
 from workload.data import features, simulator
+from workload.data.dayfile import DatasetError, read_transactions
+from workload.data.manifest import MANIFEST, read_manifest
 from workload.data.reading import Reading
 from workload.model.hparams import HParams, default_seed, parse_runs
 from workload.queue import plan
@@ -332,7 +334,7 @@ def test_place_dataset_simulates_once_and_keeps_one_source(tmp_path: Path, caplo
     args = parse("seed", *TINY_ARGS)
     assert cli.place_dataset(args, root) == 0
     uri = cli.simulated_source(cli.simulation_spec(args))
-    manifest = ds.read_manifest(root)
+    manifest = read_manifest(root)
     assert manifest["source"] == uri
     assert sorted(f["path"] for f in manifest["files"]) == [
         "testing/2018-04-03.parquet", "training/2018-04-01.parquet", "training/2018-04-02.parquet"]
@@ -340,14 +342,14 @@ def test_place_dataset_simulates_once_and_keeps_one_source(tmp_path: Path, caplo
     caplog.clear()
     assert cli.place_dataset(args, root) == 0
     assert f"dataset {root} ({uri}) is already on the share" in caplog.messages
-    with pytest.raises(ds.DatasetError, match=f"dataset 'sim' on the share was published from {uri}; refusing to "
+    with pytest.raises(DatasetError, match=f"dataset 'sim' on the share was published from {uri}; refusing to "
                                               "feed it from simulator:.*seed=4"):
         cli.place_dataset(parse("seed", *TINY_ARGS[:-1], "4"), root)
     by_hand = tmp_path / "datasets" / "hand"
     shutil.copytree(root, by_hand)
-    unsourced = ds.read_manifest(by_hand)
+    unsourced = read_manifest(by_hand)
     del unsourced["source"]
-    (by_hand / ds.MANIFEST).write_text(json.dumps(unsourced))
+    (by_hand / MANIFEST).write_text(json.dumps(unsourced))
     caplog.clear()
     assert cli.place_dataset(parse("seed", *TINY_ARGS[:-1], "4"), by_hand) == 0
     assert caplog.messages == [f"dataset {by_hand} is already on the share: not touching it"]
@@ -358,7 +360,7 @@ def test_place_dataset_publishes_a_folder_and_counts_new_scoring_days(tmp_path: 
     caplog.set_level(logging.INFO, "workload")
     src = tmp_path / "src"
     shutil.copytree(dataset_src, src)
-    (src / ds.MANIFEST).unlink()
+    (src / MANIFEST).unlink()
     tomorrow = src / "testing" / "2018-04-08.parquet"
     kept = tomorrow.rename(tmp_path / tomorrow.name)  # appended later, as a scoring/ day
     root = tmp_path / "datasets" / "fraud"
@@ -802,13 +804,13 @@ def test_a_bank_export_is_published_with_its_column_mapping_and_date_format(tmp_
     args = parse("seed", "--datasets", str(export), "--columns", str(write_mapping(tmp_path / "columns.yaml")),
                  "--datetime-format", DAY_FIRST)
     assert cli.place_dataset(args, root) == 0
-    assert ds.read_manifest(root)["reading"] == {"columns": BANK_COLUMNS, "datetime_format": DAY_FIRST}
+    assert read_manifest(root)["reading"] == {"columns": BANK_COLUMNS, "datetime_format": DAY_FIRST}
     published = ds.Dataset(root)
     originals = sorted(dataset_src.glob("*/*.parquet"))
     assert sorted(f["path"] for f in published.files) == sorted(f"{p.parent.name}/{p.stem}.csv" for p in originals)
     for original in originals:
         pd.testing.assert_frame_equal(published.transactions(f"{original.parent.name}/{original.stem}.csv"),
-                                      ds.read_transactions(original), check_exact=True)
+                                      read_transactions(original), check_exact=True)
 
 
 def test_the_simulator_stages_its_days_beside_the_dataset_not_in_the_machines_temp_folder(
@@ -832,14 +834,14 @@ def test_the_simulator_stages_its_days_beside_the_dataset_not_in_the_machines_te
     assert cli.place_dataset(parse("seed", *TINY_ARGS), root) == 0
     ((folder, existed),) = staged
     assert existed and folder.parent == root.parent and folder.name.startswith(tmp_dir_for(root).name + "-")
-    assert not folder.exists() and len(ds.read_manifest(root)["files"]) == 3
+    assert not folder.exists() and len(read_manifest(root)["files"]) == 3
 
 
 def test_seed_makes_a_share_whose_folders_do_not_exist_yet(redis_env: str, tmp_path: Path, run: Run) -> None:
     share = tmp_path / "new-volume" / "mounted" / "share"
     code, _, err = run("seed", "--share", str(share), "--run", "main", *TINY_ARGS)
     assert code == 0, err
-    assert len(ds.read_manifest(share / "datasets" / "fraud")["files"]) == 3
+    assert len(read_manifest(share / "datasets" / "fraud")["files"]) == 3
 
 
 def test_seed_stores_each_runs_hyperparameters_in_redis(server: RedisServer, redis_env: str, tmp_path: Path,

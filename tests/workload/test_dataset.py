@@ -13,19 +13,11 @@ import pandas as pd
 import pytest
 
 from workload.data import features, featurestore, schema, simulator
-from workload.data.dataset import (
-    MANIFEST,
-    Dataset,
-    DatasetError,
-    check_suffix,
-    history_shortfall,
-    one_line,
-    read_ids,
-    read_transactions,
-    validate,
-    write_manifest,
-)
+from workload.data.dataset import Dataset
+from workload.data.dayfile import DatasetError, check_suffix, one_line, read_transactions, validate
+from workload.data.manifest import MANIFEST, write_manifest
 from workload.data.reading import Reading
+from workload.data.rules import history_shortfall
 
 
 def day(tmp_path: Path, dataset_src: Path, name: str = "training/2018-04-02.parquet") -> pd.DataFrame:
@@ -416,20 +408,6 @@ def test_training_shards_follow_the_first_day_whatever_the_manifest_order(tmp_pa
         "training/y.csv", "training/z.csv", "training/b.csv", "training/c.csv"]
 
 
-def test_read_ids_reads_only_the_ids_whatever_their_type(tmp_path: Path, dataset_src: Path) -> None:
-    frame = day(tmp_path, dataset_src)
-    ids = frame[schema.TRANSACTION_ID].to_numpy()
-    got = read_ids(dataset_src / "training" / "2018-04-02.parquet", "x")
-    assert got.dtype == np.int64 and np.array_equal(got, ids)
-    frame.assign(TRANSACTION_ID=frame[schema.TRANSACTION_ID].astype(str)).to_parquet(tmp_path / "text.parquet")
-    assert np.array_equal(read_ids(tmp_path / "text.parquet", "x"), ids)
-    frame.iloc[::-1].to_csv(tmp_path / "d.csv", index=False)
-    assert np.array_equal(read_ids(tmp_path / "d.csv", "x"), ids)
-    (tmp_path / "bad.csv").write_bytes(b"")
-    with pytest.raises(DatasetError, match="^gs://b/bad.csv: empty file"):
-        read_ids(tmp_path / "bad.csv", "gs://b/bad.csv")
-
-
 def test_test_examples_are_every_test_row_in_time_order_once(tmp_path: Path, dataset_src: Path) -> None:
     data = Dataset(dataset_src, cache_rows=1)
     got = data.test_examples()
@@ -488,25 +466,11 @@ def test_validate_refuses_a_frame_without_rows() -> None:
     assert str(err.value) == "gs://b/day.parquet: the file has no rows; a day file holds at least one transaction"
 
 
-def test_read_ids_of_a_parquet_without_ids_names_the_file(tmp_path: Path, dataset_src: Path) -> None:
-    day(tmp_path, dataset_src).drop(columns=[schema.TRANSACTION_ID]).to_parquet(tmp_path / "d.parquet")
-    with pytest.raises(DatasetError, match=r"^gs://b/d.parquet: missing column\(s\) \['TRANSACTION_ID'\]"):
-        read_ids(tmp_path / "d.parquet", "gs://b/d.parquet")
-
-
 def test_a_dataset_without_training_days_is_refused(tmp_path: Path, dataset_src: Path) -> None:
     root = tmp_path / "d"
     shutil.copytree(dataset_src / "testing", root / "testing")
     with pytest.raises(DatasetError, match=f"^{root}: no training/ files; a dataset has training/ and testing/"):
         write_manifest(root)
-
-
-def test_read_ids_of_a_published_parquet_reads_that_column_alone(tmp_path: Path, dataset_src: Path) -> None:
-    """Whole-dataset checks need only the IDs of files validated when published: no other column is read
-    (here the amounts would be refused by a full read)."""
-    frame = day(tmp_path, dataset_src).assign(TX_AMOUNT=-1.0)
-    frame.to_parquet(tmp_path / "2018-04-02.Parquet")
-    assert np.array_equal(read_ids(tmp_path / "2018-04-02.Parquet", "x"), frame[schema.TRANSACTION_ID].to_numpy())
 
 
 def test_the_read_cache_holds_up_to_cache_rows_transactions(tmp_path: Path, dataset_src: Path) -> None:
@@ -722,9 +686,9 @@ def test_run_records_live_in_runs_beside_them(tmp_path: Path) -> None:
     assert runs_dir(str(tmp_path)) == tmp_path / "runs"  # type: ignore[arg-type]
 
 
-# -- a day sent twice under new IDs (check_not_resent), on the rows' hashes as Keys.of makes them --------------
+# -- a day sent twice under new IDs (check_not_resent), on the rows' hashes as RowHashes.of makes them --------------
 def _hashes(*spans: tuple[int, int]) -> np.ndarray:
-    """Row hashes as Keys.of gives them (unique, sorted, uint64), from half-open spans of stand-in values."""
+    """Row hashes as RowHashes.of gives them (unique, sorted, uint64), from half-open spans of stand-in values."""
     return np.unique(np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans]))
 
 
@@ -771,7 +735,7 @@ RESENT_CASES = {
 def test_a_day_repeating_anothers_rows_under_new_ids_is_refused_past_its_threshold(case: str) -> None:
     """Refused when two days share at least max(RESENT_MIN_ROWS, RESENT_SHARE x the smaller day's rows)
     rows; the message names the later file as the copy of the earlier, by the user's names."""
-    from workload.data.dataset import RESENT_MIN_ROWS, RESENT_SHARE, check_not_resent
+    from workload.data.rules import RESENT_MIN_ROWS, RESENT_SHARE, check_not_resent
     assert (RESENT_SHARE, RESENT_MIN_ROWS) == (0.5, 20)  # the cases' thresholds
     rows, sizes, refusal = RESENT_CASES[case]
     names = {rel: f"bank/{rel}.csv" for rel in rows}
@@ -828,26 +792,13 @@ def test_a_days_feature_inputs_are_its_windows_files_as_the_manifest_and_the_sha
                    *(expected(rel, on_disk(rel)) for rel in window[1:])]
 
 
-def test_read_ids_needs_labels_on_every_day_but_a_scoring_one(tmp_path: Path, dataset_src: Path) -> None:
-    """A day read for its IDs alone is still read by its role's rules: a training day without its label
-    column is refused, a scoring day without one reads."""
-    frame = day(tmp_path, dataset_src).drop(columns=[schema.TX_FRAUD])
-    for role in ("training", "scoring"):
-        (tmp_path / role).mkdir()
-        frame.to_csv(tmp_path / role / "d.csv", index=False)
-    ids = read_ids(tmp_path / "scoring" / "d.csv", "scoring/d.csv")
-    np.testing.assert_array_equal(ids, np.sort(frame[schema.TRANSACTION_ID].to_numpy()))
-    with pytest.raises(DatasetError, match=r"^training/d\.csv: missing column\(s\) \['TX_FRAUD'\]"):
-        read_ids(tmp_path / "training" / "d.csv", "training/d.csv")
-
-
 def test_check_dataset_asks_for_the_roles_its_caller_requires() -> None:
     """score publishes scoring/ days alone (required=("scoring",)); seed needs training and testing.
     A caller requiring nothing still refuses a dataset with no day at all."""
-    from workload.data.dataset import Keys, check_dataset
+    from workload.data.rules import RowHashes, check_dataset
     scoring = {"path": "scoring/2018-05-01.csv", "role": "scoring", "first": "2018-05-01", "last": "2018-05-01",
                "start": "2018-05-01T00:00:00+00:00", "end": "2018-05-01T23:00:00+00:00", "rows": 2, "frauds": 0}
-    keys = {scoring["path"]: Keys(ids=np.array([1, 2]), rows=np.array([11, 12], dtype=np.uint64))}
+    keys = {scoring["path"]: RowHashes(ids=np.array([1, 2]), rows=np.array([11, 12], dtype=np.uint64))}
     check_dataset([scoring], keys, "bank/", required=("scoring",))
     with pytest.raises(DatasetError, match=r"^bank/: no training/ files; a dataset has training/ and testing/"):
         check_dataset([scoring], keys, "bank/")
@@ -865,7 +816,7 @@ def _span(path: str, role: str, first: str, last: str | None = None) -> dict:
 def test_training_after_the_first_testing_day_is_refused_naming_the_earliest_such_day() -> None:
     """Training on the first testing day itself is not refused here (the roles' overlap rule refuses it
     when they share an instant); a training day after it is, the earliest one named, by the user's name."""
-    from workload.data.dataset import check_training_before_testing
+    from workload.data.rules import check_training_before_testing
     tests = [_span("testing/b.csv", "testing", "2018-04-09"), _span("testing/a.csv", "testing", "2018-04-07")]
     check_training_before_testing([_span("training/x.csv", "training", "2018-04-07"), *tests])
     check_training_before_testing([_span("training/only.csv", "training", "2018-05-01")])  # nothing to test on
@@ -879,7 +830,7 @@ def test_training_after_the_first_testing_day_is_refused_naming_the_earliest_suc
 
 
 def test_the_manifest_records_how_its_files_are_read_unless_as_they_are(tmp_path: Path) -> None:
-    from workload.data.dataset import save_manifest
+    from workload.data.manifest import save_manifest
     entry = _span("training/a.csv", "training", "2018-04-01")
     save_manifest(tmp_path, [entry], source="gs://bank/exports")
     assert json.loads((tmp_path / MANIFEST).read_text()) == {"source": "gs://bank/exports", "files": [entry]}
@@ -962,13 +913,13 @@ def test_ensure_features_stores_training_and_testing_days_past_history_and_scori
 
 
 def test_a_partial_renumbered_resend_is_found_whatever_its_rows_positions(tmp_path: Path, dataset_src: Path) -> None:
-    """Keys.of hashes the rows' values only: the last two thirds of a day, sent again renumbered, sit at
+    """RowHashes.of hashes the rows' values only: the last two thirds of a day, sent again renumbered, sit at
     other positions in their file than in the original and still match."""
-    from workload.data.dataset import Keys
+    from workload.data.rules import RowHashes
     original = read_transactions(dataset_src / "training" / "2018-04-03.parquet")
     part = original.iloc[len(original) // 3:].assign(TRANSACTION_ID=lambda f: f[schema.TRANSACTION_ID] + 10**9)
     part = read_transactions(_written(tmp_path / "part.parquet", part))
-    a, b = Keys.of(original), Keys.of(part)
+    a, b = RowHashes.of(original), RowHashes.of(part)
     assert len(np.intersect1d(a.rows, b.rows)) == len(part)
     assert len(a.rows) == len(original)
 
@@ -981,7 +932,7 @@ def _written(path: Path, frame: pd.DataFrame) -> Path:
 def test_an_id_in_two_files_names_them_in_manifest_order_whatever_the_ids_order() -> None:
     """Real IDs come in any order; the file listed first in the manifest is named first (a sort that
     does not keep equal IDs in their files' order would swap them: 1000 shuffled IDs show it)."""
-    from workload.data.dataset import check_unique_ids
+    from workload.data.rules import check_unique_ids
     rng = np.random.default_rng(4)  # numpy's default sort puts this duplicate's second file first
     first, second = rng.permutation(1000).astype(np.int64), (rng.permutation(1000) + 1000).astype(np.int64)
     second[-1] = first[500]
@@ -1091,14 +1042,16 @@ def test_a_bad_epoch_is_refused_naming_its_row(dataset_src: Path, value, message
 
 
 def test_a_dataset_reads_its_files_by_the_mapping_its_manifest_records(tmp_path: Path, dataset_src: Path) -> None:
-    from workload.data.dataset import Keys, describe, save_manifest
+    from workload.data.dayfile import describe
+    from workload.data.manifest import save_manifest
+    from workload.data.rules import RowHashes
     root = tmp_path / "d"
     (root / "training").mkdir(parents=True)
     bank = _bank_day(dataset_src)
     bank.to_csv(root / "training" / "d.csv", index=False)
     frame = validate(bank, "d.csv", reading=BANK)
     save_manifest(root, [describe(frame, "training/d.csv")], source=None, reading=BANK)
-    assert Keys.of(frame).ids.tolist() == frame[schema.TRANSACTION_ID].tolist()
+    assert RowHashes.of(frame).ids.tolist() == frame[schema.TRANSACTION_ID].tolist()
     data = Dataset(root)
     assert data.reading == BANK
     pd.testing.assert_frame_equal(data.transactions("training/d.csv"), frame)

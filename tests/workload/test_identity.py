@@ -13,6 +13,8 @@ import pytest
 
 from workload.data import dataset as ds
 from workload.data import featurestore, publish, simulator
+from workload.data.dayfile import DatasetError
+from workload.data.manifest import MANIFEST
 from workload.data.source import LocalSource, SourceError
 
 SPEC = simulator.SimulationSpec(customers=200, terminals=80, train_days=6, test_days=1, start_date="2018-04-01",
@@ -51,13 +53,13 @@ def test_a_source_day_changed_in_place_at_the_same_size_is_refused_by_name(folde
     root.parent.mkdir()
     publish.publish(root, LocalSource(folder))
     day = "training/2018-04-03.parquet"
-    before, manifest = (root / day).read_bytes(), (root / ds.MANIFEST).read_bytes()
+    before, manifest = (root / day).read_bytes(), (root / MANIFEST).read_bytes()
     flip_a_byte(folder / day)
-    with pytest.raises(ds.DatasetError, match=r"^training/2018-04-03\.parquet \(.*2018-04-03\.parquet\) changed "
+    with pytest.raises(DatasetError, match=r"^training/2018-04-03\.parquet \(.*2018-04-03\.parquet\) changed "
                                               r"since it was published"):
         publish.publish(root, LocalSource(folder))
     assert (root / day).read_bytes() == before
-    assert (root / ds.MANIFEST).read_bytes() == manifest
+    assert (root / MANIFEST).read_bytes() == manifest
 
 
 def test_the_same_bytes_again_are_already_on_the_share(folder: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from harness import Cluster, JobSucceeded, is_stopped, poll_claim
 from test_worker_faults import assert_exactly_once
 
 from workload.core.errors import EXIT_DEAD_LETTERS
-from workload.data.dataset import DatasetError
+from workload.data.dayfile import DatasetError
 from workload.queue.workqueue import Item
 from workload.runtime.worker import Outcome, Worker, WorkerConfig
 

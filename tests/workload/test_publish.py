@@ -23,6 +23,8 @@ from harness import HPARAMS, ROOT, Cluster, is_stopped, same_weights
 
 from workload.data import dataset as ds
 from workload.data import features, publish, schema
+from workload.data.dayfile import DatasetError, read_transactions
+from workload.data.manifest import MANIFEST, write_manifest
 from workload.data.reading import Reading
 from workload.data.source import LocalSource
 
@@ -47,7 +49,7 @@ def test_real_exports_read_exactly_as_the_canonical_files(tmp_path: Path, datase
     assert {p.suffix for p in export.glob("*/*")} == {".csv", ".parquet"}
     for original in sorted(dataset_src.glob("*/*.parquet")):
         shaped = next((export / original.parent.name).glob(f"{original.stem}.*"))
-        pd.testing.assert_frame_equal(ds.read_transactions(shaped), ds.read_transactions(original), check_exact=True)
+        pd.testing.assert_frame_equal(read_transactions(shaped), read_transactions(original), check_exact=True)
 
 
 def test_ties_in_time_are_ordered_by_transaction_id_whatever_the_file_order(tmp_path: Path, dataset_src: Path) -> None:
@@ -89,10 +91,10 @@ def test_new_days_are_appended_and_nothing_is_copied_twice(tmp_path: Path, datas
     root = tmp_path / "datasets" / "d"
     first = publish_from(folder, root)
     assert (len(first.copied), first.unchanged) == (7, 0)
-    manifest = (root / ds.MANIFEST).read_bytes()
+    manifest = (root / MANIFEST).read_bytes()
     again = publish_from(folder, root)
     assert (again.copied, again.unchanged) == ([], 7)
-    assert (root / ds.MANIFEST).read_bytes() == manifest, "an unchanged source rewrites nothing"
+    assert (root / MANIFEST).read_bytes() == manifest, "an unchanged source rewrites nothing"
 
     running = ds.Dataset(root)  # a worker's view, opened before the day arrives
     copy_files(dataset_src, folder, keep=lambda rel: rel == "training/2018-04-06.parquet")
@@ -101,7 +103,7 @@ def test_new_days_are_appended_and_nothing_is_copied_twice(tmp_path: Path, datas
     assert ds.Dataset(root).training_shards()[-1] == "training/2018-04-06.parquet"
     same_examples(running.examples(["training/2018-04-06.parquet"]),
                   ds.Dataset(dataset_src).examples(["training/2018-04-06.parquet"]))
-    recorded = json.loads((root / ds.MANIFEST).read_text())
+    recorded = json.loads((root / MANIFEST).read_text())
     assert recorded["source"] == str(folder.resolve())
     entry = next(e for e in recorded["files"] if e["path"] == "training/2018-04-06.parquet")
     assert entry["source"]["uri"] == str(folder / "training/2018-04-06.parquet")
@@ -112,16 +114,16 @@ def test_a_changed_day_is_refused_by_name_and_nothing_is_published(tmp_path: Pat
     folder = copy_files(dataset_src, tmp_path / "export", keep=lambda rel: rel != "training/2018-04-06.parquet")
     root = tmp_path / "datasets" / "d"
     publish_from(folder, root)
-    manifest = (root / ds.MANIFEST).read_bytes()
+    manifest = (root / MANIFEST).read_bytes()
     frame = pd.read_parquet(folder / DAY3)
     frame.loc[0, schema.TX_AMOUNT] += 1
     frame.to_parquet(folder / DAY3, index=False)
     copy_files(dataset_src, folder, keep=lambda rel: rel == "training/2018-04-06.parquet")  # a new day, too
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     message = str(err.value)
     assert f"{DAY3} ({folder / DAY3}) changed since it was published" in message and "immutable" in message
-    assert (root / ds.MANIFEST).read_bytes() == manifest
+    assert (root / MANIFEST).read_bytes() == manifest
     assert not (root / "training/2018-04-06.parquet").exists()
 
 
@@ -129,7 +131,7 @@ def test_another_source_for_a_published_dataset_is_refused(tmp_path: Path, datas
     root = tmp_path / "datasets" / "d"
     one, two = copy_files(dataset_src, tmp_path / "one").resolve(), copy_files(dataset_src, tmp_path / "two").resolve()
     publish_from(one, root)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(two, root)
     assert str(err.value) == (f"dataset 'd' on the share was published from {one}; refusing to feed it from {two}: a "
                               "dataset has one source. Publish this one under a new dataset name (--dataset NAME)")
@@ -147,7 +149,7 @@ def renumbered(folder: Path) -> Path:
 def test_transaction_ids_must_be_unique_across_the_dataset(tmp_path: Path, dataset_src: Path) -> None:
     folder = renumbered(copy_files(dataset_src, tmp_path / "export"))
     root = tmp_path / "datasets" / "d"
-    with pytest.raises(ds.DatasetError, match=r"TRANSACTION_ID 0 is in both .*/export/\w+/2018-04-0\d\.parquet and "
+    with pytest.raises(DatasetError, match=r"TRANSACTION_ID 0 is in both .*/export/\w+/2018-04-0\d\.parquet and "
                                               r".*/export/\w+/2018-04-0\d\.parquet; transaction IDs must be unique"):
         publish_from(folder, root)
     assert not root.exists() and list(root.parent.iterdir()) == [publish.lock_path(root)], \
@@ -161,7 +163,7 @@ def test_a_new_day_reusing_published_ids_is_refused(tmp_path: Path, dataset_src:
     day6 = pd.read_parquet(dataset_src / "training/2018-04-06.parquet")
     day6[schema.TRANSACTION_ID] -= day6[schema.TRANSACTION_ID].min()  # 0, 1, ... like the first day
     day6.to_parquet(folder / "training/2018-04-06.parquet", index=False)
-    with pytest.raises(ds.DatasetError, match=r"TRANSACTION_ID 0 is in both .*2018-04-0[16]\.parquet and"):
+    with pytest.raises(DatasetError, match=r"TRANSACTION_ID 0 is in both .*2018-04-0[16]\.parquet and"):
         publish_from(folder, root)
     assert "training/2018-04-06.parquet" not in ds.Dataset(root).training_shards()
 
@@ -171,7 +173,7 @@ def test_training_and_testing_days_must_not_overlap(tmp_path: Path, dataset_src:
     same_day = pd.read_parquet(folder / "training/2018-04-06.parquet")
     same_day[schema.TRANSACTION_ID] += 10**9  # other IDs: only the date gives it away
     same_day.to_parquet(folder / "testing/2018-04-06.parquet", index=False)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, tmp_path / "datasets" / "d")
     message = str(err.value)
     assert f"{folder}/testing/2018-04-06.parquet (testing, 2018-04-06..2018-04-06)" in message
@@ -204,7 +206,7 @@ def test_a_zero_row_day_on_the_share_is_an_item_error(tmp_path: Path, dataset_sr
     root = tmp_path / "d"
     shutil.copytree(dataset_src, root)
     pd.read_parquet(root / DAY3).iloc[:0].to_parquet(root / DAY3, index=False)
-    with pytest.raises(ds.DatasetError, match=f"{root / DAY3}: the file has no rows"):
+    with pytest.raises(DatasetError, match=f"{root / DAY3}: the file has no rows"):
         ds.Dataset(root).examples([DAY3])
 
 
@@ -242,7 +244,7 @@ def test_a_folder_laid_out_by_hand_is_not_overwritten(tmp_path: Path, dataset_sr
     root = tmp_path / "datasets" / "d"
     (root / "training").mkdir(parents=True)
     (root / "training" / "mine.parquet").write_bytes(b"someone's file")
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(copy_files(dataset_src, tmp_path / "export"), root)
     assert str(err.value) == (f"{root} is on the share without a manifest.json (not published by seed): remove it, "
                               "or publish under another dataset name (--dataset NAME)")
@@ -326,16 +328,16 @@ def test_a_day_changed_at_the_same_size_is_refused_with_what_was_published_and_w
     folder = copy_files(dataset_src, tmp_path / "export")
     root = tmp_path / "datasets" / "d"
     publish_from(folder, root)
-    (was_size, was_crc), manifest = identity(folder / DAY3), (root / ds.MANIFEST).read_bytes()
+    (was_size, was_crc), manifest = identity(folder / DAY3), (root / MANIFEST).read_bytes()
     flip_a_byte(folder / DAY3)
     now_size, now_crc = identity(folder / DAY3)
     assert now_size == was_size and now_crc != was_crc
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value) == (f"{DAY3} ({folder / DAY3}) changed since it was published ({was_size} bytes, crc32c "
                               f"{was_crc}; now {now_size} bytes, crc32c {now_crc}); published days are immutable: "
                               "restore it, or publish the changed data under a new dataset name (--dataset NAME)")
-    assert (root / ds.MANIFEST).read_bytes() == manifest
+    assert (root / MANIFEST).read_bytes() == manifest
 
 
 def test_a_refusal_of_changed_days_names_the_first_and_counts_the_others(tmp_path: Path, dataset_src: Path) -> None:
@@ -346,7 +348,7 @@ def test_a_refusal_of_changed_days_names_the_first_and_counts_the_others(tmp_pat
     for rel in (DAY3, "training/2018-04-04.parquet"):
         flip_a_byte(folder / rel)
     now = identity(folder / DAY3)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value) == (f"{DAY3} ({folder / DAY3}) changed since it was published ({was[0]} bytes, crc32c "
                               f"{was[1]}; now {now[0]} bytes, crc32c {now[1]}); published days are immutable: restore "
@@ -357,16 +359,16 @@ def test_a_refusal_of_changed_days_names_the_first_and_counts_the_others(tmp_pat
 def test_a_dataset_laid_out_by_hand_records_no_source_and_is_fed_by_none(tmp_path: Path, dataset_src: Path) -> None:
     root = tmp_path / "datasets" / "d"
     shutil.copytree(dataset_src, root)
-    ds.write_manifest(root)  # validated in place, as before sources were recorded
-    manifest = (root / ds.MANIFEST).read_bytes()
+    write_manifest(root)  # validated in place, as before sources were recorded
+    manifest = (root / MANIFEST).read_bytes()
     assert publish.recorded_source(root) is None
     folder = copy_files(dataset_src, tmp_path / "export").resolve()
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value) == (f"dataset 'd' on the share records no source (laid out by hand or an older seed); "
                               f"refusing to feed it from {folder}: a dataset has one source. Publish this one under "
                               "a new dataset name (--dataset NAME)")
-    assert (root / ds.MANIFEST).read_bytes() == manifest
+    assert (root / MANIFEST).read_bytes() == manifest
 
 
 def test_the_recorded_source_is_where_the_dataset_was_published_from(tmp_path: Path, dataset_src: Path) -> None:
@@ -395,11 +397,11 @@ def test_a_column_mapping_is_recorded_and_the_dataset_keeps_it_across_appends(tm
     (folder / DAY6).write_bytes(held)
     grown = publish.publish(root, LocalSource(folder), MAPPING)
     assert grown.copied == [DAY6]
-    assert json.loads((root / ds.MANIFEST).read_text())["reading"] == {"columns": {"amount": schema.TX_AMOUNT},
+    assert json.loads((root / MANIFEST).read_text())["reading"] == {"columns": {"amount": schema.TX_AMOUNT},
                                                                        "datetime_format": None}
     assert ds.Dataset(root).transactions(DAY6)[schema.TX_AMOUNT].sum() == pytest.approx(
         pd.read_parquet(dataset_src / DAY6)[schema.TX_AMOUNT].sum())
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish.publish(root, LocalSource(folder))
     assert str(err.value) == ("dataset 'd' on the share was published with column mapping {amount->TX_AMOUNT}, "
                               "datetime format ISO 8601; refusing column mapping {none}, datetime format ISO 8601: a "
@@ -413,7 +415,7 @@ def test_a_bad_file_is_refused_naming_the_users_file_in_process(tmp_path: Path, 
     folder = copy_files(dataset_src, tmp_path / "export")
     bad = plant(folder, case, dataset_src)
     root = tmp_path / "datasets" / "d"
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value).startswith(f"{bad}: {BAD_FILES[case][2]}"), str(err.value)
     assert list(root.parent.iterdir()) == [publish.lock_path(root)], "nothing published, no staging left"
@@ -424,7 +426,7 @@ def test_a_pickle_in_the_source_is_refused_by_the_users_name_before_anything_is_
     folder = copy_files(dataset_src, tmp_path / "export")
     (folder / "training" / "2018-04-09.pkl").write_bytes(b"cos\nsystem\n")
     root = tmp_path / "datasets" / "d"
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value) == (f"{folder / 'training' / '2018-04-09.pkl'}: .pkl files are never read (unpickling a "
                               "file from a shared volume runs arbitrary code); convert it to Parquet or CSV")
@@ -434,7 +436,7 @@ def test_a_pickle_in_the_source_is_refused_by_the_users_name_before_anything_is_
 def test_a_training_day_without_labels_is_refused_naming_the_label(tmp_path: Path, dataset_src: Path) -> None:
     folder = copy_files(dataset_src, tmp_path / "export")
     pd.read_parquet(folder / DAY3).drop(columns=[schema.TX_FRAUD]).to_parquet(folder / DAY3, index=False)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, tmp_path / "datasets" / "d")
     assert str(err.value) == (f"{folder / DAY3}: missing column(s) ['TX_FRAUD']; a day needs {list(schema.COLUMNS)} "
                               "(unlabelled days go in scoring/)")
@@ -461,7 +463,7 @@ def test_unlabelled_scoring_days_publish_and_grow_a_dataset_that_requires_no_rol
 def test_a_dataset_without_testing_days_is_refused_naming_the_source(tmp_path: Path, dataset_src: Path) -> None:
     folder = copy_files(dataset_src, tmp_path / "export", keep=lambda rel: rel.startswith("training/")).resolve()
     root = tmp_path / "datasets" / "d"
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value) == (f"{folder}: no testing/ files; a dataset has training/ and testing/ folders of Parquet "
                               "or CSV files (and optionally history/ for feature history, scoring/ for unlabelled "
@@ -478,12 +480,12 @@ def test_a_published_day_altered_on_the_share_stops_an_append_naming_the_users_f
     root = tmp_path / "datasets" / "d"
     publish_from(folder, root)
     pd.read_parquet(root / DAY3).drop(columns=[schema.TX_FRAUD]).to_parquet(root / DAY3, index=False)
-    manifest = (root / ds.MANIFEST).read_bytes()
+    manifest = (root / MANIFEST).read_bytes()
     copy_files(dataset_src, folder, keep=lambda rel: rel == DAY6)
-    with pytest.raises(ds.DatasetError) as err:
+    with pytest.raises(DatasetError) as err:
         publish_from(folder, root)
     assert str(err.value).startswith(f"{folder / DAY3}: missing column(s) ['TX_FRAUD']; "), str(err.value)
-    assert (root / ds.MANIFEST).read_bytes() == manifest and not (root / DAY6).exists()
+    assert (root / MANIFEST).read_bytes() == manifest and not (root / DAY6).exists()
 
 
 def test_columns_outside_the_schema_are_named_as_ignored(tmp_path: Path, dataset_src: Path,
@@ -527,8 +529,8 @@ def test_an_unchanged_source_publishes_nothing_and_says_nothing_of_a_publish(tmp
     folder = copy_files(dataset_src, tmp_path / "export")
     root = tmp_path / "datasets" / "d"
     first = publish_from(folder, root)
-    manifest = (root / ds.MANIFEST).stat()
-    listed = json.loads((root / ds.MANIFEST).read_text())["files"]
+    manifest = (root / MANIFEST).stat()
+    listed = json.loads((root / MANIFEST).read_text())["files"]
     assert first.source == str(folder.resolve())
     assert sorted(first.entries, key=lambda e: e["path"]) == sorted(listed, key=lambda e: e["path"])
     caplog.clear()  # the first publish's lines, captured when an earlier test left the root logger at INFO
@@ -536,7 +538,7 @@ def test_an_unchanged_source_publishes_nothing_and_says_nothing_of_a_publish(tmp
         again = publish_from(folder, root)
     assert (again.copied, again.unchanged, again.source) == ([], 8, str(folder.resolve()))
     assert sorted(again.entries, key=lambda e: e["path"]) == sorted(listed, key=lambda e: e["path"])
-    after = (root / ds.MANIFEST).stat()
+    after = (root / MANIFEST).stat()
     assert (after.st_ino, after.st_mtime_ns) == (manifest.st_ino, manifest.st_mtime_ns), "the manifest is not replaced"
     assert [line for line in publisher_lines(caplog) if "features look back" not in line] == [], \
         "nothing published, nothing gone: only the dataset's history warning"
@@ -581,7 +583,7 @@ def test_appended_days_are_moved_in_and_their_folder_flushed_before_the_manifest
     monkeypatch.setattr(os, "replace", replace)
     assert publish_from(folder, root).copied == list(late)
     moved = [events.index(("replace", root / rel)) for rel in late]
-    named = events.index(("replace", root / ds.MANIFEST))
+    named = events.index(("replace", root / MANIFEST))
     flushed = [i for i, e in enumerate(events) if e == ("fsync", ((root / "training").stat().st_ino, True))]
     assert any(max(moved) < i < named for i in flushed), f"training/ is not fsynced between the moves and the " \
                                                         f"manifest: {events}"

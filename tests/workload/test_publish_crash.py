@@ -19,6 +19,7 @@ from harness import HPARAMS, ROOT, Cluster
 
 from workload.data import dataset as ds
 from workload.data import publish
+from workload.data.manifest import MANIFEST
 from workload.data.source import LocalSource
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,7 +51,7 @@ def staging(cluster: Cluster) -> list[Path]:
 
 def published(root: Path) -> list[str]:
     """What a reader of the share sees: the days the manifest names (none if it names nothing yet)."""
-    if not (root / ds.MANIFEST).exists():
+    if not (root / MANIFEST).exists():
         return []
     return sorted(e["path"] for e in ds.Dataset(root).files)
 
@@ -94,7 +95,7 @@ def test_a_seed_killed_while_appending_days(cluster: Cluster, dataset_src: Path,
     folder = user_folder(dataset_src, tmp_path / "export", lambda rel: rel not in HELD_BACK)
     assert seed(cluster, folder).returncode == 0
     root = cluster.share / "datasets" / "fraud"
-    before, manifest = published(root), (root / ds.MANIFEST).read_bytes()
+    before, manifest = published(root), (root / MANIFEST).read_bytes()
     reader = ds.Dataset(root)  # a worker that opened the dataset before the append
     user_folder(dataset_src, folder, lambda rel: rel in HELD_BACK)
     days = sorted([*before, *HELD_BACK])
@@ -103,7 +104,7 @@ def test_a_seed_killed_while_appending_days(cluster: Cluster, dataset_src: Path,
     if point == "published":
         assert published(root) == days
     else:
-        assert published(root) == before and (root / ds.MANIFEST).read_bytes() == manifest
+        assert published(root) == before and (root / MANIFEST).read_bytes() == manifest
         moved = {"staged": 0, "day-moved:1": 1, "day-moved:2": 2, "mid-write:1": 2}[point]
         assert sum((root / rel).exists() for rel in HELD_BACK) == moved  # on the share, named by nothing
     assert len(staging(cluster)) == 1, "the killed seeder's staging folder is left for the next to judge"

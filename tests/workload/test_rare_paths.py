@@ -21,6 +21,7 @@ from trained import DATASET, DAYS, Trained
 from workload import cli
 from workload.data import dataset as ds
 from workload.data import featurestore, publish, schema
+from workload.data.manifest import MANIFEST
 from workload.data.source import LocalSource
 from workload.model.export import HEADER_KEY, MODEL_FILE
 from workload.model.trainer import Trainer
@@ -100,7 +101,7 @@ def test_score_days_all_scores_every_training_and_testing_day(exported: Path, tm
     both = scored.merge(pd.read_parquet(testing), on=schema.TRANSACTION_ID, suffixes=("_all", "_testing"))
     assert len(both) == len(ids_of(folder, "testing"))
     np.testing.assert_allclose(both["score_all"], both["score_testing"], rtol=1e-5)
-    assert not (folder / ds.MANIFEST).exists()
+    assert not (folder / MANIFEST).exists()
 
 
 def test_files_nested_deeper_than_a_role_folder_are_ignored_and_named(tmp_path: Path,

@@ -25,7 +25,9 @@ import pandas as pd
 import pytest
 
 from workload.data import schema
-from workload.data.dataset import MANIFEST, Dataset, DatasetError, check_suffix, read_transactions
+from workload.data.dataset import Dataset
+from workload.data.dayfile import DatasetError, check_suffix, read_transactions
+from workload.data.manifest import MANIFEST
 from workload.queue.workqueue import Item, MalformedItem, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
 

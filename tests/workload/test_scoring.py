@@ -17,7 +17,10 @@ from exports import BANK_COLUMNS, bank_export, copy_files, write_mapping
 from workload import cli
 from workload.data import dataset as ds
 from workload.data import features, publish, schema
+from workload.data.dayfile import read_transactions
+from workload.data.manifest import read_manifest
 from workload.data.reading import Reading
+from workload.data.rules import history_shortfall
 from workload.data.source import LocalSource
 from workload.model.export import MODEL_FILE, model_bytes
 from workload.model.hparams import HParams
@@ -103,7 +106,7 @@ def test_a_scoring_day_appended_on_the_share_scores_in_place_and_per_day(model: 
     bank_export(dataset_src, folder, keep=lambda rel: rel == TOMORROW, role_of=tomorrow_as_scoring, label="absent")
     grown = publish.publish(root, LocalSource(folder), reading)
     assert grown.copied == ["scoring/2018-04-08.csv"], "tomorrow is appended like any new day"
-    manifest = ds.read_manifest(root)
+    manifest = read_manifest(root)
     entry = next(e for e in manifest["files"] if e["role"] == "scoring")
     assert (entry["frauds"], entry["rows"]) == (0, len(expected))
     assert manifest["reading"]["columns"] == BANK_COLUMNS, "the mapping is part of the dataset on the share"
@@ -170,7 +173,7 @@ def test_score_warnings_name_the_users_folder_never_the_staging_copy(model: Path
     code, err = run(capsys, "score", "--model", str(model), "--datasets", str(folder), "--days", "testing",
                     "--out", str(tmp_path / "s.parquet"))
     assert code == 0, err
-    shortfall = ds.history_shortfall(ds.Dataset(dataset_src).files)
+    shortfall = history_shortfall(ds.Dataset(dataset_src).files)
     assert shortfall and shortfall.endswith("put earlier days in history/ to give them full history")
     assert said(err, "WARNING", publish.__name__) == [f"{folder}: {shortfall}"]
 
@@ -215,7 +218,7 @@ def test_an_unlabelled_days_features_read_every_earlier_day_with_the_label_delay
     labels unknown (zero). What `score` writes for tomorrow is that, bit for bit."""
     from workload.model.export import load_model
 
-    frames = [ds.read_transactions(p) for p in sorted(dataset_src.glob("*/*.parquet"))]
+    frames = [read_transactions(p) for p in sorted(dataset_src.glob("*/*.parquet"))]
     everything = pd.concat(frames).sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], ignore_index=True)
     tomorrow = everything[schema.TRANSACTION_ID].isin(pd.read_parquet(dataset_src / TOMORROW)[schema.TRANSACTION_ID])
     everything.loc[tomorrow, schema.TX_FRAUD] = 0
@@ -248,7 +251,7 @@ def expected_figures(scored: pd.DataFrame, src: Path) -> dict[str, float]:
     """`metrics.evaluate` of the written scores against the day files' labels, days and cards."""
     from workload.model import metrics
 
-    truth = pd.concat(ds.read_transactions(p) for p in sorted(src.glob("*/*.parquet")))
+    truth = pd.concat(read_transactions(p) for p in sorted(src.glob("*/*.parquet")))
     rows = scored.merge(truth[[schema.TRANSACTION_ID, schema.TX_FRAUD, schema.CUSTOMER_ID]], on=schema.TRANSACTION_ID,
                         how="left", validate="one_to_one")
     return metrics.evaluate(rows["score"].to_numpy(), rows[schema.TX_FRAUD].to_numpy(),
@@ -316,7 +319,7 @@ def test_a_model_with_alert_rules_adds_a_boolean_column_per_rule(model: Path, da
     assert code == 0, err
     plain = pd.read_parquet(tmp_path / "plain.parquet")
     assert list(plain.columns) == OUT_COLUMNS, "a model without alert rules: no alert columns"
-    truth = pd.concat(ds.read_transactions(p) for p in sorted((dataset_src / "testing").glob("*.parquet")))
+    truth = pd.concat(read_transactions(p) for p in sorted((dataset_src / "testing").glob("*.parquet")))
     rows = plain.merge(truth, on=schema.TRANSACTION_ID, suffixes=("", "_truth"))
     alerts = metrics.alert_thresholds(rows["score"].to_numpy(), rows[schema.TX_FRAUD].to_numpy(),
                                       rows[schema.TX_DATETIME].dt.tz_convert(None).to_numpy(),

@@ -37,6 +37,8 @@ from workload.core import faults
 from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED, ItemFault, NonFinite
 from workload.data import dataset as ds
 from workload.data import features, simulator
+from workload.data.dayfile import DatasetError
+from workload.data.manifest import write_manifest
 from workload.model import metrics, plots
 from workload.model.hparams import HParams
 from workload.model.report import rendered_from as report_source
@@ -66,7 +68,7 @@ def _small_dataset() -> Path:
     """Three training days and one test day, features stored as seed stores them."""
     root = Path(_TMP.name) / "fraud"
     simulator.generate(root, SPEC)
-    ds.write_manifest(root)
+    write_manifest(root)
     ds.Dataset(root).ensure_features()
     return root
 
@@ -596,11 +598,11 @@ def test_a_dataset_folder_that_leads_outside_the_share_is_refused(env: Share, tm
     shutil.copytree(env.src, outside)
     (env.share / "datasets" / "sneaky").symlink_to(outside)
     worker = Worker(env.config(), env.client_queue())
-    with pytest.raises(ds.DatasetError, match=r"^dataset name 'sneaky' is not a folder name under "):
+    with pytest.raises(DatasetError, match=r"^dataset name 'sneaky' is not a folder name under "):
         worker.dataset("sneaky")
     assert worker.dataset("fraud") is worker.dataset("fraud"), "a dataset is opened once"
     for name in ("..", "a/b", ""):
-        with pytest.raises(ds.DatasetError, match=rf"^dataset {name!r} is not allowed: use "):
+        with pytest.raises(DatasetError, match=rf"^dataset {name!r} is not allowed: use "):
             worker.dataset(name)
 
 
@@ -964,7 +966,7 @@ def test_a_backfilled_day_rewinds_the_run_to_the_boundary_before_it_and_applies_
     late = target / DAYS[1]
     held = late.read_bytes()
     late.unlink()
-    ds.write_manifest(target)
+    write_manifest(target)
     ds.Dataset(target).ensure_features()
     queue = env.seed()
     worker = Worker(env.config(), queue)
@@ -973,7 +975,7 @@ def test_a_backfilled_day_rewinds_the_run_to_the_boundary_before_it_and_applies_
     assert env.state()["applied"] == [DAYS[0], DAYS[2]]
     boundary = env.state()["history"][0]["checkpoint"]
     late.write_bytes(held)
-    ds.write_manifest(target)
+    write_manifest(target)
     ds.Dataset(target).ensure_features()
     queue.enqueue(plan.items(env.share))
     assert (queue.counts().pending, queue.counts().done) == (1, 2)
@@ -999,13 +1001,13 @@ def test_a_day_before_every_applied_one_rewinds_to_a_cold_start(env: Share) -> N
     first = target / DAYS[0]
     held = first.read_bytes()
     first.unlink()
-    ds.write_manifest(target)
+    write_manifest(target)
     ds.Dataset(target).ensure_features()
     queue = env.seed()
     worker = Worker(env.config(), queue)
     assert worker.run() == EXIT_DONE
     first.write_bytes(held)
-    ds.write_manifest(target)
+    write_manifest(target)
     ds.Dataset(target).ensure_features()
     queue.enqueue(plan.items(env.share))
     assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
@@ -1023,12 +1025,12 @@ def withhold(env: Share, days: list[str], spec: simulator.SimulationSpec = SPEC)
     held = {day: (target / day).read_bytes() for day in days}
     for day in days:
         (target / day).unlink()
-    ds.write_manifest(target)
+    write_manifest(target)
     ds.Dataset(target).ensure_features()
 
     def publish(day: str) -> None:
         (target / day).write_bytes(held.pop(day))
-        ds.write_manifest(target)
+        write_manifest(target)
         ds.Dataset(target).ensure_features()
 
     return publish

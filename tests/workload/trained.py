@@ -10,6 +10,7 @@ from pathlib import Path
 
 from workload.data import dataset as ds
 from workload.data import simulator
+from workload.data.manifest import write_manifest
 from workload.queue import plan
 from workload.queue.workqueue import WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
@@ -26,7 +27,7 @@ _TMP = tempfile.TemporaryDirectory(prefix="trained-")
 def _dataset() -> Path:
     root = Path(_TMP.name) / "fraud"
     simulator.generate(root, SPEC)
-    ds.write_manifest(root)
+    write_manifest(root)
     ds.Dataset(root).ensure_features()
     return root
 

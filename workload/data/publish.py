@@ -35,8 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from workload.core import faults
-from workload.data import dataset as ds
+from workload.data.dayfile import (
+    REQUIRED_ROLES,
+    DatasetError,
+    check_suffix,
+    describe,
+    labelled,
+    read_transactions,
+    source_name,
+)
+from workload.data.manifest import MANIFEST, manifest_reading, read_manifest, save_manifest
 from workload.data.reading import AS_IS, Reading
+from workload.data.rules import RowHashes, check_dataset, history_shortfall
 from workload.data.source import Source, SourceFile
 from workload.share.fsutil import FILE_MODE, fsync_dir
 
@@ -56,23 +66,23 @@ class Outcome:
 
 def recorded_source(root: Path) -> str | None:
     """The source a published dataset records; None if the dataset is absent or records none."""
-    if not (root / ds.MANIFEST).exists():
+    if not (root / MANIFEST).exists():
         return None
-    return ds.read_manifest(root).get("source")
+    return read_manifest(root).get("source")
 
 
 def check_source(root: Path, manifest: dict[str, Any], uri: str, reading: Reading = AS_IS) -> None:
     """The same source, read the same way, as the dataset was published from; DatasetError otherwise."""
     recorded = manifest.get("source")
     if recorded == uri:
-        was = ds.manifest_reading(manifest)
+        was = manifest_reading(manifest)
         if was == reading:
             return
-        raise ds.DatasetError(f"dataset {root.name!r} on the share was published with {was.describe()}; refusing "
+        raise DatasetError(f"dataset {root.name!r} on the share was published with {was.describe()}; refusing "
                               f"{reading.describe()}: a changed mapping or date format is a new dataset. Publish it "
                               "under a new dataset name (--dataset NAME)")
     seen = f"was published from {recorded}" if recorded else "records no source (laid out by hand or an older seed)"
-    raise ds.DatasetError(f"dataset {root.name!r} on the share {seen}; refusing to feed it from {uri}: a dataset "
+    raise DatasetError(f"dataset {root.name!r} on the share {seen}; refusing to feed it from {uri}: a dataset "
                           "has one source. Publish this one under a new dataset name (--dataset NAME)")
 
 
@@ -84,7 +94,7 @@ def _changed(f: SourceFile, entry: dict[str, Any]) -> str:
 
 
 def publish(root: Path, src: Source, reading: Reading = AS_IS,
-            required: tuple[str, ...] = ds.REQUIRED_ROLES, called: str | None = None) -> Outcome:
+            required: tuple[str, ...] = REQUIRED_ROLES, called: str | None = None) -> Outcome:
     """Bring the dataset at `root` up to date with `src`, its files read through `reading`: copy
     what is new, refuse what changed. `required`: the roles the dataset must have (score needs none).
     `called`: what its warnings call the dataset, "dataset <name>" unless given (score's copy is a
@@ -120,10 +130,10 @@ def _publishing(root: Path) -> Iterator[None]:
 
 
 def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...], called: str) -> Outcome:
-    manifest = ds.read_manifest(root) if (root / ds.MANIFEST).exists() else None
+    manifest = read_manifest(root) if (root / MANIFEST).exists() else None
     if manifest is None and root.exists():
         if any(root.iterdir()):
-            raise ds.DatasetError(f"{root} is on the share without a {ds.MANIFEST} (not published by seed): "
+            raise DatasetError(f"{root} is on the share without a {MANIFEST} (not published by seed): "
                                   "remove it, or publish under another dataset name (--dataset NAME)")
         root.rmdir()
     if manifest is not None:
@@ -131,11 +141,11 @@ def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...
     published = {e["path"]: e for e in (manifest or {"files": []})["files"]}
     listed = src.files()
     for f in listed:
-        ds.check_suffix(f.rel, f.uri)  # pickle is refused before a byte is copied
+        check_suffix(f.rel, f.uri)  # pickle is refused before a byte is copied
     changed = [f for f in listed if f.rel in published and not f.same_content(published[f.rel].get("source") or {})]
     if changed:
         more = f" (and {len(changed) - 1} more changed file(s))" if len(changed) > 1 else ""
-        raise ds.DatasetError(_changed(changed[0], published[changed[0].rel]) + more)
+        raise DatasetError(_changed(changed[0], published[changed[0].rel]) + more)
     gone = sorted(set(published) - {f.rel for f in listed})
     if gone and manifest is not None:
         log.warning("%s: %d published file(s) are no longer in the source and stay on the share (days are "
@@ -144,7 +154,7 @@ def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...
     entries = list(published.values())
     if new or manifest is None:
         entries = _add(root, src, new, manifest is None, entries, reading, required)
-    warning = ds.history_shortfall(entries)
+    warning = history_shortfall(entries)
     if warning:
         log.warning("%s: %s", called, warning)
     return Outcome(root=root, source=src.uri, copied=[f.rel for f in new], unchanged=len(listed) - len(new),
@@ -161,21 +171,21 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
         for f in new:
             dest = staging / f.rel
             src.fetch(f, dest)
-            frame = ds.read_transactions(dest, f.uri, reading, ds.labelled(f.rel))
-            added.append({**ds.describe(frame, f.rel), "source": f.identity()})
-            keys[f.rel] = ds.Keys.of(frame)
+            frame = read_transactions(dest, f.uri, reading, labelled(f.rel))
+            added.append({**describe(frame, f.rel), "source": f.identity()})
+            keys[f.rel] = RowHashes.of(frame)
             ignored.update(frame.attrs.get("ignored", ()))
         if ignored:
             log.info("%s: ignored column(s): %s (not in the schema: never features)", src.uri,
                      ", ".join(sorted(ignored)))
         for entry in published:  # a re-sent day is found against every day, so each is read again
             rel = entry["path"]
-            keys[rel] = ds.Keys.of(ds.read_transactions(root / rel, ds.source_name(entry), reading, ds.labelled(rel)))
+            keys[rel] = RowHashes.of(read_transactions(root / rel, source_name(entry), reading, labelled(rel)))
         entries = published + added
-        ds.check_dataset(entries, keys, src.uri, required)
+        check_dataset(entries, keys, src.uri, required)
         faults.point("staged")
         if first:
-            ds.save_manifest(staging, entries, src.uri, reading)
+            save_manifest(staging, entries, src.uri, reading)
             os.rename(staging, root)  # the whole dataset appears at once
             fsync_dir(root.parent)
             faults.point("published")
@@ -186,7 +196,7 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
                 faults.point("day-moved")
             for role in {f.rel.split("/")[0] for f in new}:
                 fsync_dir(root / role)
-            ds.save_manifest(root, entries, src.uri, reading)
+            save_manifest(root, entries, src.uri, reading)
             faults.point("published")
         _log_added(root, src.uri, added, first)
         return entries

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import google_crc32c
 
-from workload.data.dataset import ROLES, one_line
+from workload.data.dayfile import ROLES, one_line
 
 log = logging.getLogger(__name__)
 

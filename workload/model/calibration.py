@@ -21,6 +21,7 @@ import pandas as pd
 
 from workload.data import dataset as ds
 from workload.data import features
+from workload.data.dayfile import TESTING
 from workload.model import metrics
 
 CALIBRATION_DAYS = 7
@@ -82,7 +83,7 @@ def eligible_days(data: ds.Dataset, applied: list[str]) -> list[str]:
     """The newest `CALIBRATION_DAYS` of `applied` whose last transaction is at least the label delay
     before the first test transaction (all of them when the dataset has no test day), oldest first.
     The cutoff alone keeps every test day out: a test day ends after the first test transaction."""
-    tests = [pd.Timestamp(f["first"]) for f in data.files if f["role"] == ds.TESTING]
+    tests = [pd.Timestamp(f["first"]) for f in data.files if f["role"] == TESTING]
     cutoff = min(tests) - pd.Timedelta(seconds=features.LABEL_DELAY_SECONDS) if tests else None
     entries = [data.entry(rel) for rel in dict.fromkeys(applied)]
     usable = [e for e in entries if cutoff is None or pd.Timestamp(e["last"]) <= cutoff]

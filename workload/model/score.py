@@ -31,6 +31,8 @@ import torch
 
 from workload.data import dataset as ds
 from workload.data import features, publish, schema, source
+from workload.data.dayfile import SCORING, TESTING, TRAINING, one_line
+from workload.data.manifest import MANIFEST
 from workload.data.reading import AS_IS, Reading
 from workload.model import metrics, report
 from workload.model.export import load_model
@@ -40,7 +42,7 @@ from workload.share.fsutil import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
-DAYS = {"scoring": (ds.SCORING,), "testing": (ds.TESTING,), "all": (ds.TRAINING, ds.TESTING, ds.SCORING)}
+DAYS = {"scoring": (SCORING,), "testing": (TESTING,), "all": (TRAINING, TESTING, SCORING)}
 SCORE, RANK = "score", "rank"
 
 
@@ -109,7 +111,7 @@ def open_dataset(src: str, tmp: Path, reading: Reading) -> ds.Dataset:
     """The dataset at `src`: read in place when it is one on the share (it has a manifest), else
     published from the folder or bucket into `tmp` by `seed`'s code (the user's folder is never
     written to); errors name the user's files, never `tmp`."""
-    if not src.startswith(source.GS) and (Path(src) / ds.MANIFEST).is_file():
+    if not src.startswith(source.GS) and (Path(src) / MANIFEST).is_file():
         data = ds.Dataset(Path(src))
         if reading != AS_IS and reading != data.reading:
             raise ScoreError(f"--datasets {src}: a dataset on the share is read as published "
@@ -186,7 +188,7 @@ def _upload(uri: str, data: bytes) -> None:
         raise ScoreError(f"--out {uri}: Cloud Storage refused it ({type(exc).__name__}: "
                          f"{getattr(exc, 'message', exc)}); the scorer needs objectCreator on that prefix") from None
     except Exception as exc:  # noqa: BLE001 - network, service: the bucket is unreachable, not the input wrong
-        raise OutputUnreachable(f"--out {uri}: cannot upload ({type(exc).__name__}: {ds.one_line(exc)})") from None
+        raise OutputUnreachable(f"--out {uri}: cannot upload ({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def score_dataset(model: Path, src: str, out: str, days: str = "scoring", reading: Reading = AS_IS) -> dict[str, float]:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workload.data.dataset import MANIFEST, Dataset
+from workload.data.dataset import Dataset
+from workload.data.manifest import MANIFEST
 from workload.queue.workqueue import Item, WorkQueue
 from workload.share.fsutil import FILE_MODE, fsync_dir
 from workload.share.paths import check_name, runs_dir, share_paths

@@ -30,7 +30,8 @@ from workload.core.errors import (
     describe,
     is_infra,
 )
-from workload.data.dataset import Dataset, DatasetError
+from workload.data.dataset import Dataset
+from workload.data.dayfile import DatasetError
 from workload.model.trainer import HParams
 from workload.queue import plan
 from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue

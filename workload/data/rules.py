@@ -1,0 +1,158 @@
+"""The rules that span the files of one dataset: transaction IDs unique across all files, no day
+re-sent under new IDs, roles apart in time, training before testing, how much history the features get.
+
+``seed`` and ``score`` check them (through ``workload.data.publish``) before a day is published."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workload.data import features, schema
+from workload.data.dayfile import (
+    HISTORY,
+    REQUIRED_ROLES,
+    ROLES,
+    SCORING,
+    TESTING,
+    TRAINING,
+    DatasetError,
+    source_name,
+)
+
+# Rows of one day repeating another day's (same card, terminal, second and amount) under new IDs: a
+# re-sent day. This share of the smaller day's rows (and at least this many) is no coincidence.
+RESENT_SHARE, RESENT_MIN_ROWS = 0.5, 20
+_ROW_KEY = (schema.CUSTOMER_ID, schema.TERMINAL_ID, schema.TX_DATETIME, schema.TX_AMOUNT)
+
+
+@dataclass(frozen=True)
+class RowHashes:
+    """What the rules spanning a dataset need of one file: its IDs, and a hash of each row's card,
+    terminal, second and amount (a re-sent day repeats those under new IDs)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame) -> RowHashes:
+        rows = pd.util.hash_pandas_object(frame[list(_ROW_KEY)], index=False).to_numpy()
+        return cls(ids=frame[schema.TRANSACTION_ID].to_numpy(), rows=np.unique(rows))
+
+
+def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: dict[str, int]) -> None:
+    """No day repeats another day's transactions under new IDs (an export re-sent, renumbered): it
+    would be trained on twice, or tested on after training. A handful of equal rows is coincidence.
+
+    A row in several files counts for every pair of them (a day sent three times, or a re-sent day
+    that another day partly repeats, is still measured against each file it repeats)."""
+    if len(rows) < 2:
+        return
+    rels = list(rows)
+    values = np.concatenate([rows[r] for r in rels])
+    owner = np.repeat(np.arange(len(rels)), [len(rows[r]) for r in rels])
+    order = np.lexsort((owner, values))  # equal rows together, their files in manifest order
+    v, o = values[order], owner[order]
+    starts = np.flatnonzero(np.r_[True, v[1:] != v[:-1]])
+    lengths = np.diff(np.r_[starts, len(v)])
+    earlier, later = [], []
+    for length in np.unique(lengths[lengths > 1]):  # rows in `length` files: each pair of those files
+        files = o[starts[lengths == length][:, None] + np.arange(length)]
+        i, j = np.triu_indices(length, 1)
+        earlier.append(files[:, i].ravel())
+        later.append(files[:, j].ravel())
+    if not earlier:
+        return
+    pairs, counts = np.unique(np.stack([np.concatenate(earlier), np.concatenate(later)]), axis=1,
+                              return_counts=True)
+    for (a, b), n in zip(pairs.T, counts, strict=True):
+        smaller = min(sizes[rels[a]], sizes[rels[b]])
+        if n >= max(RESENT_MIN_ROWS, RESENT_SHARE * smaller):
+            raise DatasetError(f"{names[rels[b]]} repeats {n} transactions of {names[rels[a]]} (same card, terminal, "
+                               "time and amount) under other transaction IDs: a day sent twice would be learned "
+                               "twice; remove one of them")
+
+
+def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str]) -> None:
+    """Transaction IDs unique across the whole dataset: a duplicate would be trained on twice, or
+    tested on after training, and dropping one silently loses a row. Names the two files."""
+    if not ids:
+        return
+    rels = list(ids)
+    values = np.concatenate([ids[r] for r in rels])
+    owner = np.repeat(np.arange(len(rels)), [len(ids[r]) for r in rels])
+    order = np.argsort(values, kind="stable")
+    same = np.flatnonzero(np.diff(values[order]) == 0)
+    if len(same):
+        a, b = order[same[0]], order[same[0] + 1]
+        raise DatasetError(f"{schema.TRANSACTION_ID} {values[a]} is in both {names[rels[owner[a]]]} and "
+                           f"{names[rels[owner[b]]]}; transaction IDs must be unique across the dataset")
+
+
+def check_roles_apart(entries: list[dict[str, Any]]) -> None:
+    """No instant belongs to two roles: a day both trained on (or used as history) and evaluated
+    would score the model on what it saw. Files of different roles must not overlap in time."""
+    spans = sorted(((pd.Timestamp(e["start"]), pd.Timestamp(e["end"]), e) for e in entries if "start" in e),
+                   key=lambda s: (s[0], s[1]))
+    for i, (_, end, a) in enumerate(spans):
+        for other_start, _, b in spans[i + 1:]:
+            if other_start > end:
+                break
+            if a["role"] != b["role"]:
+                raise DatasetError(
+                    f"{source_name(b)} ({b['role']}, {b['first']}..{b['last']}) overlaps {source_name(a)} "
+                    f"({a['role']}, {a['first']}..{a['last']}) in time; a day is history, training, "
+                    "testing or scoring, never two of them")
+
+
+def check_layout(entries: list[dict[str, Any]], where: str, required: tuple[str, ...] = REQUIRED_ROLES) -> None:
+    for role in required:
+        if not any(e["role"] == role for e in entries):
+            raise DatasetError(f"{where}: no {role}/ files; a dataset has {TRAINING}/ and {TESTING}/ folders of "
+                               f"Parquet or CSV files (and optionally {HISTORY}/ for feature history, {SCORING}/ for "
+                               "unlabelled days to score)")
+    if not entries:
+        raise DatasetError(f"{where}: no day files in {'/, '.join(ROLES)}/")
+
+
+def history_shortfall(entries: list[dict[str, Any]]) -> str | None:
+    """A warning when the first training or test days' feature windows reach before the first day
+    the dataset has; None when every one gets its full LOOKBACK_DAYS."""
+    if not entries:
+        return None
+    first_available = min(pd.Timestamp(e["first"]) for e in entries)
+    targets = sorted(pd.Timestamp(e["first"]) for e in entries if e["role"] in (TRAINING, TESTING))
+    want = features.LOOKBACK_DAYS
+    short = [t for t in targets if (t - first_available).days < want]
+    if not short:
+        return None
+    have = (targets[0] - first_available).days
+    return (f"features look back {want} days (features.LOOKBACK_DAYS), but the first training/test day "
+            f"{targets[0].date()} has {have} day(s) of history before it: {len(short)} training/test file(s) "
+            f"get shortened feature windows; put earlier days in {HISTORY}/ to give them full history")
+
+
+def check_training_before_testing(entries: list[dict[str, Any]]) -> None:
+    """No training day after the first testing day: its features and labels would carry what
+    happened during the test period into the model that is tested on it."""
+    tests = [e["first"] for e in entries if e["role"] == TESTING]
+    late = sorted((e for e in entries if e["role"] == TRAINING and tests and e["first"] > min(tests)),
+                  key=lambda e: e["first"])
+    if late:
+        raise DatasetError(f"{source_name(late[0])} ({late[0]['first']}) is after the first testing day {min(tests)}: "
+                           "features and labels from after the test period would leak into training")
+
+
+def check_dataset(entries: list[dict[str, Any]], keys: dict[str, RowHashes], where: str,
+                  required: tuple[str, ...] = REQUIRED_ROLES) -> None:
+    """Every rule that spans the files of one dataset."""
+    check_layout(entries, where, required)
+    check_roles_apart(entries)
+    check_training_before_testing(entries)
+    names = {e["path"]: source_name(e) for e in entries}
+    check_unique_ids({rel: k.ids for rel, k in keys.items()}, names)
+    check_not_resent({e["path"]: keys[e["path"]].rows for e in entries if e["path"] in keys}, names,
+                     {e["path"]: e["rows"] for e in entries})
