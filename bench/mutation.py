@@ -154,9 +154,9 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "trainer",
-        ("workload/model/trainer.py",),
+        ("workload/model/trainer.py", "workload/model/lineage.py"),
         ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py", "tests/model/test_first_days.py",
-         "tests/model/test_window.py"),
+         "tests/model/test_window.py", "tests/workload/test_lineage.py"),
         cpu_minutes=4.4,
     ),
     # Which days calibrate a model, and the fit: one module-scoped fixture trains a run on simulated days

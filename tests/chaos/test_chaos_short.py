@@ -54,11 +54,11 @@ def test_the_verifier_catches_lost_duplicated_leased_and_drifted(tmp_path: Path)
 
         store = CheckpointStore(cluster.share / "output" / "run0")
         twice = {**copy.deepcopy(clean), "applied": [*clean["applied"], clean["applied"][0]]}
-        store.save(twice, path=store.next_path(999), may_promote=lambda: True)
+        store.save(twice, path=store.next_path(999), may_promote=lambda: True, boundary=True)
         problems = verify(cluster, {"run0": clean}, {})
         assert any("more than once" in v for v in problems), problems
         lost = {**copy.deepcopy(clean), "applied": clean["applied"][1:]}
-        store.save(lost, path=store.next_path(1000), may_promote=lambda: True)
+        store.save(lost, path=store.next_path(1000), may_promote=lambda: True, boundary=True)
         assert any("never applied" in v for v in verify(cluster, {"run0": clean}, {}))
 
         queue = cluster.queue()

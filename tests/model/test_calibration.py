@@ -20,6 +20,7 @@ from workload.data.manifest import write_manifest
 from workload.model import calibration, metrics, report
 from workload.model.export import MODEL_FILE
 from workload.model.hparams import HParams
+from workload.model.lineage import LineageState, checkpoint_of, trainer_from
 from workload.model.trainer import Trainer
 from workload.share.checkpoint import CheckpointStore
 from workload.share.paths import share_paths
@@ -60,9 +61,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trainer, di
     _, output = share_paths(share)
     store = CheckpointStore(output / "cal")
     assert store.fence(1)
-    state = trainer.state_dict()
-    assert store.save(state, path=store.next_path(1), may_promote=lambda: True) is not None
-    report.write(output / "cal", state, None, draw=False)
+    state = checkpoint_of(trainer)
+    assert store.save(state, path=store.next_path(1), may_promote=lambda: True, boundary=True) is not None
+    report.write(output / "cal", LineageState.read(state), None, draw=False)
     return share, trainer, state
 
 
@@ -127,17 +128,17 @@ def test_calibration_sees_no_test_day_and_no_label_younger_than_the_delay(traine
 
 
 def test_a_format_2_checkpoint_loads_uncalibrated_and_an_older_one_is_refused_in_one_line() -> None:
-    state = Trainer("old", HParams(hidden=(4,)), ("a", "b"), torch.device("cpu")).state_dict()
+    state = checkpoint_of(Trainer("old", HParams(hidden=(4,)), ("a", "b"), torch.device("cpu")))
     del state["calibration"]
     state["format"] = 2
-    old = Trainer.from_state(state, torch.device("cpu"))
+    old = trainer_from(state, torch.device("cpu"))
     assert (float(old.calibration["scale"]), float(old.calibration["shift"])) == (1.0, 0.0)
     x = np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32)
     np.testing.assert_array_equal(old.score(x), old.score(x, calibrated=False))
     state["format"] = 1
     with pytest.raises(ValueError, match=r"^checkpoint format 1 is not supported \(readable: 2, 3, 4, 5\); start a new "
                                          r"run with this code version$"):
-        Trainer.from_state(state, torch.device("cpu"))
+        trainer_from(state, torch.device("cpu"))
 
 
 # fit_platt, eligible_days and assess on small inputs (no training): the fit is the minimum of the log-loss of

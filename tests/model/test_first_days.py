@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from workload.model.hparams import HParams
+from workload.model.lineage import checkpoint_of, trainer_from
 from workload.model.trainer import MAX_EPOCH_FACTOR, Trainer
 
 FEATURES = ("a", "b", "c")
@@ -53,7 +54,7 @@ def test_a_resumed_first_day_trains_the_same_epochs_bit_for_bit(stop_after: int)
     first.begin_shard("d0", x)
     left = iter(range(stop_after - 1, -1, -1))
     assert not first.train_shard(x, y, lambda: next(left) > 0)
-    resumed = Trainer.from_state(first.state_dict(), torch.device("cpu"))
+    resumed = trainer_from(checkpoint_of(first), torch.device("cpu"))
     resumed.begin_shard("d0", x)
     assert resumed.train_shard(x, y, lambda: True)
     assert resumed.steps == whole.steps == 32

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from workload.model.hparams import HParams
-from workload.model.trainer import FORMAT, Trainer
+from workload.model.lineage import FORMAT, checkpoint_of, trainer_from
+from workload.model.trainer import Trainer
 
 FEATURES = ("a", "b", "c")
 
@@ -61,13 +62,13 @@ def test_a_checkpoint_from_before_the_window_goes_on_training_each_day_alone() -
     """Format 3 had no window: its lineage keeps window_days 1 instead of taking today's default, and a
     checkpoint written now records the window it trains with."""
     trainer = Trainer("r", HParams(hidden=(4,)), FEATURES, torch.device("cpu"))
-    state = trainer.state_dict()
+    state = checkpoint_of(trainer)
     assert state["format"] == FORMAT == 5 and state["hparams"]["window_days"] == HParams().window_days == 14
     old = {**state, "format": 3,
            "hparams": {k: v for k, v in state["hparams"].items() if k not in ("window_days", "full_window_days")}}
-    assert (Trainer.from_state(old, torch.device("cpu")).hp.window_days,
-            Trainer.from_state(old, torch.device("cpu")).hp.full_window_days) == (1, 0)
-    assert Trainer.from_state(state, torch.device("cpu")).hp.window_days == 14
+    assert (trainer_from(old, torch.device("cpu")).hp.window_days,
+            trainer_from(old, torch.device("cpu")).hp.full_window_days) == (1, 0)
+    assert trainer_from(state, torch.device("cpu")).hp.window_days == 14
 
 
 def test_a_windows_epochs_drop_once_it_holds_more_than_full_window_days() -> None:
@@ -101,9 +102,9 @@ def test_a_day_begins_with_its_windows_epochs_and_a_format_4_lineage_keeps_epoch
         assert trainer.train_shard(x, y, lambda: True)
         trainer.finish_shard({})
     assert epochs == [4, 2, 2, 2]  # windows of 1, 2, 3 and 3 days
-    state = trainer.state_dict()
+    state = checkpoint_of(trainer)
     old = {**state, "format": 4, "hparams": {k: v for k, v in state["hparams"].items() if k != "full_window_days"}}
-    lineage = Trainer.from_state(old, torch.device("cpu"))
+    lineage = trainer_from(old, torch.device("cpu"))
     assert lineage.hp.full_window_days == 0 and lineage.hp.window_days == 3
     lineage.begin_shard("d4", _day(4)[0])
     assert lineage.progress["epochs"] == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ def state(step: int, progress: dict | None = None) -> dict:
 
 
 def save(store: CheckpointStore, step: int, token: int = 1, progress: dict | None = None) -> Path:
-    path = store.save(state(step, progress), path=store.next_path(token), may_promote=lambda: True)
+    path = store.save(state(step, progress), path=store.next_path(token), may_promote=lambda: True,
+                      boundary=progress is None)
     assert path is not None
     return path
 
@@ -66,7 +68,7 @@ def test_a_writer_that_lost_its_lease_promotes_nothing(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     save(store, 1, token=5)
     stale = store.next_path(token=4)
-    assert store.save(state(99), path=stale, may_promote=lambda: False) is None
+    assert store.save(state(99), path=stale, may_promote=lambda: False, boundary=True) is None
     assert not stale.exists()
     loaded = store.load()
     assert loaded and loaded.state["step"] == 1
@@ -115,7 +117,7 @@ def test_a_stale_writer_is_fenced_by_the_storage(tmp_path: Path) -> None:
     stale_path = store.next_path(5)  # lease 5 is about to write this when it freezes
     assert store.fence(6)  # the new owner adopts what 5 promoted
     newer = save(store, 2, token=6)
-    assert store.save(state(99), path=stale_path, may_promote=lambda: True) is None
+    assert store.save(state(99), path=stale_path, may_promote=lambda: True, boundary=True) is None
     assert not stale_path.exists()
     assert store.load().state["step"] == 2
     assert first.exists() or first.name not in store.retained()
@@ -149,12 +151,12 @@ def test_files_on_the_share_are_readable_by_the_group(tmp_path: Path) -> None:
 def test_a_report_from_an_older_checkpoint_does_not_overwrite_a_newer_one(tmp_path: Path) -> None:
     from workload.model import report
 
-    def st(n: int) -> dict:
+    def st(n: int) -> SimpleNamespace:
         h = {"shard": "", "time": "t", "checkpoint": "", "train_accuracy": 1.0,
              "accuracy": 1.0, "average_precision": 0.5, "base_rate": 0.1, "roc_auc": 0.5, "precision_top100": 0.1,
              "recall_at_1pct_fpr": 0.1}
-        return {"run": "r", "hparams": {}, "history": [dict(h, shard=f"d{i}", checkpoint=f"ckpt-0000000{i + 1}-t1.pt")
-                                                      for i in range(n)]}
+        return SimpleNamespace(run="r", hparams={}, reapplied=[], history=[
+            dict(h, shard=f"d{i}", checkpoint=f"ckpt-0000000{i + 1}-t1.pt") for i in range(n)])
 
     assert report.write(tmp_path, st(3), None, draw=False, kept={"ckpt-00000003-t1.pt"}, stamp=(7, 3))
     assert report.write(tmp_path, st(2), None, draw=False, stamp=(6, 9)) is None

@@ -93,7 +93,8 @@ def test_an_environment_asking_torch_to_unpickle_is_not_obeyed(
     store = CheckpointStore(tmp_path)
     save(store, 1)
     marker = tmp_path / "pwned"
-    evil = store.save({"model": {}, "x": Payload(str(marker))}, path=store.next_path(1), may_promote=lambda: True)
+    evil = store.save({"model": {}, "x": Payload(str(marker))}, path=store.next_path(1), may_promote=lambda: True,
+                      boundary=True)
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
         loaded = store.load()
@@ -123,7 +124,7 @@ def test_a_checkpoint_written_on_a_gpu_loads_on_a_machine_without_one(tmp_path: 
     gpu = on_gpu(path.read_bytes())
     with pytest.raises(RuntimeError, match="CUDA"):
         torch.load(io.BytesIO(gpu), weights_only=True)
-    store.save({**state(4), "from": "gpu"}, path=store.next_path(1), may_promote=lambda: True)
+    store.save({**state(4), "from": "gpu"}, path=store.next_path(1), may_promote=lambda: True, boundary=True)
     newest = store.load().path
     newest.write_bytes(gpu)
     store.manifest_path(1).unlink()  # no hash to compare: the folder scan reads the GPU file as it is
@@ -228,10 +229,10 @@ def test_save_refuses_a_path_that_is_not_one_of_its_checkpoints(tmp_path: Path) 
     store = CheckpointStore(tmp_path / "a")
     elsewhere = tmp_path / "b" / "checkpoints" / "ckpt-00000001-t1.pt"
     with pytest.raises(ValueError) as caught:
-        store.save(state(1), path=elsewhere, may_promote=lambda: True)
+        store.save(state(1), path=elsewhere, may_promote=lambda: True, boundary=True)
     assert str(caught.value) == f"{elsewhere} is not a checkpoint path of {store.dir}; use next_path()"
     with pytest.raises(ValueError, match="use next_path"):
-        store.save(state(1), path=store.dir / "model.pt", may_promote=lambda: True)
+        store.save(state(1), path=store.dir / "model.pt", may_promote=lambda: True, boundary=True)
     assert not elsewhere.exists()
 
 
@@ -248,9 +249,9 @@ def test_discarding_says_why(tmp_path: Path, caplog) -> None:
     assert store.fence(5)
     stale = store.next_path(5)
     with caplog.at_level(logging.WARNING, logger="workload.share.checkpoint"):
-        assert store.save(state(1), path=stale, may_promote=lambda: False) is None
+        assert store.save(state(1), path=stale, may_promote=lambda: False, boundary=True) is None
         assert store.fence(6)
-        assert store.save(state(1), path=stale, may_promote=lambda: True) is None
+        assert store.save(state(1), path=stale, may_promote=lambda: True, boundary=True) is None
     said = [r.getMessage() for r in caplog.records]
     assert f"lease lost before promoting {stale.name}: discarding it (fencing)" in said
     assert (f"lease token 6 wrote manifest-t000000000006.json after ours (5): we are stale; discarding {stale.name} "
@@ -305,7 +306,7 @@ def test_a_newer_lease_pruning_the_stale_file_first_is_no_error(tmp_path: Path, 
         assert not stale.exists()
         return lease_held
 
-    assert store.save(state(1), path=stale, may_promote=lease_check) is None
+    assert store.save(state(1), path=stale, may_promote=lease_check, boundary=True) is None
     assert store.load().token == 6
 
 
@@ -367,23 +368,6 @@ def test_other_file_names_are_not_checkpoints(name: str) -> None:
                                   "ckpt-00000001-t1.pt", "manifest.json"])
 def test_other_file_names_are_not_manifests(name: str) -> None:
     assert ckpt.parse_manifest_name(name) is None
-
-
-def test_what_save_promoted_is_described_from_its_name_alone(tmp_path: Path) -> None:
-    """The worker reports from the checkpoint it just promoted without reading it back: its seq and token
-    come from the file name, as a load would give them."""
-    store = CheckpointStore(tmp_path)
-    save(store, 1, token=3)
-    path = store.save(state(2), path=store.next_path(3), may_promote=lambda: True)
-    kept = state(2)
-    promoted = ckpt.Loaded.promoted(kept, path)
-    assert promoted.state is kept  # the state just saved, as it is in memory
-    loaded = store.load()
-    assert (promoted.path, promoted.seq, promoted.token) == (loaded.path, loaded.seq, loaded.token) == (path, 2, 3)
-    far = ckpt.Loaded.promoted(state(2), store.dir / ckpt.checkpoint_name(123_456_789, 4))
-    assert (far.seq, far.token) == (123_456_789, 4), "a ninth digit of seq is read too"
-    with pytest.raises(ValueError, match=r"model\.pt is not a checkpoint file name$"):
-        ckpt.Loaded.promoted(state(2), tmp_path / "model.pt")
 
 
 def test_a_lease_is_superseded_by_the_highest_token_that_fenced_after_it(tmp_path: Path) -> None:

@@ -758,11 +758,12 @@ def test_score_names_a_data_file_it_cannot_open(tmp_path: Path, monkeypatch: pyt
 
     from workload.model.export import model_bytes
     from workload.model.hparams import HParams
+    from workload.model.lineage import checkpoint_of
     from workload.model.trainer import Trainer
 
     model = tmp_path / "model.safetensors"
-    model.write_bytes(model_bytes(Trainer("m", HParams(hidden=(4,)), features.FEATURE_NAMES, torch.device("cpu"),
-                                          features.FEATURE_VERSION).state_dict()))
+    model.write_bytes(model_bytes(checkpoint_of(Trainer("m", HParams(hidden=(4,)), features.FEATURE_NAMES,
+                                                        torch.device("cpu"), features.FEATURE_VERSION))))
     data = tmp_path / "data"
     (data / "training").mkdir(parents=True)
     monkeypatch.chdir(data / "training")  # a relative name: a socket's path is limited to 107 bytes

@@ -42,6 +42,7 @@ from workload.model.export import (
     write_gs,
 )
 from workload.model.hparams import HParams
+from workload.model.lineage import checkpoint_of
 from workload.model.trainer import Trainer
 from workload.runtime.redis_server import free_port
 from workload.share.checkpoint import CheckpointStore
@@ -308,7 +309,7 @@ def test_score_refuses_a_model_from_other_features_or_another_tool(sweep: Path, 
 def fresh_state(**changes) -> dict:
     """An untrained trainer's state (a real Trainer, small), with `changes` on top."""
     trainer = Trainer("main", HParams(hidden=(8,)), features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
-    return {**trainer.state_dict(), **changes}
+    return {**checkpoint_of(trainer), **changes}
 
 
 def copy_run(sweep: Path, run: str, share: Path) -> CheckpointStore:
@@ -321,7 +322,7 @@ def save_newest(store: CheckpointStore, state: dict) -> None:
     """`state` as the run's newest checkpoint, under a new lease (as a worker leaves one)."""
     token = store.highest_token() + 1
     assert store.fence(token)
-    assert store.save(state, path=store.next_path(token), may_promote=lambda: True)
+    assert store.save(state, path=store.next_path(token), may_promote=lambda: True, boundary=not state["progress"])
 
 
 def test_export_in_process_writes_the_shares_report_with_group_readable_files(sweep: Path, tmp_path: Path,

@@ -24,7 +24,7 @@ from workload.data import featurestore, publish, schema
 from workload.data.manifest import MANIFEST
 from workload.data.source import LocalSource
 from workload.model.export import HEADER_KEY, MODEL_FILE
-from workload.model.trainer import Trainer
+from workload.model.lineage import checkpoint_of, trainer_from
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
@@ -49,13 +49,13 @@ def save_mid_day(share: Path, run: str, day: str) -> None:
     store = CheckpointStore(share / "output" / run)
     loaded = store.load()
     assert loaded is not None
-    trainer = Trainer.from_state(loaded.state)
+    trainer = trainer_from(loaded.state)
     examples = ds.Dataset(share / "datasets" / "fraud").examples([day])
     trainer.begin_shard(day, examples.x)
     assert trainer.train_shard(examples.x, examples.y, lambda: False) is False  # stopped after one batch
     token = store.highest_token() + 1
     assert store.fence(token)
-    assert store.save(trainer.state_dict(), path=store.next_path(token), may_promote=lambda: True)
+    assert store.save(checkpoint_of(trainer), path=store.next_path(token), may_promote=lambda: True, boundary=True)
     newest = store.load()
     assert newest is not None
     progress = newest.state["progress"]

@@ -5,11 +5,18 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from workload.model import metrics, plots, report
+
+
+def view(state: dict[str, Any]) -> SimpleNamespace:
+    """A checkpoint's story as `report.write` reads it from a `LineageState`."""
+    return SimpleNamespace(run=state["run"], hparams=state["hparams"], history=state["history"],
+                           reapplied=state.get("reapplied", []))
 
 
 def test_pictures_are_stale_when_missing_or_older_than_the_interval(tmp_path: Path) -> None:
@@ -38,7 +45,7 @@ def test_report_keeps_the_tutorial_shape_and_says_how_it_compares_to_the_base_ra
              "train_accuracy": 0.99, "accuracy": 0.97, "average_precision": 0.6, "base_rate": 0.03,
              "roc_auc": 0.9, "precision_top100": 0.8, "recall_at_1pct_fpr": 0.5}
     state = {"run": "main", "hparams": {"lr": 0.1}, "history": [entry]}
-    path = report.write(tmp_path, state, None, draw=False)
+    path = report.write(tmp_path, view(state), None, draw=False)
     text = path.read_text()
     for line in ("time: t", "training dataset: training/2018-04-01.parquet",
                  f"model checkpoint: {tmp_path / 'checkpoints' / 'ckpt-00000001-t1.pt'}",
@@ -148,7 +155,7 @@ def _state(**extra: Any) -> dict[str, Any]:
 
 
 def test_the_report_is_exact_line_for_line(tmp_path: Path) -> None:
-    path = report.write(tmp_path, _state(), None, draw=False, kept={"ckpt-00000002-t1.pt"})
+    path = report.write(tmp_path, view(_state()), None, draw=False, kept={"ckpt-00000002-t1.pt"})
     assert path == tmp_path / "report.txt"
     assert path.read_text() == _expected_report(tmp_path)
 
@@ -238,17 +245,18 @@ def test_rendered_from_reads_the_stamp_and_is_zero_when_it_is_missing_or_unreada
 
 
 def test_a_stamped_write_records_its_source_and_an_older_one_writes_nothing(tmp_path: Path) -> None:
-    assert report.write(tmp_path, _state(), None, draw=False, stamp=(2, 5)) == tmp_path / "report.txt"
+    assert report.write(tmp_path, view(_state()), None, draw=False, stamp=(2, 5)) == tmp_path / "report.txt"
     assert (tmp_path / ".report-source.json").read_text() == '{"token": 2, "seq": 5}\n'
     files = {name: (tmp_path / name).read_text() for name in ("report.txt", "metrics.jsonl", ".report-source.json")}
     shorter = _state(history=[NEWEST], reapplied=[])
     for older in ((2, 4), (1, 9), (0, 0)):  # a worker that lost its lease, holding an older checkpoint
-        assert report.write(tmp_path, shorter, None, draw=False, stamp=older) is None
+        assert report.write(tmp_path, view(shorter), None, draw=False, stamp=older) is None
         assert {name: (tmp_path / name).read_text() for name in files} == files, older
-    assert report.write(tmp_path, shorter, None, draw=False, stamp=(2, 5)) == tmp_path / "report.txt"  # same source
+    same_source = report.write(tmp_path, view(shorter), None, draw=False, stamp=(2, 5))
+    assert same_source == tmp_path / "report.txt"
     assert "shards applied: 1\n" in (tmp_path / "report.txt").read_text()
     assert (tmp_path / "metrics.jsonl").read_text() == report.metrics_jsonl([NEWEST])
-    assert report.write(tmp_path, _state(), None, draw=False, stamp=(3, 0)) == tmp_path / "report.txt"
+    assert report.write(tmp_path, view(_state()), None, draw=False, stamp=(3, 0)) == tmp_path / "report.txt"
     assert (tmp_path / ".report-source.json").read_text() == '{"token": 3, "seq": 0}\n'
     assert (tmp_path / "report.txt").read_text() == _expected_report(tmp_path).replace(" (pruned: only the newest "
                                                                                        "checkpoints are kept)", "")
@@ -256,9 +264,10 @@ def test_a_stamped_write_records_its_source_and_an_older_one_writes_nothing(tmp_
 
 def test_an_unstamped_write_always_writes_and_records_no_source(tmp_path: Path) -> None:
     (tmp_path / ".report-source.json").write_text('{"token": 9, "seq": 9}\n')
-    assert report.write(tmp_path, _state(), None, draw=False) == tmp_path / "report.txt"
+    assert report.write(tmp_path, view(_state()), None, draw=False) == tmp_path / "report.txt"
     assert (tmp_path / ".report-source.json").read_text() == '{"token": 9, "seq": 9}\n'
-    assert report.write(tmp_path / "fresh", {"run": "fresh", "hparams": {}, "history": []}, None, draw=False)
+    assert report.write(tmp_path / "fresh", view({"run": "fresh", "hparams": {}, "history": []}), None,
+                        draw=False)
     assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["metrics.jsonl", "report.txt"]
 
 
@@ -266,11 +275,11 @@ def test_write_draws_the_runs_pictures_by_default_and_only_once_a_day_is_applied
     scores, labels = np.array([0.9, 0.8, 0.3, 0.1]), np.array([1, 0, 1, 0])
     pr = metrics.pr_curve(scores, labels)
     state = {"run": "main", "hparams": {"lr": 0.002}, "history": [OLDER, {**NEWEST, "n_fraud": 2}]}
-    report.write(tmp_path / "drawn", state, pr)
+    report.write(tmp_path / "drawn", view(state), pr)
     direct = plots.write_plots(tmp_path / "direct", state["history"], pr, run="main", hparams={"lr": 0.002})
     for path in direct:  # the same pictures, pixel for pixel, as drawing the run's own name and hyperparameters
         assert (tmp_path / "drawn" / path.name).read_bytes() == path.read_bytes(), path.name
-    report.write(tmp_path / "undrawn", state, pr, draw=False)
-    report.write(tmp_path / "empty", {**state, "history": []}, pr)
+    report.write(tmp_path / "undrawn", view(state), pr, draw=False)
+    report.write(tmp_path / "empty", view({**state, "history": []}), pr)
     for folder in ("undrawn", "empty"):
         assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["metrics.jsonl", "report.txt"], folder

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from trained import DAYS, QUICK, Trained
 
+from workload.model.lineage import applied_days
 from workload.queue import plan
 from workload.queue.workqueue import WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
@@ -32,7 +33,7 @@ def test_restore_marks_each_runs_applied_days_done_and_starts_tokens_above_the_s
     assert tokens["a-deep"] > tokens["b-shallow"] > 0
 
     queue.redis.flushall()
-    assert plan.restore(queue, share) == {"runs": 2, "enqueued": 8, "already_applied": 4}
+    assert plan.restore(queue, share, applied_days) == {"runs": 2, "enqueued": 8, "already_applied": 4}
 
     runs = queue.snapshot()["runs"]
     assert {run: (r["total"], r["done"]) for run, r in runs.items()} == {"a-deep": (4, 3), "b-shallow": (4, 1)}
@@ -42,7 +43,7 @@ def test_restore_marks_each_runs_applied_days_done_and_starts_tokens_above_the_s
     lease = queue.claim("w2", 10)
     assert lease is not None and lease.item.id == f"a-deep/{DAYS[3]}"
     assert lease.token > max(tokens.values())
-    assert plan.restore(queue, share) == {"runs": 2, "enqueued": 0, "already_applied": 0}  # idempotent
+    assert plan.restore(queue, share, applied_days) == {"runs": 2, "enqueued": 0, "already_applied": 0}  # idempotent
 
 
 def test_restore_of_a_share_with_runs_but_no_checkpoints_marks_nothing(redis_server: RedisServer,
@@ -51,7 +52,7 @@ def test_restore_of_a_share_with_runs_but_no_checkpoints_marks_nothing(redis_ser
     share, queue = env.share, env.queue
     env.seed("fresh")
     queue.redis.flushall()
-    assert plan.restore(queue, share) == {"runs": 1, "enqueued": 4, "already_applied": 0}
+    assert plan.restore(queue, share, applied_days) == {"runs": 1, "enqueued": 4, "already_applied": 0}
     assert queue.spec("fresh") == QUICK, "the share's hyperparameters, back in the wiped Redis"
     assert queue.snapshot()["runs"]["fresh"]["pending"] == [f"fresh/{d}" for d in DAYS]
     assert queue.claim("w1", 10).token == 1
@@ -71,7 +72,7 @@ def test_gap_names_what_a_queue_behind_the_share_lacks_and_reconcile_closes_it_o
     level = plan.gap(queue, share)
     assert not level
     assert level.line() == "share vs queue: the share's plan is 1 run(s), 4 item(s); the queue holds them all"
-    assert plan.reconcile(queue, share) is None
+    assert plan.reconcile(queue, share, applied_days) is None
 
     queue.redis.flushall()
     ids = [f"a/{d}" for d in DAYS]
@@ -81,10 +82,10 @@ def test_gap_names_what_a_queue_behind_the_share_lacks_and_reconcile_closes_it_o
         "share vs queue: the share's plan is 1 run(s), 4 item(s); the queue is BEHIND: it lacks 1 run(s) (a), "
         f"4 item(s) ({ids[0]}, {ids[1]}, {ids[2]} and 1 more), a token counter at 0, below the share's {floor} "
         "(Redis restored from an older snapshot?); a worker adds them at start and before it exits")
-    assert plan.reconcile(queue, share) == behind
+    assert plan.reconcile(queue, share, applied_days) == behind
     runs = queue.snapshot()["runs"]
     assert (runs["a"]["total"], runs["a"]["done"], runs["a"]["pending"]) == (4, 2, ids[2:])
-    assert not plan.gap(queue, share) and plan.reconcile(queue, share) is None
+    assert not plan.gap(queue, share) and plan.reconcile(queue, share, applied_days) is None
     assert queue.claim("w2", 10).token > floor
 
 
@@ -102,7 +103,7 @@ def test_a_share_whose_one_run_lost_its_dataset_plans_nothing_and_names_the_run_
         found = plan.gap(queue, share)
         assert [r.getMessage() for r in caplog.records] == [skipped]
         caplog.clear()
-        assert plan.restore(queue, share) == {"runs": 0, "enqueued": 0, "already_applied": 0}
+        assert plan.restore(queue, share, applied_days) == {"runs": 0, "enqueued": 0, "already_applied": 0}
         assert [r.getMessage() for r in caplog.records] == [skipped]
     assert found == plan.Gap(runs=0, items=0, missing_runs=[], missing_items=[], token=0, token_floor=0)
     assert not found

@@ -24,6 +24,7 @@ from workload.data.rules import history_shortfall
 from workload.data.source import LocalSource
 from workload.model.export import MODEL_FILE, model_bytes
 from workload.model.hparams import HParams
+from workload.model.lineage import checkpoint_of
 from workload.model.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,7 +44,7 @@ def model(tmp_path_factory: pytest.TempPathFactory, dataset_src: Path) -> Path:
         trainer.train_shard(ex.x, ex.y, lambda: True)
         trainer.finish_shard({})
     path = tmp_path_factory.mktemp("model") / MODEL_FILE
-    path.write_bytes(model_bytes(trainer.state_dict()))
+    path.write_bytes(model_bytes(checkpoint_of(trainer)))
     return path
 
 
@@ -200,7 +201,7 @@ def test_a_model_from_a_runs_output_folder_scores_like_its_export(model: Path, d
     trainer = load_model(model)
     store = CheckpointStore(tmp_path / "output" / "main")
     assert store.fence(1)
-    assert store.save(trainer.state_dict(), path=store.next_path(1), may_promote=lambda: True)
+    assert store.save(checkpoint_of(trainer), path=store.next_path(1), may_promote=lambda: True, boundary=True)
     before = sorted(str(p) for p in (tmp_path / "output").rglob("*"))
     code, err = run(capsys, "score", "--model", str(tmp_path / "output" / "main"), "--datasets", str(dataset_src),
                     "--days", "testing", "--out", str(tmp_path / "a.parquet"))
@@ -324,7 +325,7 @@ def test_a_model_with_alert_rules_adds_a_boolean_column_per_rule(model: Path, da
     alerts = metrics.alert_thresholds(rows["score"].to_numpy(), rows[schema.TX_FRAUD].to_numpy(),
                                       rows[schema.TX_DATETIME].dt.tz_convert(None).to_numpy(),
                                       rows[schema.CUSTOMER_ID].to_numpy())
-    state = load_model(model).state_dict()
+    state = checkpoint_of(load_model(model))
     state["history"][-1] = {**state["history"][-1], "alerts": alerts}
     alerting = tmp_path / "alerting" / MODEL_FILE
     alerting.parent.mkdir()
@@ -369,22 +370,22 @@ def test_a_run_folder_scores_with_its_newest_finished_day_never_one_in_progress(
     folder = tmp_path / "output" / "main"
     store = CheckpointStore(folder)
     assert store.fence(1)
-    untrained = Trainer("main", HParams(epochs=2, hidden=(8,)), features.FEATURE_NAMES,
-                        feature_version=features.FEATURE_VERSION, device=torch.device("cpu")).state_dict()
+    untrained = checkpoint_of(Trainer("main", HParams(epochs=2, hidden=(8,)), features.FEATURE_NAMES,
+                                      feature_version=features.FEATURE_VERSION, device=torch.device("cpu")))
     assert untrained["progress"] is None and untrained["applied"] == []
-    assert store.save(untrained, path=store.next_path(1), may_promote=lambda: True)
+    assert store.save(untrained, path=store.next_path(1), may_promote=lambda: True, boundary=True)
     args = ["--datasets", str(dataset_src), "--days", "testing"]
     code, err = run(capsys, "score", "--model", str(folder), *args, "--out", str(tmp_path / "none.parquet"))
     assert code == 2 and error_line(err) == (
         f"--model {folder}: no checkpoint with a finished day under {folder / 'checkpoints'}; give a run's output "
         "folder (SHARE/output/RUN) or an exported model.safetensors"), err
     assert not (tmp_path / "none.parquet").exists()
-    finished = load_model(model).state_dict()
-    assert store.save(finished, path=store.next_path(1), may_promote=lambda: True)
+    finished = checkpoint_of(load_model(model))
+    assert store.save(finished, path=store.next_path(1), may_promote=lambda: True, boundary=True)
     midway = {**finished, "progress": {"shard": "testing/2018-04-07.parquet", "epoch": 1, "batch": 3},
               "model": {k: v + 1 for k, v in finished["model"].items()},
               "averaged": {k: v + 1 for k, v in finished["averaged"].items()}}
-    assert store.save(midway, path=store.next_path(1), may_promote=lambda: True)
+    assert store.save(midway, path=store.next_path(1), may_promote=lambda: True, boundary=False)
     assert score.load(folder).device == torch.device("cpu"), "read like an exported model: on the CPU"
     code, err = run(capsys, "score", "--model", str(folder), *args, "--out", str(tmp_path / "a.parquet"))
     assert code == 0, err

@@ -8,6 +8,7 @@ import torch
 
 import workload
 from workload.model.hparams import default_seed, parse_runs
+from workload.model.lineage import checkpoint_of, trainer_from
 from workload.model.trainer import HParams, Normalizer, Trainer, _shard_seed
 
 
@@ -71,10 +72,10 @@ def _train(stop_at: int | None) -> Trainer:
             return stop_at is None or shard != "d2" or steps["n"] != stop_at
 
         if not trainer.train_shard(x, y, after_step):
-            state = trainer.state_dict()
+            state = checkpoint_of(trainer)
             if state["progress"]["epoch"] == hp.epochs - 1:  # in the last epoch: the count travels with it
                 assert state["progress"]["correct"] >= 0
-            trainer = Trainer.from_state(state, torch.device("cpu"))
+            trainer = trainer_from(state, torch.device("cpu"))
             trainer.begin_shard(shard, x)
             assert trainer.train_shard(x, y, lambda: True)
         accuracy = trainer.train_accuracy(len(y))
@@ -87,7 +88,7 @@ def test_resuming_mid_epoch_on_cpu_is_bit_for_bit_averaged_weights_and_accuracy_
     for stop_at in (4, 11, 12, 16):  # in the first epoch, at its end, and twice in the last
         resumed = _train(stop_at)
         for part in ("model", "averaged"):
-            a, b = whole.state_dict()[part], resumed.state_dict()[part]
+            a, b = checkpoint_of(whole)[part], checkpoint_of(resumed)[part]
             assert all(torch.equal(a[k], b[k]) for k in a), f"{part} differs after a stop at step {stop_at}"
         assert resumed.history == whole.history
     assert 0 < whole.history[-1]["train_accuracy"] <= 1
@@ -294,34 +295,34 @@ def test_scoring_in_batches_is_scoring_at_once() -> None:
 
 def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> None:
     trainer = _quick()
-    state = trainer.state_dict()
-    again = Trainer.from_state(state, torch.device("cpu"))
+    state = checkpoint_of(trainer)
+    again = trainer_from(state, torch.device("cpu"))
     assert (again.run, again.hp, again.feature_version) == ("r", trainer.hp, "v")
     assert again.feature_names == ("a", "b", "c", "d")
     assert again.applied == ["d1", "d2"] and again.history == trainer.history and again.steps == trainer.steps
-    assert again.progress is None and again.state_dict()["progress"] is None
+    assert again.progress is None and checkpoint_of(again)["progress"] is None
     assert torch.equal(again.norm.mean, trainer.norm.mean) and torch.equal(again.norm.m2, trainer.norm.m2)
     assert state["format"] == 5 and state["code_version"] == workload.__version__
     with pytest.raises(ValueError, match=r"^checkpoint hparams: lr=2.0 is not allowed"):
-        Trainer.from_state({**state, "hparams": {**state["hparams"], "lr": 2.0}}, torch.device("cpu"))
+        trainer_from({**state, "hparams": {**state["hparams"], "lr": 2.0}}, torch.device("cpu"))
     for bad in (1, None):
         with pytest.raises(ValueError, match=f"checkpoint format {bad!r} is not supported \\(readable: 2, 3, 4, 5\\)"):
-            Trainer.from_state({**state, "format": bad}, torch.device("cpu"))
+            trainer_from({**state, "format": bad}, torch.device("cpu"))
 
 
 def test_a_checkpoint_keeps_the_lineages_rewinds_and_calibration_in_float64() -> None:
     trainer = _quick()
     trainer.reapplied = [{"time": "t", "reapplied": ["d1"], "why": "late", "from": "d0", "day": "d1"}]
     trainer.set_calibration(0.123456789012345, -2.5)
-    state = trainer.state_dict()
-    again = Trainer.from_state(state, torch.device("cpu"))
+    state = checkpoint_of(trainer)
+    again = trainer_from(state, torch.device("cpu"))
     assert again.reapplied == trainer.reapplied and again.reapplied is not trainer.reapplied
     assert state["reapplied"] == trainer.reapplied and state["reapplied"][0] is not trainer.reapplied[0]
     for part in (trainer.calibration, state["calibration"], again.calibration):
         assert {k: (v.dtype, float(v)) for k, v in part.items()} == \
             {"scale": (torch.float64, 0.123456789012345), "shift": (torch.float64, -2.5)}
-    assert Trainer.from_state({k: v for k, v in state.items() if k != "reapplied"}).reapplied == []
-    uncalibrated = Trainer.from_state({k: v for k, v in state.items() if k != "calibration"})
+    assert trainer_from({k: v for k, v in state.items() if k != "reapplied"}).reapplied == []
+    uncalibrated = trainer_from({k: v for k, v in state.items() if k != "calibration"})
     assert {k: float(v) for k, v in uncalibrated.calibration.items()} == {"scale": 1.0, "shift": 0.0}
     x = np.random.default_rng(1).normal(size=(50, 4)).astype(np.float32)
     z = torch.from_numpy(trainer.logits(x))
@@ -392,14 +393,14 @@ def test_training_before_begin_shard_is_refused() -> None:
     x, y = np.zeros((4, 1)), np.zeros(4, dtype=np.float32)
     with pytest.raises(AssertionError, match=r"^begin_shard first$"):
         trainer.train_shard(x, y, lambda: True)
-    assert trainer.state_dict()["progress"] is None and trainer.steps == 0
+    assert checkpoint_of(trainer)["progress"] is None and trainer.steps == 0
 
 
 def test_a_trainer_given_no_feature_version_records_none() -> None:
     """export.load_model rebuilds a trainer without one: its state must not claim a version it never saw."""
-    state = Trainer("r", HParams(hidden=(), seed=1), ("a",), torch.device("cpu")).state_dict()
+    state = checkpoint_of(Trainer("r", HParams(hidden=(), seed=1), ("a",), torch.device("cpu")))
     assert state["feature_version"] == ""
-    assert Trainer.from_state(state, torch.device("cpu")).feature_version == ""
+    assert trainer_from(state, torch.device("cpu")).feature_version == ""
 
 
 def test_the_statistics_of_a_float32_day_are_numpys_float64_ones() -> None:
@@ -476,14 +477,14 @@ def test_integer_labels_train_like_float_ones() -> None:
                           torch.device("cpu"))
         trainer.begin_shard("d1", x)
         assert trainer.train_shard(x, labels, lambda: True)
-        weights.append(trainer.state_dict()["model"])
+        weights.append(checkpoint_of(trainer)["model"])
         assert trainer.train_accuracy(90) > 0
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 def test_a_new_trainers_calibration_is_the_identity_in_float64() -> None:
     """The checkpoint stores the two numbers as float64 tensors from the first day on, as set_calibration does."""
-    state = Trainer("r", HParams(hidden=(4,)), ("a", "b", "c", "d")).state_dict()
+    state = checkpoint_of(Trainer("r", HParams(hidden=(4,)), ("a", "b", "c", "d")))
     assert {k: (v.dtype, float(v)) for k, v in state["calibration"].items()} == \
         {"scale": (torch.float64, 1.0), "shift": (torch.float64, 0.0)}
 
@@ -500,9 +501,9 @@ def test_a_format_2_day_stopped_mid_way_resumes_with_the_runs_epochs() -> None:
     first.begin_shard("d1", x)
     left = iter(range(4, -1, -1))
     assert not first.train_shard(x, y, lambda: next(left) > 0)
-    state = first.state_dict()
+    state = checkpoint_of(first)
     state["progress"] = {k: v for k, v in state["progress"].items() if k != "epochs"}
-    resumed = Trainer.from_state(state)
+    resumed = trainer_from(state)
     resumed.begin_shard("d1", x)
     assert resumed.train_shard(x, y, lambda: True)
     assert resumed.steps == whole.steps == 3 * 11

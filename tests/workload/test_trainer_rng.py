@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from workload.data import features
+from workload.model.lineage import checkpoint_of, trainer_from
 from workload.model.trainer import HParams, Trainer
 
 HP = HParams(hidden=(16,), epochs=2, batch_size=64, seed=11)
@@ -57,7 +58,7 @@ def test_restored_trainer_draws_what_the_uninterrupted_one_draws() -> None:
     x, y = shard()
     trainer = Trainer("main", HP, features.FEATURE_NAMES, torch.device("cpu"))
     assert not train(trainer, x, y, steps=5, masks=[])  # interrupted mid-shard, 5 masks drawn
-    saved = through_a_file(trainer.state_dict())
+    saved = through_a_file(checkpoint_of(trainer))
 
     uninterrupted: list[torch.Tensor] = []
     assert train(trainer, x, y, steps=None, masks=uninterrupted)
@@ -66,7 +67,7 @@ def test_restored_trainer_draws_what_the_uninterrupted_one_draws() -> None:
 
     torch.manual_seed(12345)  # a new process: whatever state the global generator happens to be in
     torch.rand(100)
-    restored = Trainer.from_state(saved, torch.device("cpu"))
+    restored = trainer_from(saved, torch.device("cpu"))
     assert restored.progress == {"shard": SHARD, "epoch": 0, "batch": 5, "epochs": trainer.hp.epochs}
     resumed: list[torch.Tensor] = []
     assert train(restored, x, y, steps=None, masks=resumed)
@@ -84,6 +85,6 @@ def test_the_random_state_differs_from_a_fresh_seed_so_the_test_can_fail() -> No
     x, y = shard()
     trainer = Trainer("main", HP, features.FEATURE_NAMES, torch.device("cpu"))
     train(trainer, x, y, steps=5, masks=[])
-    saved = trainer.state_dict()["rng"]["torch"]
+    saved = checkpoint_of(trainer)["rng"]["torch"]
     Trainer("main", HP, features.FEATURE_NAMES, torch.device("cpu"))  # seeds and initialises a model
     assert not torch.equal(torch.get_rng_state(), saved)

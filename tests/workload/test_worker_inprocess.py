@@ -41,13 +41,14 @@ from workload.data.dayfile import DatasetError
 from workload.data.manifest import write_manifest
 from workload.model import metrics, plots
 from workload.model.hparams import HParams
+from workload.model.lineage import Checkpoint, Lineage, checkpoint_of, trainer_from
 from workload.model.report import rendered_from as report_source
 from workload.model.trainer import Trainer
 from workload.queue import plan
 from workload.queue.workqueue import Item, QueueUnavailable, WorkQueue, connect
 from workload.runtime.heartbeat import Heartbeat, LeaseLost
 from workload.runtime.redis_server import RedisServer
-from workload.runtime.steps import Attempt, Outcome, check_finite
+from workload.runtime.steps import Attempt, Outcome
 from workload.runtime.worker import Worker, WorkerConfig
 from workload.share.checkpoint import CheckpointStore
 from workload.share.paths import METRICS_PNG, PR_CURVE_PNG
@@ -182,7 +183,7 @@ def test_every_day_is_applied_once_in_order_each_acked_after_its_promotion(env: 
     seq, token = re.fullmatch(r"ckpt-(\d{8})-t(\d+)\.pt", state["history"][-1]["checkpoint"]).groups()
     assert report_source(run_dir) == (int(token), int(seq)), "the report names the checkpoint it shows"
     test = data.test_examples()
-    scores = Trainer.from_state(state).score(test.x)
+    scores = trainer_from(state).score(test.x)
     expected = metrics.evaluate(scores, test.y, test.day, test.card)
     assert {k: state["history"][-1][k] for k in expected} == pytest.approx(expected, nan_ok=True)
     assert Worker(env.config(worker_id="w2"), queue).run() == EXIT_DONE, "a drained queue: exit 0 at once"
@@ -269,7 +270,7 @@ def test_a_checkpoint_of_other_features_is_refused_permanently(env: Share) -> No
     state = {**loaded.state, "feature_version": "v0-old"}
     token = loaded.token + 100
     queue.raise_token(token)
-    assert store.save(state, path=store.next_path(loaded.token), may_promote=lambda: True) is not None
+    assert store.save(state, path=store.next_path(loaded.token), may_promote=lambda: True, boundary=True) is not None
     lease = queue.claim("w1", 10)
     assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
     entry = dead(queue)[lease.item.id]
@@ -281,30 +282,30 @@ def test_a_checkpoint_of_other_features_is_refused_permanently(env: Share) -> No
 def test_check_finite_names_what_is_not_finite() -> None:
     hp = HParams.from_dict(QUICK)
     trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
-    check_finite(trainer, "main/x", loss=0.5, scores=np.array([0.1, 0.9]))
-    check_finite(trainer, "main/x")
+    Lineage(trainer).check_finite("main/x", loss=0.5, scores=np.array([0.1, 0.9]))
+    Lineage(trainer).check_finite("main/x")
     with pytest.raises(NonFinite, match=r"^main/x: the training loss is inf; nothing was promoted$"):
-        check_finite(trainer, "main/x", loss=math.inf)
+        Lineage(trainer).check_finite("main/x", loss=math.inf)
     with pytest.raises(NonFinite, match=r"^main/x: the training loss is nan"):
-        check_finite(trainer, "main/x", loss=math.nan)
+        Lineage(trainer).check_finite("main/x", loss=math.nan)
     with pytest.raises(NonFinite, match=r"^main/x: the model's test scores are non-finite \(NaN or infinity\); "
                        r"nothing was promoted: check the test days' data for extreme values$"):
-        check_finite(trainer, "main/x", scores=np.array([0.1, np.nan]))
+        Lineage(trainer).check_finite("main/x", scores=np.array([0.1, np.nan]))
     with torch.no_grad():
         next(iter(trainer.averaged.parameters())).view(-1)[0] = math.inf
     with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite averaged weights "):
-        check_finite(trainer, "main/x")
+        Lineage(trainer).check_finite("main/x")
     trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
     with torch.no_grad():
         next(iter(trainer.model.parameters())).view(-1)[0] = math.nan
     with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite weights "):
-        check_finite(trainer, "main/x")
+        Lineage(trainer).check_finite("main/x")
     trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
     key, value = next(iter(trainer.norm.state().items()))
     value.view(-1)[0] = math.nan
     trainer.norm.load({**trainer.norm.state(), key: value})
     with pytest.raises(NonFinite, match=rf"^main/x: training produced non-finite feature normaliser {key} "):
-        check_finite(trainer, "main/x")
+        Lineage(trainer).check_finite("main/x")
 
 
 @pytest.mark.parametrize("interval_s", [0.001, 600], ids=["at-a-mid-day-checkpoint", "at-the-end-of-the-day"])
@@ -319,7 +320,7 @@ def test_a_day_that_trains_to_nan_is_dead_lettered_and_nothing_is_promoted(env: 
     model = {k: v.clone() for k, v in loaded.state["model"].items()}
     next(iter(model.values())).view(-1)[0] = math.nan
     assert store.save({**loaded.state, "model": model}, path=store.next_path(loaded.token),
-                      may_promote=lambda: True) is not None
+                      may_promote=lambda: True, boundary=True) is not None
     files = set((store.dir).glob("ckpt-*.pt"))
     lease = queue.claim("w1", 10)
     assert Worker(env.config(checkpoint_interval_s=interval_s), queue).process(lease) is Outcome.FAILED
@@ -345,7 +346,7 @@ def test_finite_but_huge_weights_that_overflow_are_dead_lettered(env: Share, wei
     loaded = store.load()
     huge = {k: v.clone() * scale for k, v in loaded.state[weights].items()}
     assert store.save({**loaded.state, weights: huge}, path=store.next_path(loaded.token),
-                      may_promote=lambda: True) is not None
+                      may_promote=lambda: True, boundary=True) is not None
     lease = queue.claim("w1", 10)
     assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
     entry = dead(queue)[lease.item.id]
@@ -363,7 +364,7 @@ def test_a_checkpoint_that_does_not_load_costs_one_attempt_and_is_retried(env: S
     model = dict(loaded.state["model"])
     model.pop(next(iter(model)))
     assert store.save({**loaded.state, "model": model}, path=store.next_path(loaded.token),
-                      may_promote=lambda: True) is not None
+                      may_promote=lambda: True, boundary=True) is not None
     lease = queue.claim("w1", 10)
     assert Worker(env.config(), queue).process(lease) is Outcome.FAILED
     snap = queue.snapshot()["runs"]["main"]
@@ -402,7 +403,8 @@ def test_a_report_from_a_checkpoint_a_newer_lease_superseded_is_not_written(env:
     store = CheckpointStore(env.share / "output" / "main")
     ours = store.load()
     lease = queue.claim("w1", 10)
-    assert store.save(ours.state, path=store.next_path(lease.token + 1), may_promote=lambda: True) is not None
+    assert store.save(ours.state, path=store.next_path(lease.token + 1), may_promote=lambda: True,
+                      boundary=True) is not None
     report = env.share / "output" / "main" / "report.txt"
     report.write_text("the newer lease's report\n")
     beat = Heartbeat(queue, lease, ttl_s=10, interval_s=1)
@@ -410,7 +412,7 @@ def test_a_report_from_a_checkpoint_a_newer_lease_superseded_is_not_written(env:
     with pytest.raises(LeaseLost):
         attempt = Attempt(worker.cfg, queue, lease, beat, worker.dataset("fraud"), worker.hparams(lease),
                           touch=worker.touch, stop=worker.stop)
-        attempt.report(ours, Trainer.from_state(ours.state), draw=False)
+        attempt.report(Checkpoint.of(ours), Lineage(trainer_from(ours.state)), draw=False)
     assert report.read_text() == "the newer lease's report\n"
 
 
@@ -458,10 +460,11 @@ def test_a_checkpoint_mid_way_through_another_day_is_not_resumed_from(env: Share
     data = ds.Dataset(env.share / "datasets" / "fraud")
     day2, day3 = data.examples([DAYS[1]]), data.examples([DAYS[2]])
     lease = queue.claim("w1", 10)
-    half = Trainer.from_state(copy.deepcopy(boundary.state))  # training updates the optimizer's tensors in place
+    half = trainer_from(copy.deepcopy(boundary.state))  # training updates the optimizer's tensors in place
     half.begin_shard(DAYS[1], day2.x)
     assert not half.train_shard(day2.x, day2.y, lambda: False), "stopped after its first batch"
-    assert store.save(half.state_dict(), path=store.next_path(lease.token), may_promote=lambda: True) is not None
+    assert store.save(checkpoint_of(half), path=store.next_path(lease.token), may_promote=lambda: True,
+                      boundary=False) is not None
     assert queue.release(lease, error="a bad day", permanent=True) == "dead"
     lease = queue.claim("w1", 10)
     assert lease.item.shard == DAYS[2]
@@ -469,12 +472,12 @@ def test_a_checkpoint_mid_way_through_another_day_is_not_resumed_from(env: Share
     state = env.state()
     assert state["applied"] == [DAYS[0], DAYS[2]] and state["progress"] is None
     assert state["history"][-1]["checkpoint"].startswith("ckpt-00000003-"), "day 3: no mid-day checkpoint"
-    expected = Trainer.from_state(boundary.state)
+    expected = trainer_from(boundary.state)
     window = data.examples(expected.window(DAYS[2]))  # day 1 (the boundary's lineage), then day 3: not day 2
     assert expected.window(DAYS[2]) == [DAYS[0], DAYS[2]]
     expected.begin_shard(DAYS[2], day3.x)
     assert expected.train_shard(window.x, window.y, lambda: True)
-    got = Trainer.from_state(state).model.state_dict()
+    got = trainer_from(state).model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in expected.model.state_dict().items())
 
 
@@ -831,7 +834,7 @@ def test_a_queue_behind_the_share_raises_its_token_and_the_applied_day_is_acked_
     # ...with its pictures, the precision-recall one drawn from the checkpoint's model on the test days
     state, test = env.state(), ds.Dataset(env.share / "datasets" / "fraud").test_examples()
     expected = tmp_path / "expected"
-    plots.write_plots(expected, state["history"], metrics.pr_curve(Trainer.from_state(state).score(test.x), test.y),
+    plots.write_plots(expected, state["history"], metrics.pr_curve(trainer_from(state).score(test.x), test.y),
                       run="main", hparams=state["hparams"])
     assert (run_dir / PR_CURVE_PNG).read_bytes() == (expected / PR_CURVE_PNG).read_bytes()
     assert (run_dir / METRICS_PNG).stat().st_size > 0
@@ -1049,7 +1052,7 @@ def test_every_rewind_of_a_lineage_is_recorded_in_utc_including_one_from_a_check
     store = CheckpointStore(env.share / "output" / "main")
     loaded = store.load()
     older = {k: v for k, v in loaded.state.items() if k != "reapplied"}
-    assert store.save(older, path=store.next_path(loaded.token), may_promote=lambda: True) is not None
+    assert store.save(older, path=store.next_path(loaded.token), may_promote=lambda: True, boundary=True) is not None
     assert "reapplied" not in store.load().state
 
     def late(day: str) -> tuple[datetime, datetime]:

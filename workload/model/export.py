@@ -8,11 +8,11 @@ copies one run to `<destination>/<run>/`:
     model.safetensors           what scoring needs, and nothing that runs code when read
 
 The model file is safetensors: tensors and a JSON header, no pickle anywhere. It holds the
-trainer's state (`Trainer.state_dict()`) minus what only training needs (optimizer, random
-generators, in-shard progress): every group of tensors (weights, normalisation statistics) as
-tensors named `<group>.<name>`, every other entry (run, hyperparameters, feature names, days
-applied, metrics history, format) as JSON under the header key `spot_trainer`. `load_model`
-rebuilds a `Trainer` through `Trainer.from_state`, so the file follows whatever the trainer keeps.
+checkpoint's entries minus what only training needs (`LineageState.scoring_entries`): every group of
+tensors (weights, normalisation statistics) as tensors named `<group>.<name>`, every other entry
+(run, hyperparameters, feature names, days applied, metrics history, format) as JSON under the
+header key `spot_trainer`. `load_model` rebuilds a `Trainer` through the checkpoint format
+(`LineageState.from_scoring_entries`), so the file follows whatever a checkpoint keeps.
 
 Exporting is idempotent: files are rewritten whole (atomically on disk; objects whose MD5 already
 matches are not uploaded again), so a worker and a person may both run it, any number of times.
@@ -36,8 +36,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from workload.model import report
-from workload.model.hparams import HParams
+from workload.model import lineage, report
+from workload.model.lineage import LineageState
 from workload.model.trainer import Trainer
 from workload.share.checkpoint import CheckpointStore
 from workload.share.fsutil import atomic_write_bytes
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 OUTPUT_URI_ENV = "OUTPUT_URI"  # set by the stack: where a finished run goes
 MODEL_FILE = "model.safetensors"
 HEADER_KEY = "spot_trainer"
-TRAINING_ONLY = ("optimizer", "rng", "progress")  # not needed to score; the optimizer is 2x the weights
 PICTURES = (METRICS_PNG, PR_CURVE_PNG)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")  # Cloud Storage bucket naming rules, loosely
 _CONTENT_TYPES = {".txt": "text/plain; charset=utf-8", ".jsonl": "application/x-ndjson", ".png": "image/png",
@@ -65,16 +64,12 @@ class ModelFileError(ValueError):
 
 # -- the model file ---------------------------------------------------------------------------------
 def model_bytes(state: dict[str, Any]) -> bytes:
-    """A trainer state (from a shard-boundary checkpoint) as a safetensors file."""
-    if state.get("progress"):
-        raise ValueError(f"state is mid-way through {state['progress']}; export a shard-boundary checkpoint")
+    """A checkpoint's dict (at a shard boundary) as a safetensors file (`lineage.scoring_entries`)."""
     tensors: dict[str, torch.Tensor] = {}
     groups: list[str] = []
     bare: list[str] = []
     meta: dict[str, Any] = {}
-    for key, value in state.items():
-        if key in TRAINING_ONLY:
-            continue
+    for key, value in lineage.scoring_entries(state).items():
         if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
             groups.append(key)
             tensors.update({f"{key}.{name}": t.detach().cpu().contiguous().clone() for name, t in value.items()})
@@ -119,10 +114,8 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
 
 
 def load_model(path: Path) -> Trainer:
-    """A trainer that scores exactly like the one that was exported (weights and normalisation).
-
-    The training-only entries the file leaves out are taken from a fresh trainer of the same
-    shape, so `Trainer.from_state` applies its own checks (format, hyperparameters)."""
+    """A trainer that scores exactly like the one that was exported (weights and normalisation); the
+    training-only entries the file leaves out are filled in by `LineageState.from_scoring_entries`."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -130,9 +123,7 @@ def load_model(path: Path) -> Trainer:
         raise ModelFileError(f"--model {path}: cannot read it ({exc.strerror or exc})") from exc
     state = model_state(data, f"--model {path}")
     try:
-        hp = HParams.from_dict(state["hparams"], where=f"--model {path}: hparams")
-        fresh = Trainer(state["run"], hp, tuple(state["feature_names"]), device=torch.device("cpu")).state_dict()
-        return Trainer.from_state({**fresh, **state}, device=torch.device("cpu"))
+        return LineageState.from_scoring_entries(state, f"--model {path}").trainer(torch.device("cpu"))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise ModelFileError(f"--model {path}: cannot rebuild the model from it ({type(exc).__name__}: {exc})") \
             from exc
@@ -157,24 +148,23 @@ def collect(share: Path, run: str) -> RunExport:
         known = sorted(p.name for p in output_dir.iterdir() if p.is_dir()) if output_dir.is_dir() else []
         raise ExportError(f"--run {run}: no such run under {output_dir} (runs with output: {known or 'none'})")
     store = CheckpointStore(run_dir)
-    loaded = store.load(accept=lambda s: s.get("progress") is None)
-    if loaded is None or not loaded.state.get("applied"):
+    loaded = lineage.newest_boundary(store)
+    if loaded is None:
         raise ExportError(f"--run {run}: no checkpoint with a finished day under {run_dir / 'checkpoints'}; "
                           "nothing trained to export yet")
     state = loaded.state
-    history = state["history"]
     files = {
-        REPORT_TXT: report.render(state["run"], state["hparams"], history, run_dir, store.retained(),
-                                   state.get("reapplied", [])).encode(),
-        METRICS_JSONL: report.metrics_jsonl(history).encode(),
-        MODEL_FILE: model_bytes(state),
+        REPORT_TXT: report.render(state.run, state.hparams, list(state.history), run_dir, store.retained(),
+                                   list(state.reapplied)).encode(),
+        METRICS_JSONL: report.metrics_jsonl(list(state.history)).encode(),
+        MODEL_FILE: model_bytes(state.to_checkpoint()),
     }
     for picture in PICTURES:
         try:
             files[picture] = (run_dir / picture).read_bytes()
         except FileNotFoundError:
             log.warning("run %s has no %s yet; exporting without it", run, picture)
-    return RunExport(run=run, files=files, days_applied=len(state["applied"]))
+    return RunExport(run=run, files=files, days_applied=len(state.applied))
 
 
 # -- destinations -----------------------------------------------------------------------------------

@@ -16,12 +16,15 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workload.share.fsutil import atomic_write_text
 from workload.share.paths import METRICS_JSONL, METRICS_PNG, REPORT_TXT
+
+if TYPE_CHECKING:
+    from workload.model.lineage import LineageState  # torch: only the writers (workers) load it
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -145,23 +148,22 @@ def rendered_from(run_dir: Path) -> tuple[int, int]:
         return 0, 0
 
 
-def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray] | None,
+def write(run_dir: Path, state: LineageState, pr: tuple[np.ndarray, np.ndarray] | None,
           draw: bool = True, kept: set[str] | None = None, stamp: tuple[int, int] | None = None) -> Path | None:
-    """Rewrite report.txt and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
+    """Rewrite report.txt and metrics.jsonl from a checkpoint's state, and the pictures when `draw`;
     returns the report. With `stamp` (the source checkpoint's token and seq), nothing is written
     when the report already comes from a newer checkpoint (None is returned)."""
     run_dir = Path(run_dir)
     if stamp is not None and rendered_from(run_dir) > tuple(stamp):
         return None
-    history = state["history"]
+    history = list(state.history)
     report = run_dir / REPORT_TXT
-    atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir, kept,
-                                             state.get("reapplied", [])))
+    atomic_write_text(report, render(state.run, state.hparams, history, run_dir, kept, list(state.reapplied)))
     atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history))
     if history and draw:
         from workload.model import plots  # matplotlib: only writers pay for it
 
-        plots.write_plots(run_dir, history, pr, run=state["run"], hparams=state["hparams"])
+        plots.write_plots(run_dir, history, pr, run=state.run, hparams=state.hparams)
     if stamp is not None:
         atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n")
     return report

@@ -34,7 +34,7 @@ from workload.data import features, publish, schema, source
 from workload.data.dayfile import SCORING, TESTING, TRAINING, one_line
 from workload.data.manifest import MANIFEST
 from workload.data.reading import AS_IS, Reading
-from workload.model import metrics, report
+from workload.model import lineage, metrics, report
 from workload.model.export import load_model
 from workload.model.trainer import Trainer
 from workload.share.checkpoint import CheckpointStore
@@ -99,11 +99,11 @@ def load(model: Path) -> Trainer:
     model = Path(model)
     if not model.is_dir():
         return load_model(model)
-    loaded = CheckpointStore(model).load(accept=lambda s: s.get("progress") is None and bool(s.get("applied")))
+    loaded = lineage.newest_boundary(CheckpointStore(model))
     if loaded is None:
         raise ScoreError(f"--model {model}: no checkpoint with a finished day under {model / 'checkpoints'}; "
                          "give a run's output folder (SHARE/output/RUN) or an exported model.safetensors")
-    return Trainer.from_state(loaded.state, device=torch.device("cpu"))
+    return loaded.state.trainer(torch.device("cpu"))
 
 
 # -- the data -------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The fraud model and its training loop: an MLP over leak-free features, class-weighted.
 
-Everything needed to resume lives in `Trainer.state_dict()`, one plain dict of tensors and numbers
-(model, averaged weights, optimizer, normalisation statistics, applied shards, in-shard progress,
-metrics history). Batch order is a pure function of (seed, shard, epoch), so training resumed at any
-batch boundary follows the exact path of an uninterrupted run: on CPU the final weights match bit
-for bit.
+Everything needed to resume is in the trainer's state (model, averaged weights, optimizer, normalisation
+statistics, applied shards, in-shard progress, metrics history), which the checkpoint format
+(workload.model.lineage, `LineageState`) takes and gives back. Batch order is a pure function of
+(seed, shard, epoch), so training resumed at any batch boundary follows the exact path of an
+uninterrupted run: on CPU the final weights match bit for bit.
 
 The same code runs on CPU and CUDA. A day's tensors are normalised and moved to the device once;
 batches are indexed there (no per-batch copy, no DataLoader); scoring runs on the device in large
@@ -25,16 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-import workload
 from workload.model.hparams import HParams
-
-# 5: hparams carry full_window_days; 4: hparams carry window_days; 3: calibration (scale, shift); 2: averaged weights,
-# feature version, last-epoch accuracy
-FORMAT = 5
-# A format-2 checkpoint loads uncalibrated and is calibrated at its next applied day; one of format 2 or 3 trained
-# each day alone, and keeps doing so (window_days 1); one before format 5 trained `epochs` epochs on every window,
-# and keeps doing so (full_window_days 0).
-READABLE = (2, 3, 4, 5)
 
 MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
 
@@ -148,50 +139,6 @@ class Trainer:
         # p = sigmoid(scale * logit + shift): fitted after each applied day (model.calibration).
         self.calibration = {"scale": torch.tensor(1.0, dtype=torch.float64),
                             "shift": torch.tensor(0.0, dtype=torch.float64)}
-
-    # -- checkpoint contents -----------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT, "code_version": workload.__version__, "run": self.run,
-            "hparams": self.hp.to_dict(), "feature_names": list(self.feature_names),
-            "feature_version": self.feature_version,
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "averaged": {k: v.detach().cpu() for k, v in self.averaged.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(), "norm": self.norm.state(),
-            "rng": {"torch": torch.get_rng_state()}, "steps": self.steps,
-            "applied": list(self.applied), "progress": self._progress_state(),
-            "history": [dict(h) for h in self.history],
-            "reapplied": [dict(r) for r in self.reapplied],
-            "calibration": {k: v.clone() for k, v in self.calibration.items()},
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], device: torch.device | None = None) -> Trainer:
-        if state.get("format") not in READABLE:
-            raise ValueError(f"checkpoint format {state.get('format')!r} is not supported (readable: "
-                             f"{', '.join(map(str, READABLE))}); start a new run with this code version")
-        # Before format 4 every day trained alone, and before format 5 every window `epochs` epochs: the lineage
-        # goes on as it was trained, not with today's defaults.
-        hparams = {**({"window_days": 1} if state["format"] < 4 else {}),
-                   **({"full_window_days": 0} if state["format"] < 5 else {}), **state["hparams"]}
-        hp = HParams.from_dict(hparams, where="checkpoint hparams")
-        trainer = cls(state["run"], hp, tuple(state["feature_names"]), device, str(state["feature_version"]))
-        trainer.model.load_state_dict(state["model"])
-        trainer.averaged.load_state_dict(state["averaged"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.norm.load(state["norm"])
-        torch.set_rng_state(state["rng"]["torch"])
-        trainer.applied = list(state["applied"])
-        trainer.steps = int(state["steps"])
-        progress = dict(state["progress"]) if state["progress"] else None
-        if progress and "correct" in progress:
-            trainer._correct = torch.tensor(int(progress.pop("correct")), device=trainer.device)
-        trainer.progress = progress
-        trainer.history = [dict(h) for h in state["history"]]
-        trainer.reapplied = [dict(r) for r in state.get("reapplied", [])]
-        if "calibration" in state:
-            trainer.set_calibration(float(state["calibration"]["scale"]), float(state["calibration"]["shift"]))
-        return trainer
 
     def set_calibration(self, scale: float, shift: float) -> None:
         self.calibration = {"scale": torch.tensor(float(scale), dtype=torch.float64),

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,11 +143,15 @@ def items(share: Path, only: dict[str, RunSpec] | None = None) -> list[Item]:
     return out
 
 
-def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
+AppliedDays = Callable[[Path], set[str]]  # a run's output folder -> the days its newest checkpoint records
+
+
+def restore(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> dict[str, int]:
     """Rebuild the queue from the share (idempotent; several workers may race through it).
 
-    Returns counts: runs, items enqueued anew, items marked done because the run's newest checkpoint
-    already records them."""
+    `applied_days` reads the run's newest checkpoint (the worker passes `workload.model.lineage.applied_days`:
+    the checkpoint format is the lineage's). Returns counts: runs, items enqueued anew, items marked done
+    because the run's newest checkpoint already records them."""
     from workload.share.checkpoint import CheckpointStore  # torch: only workers pay for it
 
     specs = live(share)
@@ -161,10 +166,8 @@ def restore(queue: WorkQueue, share: Path) -> dict[str, int]:
     applied: dict[str, set[str]] = {}
     floor = 0
     for run in specs:
-        store = CheckpointStore(output_dir / run)
-        floor = max(floor, store.highest_token())
-        loaded = store.load()
-        applied[run] = set(loaded.state["applied"]) if loaded else set()
+        floor = max(floor, CheckpointStore(output_dir / run).highest_token())
+        applied[run] = applied_days(output_dir / run)
     queue.raise_token(floor)
     done = queue.mark_done([it for it in todo if it.shard in applied[it.run]])
     queue.mark_seeded()
@@ -218,14 +221,14 @@ def gap(queue: WorkQueue, share: Path) -> Gap:
                missing_items=[it.id for it in todo if it.id not in ids], token=token, token_floor=floor)
 
 
-def reconcile(queue: WorkQueue, share: Path) -> Gap | None:
+def reconcile(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> Gap | None:
     """Bring a queue that is behind the share up to it (as `restore` does for an empty one); returns
     the gap it closed, None when there was none. Idempotent: workers may race through it."""
     found = gap(queue, share)
     if not found:
         return None
     log.warning("%s", found.line())
-    got = restore(queue, share)
+    got = restore(queue, share, applied_days)
     log.warning("reconciled the queue from the share: added %d item(s), %d of them already applied in the "
                 "checkpoints (marked done); token counter at least %d", got["enqueued"], got["already_applied"],
                 found.token_floor)

@@ -32,7 +32,8 @@ from workload.core.errors import (
 )
 from workload.data.dataset import Dataset
 from workload.data.dayfile import DatasetError
-from workload.model.trainer import HParams
+from workload.model import lineage
+from workload.model.hparams import HParams
 from workload.queue import plan
 from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
 from workload.runtime.config import WorkerConfig, default_worker_id
@@ -151,7 +152,7 @@ class Worker:
         """Refill a wiped (or never filled) queue from the share; False when the share records no runs."""
         if not plan.runs(self.cfg.share):
             return False
-        got = plan.restore(self.queue, self.cfg.share)
+        got = plan.restore(self.queue, self.cfg.share, lineage.applied_days)
         log.warning("the queue was empty and unseeded (Redis lost its data?): restored it from the share: %d "
                     "run(s), %d item(s) enqueued, %d already applied in the checkpoints (marked done)",
                     got["runs"], got["enqueued"], got["already_applied"])
@@ -161,7 +162,7 @@ class Worker:
         """Add to the queue what the share's plan holds and Redis lacks (True when anything was): exit 0
         means the share's plan is done, not only the queue Redis happens to hold."""
         try:
-            return plan.reconcile(self.queue, self.cfg.share) is not None
+            return plan.reconcile(self.queue, self.cfg.share, lineage.applied_days) is not None
         except (plan.PlanError, DatasetError) as exc:
             log.warning("cannot compare the queue with the share's plan: %s", exc)
             return False

@@ -78,14 +78,6 @@ class Loaded:
     seq: int
     token: int = 0
 
-    @classmethod
-    def promoted(cls, state: dict[str, Any], path: Path) -> Loaded:
-        """What `CheckpointStore.save` just promoted at `path`, without reading it back."""
-        parsed = parse_checkpoint_name(path.name)
-        if parsed is None:
-            raise ValueError(f"{path} is not a checkpoint file name")
-        return cls(state=state, path=path, seq=parsed[0], token=parsed[1])
-
 
 def _order(entry: dict[str, Any]) -> tuple[int, int]:
     return int(entry.get("token", 0)), int(entry["seq"])
@@ -199,10 +191,12 @@ class CheckpointStore:
         seq = (max(int(e["seq"]) for e in entries) + 1) if entries else 1
         return self.dir / checkpoint_name(seq, token)
 
-    def save(self, state: dict[str, Any], *, path: Path, may_promote: Callable[[], bool]) -> Path | None:
+    def save(self, state: dict[str, Any], *, path: Path, may_promote: Callable[[], bool],
+             boundary: bool) -> Path | None:
         """Write `state` atomically to `path` (from `next_path`), then promote it if `may_promote()`
-        (the lease check) allows and no higher lease has written here. Returns `path`, or None when
-        the writer lost its lease (nothing promoted, nothing deleted)."""
+        (the lease check) allows and no higher lease has written here. `boundary`: the state is at a day
+        boundary (`LineageState.is_boundary`), which retention keeps. Returns `path`, or None when the
+        writer lost its lease (nothing promoted, nothing deleted)."""
         parsed = parse_checkpoint_name(path.name)
         if path.parent != self.dir or not parsed:
             raise ValueError(f"{path} is not a checkpoint path of {self.dir}; use next_path()")
@@ -224,7 +218,7 @@ class CheckpointStore:
             path.unlink(missing_ok=True)
             return None
         entry = {"file": path.name, "seq": seq, "token": token,
-                 "sha256": hashlib.sha256(data).hexdigest(), "boundary": state.get("progress") is None}
+                 "sha256": hashlib.sha256(data).hexdigest(), "boundary": boundary}
         entries = [e for e in self._entries() if e["file"] != path.name]
         kept = self._retain([entry, *entries])
         atomic_write_text(self.manifest_path(token), json.dumps({"entries": kept}, indent=1) + "\n")
