@@ -107,7 +107,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "queue",
         ("workload/queue/workqueue.py",),
-        ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py"),
+        ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py",
+         "tests/workload/test_queue_lost_reply.py"),
         jobs_per_core=3,  # leases expire in real time: 10.6 s of tests use 5.4 s of CPU, most of it imports
         cpu_minutes=6.0,
     ),
