@@ -261,7 +261,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "plan",
         ("workload/queue/plan.py",),
-        ("tests/workload/test_plan.py", "tests/workload/test_restore.py", "tests/workload/test_plan_records.py"),
+        ("tests/workload/test_plan.py", "tests/workload/test_restore.py", "tests/workload/test_plan_records.py",
+         "tests/workload/test_plan_stray.py"),
     ),
     Group(
         "hparams",
