@@ -34,12 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.workload.harness import HPARAMS, Cluster, make_dataset, same_weights
 from workload.core.errors import EXIT_INFRA
 from workload.data.dataset import Dataset
+from workload.queue.workqueue import WorkQueue
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
@@ -174,112 +176,136 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
         cluster.seed(dict(list(specs.items())[:max(1, cfg.runs // 2)]))
         backup = cluster.copy_redis(workdir / "chaos-redis-backup")  # half the runs: a queue behind the share
         cluster.seed(specs)
-        live: dict[str, subprocess.Popen[bytes]] = {}
-        spawned = 0
-
-        def spawn() -> None:
-            """A pod, unless one of this work-queue Job's pods exited 0: then Kubernetes starts no more."""
-            nonlocal spawned
-            if cluster.job_succeeded():
-                result.not_replaced += 1
-                return
-            name = f"w{spawned}"
-            spawned += 1
-            live[name] = cluster.start_worker(name)
-
-        full: dict[str, subprocess.Popen[bytes]] = {}
-
-        def spawn_full() -> None:
-            """A worker on a node whose share is full: every write past 16 KiB fails (EFBIG)."""
-            nonlocal spawned
-            if cluster.job_succeeded():
-                return
-            name = f"full{spawned}"
-            spawned += 1
-            full[name] = cluster.start_worker(name, preexec_fn=_limit_file_size, INFRA_GIVE_UP_SECONDS="2")
-
+        fleet = _Fleet(cluster, result)
         for _ in range(cfg.workers):
-            spawn()
+            fleet.spawn()
         # The Redis restart and wipe come early, so that they always happen before the queue drains.
         restart_at = rng.randrange(min(cfg.events, 3))
         wipe_at = rng.choice([e for e in range(min(cfg.events, 4)) if e != restart_at] or [restart_at])
         started = time.monotonic()
-        queue = cluster.queue()
-        for event in range(cfg.events):
-            time.sleep(rng.uniform(*cfg.gap_s))
-            if queue.counts().drained and queue.seeded():
-                break
-            if event == restart_at:
-                cluster.server.kill()
-                time.sleep(rng.uniform(0.5, 1.5))
-                cluster.server.start()
-                result.redis_restarts += 1
-            if event == wipe_at:
-                cluster.wipe_redis()
-                result.redis_wipes += 1
-            kind = rng.choice(DISTURBANCES)
-            if kind.startswith("redis-"):
-                _disturb_redis(cluster, kind, backup, rng, cfg, result)
-                continue
-            if kind == "full":
-                spawn_full()
-                result.full_shares += 1
-                continue
-            if not live:
-                break  # every pod ended and the Job succeeded: nothing left to disturb
-            name = rng.choice(sorted(live))
-            if kind == "stop":
-                proc = live[name]
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGSTOP)
-                    time.sleep(cfg.lease_ttl_s * rng.uniform(1.3, 2.0))  # past its lease: a peer takes over
-                    proc.send_signal(signal.SIGCONT)
-                    result.stops += 1
-                continue
-            sig = signal.SIGKILL if kind == "kill" else signal.SIGTERM
-            proc = live.pop(name)
-            held = [(run, r["lease"]) for run, r in queue.snapshot()["runs"].items()
-                    if r["lease"] and r["lease"]["owner"] == name]
-            if proc.poll() is None:
-                proc.send_signal(sig)
-                killed_at = time.time()
-                code = proc.wait(30)
-                if sig == signal.SIGKILL:
-                    result.kills += 1
-                    result.lost_work_s += sum(_lost_work_s(cluster, run, int(lease["claimed_at"]), killed_at)
-                                              for run, lease in held)
-                else:
-                    result.terms += 1
-                    # Before its handlers are installed (still importing) a worker dies of the signal; it
-                    # cannot have claimed anything yet, so that is fine. Afterwards it must exit 143 (or 0).
-                    started_up = "starting (lease" in cluster.log(name)
-                    if code not in (143, 0) and not (code == -signal.SIGTERM and not started_up):
-                        result.violations.append(f"{name} exited {code} after SIGTERM: {cluster.log(name)[-1500:]}")
-            elif proc.returncode != 0:
-                result.violations.append(f"{name} exited {proc.returncode} undisturbed: {cluster.log(name)[-1500:]}")
-            cluster.procs.remove(proc)
-            spawn()  # Kubernetes replaces a failed or preempted pod, but none once a pod succeeded
-        deadline = time.monotonic() + cfg.timeout_s
-        codes: dict[str, int | None] = {}
-        for name, proc in live.items():
-            try:
-                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[name] = None
-        for name, proc in full.items():
-            try:
-                code = proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                code = None
-            # It exits EXIT_INFRA once it hit the full share, or 0 if the queue drained before it wrote.
-            if code not in (0, EXIT_INFRA) or (code == EXIT_INFRA and "File too large" not in cluster.log(name)):
-                result.violations.append(f"full-share worker {name} exited {code}: {cluster.log(name)[-1500:]}")
+        _disturb(fleet, cfg, rng, backup, restart_at, wipe_at)
+        codes = fleet.wait(time.monotonic() + cfg.timeout_s)
         result.wall_s = time.monotonic() - started
         result.violations += verify(cluster, reference, codes)
         return result
     finally:
         cluster.stop()
         cluster.server.kill()
+
+
+def _disturb(fleet: _Fleet, cfg: ChaosConfig, rng: random.Random, backup: Path, restart_at: int,
+             wipe_at: int) -> None:
+    """The events, each after a random pause, until the queue drains or no pod is left to disturb."""
+    cluster, result = fleet.cluster, fleet.result
+    queue = cluster.queue()
+    for event in range(cfg.events):
+        time.sleep(rng.uniform(*cfg.gap_s))
+        if queue.counts().drained and queue.seeded():
+            break
+        if event == restart_at:
+            cluster.server.kill()
+            time.sleep(rng.uniform(0.5, 1.5))
+            cluster.server.start()
+            result.redis_restarts += 1
+        if event == wipe_at:
+            cluster.wipe_redis()
+            result.redis_wipes += 1
+        kind = rng.choice(DISTURBANCES)
+        if kind.startswith("redis-"):
+            _disturb_redis(cluster, kind, backup, rng, cfg, result)
+            continue
+        if kind == "full":
+            fleet.spawn_full()
+            result.full_shares += 1
+            continue
+        if not fleet.live:
+            break  # every pod ended and the Job succeeded: nothing left to disturb
+        name = rng.choice(sorted(fleet.live))
+        if kind == "stop":
+            fleet.freeze(name, lambda: cfg.lease_ttl_s * rng.uniform(1.3, 2.0))  # past its lease: a peer takes over
+        else:
+            fleet.end(name, signal.SIGKILL if kind == "kill" else signal.SIGTERM, queue)
+
+
+class _Fleet:
+    """The Job's pods: started, replaced as Kubernetes replaces them, signalled, and waited for at the end."""
+
+    def __init__(self, cluster: Cluster, result: ChaosResult) -> None:
+        self.cluster, self.result = cluster, result
+        self.live: dict[str, subprocess.Popen[bytes]] = {}
+        self.full: dict[str, subprocess.Popen[bytes]] = {}
+        self.spawned = 0
+
+    def spawn(self) -> None:
+        """A pod, unless one of this work-queue Job's pods exited 0: then Kubernetes starts no more."""
+        if self.cluster.job_succeeded():
+            self.result.not_replaced += 1
+            return
+        name = f"w{self.spawned}"
+        self.spawned += 1
+        self.live[name] = self.cluster.start_worker(name)
+
+    def spawn_full(self) -> None:
+        """A worker on a node whose share is full: every write past 16 KiB fails (EFBIG)."""
+        if self.cluster.job_succeeded():
+            return
+        name = f"full{self.spawned}"
+        self.spawned += 1
+        self.full[name] = self.cluster.start_worker(name, preexec_fn=_limit_file_size, INFRA_GIVE_UP_SECONDS="2")
+
+    def freeze(self, name: str, for_s: Callable[[], float]) -> None:
+        """SIGSTOP for `for_s()` seconds (drawn only when the pod is alive), then SIGCONT."""
+        proc = self.live[name]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(for_s())
+            proc.send_signal(signal.SIGCONT)
+            self.result.stops += 1
+
+    def end(self, name: str, sig: signal.Signals, queue: WorkQueue) -> None:
+        """SIGKILL or SIGTERM a pod (checking how it ended), then replace it."""
+        result, cluster = self.result, self.cluster
+        proc = self.live.pop(name)
+        held = [(run, r["lease"]) for run, r in queue.snapshot()["runs"].items()
+                if r["lease"] and r["lease"]["owner"] == name]
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            killed_at = time.time()
+            code = proc.wait(30)
+            if sig == signal.SIGKILL:
+                result.kills += 1
+                result.lost_work_s += sum(_lost_work_s(cluster, run, int(lease["claimed_at"]), killed_at)
+                                          for run, lease in held)
+            else:
+                result.terms += 1
+                # Before its handlers are installed (still importing) a worker dies of the signal; it
+                # cannot have claimed anything yet, so that is fine. Afterwards it must exit 143 (or 0).
+                started_up = "starting (lease" in cluster.log(name)
+                if code not in (143, 0) and not (code == -signal.SIGTERM and not started_up):
+                    result.violations.append(f"{name} exited {code} after SIGTERM: {cluster.log(name)[-1500:]}")
+        elif proc.returncode != 0:
+            result.violations.append(f"{name} exited {proc.returncode} undisturbed: {cluster.log(name)[-1500:]}")
+        cluster.procs.remove(proc)
+        self.spawn()  # Kubernetes replaces a failed or preempted pod, but none once a pod succeeded
+
+    def wait(self, deadline: float) -> dict[str, int | None]:
+        """The pods' exit codes (None: still running at `deadline`); a full-share worker's are checked here."""
+        codes: dict[str, int | None] = {}
+        for name, proc in self.live.items():
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        for name, proc in self.full.items():
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+            # It exits EXIT_INFRA once it hit the full share, or 0 if the queue drained before it wrote.
+            if code not in (0, EXIT_INFRA) or (code == EXIT_INFRA and "File too large" not in self.cluster.log(name)):
+                self.result.violations.append(
+                    f"full-share worker {name} exited {code}: {self.cluster.log(name)[-1500:]}")
+        return codes
 
 
 def _disturb_redis(cluster: Cluster, kind: str, backup: Path, rng: random.Random, cfg: ChaosConfig,

@@ -57,6 +57,7 @@ class Stale(Exception):
 JOB = "tests/workload/test_job_semantics.py"
 ATOMIC = "tests/workload/test_atomic_writes.py"
 LAYERS = "tests/workload/test_refusal_layers.py"
+BLIND = "tests/workload/test_blind_spots.py"
 
 BUGS: tuple[Bug, ...] = (
     Bug("1", "worker exits 0 when nothing is pending while a peer still holds a lease",
@@ -151,6 +152,29 @@ BUGS: tuple[Bug, ...] = (
         (Edit("workload/queue/workqueue.py", """if shard.is_absolute() or ".." in shard.parts or not data["shard"]:""",
               """if not data["shard"]:"""),),
         (f"{LAYERS}::test_the_claim_dead_letters_a_shard_climbing_out_without_leasing_it",)),
+    # Issue 34's blind spots: bugs no test failed on until tests/workload/test_blind_spots.py.
+    Bug("34-lock", "a loader that finds the publish lock held carries on without it",
+        (Edit("workload/data/publish.py", "            fcntl.lockf(fd, fcntl.LOCK_EX)\n", ""),),
+        (f"{BLIND}::test_a_loader_that_finds_the_publish_lock_held_waits_its_turn",)),
+    Bug("34-staging", "staging leftovers are cleared before the publish lock is taken (a live loader's staging)",
+        (Edit("workload/data/publish.py", "    with _publishing(root):\n        _remove_staging(root)\n",
+              "    _remove_staging(root)\n    with _publishing(root):\n"),),
+        (f"{BLIND}::test_a_waiting_loader_leaves_the_lock_holders_staging_folder_alone",)),
+    Bug("34-retention", "checkpoint retention deletes unnamed files of a higher lease token",
+        (Edit("workload/share/checkpoint.py", "if parsed and path.name not in named and parsed[1] <= token:",
+              "if parsed and path.name not in named:"),),
+        (f"{BLIND}::test_retention_never_deletes_a_checkpoint_of_a_higher_lease_token",)),
+    Bug("34-lookback", "a day's recorded feature inputs look back only the feature window, not the label delay too",
+        (Edit("workload/data/dataset.py",
+              '        first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])\n'
+              "        start = first - pd.Timedelta(days=features.LOOKBACK_DAYS)\n",
+              '        first, last = pd.Timestamp(entry["first"]), pd.Timestamp(entry["last"])\n'
+              "        start = first - pd.Timedelta(days=max(features.WINDOWS_DAYS))\n"),),
+        (f"{BLIND}::test_a_days_stored_features_depend_on_every_day_its_window_and_label_delay_reach",)),
+    Bug("34-calibration", "the calibration refit leaves out the day just trained",
+        (Edit("workload/model/calibration.py", "days = eligible_days(data, [*trainer.applied, shard])",
+              "days = eligible_days(data, list(trainer.applied))"),),
+        (f"{BLIND}::test_the_calibration_refit_includes_the_day_just_trained",)),
 )
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.workload.harness import Cluster
+from workload.queue.workqueue import WorkQueue
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
@@ -55,64 +58,86 @@ def run_trials(base: Path, dataset_src: Path, hparams: dict, signals: list[signa
     cluster.share.mkdir(parents=True)
     cluster.env_extra.update(LEASE_TTL_SECONDS=str(lease_ttl_s), CHECKPOINT_INTERVAL_SECONDS=str(checkpoint_interval_s),
                              TORCH_THREADS="1")
-    store = CheckpointStore(cluster.share / "output" / "main")
-    queue = cluster.queue()
     trials = []
     try:
         cluster.seed({"main": hparams})
-        workers = {name: cluster.start_worker(name) for name in ("w0", "w1")}
-        seen_shards: set[str] = set()
+        bench = _Bench(cluster, CheckpointStore(cluster.share / "output" / "main"), cluster.queue(),
+                       {name: cluster.start_worker(name) for name in ("w0", "w1")}, set(), lease_ttl_s)
         for n, sig in enumerate(signals):
-            # The next shard that starts training from its first batch, and the worker training it.
-            def fresh_start() -> tuple[str, str] | None:
-                for name in workers:
-                    for m in _TRAINING.finditer(cluster.log(name)):
-                        if m[3] not in seen_shards:
-                            return name, m[3]
-                return None
-
-            victim, item = _wait(fresh_start, 120, "a shard to start training")
-            started = time.time()
-            seen_shards.add(item)
-            delay = rng.uniform(checkpoint_interval_s, 2 * checkpoint_interval_s)
-            time.sleep(delay)
-            peer = next(name for name in workers if name != victim)
-            log_before = len(cluster.log(peer))
-            signalled = time.time()
-            workers[victim].send_signal(sig)
-            if sig == signal.SIGKILL:
-                workers[victim].wait(30)  # dead at once: the manifest now holds its last promotion
-            promoted = store.manifest.stat().st_mtime if store.manifest.exists() else 0.0
-
-            def lease_owner(p: str = peer) -> bool:
-                lease = queue.snapshot()["runs"]["main"]["lease"]
-                return bool(lease and lease["owner"] == p)
-
-            _wait(lease_owner, lease_ttl_s + 30, f"{peer} to take {item} over")
-            claimed = time.time()
-            code = workers[victim].wait(30)
-            exited = time.time()
-            if sig == signal.SIGTERM:  # its final checkpoint was promoted before its release
-                promoted = store.manifest.stat().st_mtime if store.manifest.exists() else 0.0
-            resumed_at = _wait(lambda p=peer, n=log_before: _RESUMING.search(cluster.log(p)[n:]), 60,
-                               f"{peer} to resume training")
-            resumed = time.time()
-            resume_point = (int(resumed_at[2]), int(resumed_at[3]))
-            if sig == signal.SIGTERM and promoted >= signalled:
-                ckpt = store.load()
-                progress = ckpt.state["progress"] if ckpt else None
-                saved_point = (progress["epoch"], progress["batch"]) if progress else None
-                lost = 0.0 if saved_point == resume_point else float("nan")
-                detail = (f"exit {code} {exited - signalled:.1f}s after the signal; final checkpoint at "
-                          f"epoch/batch {saved_point}, peer resumed at {resume_point}")
-            else:
-                lost = signalled - max(promoted, started)
-                detail = f"exit {code}; peer resumed at epoch/batch {resume_point}"
-            trials.append(RecoveryTrial(signal=sig.name, kill_after_s=delay, lost_s=lost,
-                                        claim_s=claimed - signalled, resume_s=resumed - signalled, detail=detail))
-            cluster.procs.remove(workers.pop(victim))
-            workers[f"w{n + 2}"] = cluster.start_worker(f"w{n + 2}")
+            victim, trial = bench.trial(sig, lambda: rng.uniform(checkpoint_interval_s, 2 * checkpoint_interval_s))
+            trials.append(trial)
+            cluster.procs.remove(bench.workers.pop(victim))
+            bench.workers[f"w{n + 2}"] = cluster.start_worker(f"w{n + 2}")
         return trials
     finally:
         cluster.stop()
         cluster.server.kill()
+
+
+@dataclass
+class _Bench:
+    """Two workers on one run, and the shards whose training a trial already interrupted."""
+
+    cluster: Cluster
+    store: CheckpointStore
+    queue: WorkQueue
+    workers: dict[str, subprocess.Popen[bytes]]
+    seen_shards: set[str]
+    lease_ttl_s: float
+
+    def fresh_start(self) -> tuple[str, str] | None:
+        """The next shard that starts training from its first batch, and the worker training it."""
+        for name in self.workers:
+            for m in _TRAINING.finditer(self.cluster.log(name)):
+                if m[3] not in self.seen_shards:
+                    return name, m[3]
+        return None
+
+    def promoted(self) -> float:
+        return self.store.manifest.stat().st_mtime if self.store.manifest.exists() else 0.0
+
+    def trial(self, sig: signal.Signals, draw_delay: Callable[[], float]) -> tuple[str, RecoveryTrial]:
+        """Signal the worker of a freshly started shard `draw_delay()` seconds into it; time its peer's takeover."""
+        cluster = self.cluster
+        victim, item = _wait(self.fresh_start, 120, "a shard to start training")
+        started = time.time()
+        self.seen_shards.add(item)
+        delay = draw_delay()
+        time.sleep(delay)
+        peer = next(name for name in self.workers if name != victim)
+        log_before = len(cluster.log(peer))
+        signalled = time.time()
+        self.workers[victim].send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.workers[victim].wait(30)  # dead at once: the manifest now holds its last promotion
+        promoted = self.promoted()
+
+        def lease_owner(p: str = peer) -> bool:
+            lease = self.queue.snapshot()["runs"]["main"]["lease"]
+            return bool(lease and lease["owner"] == p)
+
+        _wait(lease_owner, self.lease_ttl_s + 30, f"{peer} to take {item} over")
+        claimed = time.time()
+        code = self.workers[victim].wait(30)
+        exited = time.time()
+        if sig == signal.SIGTERM:  # its final checkpoint was promoted before its release
+            promoted = self.promoted()
+        resumed_at = _wait(lambda p=peer, n=log_before: _RESUMING.search(cluster.log(p)[n:]), 60,
+                           f"{peer} to resume training")
+        resumed = time.time()
+        resume_point = (int(resumed_at[2]), int(resumed_at[3]))
+        if sig == signal.SIGTERM and promoted >= signalled:
+            lost, detail = self.saved_at(resume_point, f"exit {code} {exited - signalled:.1f}s after the signal")
+        else:
+            lost = signalled - max(promoted, started)
+            detail = f"exit {code}; peer resumed at epoch/batch {resume_point}"
+        return victim, RecoveryTrial(signal=sig.name, kill_after_s=delay, lost_s=lost, claim_s=claimed - signalled,
+                                     resume_s=resumed - signalled, detail=detail)
+
+    def saved_at(self, resume_point: tuple[int, int], exit_text: str) -> tuple[float, str]:
+        """After a SIGTERM whose final checkpoint was promoted: nothing lost if the peer resumed at its batch."""
+        ckpt = self.store.load()
+        progress = ckpt.state["progress"] if ckpt else None
+        saved_point = (progress["epoch"], progress["batch"]) if progress else None
+        lost = 0.0 if saved_point == resume_point else float("nan")
+        return lost, f"{exit_text}; final checkpoint at epoch/batch {saved_point}, peer resumed at {resume_point}"

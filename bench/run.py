@@ -426,82 +426,9 @@ def explain(res: Results) -> list[str]:
     out = [f"- All CPU figures use {THREADS} torch thread (`TORCH_THREADS=1`) in the worker and the bare loop "
            "alike: this MLP's matrices are too small for intra-op parallelism, and on the 2-vCPU machine two "
            "threads made training steps 1-15x slower, erratically. Use `TORCH_THREADS=1` for CPU workers."]
-    eff = res.plots.get("efficiency") or []
-    if eff:
-        big = eff[-1]
-        per_shard = {k: v for k, v in big["phases"].items() if k != "training"}
-        top = sorted(per_shard.items(), key=lambda kv: -kv[1])[:3]
-        out.append(
-            f"- **Training efficiency** is the worker's samples/s from the claim call to the ack's return (one "
-            f"fresh in-process `Worker` per shard, as a new pod: features loaded from the feature store, where "
-            f"seed computed them on CPU; training with checkpoints every {CHECKPOINT_INTERVAL_S:g} s; scoring and "
-            f"evaluation on the test days; report with plots; ack) over a bare loop with the same `FraudMLP`, Adam, "
-            f"loss, weight averaging, batch size {HP.batch_size} and {HP.epochs} epochs (the default run) on the "
-            f"same tensors already normalised in memory. On the {big['size']:,}-row shard the worker spent "
-            f"{big['worker_s']:.1f}s, of which training {big['phases'].get('training', 0):.1f}s (bare loop "
-            f"{big['bare_s']:.1f}s) and " + ", ".join(f"{k} {v:.2f}s" for k, v in top) + ". Before the feature "
-            "store the worker computed this shard's features itself (1.5 s, the ratio was 0.74) and scored all "
-            "its rows again for the training accuracy (now counted from the last epoch's logits). On small "
-            "shards the ratio is noisy (a 10k shard trains in well under a second) and fixed costs (the report's "
-            "plots: these shards are each their run's last, so they draw) dominate. Each ratio is the median of "
-            "three worker/bare pairs run back to back; the range is shown because the machine is shared.")
-    ov = res.plots.get("overhead")
-    if ov:
-        ph = sorted(ov["phases"].items(), key=lambda kv: -kv[1])
-        out.append(
-            "- **Per-item overhead** is claim-to-ack time minus time inside `Trainer.train_shard` (a checkpoint "
-            "written from inside training counts as overhead), on tutorial-sized daily shards (the handbook's "
-            "5000 customers) after 37 days in history/, so that each has its full feature history. Median "
-            f"{ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms (the tail is the fresh worker's first item: test-day "
-            "features are computed once per process). By phase (median ms): "
-            + ", ".join(f"{k} {v:.0f}" for k, v in ph) + ". Features are no longer computed here: seed stores "
-            "every day's features on the share (they cost ~100 ms a day, paid once per dataset instead of once "
-            "per run and day), and a worker loads a day's in a few milliseconds, checksum included. The report "
-            "rewrites report.txt and metrics.jsonl after every shard but redraws its two PNGs at most every "
-            "`PLOT_INTERVAL_SECONDS` (30 s) and after a run's last shard.")
-    sw = res.plots.get("sweep")
-    if sw:
-        out.append(
-            "- **Features of a sweep**: seed places the dataset and stores every day's features once; then 1 or 8 "
-            "runs train the same days with one in-process worker. The time inside `features.compute`, wherever "
-            f"it runs, is {sw['ratio']:.2f}x for 8 runs what it is for 1: workers computed none (before the "
-            "store, each run computed every day it trained: 8x).")
-    qu = res.plots.get("quality")
-    if qu:
-        out.append(
-            "- **Model quality**: `python -m bench.quality` (its docstring has the protocol): the simulator's "
-            "`cluster` preset (the handbook's size, from 2018-04-01) with the handbook's chapter-3 protocol: test "
-            "on 2018-08-08..14 with the cards already known compromised removed (a fraud confirmed by the "
-            "transaction's time minus 7 days), average precision and Card Precision@100 as the handbook computes "
-            "it; three training sizes ending 2018-07-31 (4 days, the handbook's week, 12 weeks); the default run "
-            "trained day by day as the workers train it against logistic regression, random forest, LightGBM "
-            "and XGBoost fitted on the same rows and features at once; each with seeds 0, 1, 2, shown as mean "
-            "[min..max]. Every figure is kept in build/bench/quality/ as it is measured, so sizes and variants "
-            "run alone. What was tried is in README.md (Model). The handbook's own published figures (its data, "
-            "whole-day delay) are not comparable to the second decimal: its test set and features differ.")
-    if res.plots.get("queue"):
-        out.append(
-            "- **Queue**: forked client processes (not threads: the client holds the GIL while encoding) each "
-            "claim and ack as fast as they can for 2 s against one real redis-server with 16 runs pending (a "
-            "run is leased to one worker at a time), with `appendfsync always`, as the stack (infra/redis.py), "
-            "`make local` and the tests run it: an fsync per write, which more clients share. "
-            "On 2 cores the clients and the server compete for the CPU, so more clients do not scale further. "
-            "A shard takes seconds to minutes to train, so even 1,000 pairs/s is three orders of magnitude "
-            "more than any realistic fleet asks of the queue.")
-    rec = res.plots.get("recovery")
-    if rec:
-        trials, _, epochs, hparams = rec
-        out.append(
-            "- **Recovery**: two real worker processes as `make local` configures them (checkpoint every 5 s, "
-            f"lease TTL 15 s, 1 torch thread), daily shards with batch size {hparams['batch_size']} and {epochs} "
-            "epochs so a shard trains for several checkpoint intervals; the holder gets the signal 1-2 "
-            "intervals into a fresh shard. Lost work after SIGKILL is the wall time between the run's last "
-            "promoted checkpoint (manifest mtime) and the kill: bounded by the checkpoint interval plus one "
-            "batch and one checkpoint write. After SIGTERM the victim checkpoints at the next batch and "
-            "releases: lost work is 0 when the peer resumes at exactly that checkpoint's epoch and batch "
-            "(checked; NaN would mean it did not). Resume is the signal until the idle peer holds the lease; "
-            "after SIGKILL that waits for the lease to expire (2/3 to 1 TTL after the last heartbeat), after "
-            "SIGTERM it is one idle poll (0.5 s). \"Trains again\" adds loading the checkpoint and features.")
+    for part in (_explain_efficiency, _explain_overhead, _explain_sweep, _explain_quality, _explain_queue,
+                 _explain_recovery):
+        out += part(res.plots)
     out.append("- **Program**: `infra.render.render(stack)` (config validation and the whole Pulumi program "
                "under the SDK's mock engine); the first call of the process includes imports and warm-up.")
     if not torch.cuda.is_available():
@@ -511,6 +438,106 @@ def explain(res: Results) -> list[str]:
     return out
 
 
+def _explain_efficiency(plots: dict) -> list[str]:
+    eff = plots.get("efficiency") or []
+    if not eff:
+        return []
+    big = eff[-1]
+    per_shard = {k: v for k, v in big["phases"].items() if k != "training"}
+    top = sorted(per_shard.items(), key=lambda kv: -kv[1])[:3]
+    return [
+        f"- **Training efficiency** is the worker's samples/s from the claim call to the ack's return (one "
+        f"fresh in-process `Worker` per shard, as a new pod: features loaded from the feature store, where "
+        f"seed computed them on CPU; training with checkpoints every {CHECKPOINT_INTERVAL_S:g} s; scoring and "
+        f"evaluation on the test days; report with plots; ack) over a bare loop with the same `FraudMLP`, Adam, "
+        f"loss, weight averaging, batch size {HP.batch_size} and {HP.epochs} epochs (the default run) on the "
+        f"same tensors already normalised in memory. On the {big['size']:,}-row shard the worker spent "
+        f"{big['worker_s']:.1f}s, of which training {big['phases'].get('training', 0):.1f}s (bare loop "
+        f"{big['bare_s']:.1f}s) and " + ", ".join(f"{k} {v:.2f}s" for k, v in top) + ". Before the feature "
+        "store the worker computed this shard's features itself (1.5 s, the ratio was 0.74) and scored all "
+        "its rows again for the training accuracy (now counted from the last epoch's logits). On small "
+        "shards the ratio is noisy (a 10k shard trains in well under a second) and fixed costs (the report's "
+        "plots: these shards are each their run's last, so they draw) dominate. Each ratio is the median of "
+        "three worker/bare pairs run back to back; the range is shown because the machine is shared."]
+
+
+def _explain_overhead(plots: dict) -> list[str]:
+    ov = plots.get("overhead")
+    if not ov:
+        return []
+    ph = sorted(ov["phases"].items(), key=lambda kv: -kv[1])
+    return [
+        "- **Per-item overhead** is claim-to-ack time minus time inside `Trainer.train_shard` (a checkpoint "
+        "written from inside training counts as overhead), on tutorial-sized daily shards (the handbook's "
+        "5000 customers) after 37 days in history/, so that each has its full feature history. Median "
+        f"{ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms (the tail is the fresh worker's first item: test-day "
+        "features are computed once per process). By phase (median ms): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in ph) + ". Features are no longer computed here: seed stores "
+        "every day's features on the share (they cost ~100 ms a day, paid once per dataset instead of once "
+        "per run and day), and a worker loads a day's in a few milliseconds, checksum included. The report "
+        "rewrites report.txt and metrics.jsonl after every shard but redraws its two PNGs at most every "
+        "`PLOT_INTERVAL_SECONDS` (30 s) and after a run's last shard."]
+
+
+def _explain_sweep(plots: dict) -> list[str]:
+    sw = plots.get("sweep")
+    if not sw:
+        return []
+    return [
+        "- **Features of a sweep**: seed places the dataset and stores every day's features once; then 1 or 8 "
+        "runs train the same days with one in-process worker. The time inside `features.compute`, wherever "
+        f"it runs, is {sw['ratio']:.2f}x for 8 runs what it is for 1: workers computed none (before the "
+        "store, each run computed every day it trained: 8x)."]
+
+
+def _explain_quality(plots: dict) -> list[str]:
+    qu = plots.get("quality")
+    if not qu:
+        return []
+    return [
+        "- **Model quality**: `python -m bench.quality` (its docstring has the protocol): the simulator's "
+        "`cluster` preset (the handbook's size, from 2018-04-01) with the handbook's chapter-3 protocol: test "
+        "on 2018-08-08..14 with the cards already known compromised removed (a fraud confirmed by the "
+        "transaction's time minus 7 days), average precision and Card Precision@100 as the handbook computes "
+        "it; three training sizes ending 2018-07-31 (4 days, the handbook's week, 12 weeks); the default run "
+        "trained day by day as the workers train it against logistic regression, random forest, LightGBM "
+        "and XGBoost fitted on the same rows and features at once; each with seeds 0, 1, 2, shown as mean "
+        "[min..max]. Every figure is kept in build/bench/quality/ as it is measured, so sizes and variants "
+        "run alone. What was tried is in README.md (Model). The handbook's own published figures (its data, "
+        "whole-day delay) are not comparable to the second decimal: its test set and features differ."]
+
+
+def _explain_queue(plots: dict) -> list[str]:
+    if not plots.get("queue"):
+        return []
+    return [
+        "- **Queue**: forked client processes (not threads: the client holds the GIL while encoding) each "
+        "claim and ack as fast as they can for 2 s against one real redis-server with 16 runs pending (a "
+        "run is leased to one worker at a time), with `appendfsync always`, as the stack (infra/redis.py), "
+        "`make local` and the tests run it: an fsync per write, which more clients share. "
+        "On 2 cores the clients and the server compete for the CPU, so more clients do not scale further. "
+        "A shard takes seconds to minutes to train, so even 1,000 pairs/s is three orders of magnitude "
+        "more than any realistic fleet asks of the queue."]
+
+
+def _explain_recovery(plots: dict) -> list[str]:
+    rec = plots.get("recovery")
+    if not rec:
+        return []
+    trials, _, epochs, hparams = rec
+    return [
+        "- **Recovery**: two real worker processes as `make local` configures them (checkpoint every 5 s, "
+        f"lease TTL 15 s, 1 torch thread), daily shards with batch size {hparams['batch_size']} and {epochs} "
+        "epochs so a shard trains for several checkpoint intervals; the holder gets the signal 1-2 "
+        "intervals into a fresh shard. Lost work after SIGKILL is the wall time between the run's last "
+        "promoted checkpoint (manifest mtime) and the kill: bounded by the checkpoint interval plus one "
+        "batch and one checkpoint write. After SIGTERM the victim checkpoints at the next batch and "
+        "releases: lost work is 0 when the peer resumes at exactly that checkpoint's epoch and batch "
+        "(checked; NaN would mean it did not). Resume is the signal until the idle peer holds the lease; "
+        "after SIGKILL that waits for the lease to expire (2/3 to 1 TTL after the last heartbeat), after "
+        "SIGTERM it is one idle poll (0.5 s). \"Trains again\" adds loading the checkpoint and features."]
+
+
 def picture(res: Results, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -518,73 +545,80 @@ def picture(res: Results, path: Path) -> None:
     fig = Figure(figsize=(13, 12.5))
     FigureCanvasAgg(fig)
     axes = fig.subplots(3, 2)
-    eff = res.plots.get("efficiency") or []
-    if eff:
-        ax = axes[0][0]
-        labels = [f"{p['size']:,}" for p in eff]
-        spread = [[p["ratio"] - min(p["ratios"]) for p in eff], [max(p["ratios"]) - p["ratio"] for p in eff]]
-        ax.bar(labels, [p["ratio"] for p in eff], yerr=spread, capsize=5, color="tab:blue")
-        bound = EFFICIENCY_TARGET["cpu"]
-        ax.axhline(bound, color="tab:red", linestyle="--", label=f"target {bound:g} (1M rows)")
-        ax.set(title="Training efficiency: worker / bare-loop samples/s (CPU)", xlabel="rows per shard",
-               ylabel="ratio", ylim=(0, 1.05))
-        ax.legend()
-    ov = res.plots.get("overhead")
-    if ov:
-        ax = axes[0][1]
-        phases = sorted(ov["phases"].items(), key=lambda kv: kv[1])
-        ax.barh([k for k, _ in phases], [v for _, v in phases], color="tab:orange")
-        ax.set(title=f"Per-item overhead by phase (median {ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms)",
-               xlabel="ms per item (median)")
-    q = res.plots.get("queue")
-    if q:
-        ax = axes[1][0]
-        for fsync, pts in q.items():
-            ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=f"appendfsync {fsync}")
-        ax.set(title="Queue: claim+ack pairs per second", xlabel="client processes", ylabel="pairs/s")
-        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
-        ax.legend()
-    rec = res.plots.get("recovery")
-    if rec:
-        ax = axes[1][1]
-        trials = rec[0]
-        names = [f"{t.signal[3:]} {i + 1}" for i, t in enumerate(trials)]
-        xs = np.arange(len(trials))
-        ax.bar(xs - 0.2, [0 if math.isnan(t.lost_s) else t.lost_s for t in trials], 0.4, label="training lost (s)")
-        ax.bar(xs + 0.2, [t.claim_s for t in trials], 0.4, label="signal -> peer holds lease (s)")
-        ax.axhline(5.0, color="tab:blue", linestyle=":", label="checkpoint interval 5 s")
-        ax.axhline(15.0, color="tab:red", linestyle=":", label="lease TTL 15 s")
-        ax.set_xticks(xs, names)
-        ax.set(title="Recovery after SIGKILL / SIGTERM mid-shard", ylabel="seconds")
-        ax.legend(fontsize=8)
-    sw = res.plots.get("sweep")
-    if sw:
-        ax = axes[2][0]
-        spent = sw["spent"]
-        ns = sorted(spent)
-        ax.bar([f"{n} run(s)" for n in ns], [spent[n]["seconds"] for n in ns], color="tab:green")
-        ax.set(title=f"Feature time of a sweep, seed included ({sw['ratio']:.2f}x for {ns[-1]} runs)",
-               ylabel="seconds in features.compute")
-    qu = res.plots.get("quality")
-    if qu:
-        from bench import quality as q
-
-        ax = axes[2][1]
-        size = list(qu["sizes"])[-1]
-        names = [q.DEFAULT, *q.BASELINES]
-        mean = {m: [sc for sc in qu["scores"] if sc.size == size and sc.model == m] for m in names}
-        xs = np.arange(len(names))
-        ax.bar(xs - 0.2, [statistics.mean(sc.ap for sc in mean[m]) for m in names], 0.4, label="average precision")
-        ax.bar(xs + 0.2, [statistics.mean(sc.cp100 for sc in mean[m]) for m in names], 0.4,
-               label="card precision@100")
-        ax.set_xticks(xs, names, fontsize=7)
-        ax.set(title=f"Handbook protocol, {qu['sizes'][size][0]}", ylim=(0, 1))
-        ax.legend(fontsize=8)
+    panels = (("efficiency", axes[0][0], _draw_efficiency), ("overhead", axes[0][1], _draw_overhead),
+              ("queue", axes[1][0], _draw_queue), ("recovery", axes[1][1], _draw_recovery),
+              ("sweep", axes[2][0], _draw_sweep), ("quality", axes[2][1], _draw_quality))
+    for key, ax, draw in panels:
+        got = res.plots.get(key)
+        if got:
+            draw(ax, got)
     for ax in axes.flat:
         if not ax.has_data():
             ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+def _draw_efficiency(ax: Any, eff: list[dict]) -> None:
+    labels = [f"{p['size']:,}" for p in eff]
+    spread = [[p["ratio"] - min(p["ratios"]) for p in eff], [max(p["ratios"]) - p["ratio"] for p in eff]]
+    ax.bar(labels, [p["ratio"] for p in eff], yerr=spread, capsize=5, color="tab:blue")
+    bound = EFFICIENCY_TARGET["cpu"]
+    ax.axhline(bound, color="tab:red", linestyle="--", label=f"target {bound:g} (1M rows)")
+    ax.set(title="Training efficiency: worker / bare-loop samples/s (CPU)", xlabel="rows per shard",
+           ylabel="ratio", ylim=(0, 1.05))
+    ax.legend()
+
+
+def _draw_overhead(ax: Any, ov: dict) -> None:
+    phases = sorted(ov["phases"].items(), key=lambda kv: kv[1])
+    ax.barh([k for k, _ in phases], [v for _, v in phases], color="tab:orange")
+    ax.set(title=f"Per-item overhead by phase (median {ov['median']:.0f} ms, p95 {ov['p95']:.0f} ms)",
+           xlabel="ms per item (median)")
+
+
+def _draw_queue(ax: Any, q: dict) -> None:
+    for fsync, pts in q.items():
+        ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=f"appendfsync {fsync}")
+    ax.set(title="Queue: claim+ack pairs per second", xlabel="client processes", ylabel="pairs/s")
+    ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    ax.legend()
+
+
+def _draw_recovery(ax: Any, rec: tuple) -> None:
+    trials = rec[0]
+    names = [f"{t.signal[3:]} {i + 1}" for i, t in enumerate(trials)]
+    xs = np.arange(len(trials))
+    ax.bar(xs - 0.2, [0 if math.isnan(t.lost_s) else t.lost_s for t in trials], 0.4, label="training lost (s)")
+    ax.bar(xs + 0.2, [t.claim_s for t in trials], 0.4, label="signal -> peer holds lease (s)")
+    ax.axhline(5.0, color="tab:blue", linestyle=":", label="checkpoint interval 5 s")
+    ax.axhline(15.0, color="tab:red", linestyle=":", label="lease TTL 15 s")
+    ax.set_xticks(xs, names)
+    ax.set(title="Recovery after SIGKILL / SIGTERM mid-shard", ylabel="seconds")
+    ax.legend(fontsize=8)
+
+
+def _draw_sweep(ax: Any, sw: dict) -> None:
+    spent = sw["spent"]
+    ns = sorted(spent)
+    ax.bar([f"{n} run(s)" for n in ns], [spent[n]["seconds"] for n in ns], color="tab:green")
+    ax.set(title=f"Feature time of a sweep, seed included ({sw['ratio']:.2f}x for {ns[-1]} runs)",
+           ylabel="seconds in features.compute")
+
+
+def _draw_quality(ax: Any, qu: dict) -> None:
+    from bench import quality as q
+
+    size = list(qu["sizes"])[-1]
+    names = [q.DEFAULT, *q.BASELINES]
+    mean = {m: [sc for sc in qu["scores"] if sc.size == size and sc.model == m] for m in names}
+    xs = np.arange(len(names))
+    ax.bar(xs - 0.2, [statistics.mean(sc.ap for sc in mean[m]) for m in names], 0.4, label="average precision")
+    ax.bar(xs + 0.2, [statistics.mean(sc.cp100 for sc in mean[m]) for m in names], 0.4,
+           label="card precision@100")
+    ax.set_xticks(xs, names, fontsize=7)
+    ax.set(title=f"Handbook protocol, {qu['sizes'][size][0]}", ylim=(0, 1))
+    ax.legend(fontsize=8)
 
 
 BENCHES = ("efficiency", "overhead", "sweep", "queue", "recovery", "program", "gpu", "quality")

@@ -55,12 +55,15 @@ def test_racing_seeders_create_one_record(tmp_path: Path) -> None:
     (json.dumps({"run": "../x", "dataset": "fraud", "hparams": {}}), "not a run record"),
     (json.dumps({"run": "other", "dataset": "fraud", "hparams": {}}), "named for 'main'"),
 ])
-def test_a_damaged_record_names_its_file(tmp_path: Path, content: str, match: str) -> None:
+def test_a_damaged_record_names_its_file(tmp_path: Path, content: str, match: str,
+                                        caplog: pytest.LogCaptureFixture) -> None:
     runs_dir(tmp_path).mkdir(parents=True)
     (runs_dir(tmp_path) / "main.json").write_text(content)
     with pytest.raises(plan.PlanError, match=match) as err:
-        plan.runs(tmp_path)
+        plan.spec(tmp_path, "main")
     assert "main.json" in str(err.value)
+    assert plan.runs(tmp_path) == {}, "skipped when the runs are listed (test_plan_stray.py)"
+    assert f"skipped, not a run: {err.value}; remove it" in caplog.text
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "../x", "/abs", "a/b", ".hidden", "x" * 64, "tab\tname", None, 7])

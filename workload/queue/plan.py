@@ -102,15 +102,23 @@ def spec(share: Path, run: str) -> RunSpec | None:
 
 
 def runs(share: Path) -> dict[str, RunSpec]:
-    """Every run recorded on the share, by name."""
+    """Every run recorded on the share, by name. A file there that is no run record (a copy of one under
+    another name, `{}`, a damaged record) is named, with what to do, and skipped, as a stale record is in
+    `live`: one stray file never stops the healthy runs from being restored and trained. `spec` still
+    refuses it when its own run is asked for."""
     folder = runs_dir(share)
     if not folder.is_dir():
         return {}
     found = {}
     for path in sorted(folder.glob("*.json")):
-        if not path.name.startswith("."):
+        if path.name.startswith("."):
+            continue
+        try:
             spec = _read(path)
-            found[spec.run] = spec
+        except PlanError as exc:
+            log.warning("skipped, not a run: %s; remove it (a run's record is runs/<run>.json, written by seed)", exc)
+            continue
+        found[spec.run] = spec
     return found
 
 

@@ -29,6 +29,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -68,7 +69,7 @@ class Keys:
         # Per-run keys are these stems + the run name. A script that walks the runs (claim, reap, counts)
         # only learns them inside Redis, so it gets the stem and appends the run (pending_key/lease_key).
         self.pending_of = f"{prefix}:pending:"  # zset  item id -> chronological seq
-        self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, ttl, forgiven, claimed_at, seq
+        self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, ttl, forgiven, claimed_at, seq, claim
 
     def pending(self, run: str) -> str:
         return self.pending_of + run
@@ -179,10 +180,19 @@ redis.call('ZADD', pending_key(A.run), tonumber(A.seq), A.id)
 return 1
 """)
 
-# -> {item JSON, token, deadline, attempts, id, run}, or nil when no run without a lease has work
-_CLAIM = _Lua(("owner", "ttl_ms", "max_attempts"), _HELPERS + """
+# -> {item JSON, token, deadline, attempts, id, run}, or nil when no run without a lease has work.
+# `claim` is an id the worker draws for each claim: a claim sent again because its reply was lost (the
+# connection died after Redis ran it) finds the lease it already made and gets it back, charged nothing.
+_CLAIM = _Lua(("owner", "ttl_ms", "max_attempts", "claim"), _HELPERS + """
 local now = now_ms()
 reap(now, tonumber(A.max_attempts))
+for _, run in ipairs(redis.call('ZRANGE', K.leases, 0, -1)) do
+  local l = redis.call('HMGET', lease_key(run), 'owner', 'claim', 'item', 'token', 'deadline')
+  if l[1] == A.owner and l[2] == A.claim then
+    local attempts = tonumber(redis.call('HGET', K.attempts, l[3]) or '0')
+    return {redis.call('HGET', K.items, l[3]) or '', l[4], l[5], attempts, l[3], run}
+  end
+end
 local runs = redis.call('SMEMBERS', K.runs)
 table.sort(runs)
 for _, run in ipairs(runs) do
@@ -194,7 +204,7 @@ for _, run in ipairs(runs) do
       local token = redis.call('INCR', K.token)
       local deadline = now + tonumber(A.ttl_ms)
       redis.call('HSET', lease_key(run), 'item', id, 'owner', A.owner, 'token', token,
-                 'deadline', deadline, 'ttl', A.ttl_ms, 'claimed_at', now, 'seq', seq)
+                 'deadline', deadline, 'ttl', A.ttl_ms, 'claimed_at', now, 'seq', seq, 'claim', A.claim)
       redis.call('ZADD', K.leases, deadline, run)
       local attempts = tonumber(redis.call('HGET', K.attempts, id) or '0')
       return {redis.call('HGET', K.items, id) or '', token, deadline, attempts, id, run}
@@ -543,10 +553,13 @@ class WorkQueue:
     def claim(self, owner: str, ttl_s: float) -> Lease | None:
         """Atomically reap expired leases and lease the next shard of a run nobody holds.
 
-        A malformed item is dead-lettered here, on its first claim, and the next one is claimed."""
+        A malformed item is dead-lettered here, on its first claim, and the next one is claimed. Each
+        claim carries an id drawn here: resent (by redis-py or `_retrying`) after its reply was lost, it
+        gets back the lease it made instead of leaving that lease to expire at the cost of an attempt."""
         while True:
-            got = self._retrying("claim", lambda: self._claim(
-                owner=owner, ttl_ms=int(ttl_s * 1000), max_attempts=self.max_attempts))
+            claim_id = uuid.uuid4().hex
+            got = self._retrying("claim", lambda cid=claim_id: self._claim(
+                owner=owner, ttl_ms=int(ttl_s * 1000), max_attempts=self.max_attempts, claim=cid))
             if not got:
                 return None
             raw, token, deadline, attempts, item_id, run = got
