@@ -72,6 +72,34 @@ def test_every_stack_passes_the_pack(stack: str, rendered: Callable[[str], Rende
     assert violations == []  # advisory ones too, with the stack files as they are
 
 
+def _env_names(value: Any) -> set[str]:
+    """Every container env variable named anywhere in ``value``, JSON Job bodies in ConfigMaps included."""
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return set()
+    if isinstance(value, dict):
+        own = {e.get("name") for e in value.get("env") or [] if isinstance(e, dict)} if "image" in value else set()
+        return own.union(*(_env_names(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_env_names(v) for v in value))
+    return set()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_container_replaces_the_images_driver_path(stack: str, rendered: Callable[[str], Rendered]) -> None:
+    """A container's env replaces the image's variable of that name: a Job setting LD_LIBRARY_PATH or PATH
+    would drop /usr/local/nvidia/lib64 (workload/Dockerfile, tests/policy/test_image_environment.py)."""
+    manifests = rendered(stack).manifests()
+    named = _env_names(manifests)
+    assert "REDIS_HOST" in named or len(named) > 3  # the walk sees the containers' env at all
+    assert not named & {"LD_LIBRARY_PATH", "PATH"}
+    planted = copy.deepcopy(manifests) + [{"data": {"job.json": json.dumps(
+        {"spec": {"containers": [{"image": "x", "env": [{"name": "LD_LIBRARY_PATH", "value": "/opt"}]}]}})}}]
+    assert "LD_LIBRARY_PATH" in _env_names(planted)
+
+
 def _differences(part: Any, whole: Any, where: str = "") -> list[str]:
     """Where ``part`` is not ``whole`` with keys left out (lists: same length, item by item)."""
     if isinstance(part, dict):
