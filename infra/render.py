@@ -141,6 +141,8 @@ class Registered:
     delete_before_replace: bool
     protect: bool = False
     ignore_changes: list[str] = field(default_factory=list)
+    # The ``replace_on_changes`` option: input paths whose change makes the engine replace the resource.
+    replace_on_changes: list[str] = field(default_factory=list)
     # Input property -> URNs its value depends on (what the engine records per property).
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     # ``inputs`` with secrets and credentials replaced by MASK: what may be written to disk.
@@ -293,6 +295,7 @@ class _RecordingMonitor(mocks.MockMonitor):
                     delete_before_replace=request.deleteBeforeReplace,
                     protect=request.protect,
                     ignore_changes=list(request.ignoreChanges),
+                    replace_on_changes=list(request.replaceOnChanges),
                     property_dependencies={
                         k: list(v.urns) for k, v in request.propertyDependencies.items()
                     },

@@ -74,7 +74,8 @@ def test_cuda_finds_the_driver_gke_mounts_and_the_tools_are_on_the_path() -> Non
     "text, problem",
     [
         ("FROM x\nENV PYTHONUNBUFFERED=1\n", "no LD_LIBRARY_PATH at all (the image before issue 36)"),
-        ("FROM x\nENV LD_LIBRARY_PATH=/usr/local/nvidia/lib \\\n    PATH=/usr/local/nvidia/bin:${PATH}\n", "lib, not lib64"),
+        ("FROM x\nENV LD_LIBRARY_PATH=/usr/local/nvidia/lib \\\n    PATH=/usr/local/nvidia/bin:${PATH}\n",
+         "lib, not lib64"),
         ("FROM x\nENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64\nENV LD_LIBRARY_PATH=/opt\n", "overridden later"),
         ("FROM x\n# ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib64\n", "only in a comment"),
     ],
