@@ -79,7 +79,9 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
         "trainingJob": training,
         "scoringJob": "",
         "scheduledLoader": "",
-        "gpuQuota": "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=16, GPUS-ALL-REGIONS-per-project=16",
+        "gpuQuota": "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=16, "  # the fallback needs the standard quota too
+        + ("NVIDIA-L4-GPUS-per-project-region=16, " if r.config.gpu.on_demand_fallback else "")
+        + "GPUS-ALL-REGIONS-per-project=16",
         "datasetUri": "",
         "outputUri": "",
         "serviceAccounts": {},
