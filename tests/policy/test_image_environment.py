@@ -93,3 +93,39 @@ def test_the_parser_reads_this_dockerfile_as_docker_would(tmp_path: Path) -> Non
     """Continuations, several pairs in one ENV, and ${VAR} from an earlier instruction."""
     text = "FROM x\nENV A=1 \\\n    B=two\nENV C=${A}:$B\n"
     assert image_env(text, base={}) == {"A": "1", "B": "two", "C": "1:two"}
+
+
+LOCK = render.REPO_ROOT / "workload" / "requirements.lock"
+
+
+def _pins(text: str) -> dict[str, tuple[str, list[str]]]:
+    """name (normalised) -> (version, sha256 hashes) of a requirements file, continuation lines joined."""
+    joined = text.replace("\\\n", " ")
+    pins = {}
+    for line in joined.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        spec, *options = line.split()
+        name, _, version = spec.partition("==")
+        hashes = [o.removeprefix("--hash=sha256:") for o in options if o.startswith("--hash=sha256:")]
+        pins[name.lower().replace("_", "-")] = (version, hashes)
+    return pins
+
+
+def test_the_images_pypi_packages_are_hash_locked_and_agree_with_requirements_txt() -> None:
+    wanted = _pins((render.REPO_ROOT / "workload" / "requirements.txt").read_text())
+    locked = _pins(LOCK.read_text())
+    assert all(len(h) == 1 and len(h[0]) == 64 for _, h in locked.values())  # every entry, one sha256
+    for name, (version, _) in wanted.items():
+        if name != "torch":  # from the PyTorch index, in its own step
+            assert locked[name][0] == version, name
+    assert "torch" not in locked
+    dockerfile = " ".join(_instructions(DOCKERFILE.read_text()))
+    assert "pip install --no-cache-dir --require-hashes --no-deps -r /app/requirements.lock" in dockerfile
+    assert "-r /app/requirements.txt" not in dockerfile  # no unhashed install of the rest
+
+
+def test_a_lock_entry_without_a_hash_is_caught() -> None:
+    (version, hashes), = _pins("redis==8.1.0\n").values()
+    assert version == "8.1.0" and hashes == []
