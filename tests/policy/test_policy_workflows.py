@@ -161,8 +161,8 @@ def test_a_tag_pin_is_caught() -> None:
 
 def test_every_job_that_reaches_gcp_names_its_environment() -> None:
     """Identity federation binds each Google account to one GitHub environment (the OIDC subject names it):
-    the preview job to `preview`, each update to its stack's environment."""
-    assert workflow("preview.yml")["jobs"]["preview"]["environment"] == "preview"
+    the preview job to `preview-<stack>`, each update to its stack's environment."""
+    assert workflow("preview.yml")["jobs"]["preview"]["environment"] == "preview-${{ matrix.stack }}"
     assert workflow("up.yml")["jobs"]["up"]["environment"] == "${{ matrix.stack }}"
 
 
