@@ -88,8 +88,8 @@ render: $(INFRA_STAMP)
 	$(PY) -m policy.offline $(STACK) $(ARGS)
 
 # What a config change would replace, before `pulumi up`: the stack rendered as configured and with ARGS,
-# compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced
-# share, cluster or bucket grant is printed as DATA LOSS and exits 1. No credentials needed:
+# compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced or
+# deleted share or cluster (DATA LOSS) or an update the Kubernetes API refuses (WILL FAIL) exits 1:
 # make diff STACK=dev ARGS='zone=us-central1-b'
 diff: $(INFRA_STAMP)
 	$(PY) -m infra.diff $(STACK) $(ARGS)

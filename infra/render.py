@@ -141,6 +141,7 @@ class Registered:
     delete_before_replace: bool
     protect: bool = False
     ignore_changes: list[str] = field(default_factory=list)
+    # The ``replace_on_changes`` option: input paths whose change makes the engine replace the resource.
     replace_on_changes: list[str] = field(default_factory=list)
     # Input property -> URNs its value depends on (what the engine records per property).
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)

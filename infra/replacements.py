@@ -1,106 +1,237 @@
-"""Which input changes make a provider replace a resource (delete, then create) instead of updating it.
+"""Which input changes make a provider replace a resource (delete, then create) instead of updating it,
+and which updates the Kubernetes API refuses.
 
-The one list ``make diff`` reads. Each entry names where the fact comes from, in the provider's own
-source, so it can be checked again when a provider is upgraded:
+The one list ``make diff`` reads. Every path names the line of the provider's source that makes it so,
+at the commit named in ``SOURCES``, so it can be checked again when a provider is upgraded:
 
-- pulumi-gcp is bridged from terraform-provider-google: a field marked ``ForceNew`` there (or
-  ``immutable`` in magic-modules' product YAML, from which that provider is generated) is a
-  replacement in Pulumi too.
+- pulumi-gcp is bridged from terraform-provider-google: a field marked ``ForceNew`` there (or forced by a
+  ``customdiff.ForceNewIfChange``) is a replacement in Pulumi too.
 - pulumi-kubernetes lists its replace-on-change fields per kind in provider/pkg/provider/diff.go
   (``forceNew``), plus ``.metadata.name`` and ``.metadata.namespace`` for every kind.
+- A Kubernetes field that the API server keeps immutable but pulumi-kubernetes does not replace on is
+  PATCHed, and the update fails ("field is immutable"): ``API_IMMUTABLE``, from kubernetes' validation.
 
 Paths are input property names as the engine sees them (camelCase), joined with dots; a list counts as
-one value. ``stateful`` says what a replacement destroys, for the resources whose replacement loses
-data or access, so the preview can say it loudly.
+one value. ``stateful`` says what a replacement or a deletion destroys, for the resources whose loss
+loses data, so the preview can say it loudly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 FILESTORE = "gcp:filestore/instance:Instance"
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
+NETWORK = "gcp:compute/network:Network"
+SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
+ROUTER = "gcp:compute/router:Router"
+ROUTER_NAT = "gcp:compute/routerNat:RouterNat"
+REPOSITORY = "gcp:artifactregistry/repository:Repository"
+REPOSITORY_GRANT = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
+SERVICE_ACCOUNT = "gcp:serviceaccount/account:Account"
+PROJECT_SERVICE = "gcp:projects/service:Service"
 BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
 ACCOUNT_GRANT = "gcp:serviceaccount/iAMMember:IAMMember"
 PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
+JOB = "kubernetes:batch/v1:Job"
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 
-_TPG = "terraform-provider-google (generated from GoogleCloudPlatform/magic-modules"
-_K8S_DIFF = "pulumi-kubernetes provider/pkg/provider/diff.go, forceNew"
+# The provider sources the line numbers below were read at.
+TPG = "hashicorp/terraform-provider-google@e03b7622a26c"
+K8S_PROVIDER = "pulumi/pulumi-kubernetes@94977969d641"
+KUBERNETES = "kubernetes/kubernetes@3989b1858620"
+SOURCES = (TPG, K8S_PROVIDER, KUBERNETES)
+
+_SUBNET = "google/services/compute/resource_compute_subnetwork.go"
+_CLUSTER = "google/services/container/resource_container_cluster.go"
+_POOL = "google/services/container/resource_container_node_pool.go"
+_NODE_CONFIG = "google/services/container/node_config.go"
+_FILESTORE = "google/services/filestore/resource_filestore_instance.go"
+_ROUTER = "google/services/compute/resource_compute_router.go"
+_NAT = "google/services/compute/resource_compute_router_nat.go"
+_NETWORK = "google/services/compute/resource_compute_network.go"
+_REPO = "google/services/artifactregistry/resource_artifact_registry_repository.go"
+_IAM = "google/tpgiamresource/resource_iam_member.go"
+_DIFF_GO = "provider/pkg/provider/diff.go"
+_JOB_VALIDATION = "pkg/apis/batch/validation/validation.go ValidateJobSpecUpdate"
+
+
+def _at(source: str, **lines: int) -> dict[str, str]:
+    """Python-safe path names (``fileShares__name``) -> ``source:line``."""
+    return {path.replace("__", "."): f"{source}:{line}" for path, line in lines.items()}
+
+
+def is_shrinkage_ip_cidr(old: Any, new: Any) -> bool:
+    """terraform-provider-google's IsShrinkageIpCidr (resource_compute_subnetwork.go:63): a new range that
+    does not contain the old one's first and last address replaces the subnet; an expansion is an update."""
+    try:
+        before, after = ipaddress.ip_network(str(old)), ipaddress.ip_network(str(new))
+    except ValueError:
+        return False  # the provider's own validation refuses it first
+    return not (before[0] in after and before[-1] in after)
 
 
 @dataclass(frozen=True)
 class ReplaceOnChange:
-    """A change to any of ``paths`` in a ``type`` resource replaces it."""
+    """A change to any of ``sources``' paths in a ``type`` resource replaces it; each path names the file and
+    line of the provider's source that says so. ``only_if``: paths replaced only when ``only_if[path](old,
+    new)`` holds (a ``customdiff.ForceNewIfChange``)."""
 
     type: str
-    paths: tuple[str, ...]
-    evidence: str
-    stateful: str = ""  # what a replacement destroys ('' when nothing is lost)
+    sources: Mapping[str, str]
+    stateful: str = ""  # what a replacement or deletion destroys ('' when nothing is lost)
+    only_if: Mapping[str, Callable[[Any, Any], bool]] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(self.sources)
+
+    @property
+    def evidence(self) -> str:
+        return "; ".join(f"{p}: {s}" for p, s in self.sources.items())
 
 
 FACTS: tuple[ReplaceOnChange, ...] = (
     ReplaceOnChange(
         FILESTORE,
-        ("project", "location", "tier", "protocol", "fileShares.name", "networks", "kmsKeyName"),
-        f"{_TPG} mmv1/products/filestore/Instance.yaml: location (url parameter), tier, protocol, "
-        "fileShares.name, networks and each of its fields, kmsKeyName are immutable; capacityGb is not)",
+        _at(_FILESTORE, project=660, location=487, zone=573, tier=362, protocol=545, fileShares__name=199,
+            networks=285, kmsKeyName=470, tags=556),
         stateful="the Filestore share: datasets, features, checkpoints and reports",
-    ),
+    ),  # fileShares.capacityGb and fileShares.nfsExportOptions carry no ForceNew: updated in place
     ReplaceOnChange(
         CLUSTER,
-        (
-            "project", "location", "network", "subnetwork", "enableAutopilot", "datapathProvider",
-            "initialNodeCount", "ipAllocationPolicy.clusterSecondaryRangeName",
-            "ipAllocationPolicy.servicesSecondaryRangeName",
-        ),
-        f"{_TPG} mmv1/third_party/terraform/services/container/resource_container_cluster.go.tmpl: ForceNew "
-        "on these; releaseChannel, privateClusterConfig.enablePrivateNodes and workloadIdentityConfig update)",
+        _at(_CLUSTER, name=296, location=330, clusterIpv4Cidr=1027, description=1036, enableKubernetesAlpha=1070,
+            enableAutopilot=1117, initialNodeCount=1159, network=1682, nodePools=1718, project=1872,
+            subnetwork=1880, ipAllocationPolicy__clusterIpv4CidrBlock=1924,
+            ipAllocationPolicy__servicesIpv4CidrBlock=1934, ipAllocationPolicy__clusterSecondaryRangeName=1945,
+            ipAllocationPolicy__servicesSecondaryRangeName=1954, networkingMode=2066,
+            privateClusterConfig__masterIpv4CidrBlock=2176, privateClusterConfig__privateEndpointSubnetwork=2194,
+            defaultMaxPodsPerNode=2257, datapathProvider=2441),
         stateful="the GKE cluster: the Redis queue's disk and every running pod",
-    ),
+    ),  # releaseChannel, enablePrivateNodes, masterAuthorizedNetworksConfig, binaryAuthorization,
+    #     databaseEncryption and workloadIdentityConfig carry no ForceNew: updated in place
     ReplaceOnChange(
         NODE_POOL,
-        ("project", "location", "cluster", "nodeConfig.guestAccelerators", "nodeConfig.spot",
-         "nodeConfig.serviceAccount", "nodeConfig.oauthScopes"),
-        f"{_TPG} mmv1/third_party/terraform/services/container/resource_container_node_pool.go.tmpl and "
-        "node_config.go.tmpl: ForceNew; machineType, nodeLocations and autoscaling update in place)",
+        {**_at(_POOL, project=243, cluster=249, location=256, maxPodsPerNode=413, initialNodeCount=466, name=514,
+               namePrefix=522, placementPolicy=369),
+         **_at(_NODE_CONFIG, nodeConfig__guestAccelerators=320, nodeConfig__oauthScopes=564, nodeConfig__spot=619,
+               nodeConfig__serviceAccount=628)},
+    ),  # machineType, nodeLocations and autoscaling update in place
+    ReplaceOnChange(NETWORK, _at(_NETWORK, name=143, autoCreateSubnetworks=156, description=168, project=305)),
+    ReplaceOnChange(
+        SUBNETWORK,
+        _at(_SUBNET, ipCidrRange=385, name=420, network=433, description=450, region=621, project=760),
+        only_if={"ipCidrRange": is_shrinkage_ip_cidr},  # customdiff.ForceNewIfChange("ip_cidr_range", ...)
+    ),
+    ReplaceOnChange(ROUTER, _at(_ROUTER, name=166, network=295, region=323, project=336)),
+    ReplaceOnChange(ROUTER_NAT, _at(_NAT, name=307, router=315, region=475, type=528, project=546)),
+    ReplaceOnChange(
+        REPOSITORY, _at(_REPO, format=305, repositoryId=315, kmsKeyName=448, location=472, mode=511, project=930)
     ),
     ReplaceOnChange(
+        REPOSITORY_GRANT,
+        {**_at("google/services/artifactregistry/iam_artifact_registry_repository.go", project=76, location=82,
+               repository=87),
+         **_at(_IAM, role=67, member=72, condition=80)},
+    ),
+    ReplaceOnChange(
+        SERVICE_ACCOUNT, _at("google/services/resourcemanager/resource_google_service_account.go", accountId=93,
+                             project=118)
+    ),
+    ReplaceOnChange(
+        PROJECT_SERVICE, _at("google/services/resourcemanager/resource_google_project_service.go", service=135,
+                             project=142)
+    ),
+    # A grant's replacement moves access; it destroys no data (Pulumi creates the new grant before it
+    # deletes the old one), so it is not stateful.
+    ReplaceOnChange(
         BUCKET_GRANT,
-        ("bucket", "role", "member", "condition"),
-        f"{_TPG} tpgiamresource/resource_iam_member.go: role, member, condition ForceNew; "
-        "services/storage/iam_storage_bucket.go: bucket ForceNew)",
-        stateful="a bucket grant: the pods lose access to the bucket between the delete and the create",
+        {**_at("google/services/storage/iam_storage_bucket.go", bucket=36), **_at(_IAM, role=67, member=72,
+                                                                                   condition=80)},
     ),
     ReplaceOnChange(
         ACCOUNT_GRANT,
-        ("serviceAccountId", "role", "member", "condition"),
-        f"{_TPG} tpgiamresource/resource_iam_member.go and services/resourcemanager/iam_service_account.go.tmpl)",
+        {**_at("google/services/resourcemanager/iam_service_account.go", serviceAccountId=40),
+         **_at(_IAM, role=67, member=72, condition=80)},
     ),
     ReplaceOnChange(
         PROJECT_GRANT,
-        ("project", "role", "member", "condition"),
-        f"{_TPG} tpgiamresource/resource_iam_member.go and services/resourcemanager/iam_project.go.tmpl)",
+        {**_at("google/services/resourcemanager/iam_project.go", project=38), **_at(_IAM, role=67, member=72,
+                                                                                     condition=80)},
     ),
-    ReplaceOnChange("kubernetes:batch/v1:Job",
-                    ("spec.completions", "spec.parallelism", "spec.selector", "spec.template"), _K8S_DIFF),
-    ReplaceOnChange("kubernetes:core/v1:PersistentVolumeClaim", ("spec",), _K8S_DIFF),
-    ReplaceOnChange("kubernetes:core/v1:PersistentVolume", ("spec.nfs", "spec.csi"), _K8S_DIFF),
-    ReplaceOnChange("kubernetes:core/v1:ConfigMap", ("data", "binaryData"), _K8S_DIFF),
-    ReplaceOnChange("kubernetes:core/v1:Secret", ("type", "stringData", "data"), _K8S_DIFF),
-    ReplaceOnChange("kubernetes:core/v1:Service", ("spec.clusterIP",), _K8S_DIFF),
-    ReplaceOnChange("kubernetes:apps/v1:Deployment", ("spec.selector",), _K8S_DIFF),
+    ReplaceOnChange(JOB, _at(_DIFF_GO, spec__completions=180, spec__parallelism=181, spec__selector=182,
+                             spec__template=183)),
+    # Only these four: a larger spec.resources.requests is an in-place expansion.
+    ReplaceOnChange(CLAIM, _at(_DIFF_GO, spec__accessModes=113, spec__selector=114, spec__storageClassName=115,
+                               spec__volumeName=116)),
+    ReplaceOnChange("kubernetes:core/v1:PersistentVolume", _at(_DIFF_GO, spec__csi=93, spec__nfs=102)),
+    # Replaced on data (not updated) unless the provider's enableConfigMapMutable is set, which this program
+    # does not set: the launch ConfigMap of the scheduled loader is replaced, not patched, on a new body.
+    ReplaceOnChange("kubernetes:core/v1:ConfigMap", _at(_DIFF_GO, binaryData=33, data=33)),
+    ReplaceOnChange("kubernetes:core/v1:Secret", _at(_DIFF_GO, type=29, stringData=29, data=29)),
+    ReplaceOnChange("kubernetes:core/v1:Service", _at(_DIFF_GO, spec__clusterIP=159)),
+    ReplaceOnChange("kubernetes:apps/v1:Deployment", _at(_DIFF_GO, spec__selector=173)),
+    ReplaceOnChange("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", _at(_DIFF_GO, roleRef=193)),
 )
-# Every Kubernetes object is replaced when its name or namespace changes (diff.go, metadataForceNewProperties).
+# Every Kubernetes object is replaced when its name or namespace changes (diff.go:207-211,
+# metadataForceNewProperties, applied to every kind at diff.go:25).
 KUBERNETES_IDENTITY = ("metadata.name", "metadata.namespace")
+KUBERNETES_IDENTITY_SOURCE = f"{_DIFF_GO}:209-210"
+
+# Fields the Kubernetes API server refuses to change on update that pulumi-kubernetes does not replace on:
+# the provider PATCHes them and `pulumi up` fails "field is immutable", unless the resource's
+# replaceOnChanges option names them (then the engine replaces it).
+API_IMMUTABLE: Mapping[str, Mapping[str, str]] = {
+    JOB: {p: _JOB_VALIDATION for p in (
+        "spec.podFailurePolicy", "spec.completionMode", "spec.backoffLimitPerIndex", "spec.successPolicy",
+        "spec.managedBy")},
+}
+
+
+def facts(type_: str) -> list[ReplaceOnChange]:
+    return [fact for fact in FACTS if fact.type == type_]
 
 
 def replace_paths(type_: str) -> tuple[str, ...]:
-    """The input paths whose change replaces a ``type_`` resource."""
-    paths = tuple(p for fact in FACTS if fact.type == type_ for p in fact.paths)
+    """The input paths whose change can replace a ``type_`` resource."""
+    paths = tuple(p for fact in facts(type_) for p in fact.paths)
     return paths + KUBERNETES_IDENTITY if type_.startswith("kubernetes:") else paths
 
 
+def replaces(type_: str, path: str, old: Any, new: Any) -> bool:
+    """Whether a change of ``path`` from ``old`` to ``new`` replaces a ``type_`` resource (the path is one
+    of ``replace_paths``; a conditional one is asked its condition)."""
+    for fact in facts(type_):
+        if path in fact.only_if:
+            return fact.only_if[path](old, new)
+    return True
+
+
+def immutable_paths(type_: str) -> tuple[str, ...]:
+    """Paths the API server refuses to update and the provider does not replace on."""
+    return tuple(API_IMMUTABLE.get(type_, {}))
+
+
+# The provider's own deletion protection: input -> its default. The provider refuses to delete the resource
+# while it is true (resource_container_cluster.go:342 "deletion_protection", Default true;
+# resource_filestore_instance.go:366 "deletion_protection_enabled", off unless set, and accepted on ZONAL,
+# REGIONAL and ENTERPRISE tiers only).
+DELETION_PROTECTION: Mapping[str, tuple[str, bool]] = {
+    CLUSTER: ("deletionProtection", True),
+    FILESTORE: ("deletionProtectionEnabled", False),
+}
+
+
+def deletion_protected(type_: str, inputs: Mapping[str, Any]) -> bool:
+    """Whether the provider refuses to delete a ``type_`` resource with these inputs."""
+    key, default = DELETION_PROTECTION.get(type_, ("", False))
+    return bool(key) and inputs.get(key, default) is True
+
+
 def stateful(type_: str) -> str:
-    """What a replacement of a ``type_`` resource destroys ('' when nothing)."""
-    return next((fact.stateful for fact in FACTS if fact.type == type_ and fact.stateful), "")
+    """What a replacement or deletion of a ``type_`` resource destroys ('' when nothing)."""
+    return next((fact.stateful for fact in facts(type_) if fact.stateful), "")

@@ -182,7 +182,7 @@ def test_the_image_takes_torch_for_the_nodes_driver_not_pypis_cuda_13_build() ->
     assert '--index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' in dockerfile
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "workload" / "requirements.txt").read_text(), re.MULTILINE)
     assert pinned and "sed -n 's/^torch==//p' /app/requirements.txt" in dockerfile
-    assert dockerfile.index("TORCH_CUDA") < dockerfile.index("-r /app/requirements.txt")
+    assert dockerfile.index("TORCH_CUDA") < dockerfile.index("-r /app/requirements.lock")
 
 
 def test_the_retry_budget_the_jobs_set_is_what_the_worker_rides_out(monkeypatch) -> None:

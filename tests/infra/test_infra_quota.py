@@ -43,6 +43,10 @@ def test_enough_quota_lets_the_training_job_wait_on_the_check(quotas: dict[str, 
     training = r.one(JOB, "training")
     assert training.inputs["metadata"]["annotations"][contract.GPU_QUOTA_ANNOTATION] == "enough"
     assert r.outputs["gpuQuota"] == "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=4, GPUS-ALL-REGIONS-per-project=4"
+    # The reads are billed to the stack's own project (laptop credentials have no quota project of their own).
+    billed = r.one("pulumi:providers:gcp", "gpu-quota").inputs
+    assert (billed["billingProject"], billed["project"]) == (render.FAKE_PROJECT_ID, render.FAKE_PROJECT_ID)
+    assert billed["userProjectOverride"] in (True, "true")
     quotas[quota.ALL_REGIONS] = 0
     unchecked = render.render("dev", {"checkGpuQuota": False})
     assert contract.GPU_QUOTA_ANNOTATION not in unchecked.one(JOB, "training").inputs["metadata"].get("annotations", {})
@@ -58,6 +62,9 @@ def test_a_limit_per_region_wins_over_the_default_row() -> None:
     gpu = config.load(render.stack_config("dev", {}), stack="dev").gpu
     assert [n.quota_id for n in quota.needs(gpu, "us-central1", 2)] == [
         "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region", quota.ALL_REGIONS]
+    prod = config.load(render.stack_config("prod", {}), stack="prod").gpu
+    assert prod.on_demand_fallback and [n.quota_id for n in quota.needs(prod, "us-central1", 2)] == [
+        "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region", "NVIDIA-L4-GPUS-per-project-region", quota.ALL_REGIONS]
     assert set(quota.QUOTA_NAMES) == set(config.GPU_MACHINE_TYPES)  # every allowed GPU has its quota name
 
 
@@ -71,10 +78,12 @@ def test_the_check_asks_the_projects_compute_quotas_through_the_stacks_provider(
     with pytest.raises(Exception, match="GPU quota PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region in us-central1 is 1"):
         render.render("dev", {"parallelism": 2, "runs": {"a": {}, "b": {}}})
     spot = "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region"
-    assert sorted(c.args["quotaId"] for c in calls) == [quota.ALL_REGIONS, spot]
+    # The standard quota is read too: it serves spot VMs where there is no preemptible quota.
+    assert sorted(c.args["quotaId"] for c in calls) == [quota.ALL_REGIONS, "NVIDIA-L4-GPUS-per-project-region", spot]
     assert {(c.args["parent"], c.args["service"]) for c in calls} == {
         (f"projects/{render.FAKE_PROJECT_ID}", "compute.googleapis.com")}
-    assert all(c.provider.startswith("urn:pulumi:dev::") and "pulumi:providers:gcp::" in c.provider for c in calls)
+    assert all(c.provider.startswith("urn:pulumi:dev::") and "pulumi:providers:gcp::gpu-quota" in c.provider
+               for c in calls)
 
 
 def test_a_quota_the_api_does_not_know_is_not_ours_to_refuse(
@@ -95,3 +104,74 @@ def test_a_limit_reads_the_row_of_its_region_or_the_default_and_no_other_regions
     need = quota.Need("NVIDIA-L4-GPUS-per-project-region", 2, "us-central1")
     assert quota.shortfall(need, 2) == "" and quota.shortfall(need, None) == ""
     assert quota.shortfall(need, 1).startswith("GPU quota NVIDIA-L4-GPUS-per-project-region in us-central1 is 1,")
+
+
+SPOT, STANDARD = "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region", "NVIDIA-L4-GPUS-per-project-region"
+R = "us-central1"
+
+
+def _gpu(stack: str = "dev", **overrides: object) -> config.GpuConfig:
+    return config.load(render.stack_config(stack, overrides), stack=stack).gpu
+
+
+def _problems(gpu: config.GpuConfig, pods: int, limits: dict[str, float | None]) -> list[str]:
+    wanted = quota.needs(gpu, R, pods)
+    by_region = {(q, n.region): limits.get(q) for n in wanted for q in (n.quota_id, n.or_else) if q}
+    return [line for need, q, have in quota.judge(wanted, by_region) if (line := quota.shortfall(need, have, q))]
+
+
+@pytest.mark.parametrize("spot_limit", [None, 0.0])
+def test_spot_uses_the_standard_quota_where_there_is_no_preemptible_one(spot_limit: float | None) -> None:
+    gpu = _gpu()
+    assert _problems(gpu, 4, {SPOT: spot_limit, STANDARD: 4, quota.ALL_REGIONS: 8}) == []
+    (line,) = _problems(gpu, 4, {SPOT: spot_limit, STANDARD: 2, quota.ALL_REGIONS: 8})
+    assert line.startswith(f"GPU quota {STANDARD} in {R} is 2 (no {SPOT} here: spot VMs use {STANDARD}), the "
+                           "training pods need 4")
+    # Where the project has preemptible quota, spot counts against it alone.
+    (line,) = _problems(gpu, 4, {SPOT: 2, STANDARD: 100, quota.ALL_REGIONS: 8})
+    assert line.startswith(f"GPU quota {SPOT} in {R} is 2,")
+
+
+def test_the_on_demand_fallback_needs_the_standard_quota_too() -> None:
+    prod = _gpu("prod")
+    assert _problems(prod, 4, {SPOT: 4, STANDARD: 4, quota.ALL_REGIONS: 8}) == []
+    (line,) = _problems(prod, 4, {SPOT: 4, STANDARD: 1, quota.ALL_REGIONS: 8})
+    assert line.startswith(f"GPU quota {STANDARD} in {R} is 1, the training pods need 4")
+    assert _problems(_gpu(), 4, {SPOT: 4, STANDARD: 1, quota.ALL_REGIONS: 8}) == []  # dev has no fallback
+
+
+def test_two_gpus_a_pod_count_twice(quotas: dict[str, float | dict[str, float] | None]) -> None:
+    """The need is pods x GPUs per pod, everywhere it is asked."""
+    assert [n.needed for n in quota.needs(_gpu(gpuCount=2), R, 3)] == [6, 6]
+    quotas.update({SPOT: 5, quota.ALL_REGIONS: 100})
+    with pytest.raises(Exception, match="GPU quota") as err:
+        render.render("dev", {"gpuCount": 2, "parallelism": 3, "runs": {"a": {}, "b": {}, "c": {}}})
+    assert f"GPU quota {SPOT} in {R} is 5, the training pods need 6 (parallelism x gpuCount)" in str(err.value)
+
+
+def test_a_quota_read_is_retried_a_bounded_number_of_times_on_errors_that_pass() -> None:
+    waits: list[float] = []
+    failures = iter(["SERVICE_DISABLED: Cloud Quotas API has not been used in project 1", "HTTP 503 UNAVAILABLE"])
+
+    def flaky() -> str:
+        message = next(failures, None)
+        if message:
+            raise RuntimeError(message)
+        return "rows"
+
+    assert quota.with_retries(flaky, "reading", sleep=waits.append) == "rows" and waits == [5.0, 10.0]
+    waits.clear()
+
+    def forever() -> str:
+        raise RuntimeError("429 RESOURCE_EXHAUSTED")
+
+    with pytest.raises(RuntimeError, match="429"):
+        quota.with_retries(forever, "reading", sleep=waits.append)
+    assert len(waits) == quota.ATTEMPTS - 1 and max(waits) <= quota.MAX_WAIT_S
+
+    def refused() -> str:
+        raise RuntimeError("403 PERMISSION_DENIED: caller lacks cloudquotas.quotas.get")
+
+    with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+        quota.with_retries(refused, "reading", sleep=waits.append)
+    assert len(waits) == quota.ATTEMPTS - 1  # not retried

@@ -79,7 +79,9 @@ def test_stack_constructs_with_its_own_config(stack: str, rendered: Render) -> N
         "trainingJob": training,
         "scoringJob": "",
         "scheduledLoader": "",
-        "gpuQuota": "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=16, GPUS-ALL-REGIONS-per-project=16",
+        "gpuQuota": "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region=16, "  # the fallback needs the standard quota too
+        + ("NVIDIA-L4-GPUS-per-project-region=16, " if r.config.gpu.on_demand_fallback else "")
+        + "GPUS-ALL-REGIONS-per-project=16",
         "datasetUri": "",
         "outputUri": "",
         "serviceAccounts": {},
@@ -663,10 +665,13 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     for res in r.resources:
         if res.type.startswith("gcp:") and res not in services:
             assert res.provider == provider_ref, res.urn
-    # Provider functions too (the deployer's token, the GPU quota): no default provider is ever created.
+    # Provider functions too (the deployer's token; the GPU quota through its own provider, which bills the
+    # stack's project and waits for the same APIs, infra/quota.py): no default provider is ever created.
+    billed = r.one("pulumi:providers:gcp", "gpu-quota")
+    assert {s.urn for s in services} <= set(billed.dependencies)
     assert {c.token: c.provider for c in r.calls} == {
         "gcp:organizations/getClientConfig:getClientConfig": provider_ref,
-        "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo": provider_ref,
+        "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo": f"{billed.urn}::{billed.id}",
     }
 
 

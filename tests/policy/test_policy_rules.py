@@ -605,3 +605,136 @@ def test_without_data_settings_a_workload_may_hold_no_bucket_role() -> None:
     grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer")
     ((_, message),) = rules.workload_storage_scope([*IDENTITIES, grant], DEV)
     assert message.endswith("workloads hold no bucket roles unless datasetUri or outputUri is set")
+
+
+def test_a_whole_bucket_write_grant_is_refused_when_the_output_uri_has_no_prefix() -> None:
+    """Issue 36's blind spot: with outputUri gs://acme-results (no prefix) there is no prefix to limit writes to,
+    so a write grant on that bucket, with or without a condition naming all its objects, is refused."""
+    facts = StackFacts(stack="dev", dataset_uri="gs://acme-fraud/exports", output_uri="gs://acme-results")
+    everything = 'resource.name.startsWith("projects/_/buckets/acme-results/objects/")'
+    for grant in (bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectUser"),
+                  bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectCreator", everything)):  # fmt: skip
+        ((urn, message),) = rules.workload_storage_scope([*IDENTITIES, grant], facts)
+        assert urn == grant.urn and "write access must be limited to" in message
+
+
+# --- hardening rules (issue 36) -----------------------------------------------------------------------
+
+PROD = StackFacts(stack="prod", labels={"env": "prod", "app": contract.APP, "team": "ml"})
+
+
+@pytest.mark.parametrize("type_", [rules.CLUSTER, rules.FILESTORE])
+def test_an_unprotected_cluster_or_share_of_any_tier_is_refused(type_: str) -> None:
+    props = {"tier": "ZONAL", "deletionProtectionEnabled": True} if type_ == rules.FILESTORE else {}
+    (message,) = rules.stateful_pulumi_protect(type_, props, DEV, protect=False)
+    assert "has no Pulumi `protect` option" in message and "stack 'dev'" in message
+    assert rules.stateful_pulumi_protect(type_, props, DEV, protect=True) == []
+    lossy = StackFacts(stack="dev", allow_data_loss=True)
+    assert rules.stateful_pulumi_protect(type_, props, lossy, protect=False) == []
+    assert rules.stateful_pulumi_protect(rules.NETWORK, {}, DEV, protect=False) == []
+
+
+def loader_job(account: str | None = "spot-trainer-loader", component: str = contract.LOADER) -> Resource:
+    spec: dict[str, Any] = {"containers": [{"name": "seed", "image": "x"}]}
+    if account:
+        spec["serviceAccountName"] = account
+    template = {"metadata": {"labels": contract.labels(component)}, "spec": spec}
+    return res("kubernetes:batch/v1:CronJob", {"metadata": {"name": "load", "namespace": "ns"},
+                                               "spec": {"jobTemplate": {"spec": {"template": template}}}}, "load")
+
+
+def role(rules_: list[dict[str, Any]], kind: str = "Role", name: str = "launch") -> Resource:
+    type_ = rules.ROLE if kind == "Role" else rules.CLUSTER_ROLE
+    return res(type_, {"metadata": {"name": name, "namespace": "ns"}, "rules": rules_}, f"{kind}-{name}")
+
+
+def binding(account: str, kind: str = "Role", name: str = "launch", namespace: str | None = None) -> Resource:
+    subject = {"kind": "ServiceAccount", "name": account, **({"namespace": namespace} if namespace else {})}
+    props = {"metadata": {"name": "b", "namespace": "ns"}, "subjects": [subject],
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}}
+    return res(rules.ROLE_BINDINGS[0] if kind == "Role" else rules.ROLE_BINDINGS[1], props, "b")
+
+
+CREATE_JOBS = {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}
+
+
+@pytest.mark.parametrize(
+    ("resources", "creates"),
+    [
+        ([loader_job(), role([CREATE_JOBS]), binding("spot-trainer-loader")], "batch/jobs"),
+        ([loader_job(), role([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}], "ClusterRole"),
+          binding("spot-trainer-loader", "ClusterRole", namespace="ns")], "apps/daemonsets"),
+        ([loader_job(None), role([{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get"]}]),
+          binding("default")], "core/pods"),  # no serviceAccountName: the namespace's default account
+    ],
+    ids=["role-creates-jobs", "cluster-admin-like", "default-account-creates-pods"],
+)  # fmt: skip
+def test_a_loader_that_may_create_pods_is_refused(resources: list[Resource], creates: str) -> None:
+    ((urn, message),) = rules.loader_cannot_create_pods(resources, DEV)
+    assert urn == resources[2].urn and creates in message and "give the launch to an identity of its own" in message
+
+
+def test_a_launcher_of_its_own_may_create_jobs_and_the_loader_may_read() -> None:
+    read = {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list"]}
+    resources = [loader_job(), loader_job("spot-trainer-launcher", component="launcher"),
+                 role([CREATE_JOBS]), binding("spot-trainer-launcher"),
+                 role([read], name="read"), binding("spot-trainer-loader", name="read")]  # fmt: skip
+    assert rules.loader_cannot_create_pods(resources, DEV) == []
+    # A binding in another namespace does not reach the loader of "ns".
+    assert rules.loader_cannot_create_pods(
+        [loader_job(), role([CREATE_JOBS]), binding("spot-trainer-loader", namespace="other")], DEV) == []
+
+
+def netpol(namespace: str, spec: dict[str, Any], name: str = "deny") -> Resource:
+    return res(rules.NETWORK_POLICY, {"metadata": {"name": name, "namespace": namespace}, "spec": spec}, name)
+
+
+DENY_ALL = {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+NAMESPACES = [res(rules.NAMESPACE, {"metadata": {"name": "ns"}}, "ns"),
+              res("kubernetes:core/v1:Service", {"metadata": {"name": "redis", "namespace": "ns"}}, "svc")]
+
+
+def test_a_namespace_with_a_default_deny_policy_passes() -> None:
+    allow_redis = {"podSelector": {"matchLabels": {"app": "redis"}}, "policyTypes": ["Ingress"],
+                   "ingress": [{"from": [{"podSelector": {}}]}]}  # fmt: skip
+    resources = [*NAMESPACES, netpol("ns", DENY_ALL), netpol("ns", allow_redis, "redis")]
+    assert rules.default_deny_network_policy(resources, DEV) == []
+
+
+@pytest.mark.parametrize(
+    "policies",
+    [
+        [],  # only Redis's policy, as today
+        [netpol("ns", {"podSelector": {}, "policyTypes": ["Ingress"]})],  # egress stays open
+        [netpol("ns", {**DENY_ALL, "egress": [{}]})],  # an empty egress rule allows everything
+        [netpol("ns", {**DENY_ALL, "podSelector": {"matchLabels": {"a": "b"}}})],  # some pods only
+        [netpol("other", DENY_ALL)],  # another namespace's
+    ],
+    ids=["none", "ingress-only", "allow-all-egress", "some-pods", "other-namespace"],
+)
+def test_a_namespace_without_a_default_deny_policy_is_refused(policies: list[Resource]) -> None:
+    found = rules.default_deny_network_policy([*NAMESPACES, *policies], DEV)
+    assert (NAMESPACES[0].urn, "namespace 'ns' has no default-deny NetworkPolicy (podSelector {}, policyTypes "
+            "Ingress and Egress, no rules); every pod may talk to anything") in found
+
+
+@pytest.mark.parametrize(
+    ("props", "refused"),
+    [
+        ({}, True),
+        ({"privateClusterConfig": {"enablePrivateEndpoint": False}}, True),
+        ({"masterAuthorizedNetworksConfig": {"cidrBlocks": [{"cidrBlock": "0.0.0.0/0"}]}}, True),
+        ({"masterAuthorizedNetworksConfig": {"cidrBlocks": [{"cidrBlock": "203.0.113.0/24"}]}}, False),
+        ({"privateClusterConfig": {"enablePrivateEndpoint": True}}, False),
+    ],
+)
+def test_a_public_control_plane_without_authorized_networks_is_refused_in_prod(props: dict, refused: bool) -> None:
+    found = rules.prod_control_plane_not_public(rules.CLUSTER, props, PROD)
+    assert bool(found) is refused
+    assert rules.prod_control_plane_not_public(rules.CLUSTER, props, DEV) == []  # dev may keep it open
+
+
+def test_rules_awaiting_the_infra_branch_are_advisory_until_it_lands() -> None:
+    awaiting = {r.name: r.level for r in rules.RULES if r.name in rules.AWAITING_INFRA}
+    assert set(awaiting) == rules.AWAITING_INFRA and set(awaiting.values()) <= {rules.ADVISORY}
+    assert rules.level("stateful-protection") == rules.MANDATORY

@@ -28,7 +28,9 @@ def first(props: dict[str, Any]) -> dict[str, Any]:
 
 def test_dev_passes_every_rule() -> None:
     resources = dev_stack.stack()
-    for rule in rules.RULES:
+    # The rules awaiting the infra branch (rules.AWAITING_INFRA) read settings this model of today's dev stack
+    # does not have yet; tests/policy/test_policy_rules.py and test_policy_stacks.py see each of them fail.
+    for rule in (r for r in rules.RULES if r.name not in rules.AWAITING_INFRA):
         if rule.check_stack:
             assert rule.check_stack(resources, DEV) == [], rule.name
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,9 +142,28 @@ def test_workflows_default_to_read_only_and_pin_actions(name: str) -> None:
     for job in wf["jobs"].values():
         for s in job["steps"]:
             if "uses" in s:
-                assert "@" in s["uses"], s["uses"]  # a version, never a moving default branch
+                # A commit, never a tag or branch that can be moved to other code.
+                assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", s["uses"]), s["uses"]
+            if s.get("uses", "").startswith("actions/checkout@"):
+                assert s["with"]["persist-credentials"] is False
             # Expressions are passed through env, never pasted into a shell script.
             assert "${{" not in s.get("run", ""), s["run"]
+    # The tag each commit was read from stays readable next to it (the YAML parser drops comments).
+    for line in (WORKFLOWS / name).read_text().splitlines():
+        if "uses:" in line:
+            assert re.search(r"@[0-9a-f]{40}  # v\d+\.\d+\.\d+$", line), line
+
+
+def test_a_tag_pin_is_caught() -> None:
+    assert not re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", "actions/checkout@v4")
+    assert not re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", "actions/checkout@main")
+
+
+def test_every_job_that_reaches_gcp_names_its_environment() -> None:
+    """Identity federation binds each Google account to one GitHub environment (the OIDC subject names it):
+    the preview job to `preview-<stack>`, each update to its stack's environment."""
+    assert workflow("preview.yml")["jobs"]["preview"]["environment"] == "preview-${{ matrix.stack }}"
+    assert workflow("up.yml")["jobs"]["up"]["environment"] == "${{ matrix.stack }}"
 
 
 # --- what the workflows install ---------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """An HTTPS server on loopback standing in for the Kubernetes API server: a self-signed certificate that the pod's
 CA file names, a service-account folder (namespace, token, ca.crt) and KUBERNETES_SERVICE_HOST/PORT pointing at it.
-It records every Job POSTed and answers what the test sets (test_launch_inprocess.py, test_cli_units.py)."""
+It records every Job POSTed and answers what the test sets (test_launch_inprocess.py, test_cli_units.py): the
+statuses queued in ``answers`` first (each with its headers), then ``status``. ``host="::1"`` serves on IPv6
+loopback."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -29,14 +32,16 @@ class ApiServer:
     text: str = "{}"
     delay_s: float = 0.0
     posts: list[tuple[str, str, dict]] = field(default_factory=list)
+    # Answers before ``status``, in order: (status, headers), e.g. (429, {"Retry-After": "2"}).
+    answers: list[tuple[int, dict[str, str]]] = field(default_factory=list)
 
 
 @contextmanager
-def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str = "127.0.0.1") -> Iterator[ApiServer]:
     key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+                    "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=api",
+                    "-addext", f"subjectAltName=IP:{host}"], check=True, capture_output=True)
     sa_dir = tmp_path / "serviceaccount"
     sa_dir.mkdir()
     (sa_dir / "namespace").write_text("fraud\n")
@@ -48,20 +53,27 @@ def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiS
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             state.posts.append((self.path, self.headers["Authorization"], body))
             time.sleep(state.delay_s)
-            self.send_response(state.status)
+            status, headers = state.answers.pop(0) if state.answers else (state.status, {})
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(state.text.encode())
 
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = Server((host, 0), Handler)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(crt, key)
     server.socket = tls.wrap_socket(server.socket, server_side=True)
     port = server.server_address[1]
-    state = ApiServer(sa_dir, f"https://127.0.0.1:{port}/apis/batch/v1/namespaces/fraud/jobs")
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    where = f"[{host}]" if ":" in host else host
+    state = ApiServer(sa_dir, f"https://{where}:{port}/apis/batch/v1/namespaces/fraud/jobs")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(port))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -37,12 +37,44 @@ def test_a_job_is_posted_to_the_pods_namespace_with_its_token(api: ApiServer) ->
     assert launch.create_job(JOB, api.sa_dir, what="scoring") == "exists"
 
 
-@pytest.mark.parametrize(("status", "what"), [(300, "training"), (403, "scoring"), (500, "training")])
-def test_a_refusal_is_one_error_naming_the_job_the_url_and_the_reply(api: ApiServer, status: int, what: str) -> None:
+@pytest.mark.parametrize(("status", "what", "tries"), [
+    (300, "training", ""), (403, "scoring", ""), (500, "training", f" (after {launch.ATTEMPTS} attempts)")])
+def test_a_refusal_is_one_error_naming_the_job_the_url_and_the_reply(
+        api: ApiServer, status: int, what: str, tries: str) -> None:
     api.status, api.text = status, "x" * 299 + "yz"
+    waits: list[float] = []
     with pytest.raises(launch.LaunchError) as err:
-        launch.create_job(JOB, api.sa_dir, what=what)
-    assert str(err.value) == f"creating the {what} Job at {api.url}: HTTP {status}: {'x' * 299}y"
+        launch.create_job(JOB, api.sa_dir, what=what, sleep=waits.append)
+    assert str(err.value) == f"creating the {what} Job at {api.url}: HTTP {status}{tries}: {'x' * 299}y"
+    assert len(api.posts) == (launch.ATTEMPTS if tries else 1) and len(waits) == len(api.posts) - 1
+
+
+def test_429_and_5xx_are_retried_after_the_servers_retry_after(api: ApiServer) -> None:
+    api.answers = [(429, {"Retry-After": "7"}), (503, {}), (500, {"Retry-After": "999"})]
+    waits: list[float] = []
+    assert launch.create_job(JOB, api.sa_dir, sleep=waits.append) == "created"
+    assert waits == [7.0, 2.0, launch.MAX_WAIT_S]  # its own header; no header: backoff; capped
+    assert len(api.posts) == 4
+    api.posts.clear()
+    api.answers = [(503, {})]
+    api.status = 409  # the first POST had created it after all
+    assert launch.create_job(JOB, api.sa_dir, sleep=waits.append) == "exists" and len(api.posts) == 2
+
+
+def test_a_retry_after_date_and_nonsense_are_read_as_the_rfc_says() -> None:
+    now = 1_700_000_000.0
+    date = "Tue, 14 Nov 2023 22:13:30 GMT"  # now + 10 s
+    assert launch.retry_wait_s({"Retry-After": date}, 1, now=now) == 10.0
+    assert launch.retry_wait_s({"Retry-After": "soon"}, 3, now=now) == 4.0  # unusable: the backoff
+    assert launch.retry_wait_s({"Retry-After": "Mon, 13 Nov 2023 00:00:00 GMT"}, 1, now=now) == 0.0  # past
+
+
+def test_an_ipv6_api_host_is_put_in_brackets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert launch.url_host("fd00::1") == "[fd00::1]" and launch.url_host("10.0.0.1") == "10.0.0.1"
+    assert launch.url_host("[fd00::1]") == "[fd00::1]"
+    with api_server(tmp_path, monkeypatch, host="::1") as api:
+        assert launch.create_job(JOB, api.sa_dir) == "created"
+        assert api.url.startswith("https://[::1]:") and len(api.posts) == 1
 
 
 def test_an_api_server_that_cannot_be_trusted_or_reached_is_a_launch_error(

@@ -12,10 +12,12 @@ server can run on the development machines, and a hand-made one would only test 
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,14 @@ log = logging.getLogger(__name__)
 # KUBERNETES_SERVICE_HOST / KUBERNETES_SERVICE_PORT).
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 API_TIMEOUT_S = 30.0
+# Bounded retries of the POST on the answers that ask for one: 429 (API priority and fairness, with a
+# Retry-After header) and 5xx (an API server restarting, an etcd leader change). Kubernetes' own clients do
+# the same (client-go rest/request.go: retries honouring Retry-After). A retried POST that had in fact created
+# the Job gets 409, which is "exists": the name makes the call idempotent.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+ATTEMPTS = 5
+FIRST_WAIT_S = 1.0  # without Retry-After: 1, 2, 4, 8 s
+MAX_WAIT_S = 30.0  # a Retry-After above it waits this long
 
 
 class LaunchError(RuntimeError):
@@ -76,8 +86,31 @@ def read_job(path: Path, what: str = "training") -> dict[str, Any]:
     return body
 
 
-def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: str = "training") -> str:
-    """POST the Job to the pod's own namespace with the pod's token, verified by the cluster's CA.
+def url_host(host: str) -> str:
+    """The API server's host as a URL writes it: an IPv6 address in brackets (RFC 3986; an IPv6-only or
+    dual-stack cluster gives KUBERNETES_SERVICE_HOST as a bare address such as fd00::1)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def retry_wait_s(headers: Mapping[str, str], attempt: int, now: float | None = None) -> float:
+    """How long to wait before attempt ``attempt + 1``: the reply's Retry-After (seconds, or an HTTP date;
+    RFC 9110 10.2.3) where it has a usable one, else FIRST_WAIT_S doubled per attempt; never over MAX_WAIT_S."""
+    value = (headers.get("Retry-After") or "").strip()
+    wait = FIRST_WAIT_S * 2 ** (attempt - 1)
+    if value.isdigit():
+        wait = float(value)
+    elif value:
+        try:
+            wait = email.utils.parsedate_to_datetime(value).timestamp() - (time.time() if now is None else now)
+        except (TypeError, ValueError):
+            pass
+    return min(max(wait, 0.0), MAX_WAIT_S)
+
+
+def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: str = "training",
+               sleep: Callable[[float], None] = time.sleep) -> str:
+    """POST the Job to the pod's own namespace with the pod's token, verified by the cluster's CA; on 429 and
+    5xx again, ATTEMPTS times in all, after the reply's Retry-After (``retry_wait_s``).
 
     Returns "created" or "exists": a Job of that name still present (training or finished, before its
     ttlSecondsAfterFinished removes it) drains the same queue, so a second one is not needed. Tested against an
@@ -91,16 +124,24 @@ def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: s
     except (OSError, KeyError) as exc:
         raise LaunchError(f"cannot create the {what} Job: not in a pod with a service-account token and "
                           f"KUBERNETES_SERVICE_HOST ({exc})") from exc
-    url = f"https://{host}:{port}/apis/batch/v1/namespaces/{namespace}/jobs"
-    try:
-        reply = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
-                              verify=str(sa_dir / "ca.crt"), timeout=API_TIMEOUT_S)
-    except requests.RequestException as exc:
-        raise LaunchError(f"creating the {what} Job at {url}: {exc}") from exc
+    url = f"https://{url_host(host)}:{port}/apis/batch/v1/namespaces/{namespace}/jobs"
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            reply = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
+                                  verify=str(sa_dir / "ca.crt"), timeout=API_TIMEOUT_S)
+        except requests.RequestException as exc:
+            raise LaunchError(f"creating the {what} Job at {url}: {exc}") from exc
+        if reply.status_code not in RETRY_STATUSES or attempt == ATTEMPTS:
+            break
+        wait = retry_wait_s(reply.headers, attempt)
+        log.warning("creating the %s Job: HTTP %d, attempt %d of %d; again in %.1fs",
+                    what, reply.status_code, attempt, ATTEMPTS, wait)
+        sleep(wait)
     if reply.status_code == 409:
         return "exists"
     if reply.status_code >= 300:
-        raise LaunchError(f"creating the {what} Job at {url}: HTTP {reply.status_code}: {reply.text[:300]}")
+        tries = f" (after {ATTEMPTS} attempts)" if reply.status_code in RETRY_STATUSES else ""
+        raise LaunchError(f"creating the {what} Job at {url}: HTTP {reply.status_code}{tries}: {reply.text[:300]}")
     return "created"
 
 
