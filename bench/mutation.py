@@ -269,8 +269,8 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "report",
-        ("workload/model/report.py", "workload/model/plots.py"),
-        ("tests/workload/test_report.py", "tests/model/test_plots.py"),
+        ("workload/model/report.py", "workload/model/plots.py", "workload/model/report_html.py"),
+        ("tests/workload/test_report.py", "tests/model/test_plots.py", "tests/workload/test_report_page.py"),
     ),
     # export and score run in-process through cli.main in test_export.py (export, score, their refusals);
     # cli.py's other verbs run in-process too, in test_cli.py (whole commands; only Ctrl-C and a second `local` need

@@ -259,7 +259,7 @@ def test_an_unstamped_write_always_writes_and_records_no_source(tmp_path: Path) 
     assert report.write(tmp_path, _state(), None, draw=False) == tmp_path / "report.txt"
     assert (tmp_path / ".report-source.json").read_text() == '{"token": 9, "seq": 9}\n'
     assert report.write(tmp_path / "fresh", {"run": "fresh", "hparams": {}, "history": []}, None, draw=False)
-    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["metrics.jsonl", "report.txt"]
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["metrics.jsonl", "report.html", "report.txt"]
 
 
 def test_write_draws_the_runs_pictures_by_default_and_only_once_a_day_is_applied(tmp_path: Path) -> None:
@@ -273,4 +273,5 @@ def test_write_draws_the_runs_pictures_by_default_and_only_once_a_day_is_applied
     report.write(tmp_path / "undrawn", state, pr, draw=False)
     report.write(tmp_path / "empty", {**state, "history": []}, pr)
     for folder in ("undrawn", "empty"):
-        assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["metrics.jsonl", "report.txt"], folder
+        names = sorted(p.name for p in (tmp_path / folder).iterdir())
+        assert names == ["metrics.jsonl", "report.html", "report.txt"], folder

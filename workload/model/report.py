@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from workload.model import report_html
 from workload.share.fsutil import atomic_write_text
-from workload.share.paths import METRICS_JSONL, METRICS_PNG, REPORT_TXT
+from workload.share.paths import METRICS_JSONL, METRICS_PNG, REPORT_HTML, REPORT_TXT
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -147,7 +148,7 @@ def rendered_from(run_dir: Path) -> tuple[int, int]:
 
 def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray] | None,
           draw: bool = True, kept: set[str] | None = None, stamp: tuple[int, int] | None = None) -> Path | None:
-    """Rewrite report.txt and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
+    """Rewrite report.txt, report.html and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
     returns the report. With `stamp` (the source checkpoint's token and seq), nothing is written
     when the report already comes from a newer checkpoint (None is returned)."""
     run_dir = Path(run_dir)
@@ -162,9 +163,19 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
         from workload.model import plots  # matplotlib: only writers pay for it
 
         plots.write_plots(run_dir, history, pr, run=state["run"], hparams=state["hparams"])
+    write_html(run_dir, state)
     if stamp is not None:
         atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n")
     return report
+
+
+def write_html(run_dir: Path, state: dict[str, Any]) -> Path:
+    """report.html: the same history as one self-contained page, with the pictures on the share beside it."""
+    page = report_html.render(state["run"], state["hparams"], state["history"], report_html.read_pictures(run_dir),
+                              state.get("reapplied", []))
+    path = Path(run_dir) / REPORT_HTML
+    atomic_write_text(path, page)
+    return path
 
 
 def latest_metrics(run_dir: Path) -> dict[str, Any] | None:

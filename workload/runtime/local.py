@@ -30,7 +30,7 @@ from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, 
 from workload.model import report
 from workload.queue.workqueue import Counts, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer, die_with_parent
-from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_TXT, share_paths
+from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_HTML, REPORT_TXT, share_paths
 
 log = logging.getLogger("workload.runtime.local")
 
@@ -271,5 +271,6 @@ def summary(queue: WorkQueue, share: Path) -> None:
             if m.get("alerts"):
                 lines += ["    alert thresholds:", *(f"  {line}" for line in report.alert_lines(m["alerts"]))]
         lines.append(f"    report:  {output_dir / run / REPORT_TXT}")
+        lines.append(f"    page:    {output_dir / run / REPORT_HTML}")
         lines.append(f"    plots:   {output_dir / run / METRICS_PNG}, {output_dir / run / PR_CURVE_PNG}")
     print("\n".join(lines))
