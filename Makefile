@@ -12,7 +12,7 @@ ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render diff preview clean-local bench chaos mutation planted
+.PHONY: local test chromium lint check render diff preview clean-local bench chaos mutation planted
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -50,8 +50,20 @@ local: $(LOCAL_STAMP)
 # idle between waits. From a fresh clone on the 2-core CI machine, idle: 10 min 36 s of pytest with 2, 8 min 39 s
 # with 3 (CPU 90-98 % busy), 1960 tests passing both ways. TEST_JOBS=0 runs it in this process (a debugger, -x).
 TEST_JOBS ?= 3
-test: $(ALL_STAMP)
+test: $(ALL_STAMP) $(if $(filter true,$(CI)),chromium)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+# The HTML report's browser test (tests/workload/test_report_page.py) opens report.html in a real headless
+# Chromium. Under CI=true `make test` installs it from Debian's packages when it is missing (CI runs as root
+# with the registry reachable) and the test fails without it; elsewhere the test skips, saying why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "chromium is missing: installing it from Debian's packages (apt-get install chromium) for the HTML report's browser test"; \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
+	      chromium; } >/tmp/apt-chromium.log 2>&1 \
+	    || { echo "could not install chromium (apt-get's log: /tmp/apt-chromium.log):"; tail -5 /tmp/apt-chromium.log; exit 1; }; \
+	  echo "chromium installed: $$(chromium --version 2>/dev/null | head -1)"; }
 
 bench: $(ALL_STAMP)
 	$(PY) -m bench.run $(ARGS)

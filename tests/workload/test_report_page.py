@@ -122,3 +122,14 @@ def test_a_run_without_days_or_pictures_is_a_page_that_says_so() -> None:
 def test_names_and_settings_are_escaped() -> None:
     page = report_html.render("main", {"note": "<b>&"}, [], {})
     assert "&lt;b&gt;&amp;" in page and "<b>&" not in page
+
+
+def test_without_chromium_the_browser_test_skips_outside_ci_and_fails_under_ci(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no browser on it
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Chromium on PATH"):
+        needs_chromium()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no Chromium on PATH"):
+        needs_chromium()
