@@ -7,12 +7,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LOCAL_STAMP := $(VENV)/.installed-local
-INFRA_STAMP := $(VENV)/.installed-infra
+# The Pulumi program's own virtualenv (Pulumi.yaml names it): `make render|diff|preview` install the program's and
+# the pack's packages there, never into .venv, whose worker packages want another protobuf than pulumi-policy.
+INFRA_VENV := build/infra-venv
+INFRA_STAMP := $(INFRA_VENV)/.installed-infra
 ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test chromium lint check render diff preview clean-local bench chaos mutation planted
+.PHONY: local test chromium pulumi-cli lint check render diff preview clean-local bench chaos mutation planted
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -30,13 +33,13 @@ $(LOCAL_STAMP): requirements-local.txt workload/requirements.txt
 	@touch $@
 
 $(INFRA_STAMP): infra/requirements.txt policy/requirements.txt
-	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(VENV))
+	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(INFRA_VENV))
 	@touch $@
 
 $(ALL_STAMP): requirements.txt requirements-local.txt requirements-test.txt workload/requirements.txt \
 		infra/requirements.txt policy/requirements.txt bench/requirements.txt
 	$(call pip_install,requirements.txt,$(VENV))
-	@touch $@ $(LOCAL_STAMP) $(INFRA_STAMP)
+	@touch $@ $(LOCAL_STAMP)
 
 $(POLICY_STAMP): policy/requirements.txt
 	$(call pip_install,policy/requirements.txt,$(POLICY_VENV))
@@ -97,19 +100,25 @@ check: $(ALL_STAMP)
 # make render STACK=dev ARGS='datasetUri=gs://my-bucket/fraud outputUri=gs://my-bucket/out'
 STACK ?= dev
 render: $(INFRA_STAMP)
-	$(PY) -m policy.offline $(STACK) $(ARGS)
+	$(INFRA_VENV)/bin/python -m policy.offline $(STACK) $(ARGS)
 
 # What a config change would replace, before `pulumi up`: the stack rendered as configured and with ARGS,
 # compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced
 # share, cluster or bucket grant is printed as DATA LOSS and exits 1. No credentials needed:
 # make diff STACK=dev ARGS='zone=us-central1-b'
 diff: $(INFRA_STAMP)
-	$(PY) -m infra.diff $(STACK) $(ARGS)
+	$(INFRA_VENV)/bin/python -m infra.diff $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.
-preview: $(INFRA_STAMP) $(POLICY_STAMP)
+# Without the CLI: one line saying what to install, before any virtualenv is made.
+preview: pulumi-cli $(INFRA_STAMP) $(POLICY_STAMP)
 	pulumi preview --stack $(STACK) --policy-pack policy $(ARGS)
+
+pulumi-cli:
+	$(if $(shell command -v pulumi),,$(error make preview needs the Pulumi CLI, not on PATH: install it (curl -fsSL \
+	https://get.pulumi.com | sh; https://www.pulumi.com/docs/iac/download-install/), pulumi login, and run it again \
+	(make render STACK=$(STACK) needs no CLI)))
 
 clean-local:
 	rm -rf local

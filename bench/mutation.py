@@ -1938,7 +1938,7 @@ def to_rerun(groups: list[Group], recorded: dict[str, ModuleResult], commits: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--only", nargs="+", choices=[g.name for g in GROUPS], help="groups to run (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
                         help="mutants tested at once (default: one per core), shared by the lanes running, times "
