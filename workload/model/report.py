@@ -56,7 +56,7 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
     """The report text; `kept` names the checkpoint files that still exist (None: do not say);
     `reapplied` lists the lineage's rewinds (a day that arrived after later days were applied)."""
     lines = [f"Training report: run {run!r}", f"hyperparameters: {json.dumps(hparams, sort_keys=True)}",
-             f"shards applied: {len(history)}", ""]
+             f"shards applied: {len(history)}", "", *headline(history)]
     for r in reapplied or []:
         lines.append(f"re-applied at {r['time']}: {', '.join(r['reapplied'])}, because {r['why']}; the run went "
                      f"back to {r['from']} and applied {r['day']} and every later day in date order")
@@ -69,16 +69,16 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
             f"time: {h['time']}",
             f"training dataset: {h['shard']}",
             _checkpoint_line(run_dir, h["checkpoint"], kept),
-            f"accuracy on training data: {_fmt(h['train_accuracy'])}",
-            f"accuracy on testing data: {_fmt(h['accuracy'])}",
             f"average precision (AUPRC) on testing data: {_fmt(ap)} (base rate {_fmt(base)}: "
             f"{lift_phrase(ap, base)})",
-            f"ROC AUC on testing data: {_fmt(h['roc_auc'])}",
             f"card precision of the top 100 cards per test day (CP@100): "
             f"{_fmt(h.get('card_precision_top100', float('nan')))}",
+            *([calibration_line(h)] if "brier" in h else []),
+            f"ROC AUC on testing data: {_fmt(h['roc_auc'])}",
             f"precision of the top 100 transactions per test day: {_fmt(h['precision_top100'])}",
             f"recall at 1% false-positive rate: {_fmt(h['recall_at_1pct_fpr'])}",
-            *([calibration_line(h)] if "brier" in h else []),
+            f"accuracy on training data: {_fmt(h['train_accuracy'])}",
+            f"accuracy on testing data: {_fmt(h['accuracy'])}",
             "",
         ]
     if history:
@@ -90,6 +90,24 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
         if "reliability" in last:
             lines += ["", *newest_model_section(last)]
     return "\n".join(lines) + "\n"
+
+
+def headline(history: list[dict[str, Any]]) -> list[str]:
+    """What the newest model does at the fraud rate, before any day's block (accuracy says nothing there)."""
+    if not history:
+        return []
+    h = history[-1]
+    ap, base = h.get("average_precision", float("nan")), h.get("base_rate", float("nan"))
+    lines = [f"Newest model, on the test days (after {h['shard']}):",
+             f"  average precision (AUPRC) {_fmt(ap)}: {lift_phrase(ap, base)} (base rate {_fmt(base)})",
+             f"  card precision of the top 100 cards per test day (CP@100) "
+             f"{_fmt(h.get('card_precision_top100', float('nan')))}"]
+    if "brier" in h:
+        lines.append(f"  Brier score {_fmt(h['brier'])}, expected calibration error {_fmt(h['ece'])} (calibrated; "
+                     f"{_fmt(h['brier_raw'])} and {_fmt(h['ece_raw'])} before)")
+    if "alerts" in h:
+        lines.append("  alert thresholds with their precision and recall: at the end of this report")
+    return [*lines, ""]
 
 
 def calibration_line(h: dict[str, Any]) -> str:
