@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on
 
 def dry_run(*argv: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **({"PATH": path} if path is not None else {})}
-    return subprocess.run([shutil.which("make") or "make", "-n", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([shutil.which("make") or "make", "-n", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_render_diff_and_preview_use_the_programs_own_virtualenv_never_dot_venv() -> None:
