@@ -145,7 +145,12 @@ def test_readmes_own_data_path_works_as_written_after_make_local_and_the_folder_
             f"{checkout / 'columns.yaml'} --datetime-format '%d/%m/%Y %H:%M'") in again.stderr, again.stderr
     status = workload(checkout, "status", "--dir", "local-export", timeout=120)
     assert status.returncode == 0 and "run main: 6/6 shards applied" in status.stdout, status.stdout + status.stderr
+    exported = workload(checkout, "export", "--share", "local-export/share", "--run", "main", "--to", "results",
+                        timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    page = own / "share" / "output" / "main" / "report.html"
+    assert (checkout / "results" / "main" / "report.html").read_bytes() == page.read_bytes()
     untracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=checkout,
                                capture_output=True, text=True, check=True).stdout.split()
     assert not [p for p in untracked if p.startswith("local")], untracked  # bank data is never an untracked file
-    assert "columns.yaml" in untracked
+    assert "columns.yaml" in untracked and "results/main/report.html" in untracked
