@@ -30,7 +30,7 @@ CURVES = (
 def _save_atomically(figure: Figure, path: Path) -> Path:
     buf = io.BytesIO()
     FigureCanvasAgg(figure).print_png(buf)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), durable=False)  # drawn again from the checkpoint if lost
     return path
 
 

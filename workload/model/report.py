@@ -8,6 +8,10 @@ Writes are fenced like checkpoints: ``.report-source.json`` records the (lease t
 checkpoint the files were rendered from, and a writer whose source is older than that writes nothing
 (a stale worker cannot roll the report back). Only checkpoints that still exist are named as such;
 the others say they were pruned.
+
+Every file here (and the pictures) is replaced atomically but not fsynced: it is rendered again from the
+checkpoint, which is durable, by the next day's write or by `export`, and two fsyncs a file cost a small
+day more than its render (issue 33: per-item overhead).
 """
 
 from __future__ import annotations
@@ -175,15 +179,15 @@ def write(run_dir: Path, state: dict[str, Any], pr: tuple[np.ndarray, np.ndarray
     history = state["history"]
     report = run_dir / REPORT_TXT
     atomic_write_text(report, render(state["run"], state["hparams"], history, run_dir, kept,
-                                             state.get("reapplied", [])))
-    atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history))
+                                     state.get("reapplied", [])), durable=False)
+    atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history), durable=False)
     if history and draw:
         from workload.model import plots  # matplotlib: only writers pay for it
 
         plots.write_plots(run_dir, history, pr, run=state["run"], hparams=state["hparams"])
     write_html(run_dir, state)
     if stamp is not None:
-        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n")
+        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n", durable=False)
     return report
 
 
@@ -192,7 +196,7 @@ def write_html(run_dir: Path, state: dict[str, Any]) -> Path:
     page = report_html.render(state["run"], state["hparams"], state["history"], report_html.read_pictures(run_dir),
                               state.get("reapplied", []))
     path = Path(run_dir) / REPORT_HTML
-    atomic_write_text(path, page)
+    atomic_write_text(path, page, durable=False)
     return path
 
 
