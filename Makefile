@@ -7,12 +7,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LOCAL_STAMP := $(VENV)/.installed-local
-INFRA_STAMP := $(VENV)/.installed-infra
+# The Pulumi program's own virtualenv (Pulumi.yaml names it): `make render|diff|preview` install the program's and
+# the pack's packages there, never into .venv, whose worker packages want another protobuf than pulumi-policy.
+INFRA_VENV := build/infra-venv
+INFRA_STAMP := $(INFRA_VENV)/.installed-infra
 ALL_STAMP := $(VENV)/.installed-all
 POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 
-.PHONY: local test lint check render diff preview clean-local bench chaos mutation planted
+.PHONY: local test chromium pulumi-cli lint check render diff preview clean-local bench chaos mutation planted
 
 # The first install into a venv shows pip's progress (torch alone is hundreds of MB); later ones are quiet.
 # $(1): requirements file, $(2): venv, $(3): more pip flags.
@@ -30,13 +33,13 @@ $(LOCAL_STAMP): requirements-local.txt workload/requirements.txt
 	@touch $@
 
 $(INFRA_STAMP): infra/requirements.txt policy/requirements.txt
-	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(VENV))
+	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(INFRA_VENV))
 	@touch $@
 
 $(ALL_STAMP): requirements.txt requirements-local.txt requirements-test.txt workload/requirements.txt \
 		infra/requirements.txt policy/requirements.txt bench/requirements.txt
 	$(call pip_install,requirements.txt,$(VENV))
-	@touch $@ $(LOCAL_STAMP) $(INFRA_STAMP)
+	@touch $@ $(LOCAL_STAMP)
 
 $(POLICY_STAMP): policy/requirements.txt
 	$(call pip_install,policy/requirements.txt,$(POLICY_VENV))
@@ -50,8 +53,20 @@ local: $(LOCAL_STAMP)
 # idle between waits. From a fresh clone on the 2-core CI machine, idle: 10 min 36 s of pytest with 2, 8 min 39 s
 # with 3 (CPU 90-98 % busy), 1960 tests passing both ways. TEST_JOBS=0 runs it in this process (a debugger, -x).
 TEST_JOBS ?= 3
-test: $(ALL_STAMP)
+test: $(ALL_STAMP) $(if $(filter true,$(CI)),chromium)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+# The HTML report's browser test (tests/workload/test_report_page.py) opens report.html in a real headless
+# Chromium. Under CI=true `make test` installs it from Debian's packages when it is missing (CI runs as root
+# with the registry reachable) and the test fails without it; elsewhere the test skips, saying why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "chromium is missing: installing it from Debian's packages (apt-get install chromium) for the HTML report's browser test"; \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
+	      chromium; } >/tmp/apt-chromium.log 2>&1 \
+	    || { echo "could not install chromium (apt-get's log: /tmp/apt-chromium.log):"; tail -5 /tmp/apt-chromium.log; exit 1; }; \
+	  echo "chromium installed: $$(chromium --version 2>/dev/null | head -1)"; }
 
 bench: $(ALL_STAMP)
 	$(PY) -m bench.run $(ARGS)
@@ -85,19 +100,25 @@ check: $(ALL_STAMP)
 # make render STACK=dev ARGS='datasetUri=gs://my-bucket/fraud outputUri=gs://my-bucket/out'
 STACK ?= dev
 render: $(INFRA_STAMP)
-	$(PY) -m policy.offline $(STACK) $(ARGS)
+	$(INFRA_VENV)/bin/python -m policy.offline $(STACK) $(ARGS)
 
 # What a config change would replace, before `pulumi up`: the stack rendered as configured and with ARGS,
 # compared under mocks with the providers' replace-on-change facts (infra/replacements.py). A replaced or
 # deleted share or cluster (DATA LOSS) or an update the Kubernetes API refuses (WILL FAIL) exits 1:
 # make diff STACK=dev ARGS='zone=us-central1-b'
 diff: $(INFRA_STAMP)
-	$(PY) -m infra.diff $(STACK) $(ARGS)
+	$(INFRA_VENV)/bin/python -m infra.diff $(STACK) $(ARGS)
 
 # The real preview (Pulumi CLI, credentials, docs/cloud.md), with the guardrails: the pack's
 # virtualenv is created here, as in the workflows, because the engine does not install a local pack.
-preview: $(INFRA_STAMP) $(POLICY_STAMP)
+# Without the CLI: one line saying what to install, before any virtualenv is made.
+preview: pulumi-cli $(INFRA_STAMP) $(POLICY_STAMP)
 	pulumi preview --stack $(STACK) --policy-pack policy $(ARGS)
+
+pulumi-cli:
+	$(if $(shell command -v pulumi),,$(error make preview needs the Pulumi CLI, not on PATH: install it (curl -fsSL \
+	https://get.pulumi.com | sh; https://www.pulumi.com/docs/iac/download-install/), pulumi login, and run it again \
+	(make render STACK=$(STACK) needs no CLI)))
 
 clean-local:
 	rm -rf local

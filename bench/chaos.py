@@ -338,7 +338,7 @@ def _limit_file_size() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--workers", type=int, default=ChaosConfig.workers)
     p.add_argument("--runs", type=int, default=ChaosConfig.runs)
     p.add_argument("--events", type=int, default=ChaosConfig.events, help="worker and Redis disturbances")

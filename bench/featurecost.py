@@ -99,7 +99,8 @@ def write(rows: list[dict[str, float]], wall_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.featurecost", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.featurecost", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--days", type=int, nargs="+", default=[400, 4000], help="dataset sizes, in one-row days")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
     args = p.parse_args(argv)

@@ -274,8 +274,8 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "report",
-        ("workload/model/report.py", "workload/model/plots.py"),
-        ("tests/workload/test_report.py", "tests/model/test_plots.py"),
+        ("workload/model/report.py", "workload/model/plots.py", "workload/model/report_html.py"),
+        ("tests/workload/test_report.py", "tests/model/test_plots.py", "tests/workload/test_report_page.py"),
     ),
     # export and score run in-process through cli.main in test_export.py (export, score, their refusals);
     # cli.py's other verbs run in-process too, in test_cli.py (whole commands; only Ctrl-C and a second `local` need
@@ -907,7 +907,7 @@ def to_rerun(groups: list[Group], recorded: dict[str, ModuleResult], commits: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--only", nargs="+", choices=[g.name for g in GROUPS], help="groups to run (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
                         help="mutants tested at once (default: one per core), shared by the lanes running, times "

@@ -239,7 +239,7 @@ def check(bug: Bug, keep: bool) -> tuple[str, Outcome | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--only", nargs="+", choices=[b.id for b in BUGS], help="bugs to plant (default: all)")
     parser.add_argument("--list", action="store_true", help="print the table and exit")
     parser.add_argument("--keep", action="store_true", help="keep each planted copy under build/planted/")

@@ -254,7 +254,8 @@ def table(sizes: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--size", choices=[*SIZES, "every"], default="every")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")

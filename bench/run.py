@@ -665,7 +665,7 @@ def run_benches(chosen: list[str], scale: Scale, work: Path) -> Results:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--only", nargs="+", choices=BENCHES, help="run these benchmarks only (docs are not written)")
     p.add_argument("--mini", action="store_true",
                    help="every benchmark in miniature (tiny data, short intervals; docs are not written): proves "

@@ -179,7 +179,7 @@ def report(changes: list[Change]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m infra.diff STACK key=value ...``: exit 1 when a stateful resource would be replaced or
     deleted, or an update would be refused."""
-    parser = argparse.ArgumentParser(prog="python -m infra.diff", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m infra.diff", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("stack", type=render.stack_name)
     parser.add_argument("changes", nargs="+", metavar="key=value", help="the config change to preview")
     args = parser.parse_args(argv)

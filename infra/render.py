@@ -428,13 +428,18 @@ def write(rendered: Rendered, out_dir: Path) -> list[Path]:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["runs={main: {}}", "parallelism=3"]`` -> config overrides (values read as YAML)."""
+    """``["runs={main: {}}", "parallelism=3"]`` -> config overrides (values read as YAML). A value that is not
+    YAML (``%d/%m/%Y`` reads as a YAML directive, ``@x`` or ``*x`` as reserved or an alias) is the string it
+    is, as ``pulumi config set`` stores it."""
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"override {item!r} is not key=value")
-        overrides[key] = yaml.safe_load(value)
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            overrides[key] = value
     return overrides
 
 
@@ -442,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m infra.render dev [key=value ...]``: the stack's Kubernetes manifests as YAML."""
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m infra.render", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m infra.render", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("stack", type=stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")
     args = parser.parse_args(argv)

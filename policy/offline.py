@@ -116,7 +116,7 @@ def _condition(inputs: Mapping[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m policy.offline STACK [--out DIR]``: exit 1 on a mandatory violation, 2 on bad config."""
-    parser = argparse.ArgumentParser(prog="python -m policy.offline", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m policy.offline", description=main.__doc__, allow_abbrev=False)
     parser.add_argument("stack", type=render.stack_name, help="a stack; without stacks/Pulumi.<stack>.yaml: defaults")
     parser.add_argument("--out", type=Path, help="output folder (default build/render/STACK)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (YAML values)")

@@ -1,4 +1,4 @@
-"""Command line (also the container entrypoint): seed, worker, status, export, score,
+"""Command line (also the container entrypoint): seed, worker, status, requeue, export, score,
 wait-drained, local.
 
 Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;
@@ -323,15 +323,22 @@ STATUS_CALL_TIMEOUT_S = 0.75  # ... or frozen: the client tries each call 4 time
 
 
 def status(args: argparse.Namespace) -> int:
-    password = None
-    if args.dir:  # a running `make local`: its Redis and share, from the local folder
-        from workload.runtime.local import LocalNotRunning, read_connection
+    if not args.dir:
+        return print_status(args, None)
+    # A `make local` folder: its running Redis and share, or a finished one's, read from its AOF.
+    from workload.runtime.local import LocalNotRunning, reopened
 
-        try:
-            conn = read_connection(args.dir)
-        except LocalNotRunning as exc:
-            raise UsageError(str(exc)) from None
-        args.redis_url, args.share, password = conn.url, conn.share, conn.password
+    try:
+        with reopened(args.dir) as conn:
+            args.redis_url, args.share = conn.url, conn.share
+            if not conn.running:
+                print(f"(the `local` in {args.dir} has ended: read from its folder)")
+            return print_status(args, conn.password)
+    except LocalNotRunning as exc:
+        raise UsageError(str(exc)) from None
+
+
+def print_status(args: argparse.Namespace, password: str | None) -> int:
     queue = make_queue(args, password, STATUS_RETRY_S, STATUS_CALL_TIMEOUT_S)
     snap = queue.snapshot()
     c = queue.counts()
@@ -425,7 +432,7 @@ def _sub(sub: Any, name: str, summary: str, example: str, more: str = "") -> arg
     """A subcommand whose --help says what it does (`summary`, then `more`) and ends with one example."""
     description = textwrap.fill(f"{summary}. {more}".strip(), 100, break_on_hyphens=False)
     return sub.add_parser(name, help=summary, description=description, epilog=f"example:\n  {example}",
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
 
 
 def add_score(sub: Any) -> None:
@@ -452,7 +459,9 @@ def add_score(sub: Any) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workload", description=__doc__.split("\n")[0],
+    # The docstring's first paragraph (every command); no abbreviations: `--dataset x` is never `--datasets x`.
+    p = argparse.ArgumentParser(prog="python -m workload", description=" ".join(__doc__.split("\n\n")[0].split()),
+                                allow_abbrev=False,
                                 epilog="`python -m workload COMMAND --help` explains each command, with an example. "
                                        "LOG_LEVEL (default INFO) sets the log level of every command.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -544,12 +553,12 @@ def add_worker(sub: Any) -> None:
 def add_status(sub: Any) -> None:
     """`status`: a queue's summary, from its address or a `make local` folder."""
     st = _sub(sub, "status", "the queue per run: pending, leased (by whom, until when), done, dead-lettered, "
-              "latest test figures", "python -m workload status --dir local    # the Redis of a running `make local`")
+              "latest test figures", "python -m workload status --dir local    # a `make local`'s, running or ended")
     add_share(st)
     add_redis(st)
     st.add_argument("--dir", type=Path,
-                    help="the folder of a running `python -m workload local` (`make local`: local): use its Redis "
-                         "and share instead of --redis-url/--share (no env; default none)")
+                    help="the folder of a `python -m workload local` (`make local`: local), running or ended: use "
+                         "its Redis and share instead of --redis-url/--share (no env; default none)")
     st.set_defaults(fn=status)
 
 
@@ -583,9 +592,12 @@ def add_local(sub: Any) -> None:
               "python -m workload local --runs-file sweep.json --workers 3    # `make local ARGS=...`")
     lo.add_argument("--workers", type=positive(int, "--workers"), default=2,
                     help="worker processes (no env; default 2)")
-    lo.add_argument("--dir", type=Path, default=Path("local"),
-                    help="where the share, the Redis data and the logs live (no env; default local)")
-    lo.add_argument("--datasets", help="copy this dataset folder instead of simulating (no env; default none)")
+    lo.add_argument("--dir", type=Path,
+                    help="where the share, the Redis data and the logs live; it remembers --datasets, --columns "
+                         "and --datetime-format for the next run (no env; default: local, or local-NAME for "
+                         "--datasets .../NAME)")
+    lo.add_argument("--datasets", help="copy this dataset folder (or gs://bucket/prefix) instead of simulating "
+                                       "(no env; default: what --dir remembers, else simulate)")
     add_reading(lo)
     lo.add_argument("--preset", default="small",
                     help=f"simulator preset: {', '.join(simulator.PRESETS)} (no env; default small)")

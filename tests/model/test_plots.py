@@ -76,8 +76,7 @@ def test_pictures_name_days_the_run_its_hyperparameters_and_the_models_ap() -> N
     assert ticks == [f"2018-04-0{i + 1}" for i in range(5)]  # dates, not file names
     text = _texts(metrics_fig)
     assert "run 'wide': hidden=[128, 64], lr=0.002" in text
-    legend = metrics_fig.axes[0].get_legend()
-    assert legend is not None and legend.get_bbox_to_anchor().y0 < metrics_fig.axes[0].bbox.y0  # below the axes
+    _legend_clear_of_the_axes(metrics_fig)
     pr_text = _texts(plots._pr_figure(pr, history, "wide"))
     assert f"model after 2018-04-05: average precision {history[-1]['average_precision']:.3f}" in pr_text
     assert "random guess (base rate" in pr_text
@@ -114,14 +113,23 @@ def _text(figure: Figure, text: str) -> Text:
     return found[0]
 
 
-def _legend_hangs_below(figure: Figure, anchor: tuple[float, float]) -> None:
-    """The legend's top centre sits just below `anchor` (axes coordinates): loc 'upper center' there."""
-    FigureCanvasAgg(figure).draw()  # place everything as the saved picture has it
+def _legend(figure: Figure):
+    """The picture's legend: the figure's, under everything (None when there is none)."""
+    return figure.legends[0] if figure.legends else None
+
+
+def _legend_clear_of_the_axes(figure: Figure) -> None:
+    """The legend lies under the axes with their tick labels and label, overlapping none of them, and inside
+    the picture; the subtitle too lies inside it (a long one ran off both edges, the legend covered the x label)."""
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()  # place everything as the saved picture has it
+    renderer = canvas.get_renderer()
     axes = figure.axes[0]
-    box = axes.get_legend().get_window_extent()
-    x, y = axes.transAxes.transform(anchor)
-    assert abs((box.x0 + box.x1) / 2 - x) < 1
-    assert 0 < y - box.y1 < 10  # the legend's border pad (half its 8 pt font) below the anchor
+    legend, around = _legend(figure).get_window_extent(renderer), axes.get_tightbbox(renderer)
+    assert legend.y1 <= around.y0 and not legend.overlaps(around), (legend, around)
+    title = axes.title.get_window_extent(renderer)
+    for box in (legend, title):
+        assert 0 <= box.x0 and box.x1 <= figure.bbox.x1 and 0 <= box.y0 and box.y1 <= figure.bbox.y1, box
 
 
 def test_the_pictures_are_990_by_605_and_660_square_pixels(tmp_path: Path) -> None:
@@ -173,13 +181,13 @@ def test_the_metrics_picture_has_its_titles_labels_scale_grid_and_legend() -> No
     for grid in (*axes.xaxis.get_gridlines(), *axes.yaxis.get_gridlines()):
         assert grid.get_visible() and grid.get_alpha() == 0.3
     assert list(axes.texts) == []  # no message over the curves
-    legend = axes.get_legend()
+    legend = _legend(figure)
     assert [t.get_text() for t in legend.get_texts()] == [
         "average precision (AUPRC)", "ROC AUC", "card precision@100 / day", "recall at 1% FPR",
         "base rate (fraud share): a random guess's AP"]
     assert [t.get_fontsize() for t in legend.get_texts()] == [8] * 5
     assert not legend.get_frame_on()
-    _legend_hangs_below(figure, (0.5, -0.28))
+    _legend_clear_of_the_axes(figure)
     columns = {round(t.get_window_extent().x0) for t in legend.get_texts()}
     assert len(columns) == 3  # five entries in three columns
 
@@ -236,10 +244,10 @@ def test_the_pr_picture_has_its_titles_labels_scale_grid_and_legend() -> None:
     assert (axes.get_xlim(), axes.get_ylim()) == ((0, 1), (0, 1.02))
     for grid in (*axes.xaxis.get_gridlines(), *axes.yaxis.get_gridlines()):
         assert grid.get_visible() and grid.get_alpha() == 0.3
-    legend = axes.get_legend()
+    legend = _legend(figure)
     assert [t.get_fontsize() for t in legend.get_texts()] == [8, 8]
     assert not legend.get_frame_on()
-    _legend_hangs_below(figure, (0.5, -0.12))
+    _legend_clear_of_the_axes(figure)
 
 
 def test_the_pr_picture_says_why_there_is_no_curve_and_draws_the_base_rate_only_when_positive() -> None:
@@ -253,14 +261,15 @@ def test_the_pr_picture_says_why_there_is_no_curve_and_draws_the_base_rate_only_
         (empty, _days(1, n_fraud=0, base_rate=0.0), no_fraud, None),
     ]
     for pr, history, message, base_rate in cases:
-        axes = plots._pr_figure(pr, history, "main").axes[0]
+        figure = plots._pr_figure(pr, history, "main")
+        axes = figure.axes[0]
         assert _message(axes).get_text() == message
         if base_rate is None:
-            assert axes.get_lines() == [] and axes.get_legend() is None
+            assert axes.get_lines() == [] and _legend(figure) is None
         else:
             [line] = axes.get_lines()
             assert list(line.get_ydata()) == [base_rate, base_rate]
-            assert [t.get_text() for t in axes.get_legend().get_texts()] == ["random guess (base rate 3.00%)"]
+            assert [t.get_text() for t in _legend(figure).get_texts()] == ["random guess (base rate 3.00%)"]
 
 
 @pytest.mark.parametrize(("item", "label"), [
@@ -273,6 +282,18 @@ def test_the_pr_picture_says_why_there_is_no_curve_and_draws_the_base_rate_only_
 ])
 def test_a_day_is_labelled_by_its_days_else_its_file(item: dict, label: str) -> None:
     assert plots.day_label(item) == label
+
+
+def test_a_full_set_of_hyperparameters_and_weekly_day_labels_still_fit() -> None:
+    """Every default hyperparameter in the subtitle (wrapped, inside the picture) and files of several days each
+    as tick labels (the legend below them all, not over the x label): as metrics.png drew a real run's."""
+    from workload.model.hparams import HParams
+
+    history = [{**item, "last_day": f"2018-05-{i + 1:02d}"} for i, item in enumerate(_days(20))]
+    figure = plots._metrics_figure(history, "main", HParams().to_dict())
+    assert figure.axes[0].get_title().count("\n") >= 1
+    _legend_clear_of_the_axes(figure)
+    _legend_clear_of_the_axes(plots._pr_figure(_history()[1], history, "main"))
 
 
 def test_the_title_names_the_run_and_its_sorted_hyperparameters() -> None:

@@ -92,11 +92,11 @@ def _common_checks(job: dict[str, Any], command: str) -> dict[str, Any]:
     assert pulumi["with"]["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}"
     # The pack folder the action gets is the one holding PulumiPolicy.yaml.
     assert (ROOT / pulumi["with"]["policyPacks"] / "PulumiPolicy.yaml").is_file()
-    # Dependencies are in .venv (Pulumi.yaml's virtualenv) before Pulumi, auth and tools too: only what
+    # Dependencies are in build/infra-venv (Pulumi.yaml's virtualenv) before Pulumi, auth and tools too: only what
     # the program and the pack's rules import, never the worker's (torch with CUDA is gigabytes).
-    install = index(job, lambda s: ".venv/bin/pip install" in s.get("run", ""))
+    install = index(job, lambda s: "build/infra-venv/bin/pip install" in s.get("run", ""))
     assert job["steps"][install]["run"].splitlines()[-1] == (
-        ".venv/bin/pip install -r infra/requirements.txt -r policy/requirements.txt"
+        "build/infra-venv/bin/pip install -r infra/requirements.txt -r policy/requirements.txt"
     )
     pulumi_at = index(job, lambda s: s.get("uses", "").startswith("pulumi/actions"))
     # The pack's own virtualenv, named by PulumiPolicy.yaml, exists before the CLI loads the pack.

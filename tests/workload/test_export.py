@@ -50,7 +50,7 @@ from workload.share.checkpoint import CheckpointStore
 pytestmark = pytest.mark.timeout(300)
 
 SWEEP = {"main": {"epochs": 2}, "wide": {"epochs": 2, "hidden": [48, 24]}, "lr3": {"epochs": 2, "lr": 0.003}}
-FILES = ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png", MODEL_FILE)
+FILES = ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png", MODEL_FILE, "report.html")
 
 
 def workload_cmd(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -333,12 +333,12 @@ def test_export_in_process_writes_the_shares_report_with_group_readable_files(sw
     folder = tmp_path / "results" / "wide"
     assert where == str(folder)
     # The report and metrics are the ones the workers rendered from the same (newest) checkpoint.
-    for name in ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png"):
+    for name in ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png", "report.html"):
         assert (folder / name).read_bytes() == (run_dir / name).read_bytes(), name
     for name in FILES:
         assert (folder / name).stat().st_mode & 0o777 == 0o644, name
     assert f"exported run wide (6 day(s) applied: report.txt, metrics.jsonl, {MODEL_FILE}, metrics.png, " \
-           f"pr_curve.png) to {folder}" in caplog.messages
+           f"pr_curve.png, report.html) to {folder}" in caplog.messages
     assert collect(sweep / "share", "wide").days_applied == 6
 
 

@@ -158,6 +158,48 @@ def test_status_dir_reads_a_running_local_without_showing_its_password(tmp_path:
     assert f"queue status from another terminal: {sys.executable} -m workload status --dir {base}" in log, log
     assert password not in log
     assert not connection.exists(), "a stopped local leaves no connection file behind"
+    # Ended, the folder still answers: a Redis of status's own reads its AOF, and nothing of it is left running.
     out = subprocess.run([sys.executable, "-m", "workload", "status", "--dir", str(base)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "no `python -m workload local` is running there" in out.stderr, out.stderr
+    assert out.returncode == 0, out.stderr
+    ended = f"(the `local` in {base} has ended: read from its folder)\nqueue spottrain: "
+    assert out.stdout.startswith(ended), out.stdout
+    assert "run main: " in out.stdout and "share vs queue" in out.stdout, out.stdout
+    assert not connection.exists() and not list(base.glob("redis/*.pid"))
+    out = subprocess.run([sys.executable, "-m", "workload", "status", "--dir", str(tmp_path / "never")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no `python -m workload local` ran there" in out.stderr, out.stderr
+
+
+def test_every_parser_in_the_repository_refuses_abbreviations() -> None:
+    """argparse takes `--dataset x` as `--datasets x` unless told not to: every parser is told, and a prefix of a
+    flag is refused as an unknown option."""
+    import ast
+
+    calls = []
+    for folder in ("workload", "infra", "policy", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                        "ArgumentParser", "add_parser"):
+                    refused = any(k.arg == "allow_abbrev" and getattr(k.value, "value", None) is False
+                                  for k in node.keywords)
+                    calls.append((f"{path.relative_to(ROOT)}:{node.lineno}", refused))
+    assert len(calls) >= 10 and [where for where, refused in calls if not refused] == []
+    assert all(p.allow_abbrev is False for p in [cli.parser(), *commands().values()])
+    for argv in (["score", "--model", "m", "--dataset", "x"], ["local", "--dataset", "x"], ["seed", "--run-file", "f"],
+                 ["worker", "--lease", "3"]):
+        try:
+            cli.parser().parse_args(argv)
+        except SystemExit as exc:
+            assert exc.code == 2, argv
+        else:
+            raise AssertionError(f"{argv} was accepted")
+
+
+def test_the_top_level_help_names_every_command(monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    text = " ".join(cli.parser().format_help().split())
+    description = text.split(" positional arguments:")[0]
+    listed = description.split("entrypoint): ", 1)[1].rstrip(".").split(", ")
+    assert sorted(listed) == sorted(commands()), description  # today's main ended "... score,"

@@ -591,11 +591,12 @@ def test_the_summary_per_run(queue: WorkQueue, capsys, tmp_path: Path) -> None:
     metrics_file(share / "escape", METRICS)  # where ../escape's metrics would be: never read
     summary(queue, share)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:13] + ["    dead: wide/training/2018-04-0?.parquet"] * 2 + lines[15:] == [
+    assert lines[:15] + ["    dead: wide/training/2018-04-0?.parquet"] * 2 + lines[17:] == [
         "",
         "Summary",
         "  run ../escape: 0/1 shards applied, 0 dead-lettered",
         f"    report:  {out}/../escape/report.txt",
+        f"    page:    {out}/../escape/report.html",
         f"    plots:   {out}/../escape/metrics.png, {out}/../escape/pr_curve.png",
         "  run main: 2/3 shards applied, 0 dead-lettered",
         f"    test days: {FIGURES}",
@@ -603,15 +604,17 @@ def test_the_summary_per_run(queue: WorkQueue, capsys, tmp_path: Path) -> None:
         "    top 100 cards a day: threshold 0.912345 (100.0 cards/day): precision 0.450, recall 0.520 of fraud cards",
         "    1% false-positive rate: threshold 0.700000: precision 0.300, recall 0.600 of fraud transactions",
         f"    report:  {out}/main/report.txt",
+        f"    page:    {out}/main/report.html",
         f"    plots:   {out}/main/metrics.png, {out}/main/pr_curve.png",
         "  run wide: 0/2 shards applied, 2 dead-lettered",
         "    dead: wide/training/2018-04-0?.parquet",  # in Redis's order: compared below
         "    dead: wide/training/2018-04-0?.parquet",
         f"    test days: {FIGURES}",
         f"    report:  {out}/wide/report.txt",
+        f"    page:    {out}/wide/report.html",
         f"    plots:   {out}/wide/metrics.png, {out}/wide/pr_curve.png",
     ]
-    assert sorted(lines[13:15]) == ["    dead: wide/training/2018-04-01.parquet: day 1: no such column 'amount'",
+    assert sorted(lines[15:17]) == ["    dead: wide/training/2018-04-01.parquet: day 1: no such column 'amount'",
                                     "    dead: wide/training/2018-04-02.parquet: timed out"]
 
 
@@ -622,6 +625,7 @@ def test_the_summary_of_a_run_not_trained_yet(queue: WorkQueue, capsys, tmp_path
     out = tmp_path / "share" / "output" / "main"
     assert capsys.readouterr().out == (f"\nSummary\n  run main: 0/2 shards applied, 0 dead-lettered\n"
                                        f"    report:  {out}/report.txt\n"
+                                       f"    page:    {out}/report.html\n"
                                        f"    plots:   {out}/metrics.png, {out}/pr_curve.png\n")
 
 
@@ -662,9 +666,10 @@ def test_main_trains_the_tiny_dataset_end_to_end(workload_env: None, tmp_path: P
     lines = out.splitlines()
     assert lines[:3] == ["", "Summary", "  run main: 6/6 shards applied, 0 dead-lettered"], out
     assert lines[3].startswith("    test days: average precision ") and "    alert thresholds:" in lines, out
-    assert lines[-2:] == [f"    report:  {run_dir / 'report.txt'}",
+    assert lines[-3:] == [f"    report:  {run_dir / 'report.txt'}", f"    page:    {run_dir / 'report.html'}",
                           f"    plots:   {run_dir / 'metrics.png'}, {run_dir / 'pr_curve.png'}"], out
-    assert (run_dir / "report.txt").exists() and (base / "local.lock").read_text() == f"{os.getpid()}\n"
+    assert (run_dir / "report.txt").exists() and (run_dir / "report.html").exists()
+    assert (base / "local.lock").read_text() == f"{os.getpid()}\n"
     # Again on the same folder (its logs/ there already): Redis reloads its AOF, nothing is left to train.
     # The lock is held for the life of the process: released here as the first `local`'s end would.
     for fd in Path("/proc/self/fd").iterdir():

@@ -4,6 +4,7 @@ The share (Filestore) dies with `pulumi destroy`; a bucket or a local folder doe
 copies one run to `<destination>/<run>/`:
 
     report.txt, metrics.jsonl   rendered from the same checkpoint as the model (they always agree)
+    report.html                 the same, as one self-contained page, with the pictures inline
     metrics.png, pr_curve.png   the pictures the workers drew, as they are
     model.safetensors           what scoring needs, and nothing that runs code when read
 
@@ -36,12 +37,20 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from workload.model import lineage, report
+from workload.model import lineage, report, report_html
 from workload.model.lineage import LineageState
 from workload.model.trainer import Trainer
 from workload.share.checkpoint import CheckpointStore
 from workload.share.fsutil import atomic_write_bytes
-from workload.share.paths import METRICS_JSONL, METRICS_PNG, PR_CURVE_PNG, REPORT_TXT, check_name, share_paths
+from workload.share.paths import (
+    METRICS_JSONL,
+    METRICS_PNG,
+    PR_CURVE_PNG,
+    REPORT_HTML,
+    REPORT_TXT,
+    check_name,
+    share_paths,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +59,8 @@ MODEL_FILE = "model.safetensors"
 HEADER_KEY = "spot_trainer"
 PICTURES = (METRICS_PNG, PR_CURVE_PNG)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")  # Cloud Storage bucket naming rules, loosely
-_CONTENT_TYPES = {".txt": "text/plain; charset=utf-8", ".jsonl": "application/x-ndjson", ".png": "image/png",
+_CONTENT_TYPES = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8",
+                  ".jsonl": "application/x-ndjson", ".png": "image/png",
                   ".safetensors": "application/octet-stream"}
 
 
@@ -164,6 +174,9 @@ def collect(share: Path, run: str) -> RunExport:
             files[picture] = (run_dir / picture).read_bytes()
         except FileNotFoundError:
             log.warning("run %s has no %s yet; exporting without it", run, picture)
+    files[REPORT_HTML] = report_html.render(state.run, state.hparams, list(state.history),
+                                            {p: files[p] for p in PICTURES if p in files},
+                                            list(state.reapplied)).encode()
     return RunExport(run=run, files=files, days_applied=len(state.applied))
 
 

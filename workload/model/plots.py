@@ -9,6 +9,7 @@ the Agg canvas and no pyplot: no display needed, no global figure registry to le
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ CURVES = (
 def _save_atomically(figure: Figure, path: Path) -> Path:
     buf = io.BytesIO()
     FigureCanvasAgg(figure).print_png(buf)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), durable=False)  # drawn again from the checkpoint if lost
     return path
 
 
@@ -41,11 +42,15 @@ def day_label(item: dict) -> str:
     return str(item.get("shard", "?"))
 
 
+TITLE_WIDTH = 120  # characters of the 8 pt subtitle per line: a 9-inch figure holds about 135
+
+
 def _title(run: str, hparams: dict | None) -> str:
+    """The run and its hyperparameters, wrapped to lines the figure holds (a full set ran off both edges)."""
     if not hparams:
         return f"run {run!r}"
     shown = ", ".join(f"{k}={v}" for k, v in sorted(hparams.items()))
-    return f"run {run!r}: {shown}"
+    return textwrap.fill(f"run {run!r}: {shown}", TITLE_WIDTH, break_on_hyphens=False, break_long_words=False)
 
 
 def _metrics_figure(history: list[dict], run: str, hparams: dict | None) -> Figure:
@@ -71,8 +76,10 @@ def _metrics_figure(history: list[dict], run: str, hparams: dict | None) -> Figu
     elif all(float(item.get("n_fraud", 1)) == 0 for item in history):
         axes.text(0.5, 0.5, "the test days hold no fraud: nothing to find, every figure is undefined",
                   ha="center", va="center", transform=axes.transAxes)
-    # Below the plot, not on it: a legend inside hid the curves near 1 and the base rate near 0.
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8, frameon=False)
+    # Below the plot, not on it (a legend inside hid the curves near 1 and the base rate near 0), and outside the
+    # axes' box with its tick labels and label: the layout makes room for it (anchored under the axes, it
+    # covered the x label when the day labels were long).
+    figure.legend(*axes.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     return figure
 
 
@@ -101,7 +108,7 @@ def _pr_figure(pr: tuple[np.ndarray, np.ndarray] | None, history: list[dict], ru
     axes.set_title(f"run {run!r}", fontsize=8)
     axes.grid(alpha=0.3)
     if axes.get_legend_handles_labels()[0]:
-        axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, frameon=False)
+        figure.legend(*axes.get_legend_handles_labels(), loc="outside lower center", fontsize=8, frameon=False)
     return figure
 
 

@@ -8,6 +8,10 @@ Writes are fenced like checkpoints: ``.report-source.json`` records the (lease t
 checkpoint the files were rendered from, and a writer whose source is older than that writes nothing
 (a stale worker cannot roll the report back). Only checkpoints that still exist are named as such;
 the others say they were pruned.
+
+Every file here (and the pictures) is replaced atomically but not fsynced: it is rendered again from the
+checkpoint, which is durable, by the next day's write or by `export`, and two fsyncs a file cost a small
+day more than its render (issue 33: per-item overhead).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workload.model import report_html
 from workload.share.fsutil import atomic_write_text
-from workload.share.paths import METRICS_JSONL, METRICS_PNG, REPORT_TXT
+from workload.share.paths import METRICS_JSONL, METRICS_PNG, REPORT_HTML, REPORT_TXT
 
 if TYPE_CHECKING:
     from workload.model.lineage import LineageState  # torch: only the writers (workers) load it
@@ -58,7 +63,7 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
     """The report text; `kept` names the checkpoint files that still exist (None: do not say);
     `reapplied` lists the lineage's rewinds (a day that arrived after later days were applied)."""
     lines = [f"Training report: run {run!r}", f"hyperparameters: {json.dumps(hparams, sort_keys=True)}",
-             f"shards applied: {len(history)}", ""]
+             f"shards applied: {len(history)}", "", *headline(history)]
     for r in reapplied or []:
         lines.append(f"re-applied at {r['time']}: {', '.join(r['reapplied'])}, because {r['why']}; the run went "
                      f"back to {r['from']} and applied {r['day']} and every later day in date order")
@@ -71,16 +76,16 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
             f"time: {h['time']}",
             f"training dataset: {h['shard']}",
             _checkpoint_line(run_dir, h["checkpoint"], kept),
-            f"accuracy on training data: {_fmt(h['train_accuracy'])}",
-            f"accuracy on testing data: {_fmt(h['accuracy'])}",
             f"average precision (AUPRC) on testing data: {_fmt(ap)} (base rate {_fmt(base)}: "
             f"{lift_phrase(ap, base)})",
-            f"ROC AUC on testing data: {_fmt(h['roc_auc'])}",
             f"card precision of the top 100 cards per test day (CP@100): "
             f"{_fmt(h.get('card_precision_top100', float('nan')))}",
+            *([calibration_line(h)] if "brier" in h else []),
+            f"ROC AUC on testing data: {_fmt(h['roc_auc'])}",
             f"precision of the top 100 transactions per test day: {_fmt(h['precision_top100'])}",
             f"recall at 1% false-positive rate: {_fmt(h['recall_at_1pct_fpr'])}",
-            *([calibration_line(h)] if "brier" in h else []),
+            f"accuracy on training data: {_fmt(h['train_accuracy'])}",
+            f"accuracy on testing data: {_fmt(h['accuracy'])}",
             "",
         ]
     if history:
@@ -92,6 +97,24 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
         if "reliability" in last:
             lines += ["", *newest_model_section(last)]
     return "\n".join(lines) + "\n"
+
+
+def headline(history: list[dict[str, Any]]) -> list[str]:
+    """What the newest model does at the fraud rate, before any day's block (accuracy says nothing there)."""
+    if not history:
+        return []
+    h = history[-1]
+    ap, base = h.get("average_precision", float("nan")), h.get("base_rate", float("nan"))
+    lines = [f"Newest model, on the test days (after {h['shard']}):",
+             f"  average precision (AUPRC) {_fmt(ap)}: {lift_phrase(ap, base)} (base rate {_fmt(base)})",
+             f"  card precision of the top 100 cards per test day (CP@100) "
+             f"{_fmt(h.get('card_precision_top100', float('nan')))}"]
+    if "brier" in h:
+        lines.append(f"  Brier score {_fmt(h['brier'])}, expected calibration error {_fmt(h['ece'])} (calibrated; "
+                     f"{_fmt(h['brier_raw'])} and {_fmt(h['ece_raw'])} before)")
+    if "alerts" in h:
+        lines.append("  alert thresholds with their precision and recall: at the end of this report")
+    return [*lines, ""]
 
 
 def calibration_line(h: dict[str, Any]) -> str:
@@ -150,7 +173,7 @@ def rendered_from(run_dir: Path) -> tuple[int, int]:
 
 def write(run_dir: Path, state: LineageState, pr: tuple[np.ndarray, np.ndarray] | None,
           draw: bool = True, kept: set[str] | None = None, stamp: tuple[int, int] | None = None) -> Path | None:
-    """Rewrite report.txt and metrics.jsonl from a checkpoint's state, and the pictures when `draw`;
+    """Rewrite report.txt, report.html and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
     returns the report. With `stamp` (the source checkpoint's token and seq), nothing is written
     when the report already comes from a newer checkpoint (None is returned)."""
     run_dir = Path(run_dir)
@@ -158,15 +181,26 @@ def write(run_dir: Path, state: LineageState, pr: tuple[np.ndarray, np.ndarray] 
         return None
     history = list(state.history)
     report = run_dir / REPORT_TXT
-    atomic_write_text(report, render(state.run, state.hparams, history, run_dir, kept, list(state.reapplied)))
-    atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history))
+    atomic_write_text(report, render(state.run, state.hparams, history, run_dir, kept, list(state.reapplied)),
+                      durable=False)
+    atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history), durable=False)
     if history and draw:
         from workload.model import plots  # matplotlib: only writers pay for it
 
         plots.write_plots(run_dir, history, pr, run=state.run, hparams=state.hparams)
+    write_html(run_dir, state)
     if stamp is not None:
-        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n")
+        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n", durable=False)
     return report
+
+
+def write_html(run_dir: Path, state: LineageState) -> Path:
+    """report.html: the same history as one self-contained page, with the pictures on the share beside it."""
+    page = report_html.render(state.run, state.hparams, list(state.history), report_html.read_pictures(run_dir),
+                              list(state.reapplied))
+    path = Path(run_dir) / REPORT_HTML
+    atomic_write_text(path, page, durable=False)
+    return path
 
 
 def latest_metrics(run_dir: Path) -> dict[str, Any] | None:

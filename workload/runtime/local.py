@@ -7,7 +7,12 @@ exit code is the workers' verdict (workload.core.errors): 0 all done, 4 dead let
 infrastructure fault (the worker's last log lines are shown). While it runs,
 `python -m workload status --dir <dir>` reads the queue: the Redis address and password are in
 `<dir>/redis/connection.json` (owner-only, removed when Redis stops), so they never appear in a
-command line or a log.
+command line or a log. After it ended, `status --dir` starts a Redis of its own on the folder's AOF.
+
+The folder is `local` for the simulated dataset and `local-NAME` for your own (`--datasets .../NAME`):
+a dataset has one source, so your data never lands on the simulated one's share. The folder remembers
+its dataset's source, mapping and format (`local.json`): run again with `--dir` alone. It holds a
+`.gitignore` of `*`, so a folder inside a git checkout never shows a bank's data as untracked files.
 """
 
 from __future__ import annotations
@@ -17,24 +22,29 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from workload.core import preemption
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
 from workload.model import report
 from workload.queue.workqueue import Counts, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer, die_with_parent
-from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_TXT, share_paths
+from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_HTML, REPORT_TXT, share_paths
 
 log = logging.getLogger("workload.runtime.local")
 
 CONNECTION = Path("redis") / "connection.json"  # under --dir
+REMEMBERED = "local.json"  # under --dir: the dataset's source, mapping and format, for the next run
+READING = ("datasets", "columns", "datetime_format")  # the flags a folder remembers
 
 
 class LocalNotRunning(Exception):
@@ -46,6 +56,51 @@ class Connection:
     url: str
     password: str
     share: Path
+    running: bool = True  # False: a finished `local`'s Redis, started from its AOF to be read
+
+
+def default_dir(datasets: str | None) -> Path:
+    """`local` for the simulated dataset; `local-NAME` for `--datasets .../NAME` (a folder or gs:// prefix)."""
+    if not datasets:
+        return Path("local")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", PurePosixPath(str(datasets).rstrip("/")).name).strip("-.")
+    return Path(f"local-{name[:50] or 'data'}")
+
+
+def recall(args: argparse.Namespace, base: Path) -> dict[str, str]:
+    """Fill the reading flags not given from what `base` remembers; what this run reads, to remember."""
+    try:
+        seen = json.loads((base / REMEMBERED).read_text())
+    except FileNotFoundError:
+        seen = {}
+    except ValueError as exc:
+        log.warning("%s is unreadable (%s): remembering this run's flags instead", base / REMEMBERED, exc)
+        seen = {}
+    filled = {flag: seen[flag] for flag in READING if getattr(args, flag) is None and isinstance(seen.get(flag), str)}
+    for flag, value in filled.items():
+        setattr(args, flag, value)
+    if filled:
+        log.info("as %s remembers: %s", base / REMEMBERED,
+                 " ".join(f"--{k.replace('_', '-')} {shlex.quote(v)}" for k, v in filled.items()))
+    return {flag: absolute(flag, getattr(args, flag)) for flag in READING if getattr(args, flag) is not None}
+
+
+def absolute(flag: str, value: str) -> str:
+    """A local path as an absolute one (the next run may start elsewhere); gs:// and formats as given."""
+    if flag == "datetime_format" or "://" in str(value):
+        return str(value)
+    return str(Path(value).resolve())
+
+
+def remember(base: Path, reading: dict[str, str]) -> None:
+    (base / REMEMBERED).write_text(json.dumps(reading, indent=1, sort_keys=True) + "\n")
+
+
+def keep_out_of_git(base: Path) -> None:
+    """A `.gitignore` of `*` in the folder: inside a checkout, git ignores all of it (bank data included)."""
+    ignore = base / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# written by `python -m workload local`: nothing here belongs in git\n*\n")
 
 
 def write_connection(base: Path, server: RedisServer, share: Path) -> Path:
@@ -79,6 +134,32 @@ def read_connection(base: Path) -> Connection:
     except PermissionError:
         pass  # alive, someone else's
     return conn
+
+
+@contextmanager
+def reopened(base: Path) -> Iterator[Connection]:
+    """The Redis and share of the `local` in `base`: the running one's, or, when it has ended, a Redis of
+    our own started from its AOF for as long as the caller reads (under the folder's lock, so no `local`
+    starts on it meanwhile). LocalNotRunning when no `local` ever ran there."""
+    base = Path(base)
+    try:
+        conn: Connection | None = read_connection(base)
+    except LocalNotRunning:
+        conn = None
+    if conn is not None:
+        yield conn
+        return
+    if not (base / "redis").is_dir() or not (base / "share").is_dir():
+        raise LocalNotRunning(f"--dir {base}: no `python -m workload local` ran there (no {base / 'redis'}); "
+                              "start it with `make local`")
+    lock = lock_folder(base)
+    if lock is None:
+        raise LocalNotRunning(f"--dir {base}: a `local` is starting or stopping there; try again in a moment")
+    try:
+        with RedisServer(base / "redis") as server:
+            yield Connection(url=server.url, password=server.password, share=base / "share", running=False)
+    finally:
+        os.close(lock)
 
 
 def progress_line(done: int, dead: int, leased: int, total: int, elapsed: float, width: int = 30) -> str:
@@ -123,9 +204,11 @@ def seed_command(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    args.dir = args.dir or default_dir(args.datasets)
     base = args.dir.resolve()
     share, logs = base / "share", base / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    keep_out_of_git(base)
     lock = lock_folder(base)
     if lock is None:
         holder = (base / "local.lock").read_text().strip() or "?"
@@ -141,10 +224,12 @@ def main(args: argparse.Namespace) -> int:
         write_connection(base, server, share)
         log.info("Redis %s (AOF in %s); share %s", server.url, server.data_dir, share)
         env = worker_env(args, server, share)
+        reading = recall(args, base)
         seeded = seed(args, env)
         if seeded != 0:
             log.error("seeding failed (see above)")
             return seeded if seeded > 0 else EXIT_FAILED
+        remember(base, reading)
         queue = WorkQueue(connect(server.url, server.password))
         before = requeue_and_count(args, queue, base)
         if not before.drained:
@@ -271,5 +356,6 @@ def summary(queue: WorkQueue, share: Path) -> None:
             if m.get("alerts"):
                 lines += ["    alert thresholds:", *(f"  {line}" for line in report.alert_lines(m["alerts"]))]
         lines.append(f"    report:  {output_dir / run / REPORT_TXT}")
+        lines.append(f"    page:    {output_dir / run / REPORT_HTML}")
         lines.append(f"    plots:   {output_dir / run / METRICS_PNG}, {output_dir / run / PR_CURVE_PNG}")
     print("\n".join(lines))

@@ -41,8 +41,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, flush + fsync, os.replace, fsync the folder."""
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    """Temp file in the same folder, flush + fsync, os.replace, fsync the folder. `durable=False` skips both
+    fsyncs (a reader still sees the old file or the new one, whole): for files rendered again from what is
+    durable (a run's report and pictures, from its checkpoint), where two fsyncs cost more than the render."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -55,7 +57,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             faults.point("mid-write")
             f.write(data[half:])
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -65,11 +68,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode(), durable)
 
 
 def tmp_dir_for(final: Path) -> Path:

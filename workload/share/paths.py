@@ -32,3 +32,5 @@ REPORT_TXT = "report.txt"
 METRICS_JSONL = "metrics.jsonl"
 METRICS_PNG = "metrics.png"
 PR_CURVE_PNG = "pr_curve.png"
+
+REPORT_HTML = "report.html"  # the same report as one self-contained page (workload.model.report_html)
