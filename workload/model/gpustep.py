@@ -127,25 +127,35 @@ class Step:
         return tuple(t.data_ptr() for t in self._tensors())
 
     def _capture(self) -> None:
-        """Warm up on a side stream (lazy initialisation, cuBLAS's workspace), undo the warm-up's steps
-        exactly, then record one step: recording runs nothing, so the run's state is as it was."""
         prepare_state(self.optimizer, self.params)
-        before = [t.detach().clone() for t in self._tensors()]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                self.base.zero_()
-                step(self, self.batch_size)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.no_grad():
-            for t, saved in zip(self._tensors(), before, strict=True):
-                t.copy_(saved)
-        graph = torch.cuda.CUDAGraph()
-        self.optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
+
+        def warm_step() -> None:
+            self.base.zero_()
             step(self, self.batch_size)
-        self.graph, self.captured_on = graph, self._addresses()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        self.graph = capture(lambda: step(self, self.batch_size), warm_step, self._tensors())
+        self.captured_on = self._addresses()
+
+
+def capture(run_step: Callable[[], None], warm_step: Callable[[], None], state: list[torch.Tensor]) -> Any:
+    """A CUDA graph of `run_step`. Warms up first on a side stream (lazy initialisation, cuBLAS's workspace:
+    torch's CUDA graphs recipe) with `warm_step`, then puts every tensor of `state` back as it was, exactly:
+    recording runs nothing, so the run's state is what it was before the call."""
+    before = [t.detach().clone() for t in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_STEPS):
+            warm_step()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.no_grad():
+        for t, saved in zip(state, before, strict=True):
+            t.copy_(saved)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_step()
+    return graph
 
 
 def prepare_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
