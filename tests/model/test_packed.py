@@ -21,6 +21,9 @@ BASE = HParams(hidden=(8, 4), epochs=2, batch_size=64, window_days=1)
 # caps, and one run with more epochs a day (it trains alone while the others sit its last epoch out).
 RUNS = {"a": {"seed": 1}, "b": {"seed": 2, "lr": 1e-3, "weight_decay": 0.0, "ema_decay": 0.9},
         "c": {"seed": 3, "lr": 5e-3, "weight_decay": 1e-3, "epochs": 3, "pos_weight_cap": 2.0}}
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# Every run stopped at once (SIGTERM) mid-epoch, and in its last epoch; run b alone (its lease lost).
+STOPS = (lambda r, n: n == 5, lambda r, n: n == 15, lambda r, n: r == 1 and n == 7)
 
 
 @pytest.fixture(autouse=True)
@@ -38,14 +41,14 @@ def _day(seed: int, n: int = 700) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def fresh() -> list[Trainer]:
-    return [Trainer(name, HParams.from_dict({**BASE.to_dict(), **spec}), FEATURES, CPU, feature_version="v")
+def fresh(device: torch.device = CPU) -> list[Trainer]:
+    return [Trainer(name, HParams.from_dict({**BASE.to_dict(), **spec}), FEATURES, device, feature_version="v")
             for name, spec in RUNS.items()]
 
 
-def solo() -> list[Trainer]:
+def solo(device: torch.device = CPU) -> list[Trainer]:
     out = []
-    for t in fresh():
+    for t in fresh(device):
         for i in range(2):
             x, y = _day(i)
             t.begin_shard(f"d{i}", x)
@@ -59,18 +62,20 @@ def reload(t: Trainer) -> Trainer:
     buf = io.BytesIO()
     torch.save(t.state_dict(), buf)
     buf.seek(0)
-    return Trainer.from_state(torch.load(buf, weights_only=True), CPU)
+    return Trainer.from_state(torch.load(buf, weights_only=True, map_location=t.device), t.device)
 
 
-def pack_run(stop: Callable[[int, int], bool] | None = None) -> list[Trainer]:
+def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.device = CPU,
+             capture: bool | None = None) -> list[Trainer]:
     """Two days packed; on the second, `stop(run, its step)` True stops that run: each stopped run is reloaded
-    from its own checkpoint and finishes the day in a pack of its own."""
-    trainers = fresh()
+    from its own checkpoint and finishes the day in a pack of its own. `capture`: replay a CUDA graph (default:
+    on CUDA)."""
+    trainers = fresh(device)
     for i in range(2):
         x, y = _day(i)
         for t in trainers:
             t.begin_shard(f"d{i}", x)
-        pack = packed.Pack(trainers, _shard_seed)
+        pack = packed.Pack(trainers, _shard_seed, capture=capture)
         count = [0] * len(trainers)
 
         def after_step(r: int, i: int = i, count: list = count, pack: packed.Pack = pack) -> bool:
@@ -85,7 +90,8 @@ def pack_run(stop: Callable[[int, int], bool] | None = None) -> list[Trainer]:
             if not finished:
                 trainers[r] = reload(pack.trainer(r))
                 trainers[r].begin_shard(f"d{i}", x)
-                assert packed.Pack([trainers[r]], _shard_seed).train_shard(x, y, lambda r: True) == [True]
+                alone = packed.Pack([trainers[r]], _shard_seed, capture=capture)
+                assert alone.train_shard(x, y, lambda r: True) == [True]
         for t in trainers:
             t.finish_shard({"shard": f"d{i}", "train_accuracy": t.train_accuracy(len(y))})
     return trainers
@@ -96,7 +102,7 @@ def tensors(t: Trainer) -> dict[str, torch.Tensor]:
     out = {f"model.{k}": v for k, v in state["model"].items()}
     out |= {f"averaged.{k}": v for k, v in state["averaged"].items()}
     for i, st in state["optimizer"]["state"].items():
-        out |= {f"adam.{i}.{k}": v.float() for k, v in st.items()}
+        out |= {f"adam.{i}.{k}": v.detach().cpu().float() for k, v in st.items()}
     return out
 
 
@@ -118,7 +124,7 @@ def test_a_packed_run_stopped_and_resumed_from_its_checkpoint_ends_bit_for_bit()
     """All runs stopped at once (SIGTERM) mid-epoch and in their last epoch; run b alone (its lease lost) while
     the others train on: every run ends bit for bit where the undisturbed pack ends it."""
     whole = [tensors(t) for t in pack_run()]
-    for stop in (lambda r, n: n == 5, lambda r, n: n == 15, lambda r, n: r == 1 and n == 7):
+    for stop in STOPS:
         resumed = [tensors(t) for t in pack_run(stop)]
         for r, (a, b) in enumerate(zip(whole, resumed, strict=True)):
             assert [k for k in a if not torch.equal(a[k], b[k])] == [], f"run {r}"
@@ -129,3 +135,27 @@ def test_runs_that_cannot_share_a_stacked_model_are_refused_by_name() -> None:
     narrow = Trainer("narrow", HParams(hidden=(8,)), FEATURES, CPU)
     with pytest.raises(ValueError, match=r"runs \['wide', 'narrow'\] cannot share one stacked model"):
         packed.Pack([wide, narrow], _shard_seed)
+
+
+
+@CUDA
+def test_on_cuda_the_replayed_pack_equals_the_same_step_run_eagerly_and_its_solo_runs() -> None:
+    cuda = torch.device("cuda")
+    eager, replayed = pack_run(device=cuda, capture=False), pack_run(device=cuda, capture=True)
+    for a, b in zip(eager, replayed, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], a.run
+    for a, b in zip(solo(cuda), replayed, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        for key in ta:
+            torch.testing.assert_close(tb[key], ta[key], **packed.SOLO_TOLERANCE, msg=f"run {a.run}: {key}")
+
+
+@CUDA
+@pytest.mark.parametrize("stop", range(len(STOPS)))
+def test_on_cuda_a_packed_run_stopped_and_resumed_ends_bit_for_bit(stop: int) -> None:
+    cuda = torch.device("cuda")
+    whole = [tensors(t) for t in pack_run(device=cuda)]
+    resumed = [tensors(t) for t in pack_run(STOPS[stop], device=cuda)]
+    for r, (a, b) in enumerate(zip(whole, resumed, strict=True)):
+        assert [k for k in a if not torch.equal(a[k], b[k])] == [], f"run {r}"
