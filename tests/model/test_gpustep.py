@@ -128,6 +128,20 @@ def test_on_cpu_the_fused_adam_stays_within_its_stated_tolerance() -> None:
     assert any(not torch.equal(got[k], expected[k]) for k in expected if k.startswith("model."))  # it is fused
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
+def test_a_step_that_cannot_be_recorded_runs_eagerly_with_the_same_meaning_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Recording needs CUDA: asked to record on CPU, the step keeps its fixed buffers, falls back to eager
+    after the failed recording (the warm-up undone), says why once, and trains bit for bit as the trainer."""
+    cpu = torch.device("cpu")
+    with caplog.at_level("WARNING", logger="workload.model.gpustep"):
+        got = run(shaped(capture=True, fused=False), cpu)
+    assert_equal(run(eager, cpu), got)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the training step could not be captured as a CUDA graph (torch.cuda.Stream requires CUDA support): it "
+        "runs eagerly, slower, same meaning"]
+
+
 def test_the_trainer_picks_the_shaped_step_on_cuda_only() -> None:
     assert gpustep.wanted(torch.device("cuda")) and not gpustep.wanted(torch.device("cpu"))
 

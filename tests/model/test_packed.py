@@ -132,6 +132,17 @@ def test_a_packed_run_stopped_and_resumed_from_its_checkpoint_ends_bit_for_bit()
             assert (a.history, a.steps) == (b.history, b.steps)  # the last epoch's accuracy travels too
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
+def test_a_pack_that_cannot_be_recorded_runs_eagerly_bit_for_bit_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="workload.model.gpustep"):
+        got = pack_run(capture=True)
+    for a, b in zip(pack_run(), got, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], a.run
+    assert len(caplog.records) == 2  # once a day: a pack is made for the day
+    assert caplog.records[0].getMessage().startswith("the packed step could not be captured as a CUDA graph")
+
+
 def test_runs_that_cannot_share_a_stacked_model_are_refused_by_name() -> None:
     wide = Trainer("wide", HParams(hidden=(16,)), FEATURES, CPU)
     narrow = Trainer("narrow", HParams(hidden=(8,)), FEATURES, CPU)

@@ -26,6 +26,8 @@ tensors were replaced (a checkpoint loaded into the same trainer).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import weakref
 from collections.abc import Callable
@@ -35,6 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (torch's CUDA graphs recipe); undone after
 ShardSeed = Callable[[int, str, int], int]  # (run seed, shard, epoch) -> the epoch's generator seed
@@ -63,6 +67,7 @@ class Step:
     def __init__(self, model: nn.Module, averaged: nn.Module, optimizer: torch.optim.Optimizer,
                  batch_size: int, ema_decay: float, capture: bool) -> None:
         self.model, self.optimizer, self.capture = model, optimizer, capture
+        self.requested = capture  # `capture` turns False for good when this torch and GPU cannot record the step
         self.params, self.averages = list(model.parameters()), list(averaged.parameters())
         self.batch_size, self.ema_decay = batch_size, ema_decay
         device = self.params[0].device
@@ -116,7 +121,11 @@ class Step:
             step(self, size)
             return
         if self.graph is None:
-            self._capture()
+            self.graph = capture_or_none("the training step", self._capture)
+            if self.graph is None:
+                self.capture = False  # the buffers stay where they are: the eager step reads them alike
+                step(self, size)
+                return
         self.graph.replay()
 
     def _tensors(self) -> list[torch.Tensor]:
@@ -126,7 +135,7 @@ class Step:
     def _addresses(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for t in self._tensors())
 
-    def _capture(self) -> None:
+    def _capture(self) -> Any:
         prepare_state(self.optimizer, self.params)
 
         def warm_step() -> None:
@@ -134,8 +143,9 @@ class Step:
             step(self, self.batch_size)
 
         self.optimizer.zero_grad(set_to_none=True)
-        self.graph = capture(lambda: step(self, self.batch_size), warm_step, self._tensors())
+        graph = capture(lambda: step(self, self.batch_size), warm_step, self._tensors())
         self.captured_on = self._addresses()
+        return graph
 
 
 def capture(run_step: Callable[[], None], warm_step: Callable[[], None], state: list[torch.Tensor]) -> Any:
@@ -145,17 +155,34 @@ def capture(run_step: Callable[[], None], warm_step: Callable[[], None], state: 
     before = [t.detach().clone() for t in state]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_STEPS):
-            warm_step()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.no_grad():
-        for t, saved in zip(state, before, strict=True):
-            t.copy_(saved)
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                warm_step()
+    finally:
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.no_grad():
+            for t, saved in zip(state, before, strict=True):
+                t.copy_(saved)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: the worker's heartbeat and watchdog threads may run while this thread records.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         run_step()
     return graph
+
+
+def capture_or_none(what: str, record: Callable[[], Any]) -> Any:
+    """`record()`'s graph, or None when this torch and GPU cannot record the step: then it runs eagerly,
+    slower and with the same meaning (the state was put back), and the log says why once."""
+    try:
+        return record()
+    except RuntimeError as exc:
+        if torch.cuda.is_available():
+            with contextlib.suppress(RuntimeError):  # what the failed recording left on the stream, if anything
+                torch.cuda.synchronize()
+        log.warning("%s could not be captured as a CUDA graph (%s): it runs eagerly, slower, same meaning", what,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
 
 
 def prepare_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
@@ -200,7 +227,7 @@ _STEPS: weakref.WeakKeyDictionary[Any, Step] = weakref.WeakKeyDictionary()
 def step_for(trainer: Any, capture: bool, fused: bool) -> Step:
     """The trainer's Step, made once per trainer and mode (its graph outlives a day)."""
     s = _STEPS.get(trainer)
-    if s is None or (s.capture, bool(s.optimizer.param_groups[0].get("fused"))) != (capture, fused):
+    if s is None or (s.requested, bool(s.optimizer.param_groups[0].get("fused"))) != (capture, fused):
         optimizer = fused_adam(trainer.optimizer) if fused else trainer.optimizer
         s = Step(trainer.model, trainer.averaged, optimizer, trainer.hp.batch_size, trainer.hp.ema_decay, capture)
         _STEPS[trainer] = s

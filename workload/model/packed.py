@@ -212,7 +212,12 @@ class Pack:
         if self.graph is None:
             state = [*self.w.values(), *self.avg.values(), *self.m.values(), *self.v.values(), self.adam_steps,
                      self.ema_step, self.hits, self.loss_sum, self.base]
-            self.graph = gpustep.capture(lambda: packed_step(self), lambda: packed_step(self), state)
+            self.graph = gpustep.capture_or_none(
+                "the packed step", lambda: gpustep.capture(lambda: packed_step(self), lambda: packed_step(self), state))
+            if self.graph is None:
+                self.capture = False
+                packed_step(self)
+                return
         self.graph.replay()
 
 
