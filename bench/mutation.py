@@ -160,6 +160,15 @@ GROUPS: tuple[Group, ...] = (
          "tests/model/test_window.py", "tests/workload/test_lineage.py"),
         cpu_minutes=4.4,
     ),
+    # The GPU-shaped step and the packed sweep (issue 33): the same function runs eagerly on CPU, where the tests
+    # compare it with the trainer; the CUDA-only lines (capture, replay) are exercised only by the tests that skip
+    # without a GPU, so their mutants survive on CPU. Not measured yet: cpu_minutes is a guess.
+    Group(
+        "gpustep",
+        ("workload/model/gpustep.py", "workload/model/packed.py"),
+        ("tests/model/test_gpustep.py", "tests/model/test_packed.py"),
+        cpu_minutes=10.0,
+    ),
     # Which days calibrate a model, and the fit: one module-scoped fixture trains a run on simulated days
     # (~20 CPU s), which every mutant pays once. Not measured yet: cpu_minutes is a guess.
     Group(

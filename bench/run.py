@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from bench import data, featurecost, inprocess, mutation, queue_clients, recovery
+from bench import gpu as gpu_bench
+from bench.loops import bare_loop
 from workload.data.dataset import Dataset
-from workload.model.trainer import FraudMLP, HParams, Normalizer, average, decay_at
+from workload.model.trainer import HParams
 from workload.runtime.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,41 +103,6 @@ def check(ok: bool) -> str:
 
 
 # -- 1. training efficiency ---------------------------------------------------------------------------
-def bare_loop(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device) -> float:
-    """Seconds for the ideal: the same model, optimiser, loss, weight averaging, batch size and epochs on
-    tensors already normalised and in device memory; no queue, files, features, checkpoints or evaluation."""
-    torch.manual_seed(hp.seed)
-    model = FraudMLP(x.shape[1], hp.hidden).to(device)
-    averaged = FraudMLP(x.shape[1], hp.hidden).to(device)
-    averaged.load_state_dict(model.state_dict())
-    params, averages = list(model.parameters()), list(averaged.parameters())
-    optimizer = torch.optim.Adam(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    norm = Normalizer(x.shape[1])
-    norm.update(x)
-    xs, ys = norm.apply(x, device), torch.from_numpy(y).to(device)
-    n = len(ys)
-    positives = float(ys.sum())
-    pos_weight = min(max((n - positives) / positives, 1.0), hp.pos_weight_cap) if positives else 1.0
-    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight, device=device))
-    gen = torch.Generator().manual_seed(hp.seed)
-    step = 0
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(hp.epochs):
-        order = torch.randperm(n, generator=gen).to(device)
-        for b in range(math.ceil(n / hp.batch_size)):
-            idx = order[b * hp.batch_size:(b + 1) * hp.batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            loss_fn(model(xs[idx]), ys[idx]).backward()
-            optimizer.step()
-            average(averages, params, decay_at(hp.ema_decay, step))  # part of the training algorithm: paid here too
-            step += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
-
-
 def efficiency(server: RedisServer, work: Path, device: torch.device, scale: Scale = Scale(),
                label: str = "training efficiency") -> tuple[list[Row], list[dict]]:
     """Worker samples/s (claim -> ack, one fresh worker per item, as a new pod would be) over the
@@ -411,11 +377,12 @@ def markdown(res: Results, command: str, wall_s: float) -> str:
 
 
 def mutation_block(path: Path) -> str:
-    """The figures `make mutation --write` and `python -m bench.featurecost --write` recorded in the file,
-    carried over: this run does not remeasure them."""
+    """The figures `make mutation --write`, `python -m bench.featurecost --write` and `python -m bench.gpu --write`
+    recorded in the file, carried over: this run does not remeasure them."""
     text = path.read_text() if path.exists() else ""
     out = ""
-    for begin, end in ((mutation.BEGIN, mutation.END), (featurecost.BEGIN, featurecost.END)):
+    blocks = ((mutation.BEGIN, mutation.END), (featurecost.BEGIN, featurecost.END), (gpu_bench.BEGIN, gpu_bench.END))
+    for begin, end in blocks:
         if begin in text and end in text:
             out += "\n" + begin + text.partition(begin)[2].partition(end)[0] + end + "\n"
     return out

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from workload.model import gpustep
 from workload.model.hparams import HParams
 
 MAX_EPOCH_FACTOR = 8  # `min_steps` raises a day's epochs to at most this many times `epochs`
@@ -194,6 +195,11 @@ class Trainer:
         (`window`), in that order. `after_step()` runs at every batch boundary (checkpoint there if due) and
         returns False to stop early. True when finished."""
         assert self.progress is not None, "begin_shard first"
+        # -- the step seam (issue 33): CUDA trains with the GPU-shaped step (captured once, replayed); the CPU
+        # keeps the eager loop below, bit for bit. --------------------------------------------------------------
+        if gpustep.wanted(self.device):
+            return gpustep.train_shard(self, x, y, after_step, _shard_seed)
+        # -- end of the step seam ---------------------------------------------------------------------------------
         shard, hp = self.progress["shard"], self.hp
         xs = self.norm.apply(x, self.device)  # the day's tensors move to the device once
         ys = torch.from_numpy(np.asarray(y, dtype=np.float32)).to(self.device)

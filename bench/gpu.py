@@ -1,0 +1,310 @@
+"""`python -m bench.gpu`: what one GPU trains per second, and what a trained model costs on it.
+
+Sized for one short visit to a GPU machine (under 6 minutes on an H100 or H200): a simulated 1,000,000-row
+day, timed on CUDA through each path, and the same paths on the CPU beside them (one torch thread, on a
+smaller day: `--cpu-rows`):
+
+- the eager bare loop at the default run (`bench.loops.bare_loop`: today's step; on CUDA one epoch of the
+  day, its pace is flat);
+- the product's step alone (`Trainer.train_shard`: captured once and replayed on CUDA, eager on CPU), no
+  queue, files or checkpoints: the worker's own bare loop;
+- the worker, claim to ack, as `make bench` times it (`bench.inprocess`: real Redis, share, checkpoints,
+  test-day scoring, report): needs a Redis server (see shared/GPU.md for the wheels); skipped, saying why,
+  without one;
+- packed sweeps of 8 and 32 runs (`workload.model.packed`), aggregate samples/s.
+
+Budgeted phases stop at the first step boundary after `--budget-s`. Every line of progress goes to
+`<out>/gpu-bench.log` as it happens, with each phase's elapsed seconds, and the figures to `<out>/gpu.json`
+after every phase, so a visit cut short keeps what it measured. `--write` records the table, with the cost
+per trained model, in docs/benchmarks.md (a block `make bench` carries over).
+
+    python -m bench.gpu                          # on a GPU machine: CUDA, then the CPU section
+    python -m bench.gpu --device cpu --mini      # every phase in miniature on CPU (tests/test_bench_gpu.py)
+    python -m bench.gpu --write                  # also record the figures in docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from bench import data, loops
+from workload.model.trainer import HParams, Trainer
+from workload.runtime import gpu as gpu_check
+
+if TYPE_CHECKING:
+    from workload.runtime.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+OUT = ROOT / "build" / "bench" / "gpu"
+BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
+HP = HParams()  # the default run
+NOT_MEASURED = "not yet measured on a GPU"
+# A trained model, for its cost: the Handbook's 12 weeks of the handbook's population (~9,700 rows a day).
+MODEL_DAYS, ROWS_A_DAY = 84, 9_700
+PRICES = ("https://cloud.google.com/spot-vms/pricing (spot VMs and GPUs, GKE Standard nodes) and "
+          "https://cloud.google.com/kubernetes-engine/pricing (Autopilot Spot Pods)")
+
+
+@dataclass(frozen=True)
+class Size:
+    rows: int = 1_000_000  # the GPU's day
+    cpu_rows: int = 100_000  # the CPU section's day: one torch thread trains ~200k samples/s
+    packs: tuple[int, ...] = (8, 32)
+    budget_s: float = 30.0
+    eager_epochs: int = 1  # the eager loop on CUDA: ~2 ms a step whatever the batch, so one epoch shows its pace
+    population: data.Population = data.HANDBOOK
+
+
+MINI = Size(rows=600, cpu_rows=600, packs=(2, 3), budget_s=60.0, population=data.Population(customers=200,
+                                                                                             terminals=400))
+PATHS = (("eager", "bare loop, eager (today's step at the default)"),
+         ("step", "the product's step alone (captured on CUDA, eager on CPU)"),
+         ("worker", "worker, claim to ack (queue, share, checkpoints, scoring, report)"))
+
+
+@dataclass
+class Figure:
+    path: str  # "eager", "step", "worker", "packed-<R>"
+    device: str
+    runs: int
+    rows: int
+    samples: int
+    seconds: float
+    note: str = ""
+
+    @property
+    def per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else math.nan
+
+
+@dataclass
+class Log:
+    """Progress lines to the terminal and to a file, as they happen; figures to JSON after every phase."""
+
+    out: Path
+    figures: list[Figure] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, text: str) -> None:
+        stamped = f"[{time.monotonic() - self.started:7.1f}s] {text}"
+        print(stamped, flush=True)
+        with (self.out / "gpu-bench.log").open("a") as f:
+            f.write(stamped + "\n")
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.line(f"{name}: started")
+        begun = time.monotonic()
+        try:
+            yield
+        finally:
+            self.line(f"{name}: {time.monotonic() - begun:.1f}s")
+
+    def add(self, fig: Figure, machine: dict[str, str]) -> None:
+        self.figures.append(fig)
+        self.line(f"  {fig.device} {fig.path}: {fig.samples:,} samples in {fig.seconds:.2f}s = {fig.per_s:,.0f}/s"
+                  + (f" ({fig.note})" if fig.note else ""))
+        (self.out / "gpu.json").write_text(json.dumps(
+            {"machine": machine, "figures": [asdict(f) for f in self.figures]}, indent=1))
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    out = {"CPU": f"{cpu}, {os.cpu_count()} cores, 1 torch thread", "torch": torch.__version__,
+           "Python": platform.python_version()}
+    if torch.cuda.is_available():
+        out |= {"GPU": torch.cuda.get_device_name(0), "driver": gpu_check.driver_version(),
+                "CUDA": str(torch.version.cuda)}
+    return out
+
+
+def day(rows: int, size: Size, work: Path, log: Log) -> tuple[Path, object]:
+    """A simulated day of `rows` rows on a share of its own, with its features stored (what `seed` does)."""
+    with log.phase(f"data: simulate and store features of a {rows:,}-row day"):
+        share = work / f"share-{rows}"
+        data.place(data.single_shard(rows, size.population), share)
+        return share, data.seed_features(share).examples([loops.SHARD])
+
+
+def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, server: RedisServer | None,
+            info: dict[str, str]) -> None:
+    """Every path on `device`, on one `rows`-row day."""
+    share, ex = day(rows, size, work, log)
+    x, y, dev = ex.x, ex.y, device.type
+    with log.phase(f"{dev}: eager bare loop"):
+        hp = replace(HP, epochs=size.eager_epochs) if dev == "cuda" else HP
+        log.add(Figure("eager", dev, 1, rows, rows * hp.epochs, loops.bare_loop(x, y, hp, device),
+                       f"{hp.epochs} epoch(s)"), info)
+    with log.phase(f"{dev}: the product's step alone"):
+        samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s)
+        log.add(Figure("step", dev, 1, rows, samples, seconds), info)
+    with log.phase(f"{dev}: worker, claim to ack"):
+        if server is None:
+            log.add(Figure("worker", dev, 1, rows, 0, 0.0, "skipped: no Redis server could start"), info)
+        else:
+            from bench import inprocess  # the worker needs the redis client: imported only where one runs
+
+            (item,) = inprocess.run_items(server, share, f"gpu-{dev}", f"w-{dev}", HP, device,
+                                          checkpoint_interval_s=10.0, lease_ttl_s=30.0)
+            log.add(Figure("worker", dev, 1, rows, rows * HP.epochs, item.total_s,
+                           f"training {item.training_s:.2f}s of it"), info)
+    for runs in size.packs:
+        with log.phase(f"{dev}: packed sweep of {runs} runs"):
+            samples, seconds = loops.packed_loop(x, y, HP, runs, device, size.budget_s)
+            log.add(Figure(f"packed-{runs}", dev, runs, rows, samples, seconds), info)
+
+
+def model_samples(hp: HParams = HP) -> int:
+    """Samples one trained model costs: MODEL_DAYS days of ROWS_A_DAY rows, each day trained over its window
+    (`window_days`) for the window's epochs (`Trainer.window_epochs`)."""
+    t = Trainer("cost", hp, ("f",), torch.device("cpu"))
+    return sum(min(d, hp.window_days) * ROWS_A_DAY * t.window_epochs(min(d, hp.window_days))
+               for d in range(1, MODEL_DAYS + 1))
+
+
+def figure_cell(figs: dict[tuple[str, str], Figure], path: str, dev: str) -> str:
+    f = figs.get((path, dev))
+    if f is None:
+        return NOT_MEASURED if dev == "cuda" else "not yet measured" if not figs else "not measured in this run"
+    if not f.samples:
+        return f.note
+    return f"{f.per_s:,.0f} samples/s ({f.rows:,} rows, {f.seconds:.1f}s{', ' + f.note if f.note else ''})"
+
+
+def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: float, packs: tuple[int, ...]) -> str:
+    """docs/benchmarks.md's GPU section: the figures (GPU rows not measured say so) and the cost table."""
+    figs = {(f.path, f.device): f for f in figures}
+    measured = any(f.device == "cuda" for f in figures)
+    out = [BEGIN, "## GPU", ""]
+    out.append(f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `{command}` in {wall_s / 60:.1f} min; "
+               + "; ".join(f"{k}: {v}" for k, v in info.items()) + "." if figures else
+               "Not yet measured on a GPU: `python -m bench.gpu --write` on a GPU machine fills this section "
+               "(CUDA and the same run's CPU figures).")
+    out += ["", "| path | on the GPU | on the CPU (1 torch thread) |", "|---|---|---|"]
+    paths = [*PATHS, *((f"packed-{r}", f"packed sweep of {r} runs (aggregate)") for r in packs)]
+    out += [f"| {label} | {figure_cell(figs, p, 'cuda')} | {figure_cell(figs, p, 'cpu')} |" for p, label in paths]
+    worker, step = figs.get(("worker", "cuda")), figs.get(("step", "cuda"))
+    ratio = (f"{worker.per_s / step.per_s:.2f}" if worker and step and worker.samples and step.samples
+             else NOT_MEASURED)
+    out += ["", f"GPU worker / its own bare loop (the product's step alone): {ratio} (target >= 0.9); "
+            "targets on a 1,000,000-row day: the worker >= 1,000,000 samples/s, a packed sweep of 32 >= 20,000,000 "
+            "samples/s (issue 33)." + ("" if measured else " No GPU figure here is estimated."), ""]
+    out += cost_table(figs, packs)
+    return "\n".join(out) + "\n" + END
+
+
+def cost_table(figs: dict[tuple[str, str], Figure], packs: tuple[int, ...]) -> list[str]:
+    samples = model_samples()
+    out = ["### Cost per trained model", "",
+           f"A trained model: the Handbook's 12 weeks ({MODEL_DAYS} days of ~{ROWS_A_DAY:,} rows, the handbook's "
+           f"5,000 customers) with the default run, each day trained over its window: {samples:,} samples. Hours "
+           "per model = samples / (samples/s per model); $ per model = spot price per hour x hours. An L4 is not "
+           "an H100: the L4 rows stay unmeasured until the benchmark runs on one.", "",
+           "| pool | spot price per hour | samples/s per model | hours per model | $ per trained model |",
+           "|---|---|---|---|---|"]
+    price = "to be filled from the pricing page on the measuring date"
+    rows = [("spot L4 pod (the stack's default GPU), one run", None, 1),
+            *((f"spot L4 pod, packed sweep of {r}", None, r) for r in packs)]
+    cpu = figs.get(("worker", "cpu"))
+    rows.append(("spot CPU pod, 1 vCPU (1 torch thread), one run (the worker's figure)",
+                 cpu if cpu and cpu.samples else None, 1))
+    for label, fig, runs in rows:
+        if fig is None:
+            cell = NOT_MEASURED if "L4" in label else "not measured in this run" if figs else "not yet measured"
+            out.append(f"| {label} | {price} | {cell} | | |")
+            continue
+        per_model = fig.per_s / runs
+        out.append(f"| {label} | {price} | {per_model:,.0f} (measured on a {fig.rows:,}-row day) | "
+                   f"{samples / per_model / 3600:.2f} | price x hours |")
+    out += ["", f"Prices: {PRICES}, as listed on the measuring date (spot prices change: cite the date)."]
+    return out
+
+
+def write_docs(text: str, path: Path = DOCS) -> None:
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        new = old.partition(BEGIN)[0] + text + old.partition(END)[2]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(new)
+
+
+def redis(work: Path, log: Log) -> RedisServer | None:
+    """A Redis server for the worker phases, or None (a GPU machine without the redis wheels: shared/GPU.md)."""
+    try:
+        from workload.runtime.redis_server import RedisServer
+
+        return RedisServer(work / "redis").start()
+    except Exception as exc:  # noqa: BLE001 - any reason: the worker's rows say it was skipped, and why
+        log.line(f"no Redis server: {exc!r}: the worker phases are skipped")
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu", "both"), default=None,
+                   help="where to measure (default: both when CUDA is available, else cpu)")
+    p.add_argument("--mini", action="store_true", help="every phase in miniature: proves it runs, means nothing")
+    p.add_argument("--rows", type=int, help="rows of the GPU's day (default 1,000,000)")
+    p.add_argument("--cpu-rows", type=int, help="rows of the CPU section's day (default 100,000)")
+    p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 30)")
+    p.add_argument("--out", type=Path, default=OUT, help=f"log and figures go here (default {OUT})")
+    p.add_argument("--write", action="store_true", help="record the GPU section in docs/benchmarks.md")
+    args = p.parse_args(argv)
+    size = MINI if args.mini else Size()
+    size = replace(size, rows=args.rows or size.rows, cpu_rows=args.cpu_rows or size.cpu_rows,
+                   budget_s=args.budget_s or size.budget_s)
+    where = args.device or ("both" if torch.cuda.is_available() else "cpu")
+    if where in ("cuda", "both") and not torch.cuda.is_available():
+        p.error(f"--device {where}: no CUDA device here ({gpu_check.driver_version()})")
+    given = sys.argv[1:] if argv is None else argv
+    command = "python -m bench.gpu" + (" " + shlex.join(given) if given else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log, info = Log(args.out), machine()
+    torch.set_num_threads(1)
+    log.line(f"{command}: " + "; ".join(f"{k}: {v}" for k, v in info.items()))
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        work = Path(tmp)
+        if args.mini:
+            size = replace(size, population=replace(size.population, cache=work / "cache"))
+        server = redis(work, log)
+        try:
+            for dev, rows in (("cuda", size.rows), ("cpu", size.cpu_rows)):
+                if where in (dev, "both"):
+                    measure(torch.device(dev), rows, size, work, log, server, info)
+        finally:
+            if server is not None:
+                server.stop()
+    text = block(log.figures, info, command, time.monotonic() - log.started, size.packs)
+    (args.out / "gpu.md").write_text(text + "\n")
+    log.line(f"wrote {args.out / 'gpu.md'}, {args.out / 'gpu.json'}, {args.out / 'gpu-bench.log'}")
+    if args.write:
+        write_docs(text)
+        log.line(f"recorded in {DOCS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""The GPU-shaped step means what the eager step means: on CPU the same function, run eagerly, trains a run bit
+for bit as `Trainer.train_shard` does (the fused Adam within a stated tolerance); on CUDA the replayed graph
+equals the same function run eagerly, and a run killed and resumed equals an undisturbed one, bit for bit
+(those skip without a GPU and run on the GPU machine)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from workload.model import gpustep
+from workload.model.trainer import HParams, Trainer, _shard_seed
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+FEATURES = ("a", "b", "c", "d")
+HP = HParams(hidden=(8, 4), epochs=2, batch_size=64, ema_decay=0.9, window_days=1)
+# Fused Adam (torch's `_fused_adam_`) computes the bias corrections and the update in float32 in one kernel where
+# the default Adam computes them in float64 on the host: after 2 days x 2 epochs x 11 batches the weights agree to
+# this (measured ~1e-7 apart on CPU).
+FUSED_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """This MLP's matrices are too small for intra-op threads; on the loaded 2-core CI machine two made
+    these runs 10x slower (as bench/run.py found for the worker)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _day(seed: int, n: int = 700) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.1).astype(np.float32)
+    x = (rng.normal(size=(n, 4)) + y[:, None]).astype(np.float32)
+    return x, y
+
+
+Train = Callable[[Trainer, np.ndarray, np.ndarray, Callable[[], bool]], bool]
+
+
+def eager(trainer: Trainer, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
+    return trainer.train_shard(x, y, after_step)
+
+
+def shaped(capture: bool, fused: bool) -> Train:
+    def train(trainer: Trainer, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
+        return gpustep.train_shard(trainer, x, y, after_step, _shard_seed, capture=capture, fused=fused)
+    return train
+
+
+def reload(trainer: Trainer) -> Trainer:
+    """A kill: the state dict through bytes (as the checkpoint store writes it), a new trainer from it."""
+    buf = io.BytesIO()
+    torch.save(trainer.state_dict(), buf)
+    buf.seek(0)
+    return Trainer.from_state(torch.load(buf, weights_only=True, map_location=trainer.device), trainer.device)
+
+
+def run(train: Train, device: torch.device, stop_at: int | None = None, days: int = 2) -> Trainer:
+    """`days` days (700 rows: 10 full batches and one of 60); with `stop_at`, the second day is stopped after
+    that many steps, reloaded from its state dict alone, and finished."""
+    trainer = Trainer("r", HP, FEATURES, device, feature_version="v")
+    for i in range(days):
+        shard = f"d{i}"
+        x, y = _day(i)
+        trainer.begin_shard(shard, x)
+        count = {"n": 0}
+
+        def after_step(count: dict = count, i: int = i) -> bool:
+            count["n"] += 1
+            return stop_at is None or i != 1 or count["n"] != stop_at
+
+        if not train(trainer, x, y, after_step):
+            trainer = reload(trainer)
+            trainer.begin_shard(shard, x)
+            assert train(trainer, x, y, lambda: True)
+        # The loss sum is this process's (a resumed run sums what it trained since): kept when none was stopped.
+        loss = {"loss": trainer.last_epoch_loss()} if stop_at is None else {}
+        trainer.finish_shard({"shard": shard, "train_accuracy": trainer.train_accuracy(len(y)), **loss})
+    return trainer
+
+
+def tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
+    state = trainer.state_dict()
+    out = {f"model.{k}": v for k, v in state["model"].items()}
+    out |= {f"averaged.{k}": v for k, v in state["averaged"].items()}
+    for i, st in state["optimizer"]["state"].items():
+        out |= {f"adam.{i}.{k}": v.detach().cpu().float() for k, v in st.items()}
+    return out
+
+
+def assert_equal(a: Trainer, b: Trainer) -> None:
+    ta, tb = tensors(a), tensors(b)
+    assert ta.keys() == tb.keys()
+    different = [k for k in ta if not torch.equal(ta[k], tb[k])]
+    assert different == [], f"differ: {different}"
+    no_loss = [[{k: v for k, v in h.items() if k != "loss"} for h in t.history] for t in (a, b)]
+    assert (no_loss[0], a.steps) == (no_loss[1], b.steps)
+
+
+def test_on_cpu_the_shaped_step_run_eagerly_equals_the_trainers_bit_for_bit() -> None:
+    cpu = torch.device("cpu")
+    expected = run(eager, cpu)
+    got = run(shaped(capture=False, fused=False), cpu)
+    assert_equal(expected, got)
+    assert expected.steps == 2 * 2 * 11 and 0 < got.history[-1]["train_accuracy"] <= 1
+    assert got.history[-1]["loss"] == expected.history[-1]["loss"] is not None
+
+
+@pytest.mark.parametrize("stop_at", [3, 11, 12, 20, 22])  # first epoch, its end, the last epoch, its last step
+def test_on_cpu_the_shaped_step_resumes_bit_for_bit(stop_at: int) -> None:
+    cpu = torch.device("cpu")
+    assert_equal(run(eager, cpu), run(shaped(capture=False, fused=False), cpu, stop_at=stop_at))
+
+
+def test_on_cpu_the_fused_adam_stays_within_its_stated_tolerance() -> None:
+    cpu = torch.device("cpu")
+    expected, got = tensors(run(eager, cpu)), tensors(run(shaped(capture=False, fused=True), cpu))
+    assert expected.keys() == got.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], **FUSED_TOLERANCE, msg=key)
+    assert any(not torch.equal(got[k], expected[k]) for k in expected if k.startswith("model."))  # it is fused
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
+def test_a_step_that_cannot_be_recorded_runs_eagerly_with_the_same_meaning_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Recording needs CUDA: asked to record on CPU, the step keeps its fixed buffers, falls back to eager
+    after the failed recording (the warm-up undone), says why once, and trains bit for bit as the trainer."""
+    cpu = torch.device("cpu")
+    with caplog.at_level("WARNING", logger="workload.model.gpustep"):
+        got = run(shaped(capture=True, fused=False), cpu)
+    assert_equal(run(eager, cpu), got)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the training step could not be captured as a CUDA graph (torch.cuda.Stream requires CUDA support): it "
+        "runs eagerly, slower, same meaning"]
+
+
+def test_the_trainer_picks_the_shaped_step_on_cuda_only() -> None:
+    assert gpustep.wanted(torch.device("cuda")) and not gpustep.wanted(torch.device("cpu"))
+
+
+@CUDA
+def test_on_cuda_the_replayed_graph_equals_the_same_step_run_eagerly() -> None:
+    cuda = torch.device("cuda")
+    assert_equal(run(shaped(capture=False, fused=True), cuda), run(shaped(capture=True, fused=True), cuda))
+
+
+@CUDA
+def test_on_cuda_the_trainer_trains_with_the_graph_and_stays_near_the_eager_cpu_run() -> None:
+    cuda = torch.device("cuda")
+    assert_equal(run(eager, cuda), run(shaped(capture=True, fused=True), cuda))
+    on_cpu, on_gpu = tensors(run(eager, torch.device("cpu"))), tensors(run(eager, cuda))
+    for key in on_cpu:
+        torch.testing.assert_close(on_gpu[key], on_cpu[key], **FUSED_TOLERANCE, msg=key)
+
+
+@CUDA
+@pytest.mark.parametrize("stop_at", [3, 11, 12, 22])
+def test_on_cuda_a_run_killed_and_resumed_equals_an_undisturbed_one_bit_for_bit(stop_at: int) -> None:
+    cuda = torch.device("cuda")
+    assert_equal(run(eager, cuda), run(eager, cuda, stop_at=stop_at))

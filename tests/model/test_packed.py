@@ -1,0 +1,174 @@
+"""A sweep's runs packed on one device: each packed run ends where its solo training ends (within the stated
+tolerance), keeps its own batches, optimizer, hyperparameters and progress, and a packed run stopped and resumed
+from its own checkpoint alone ends bit for bit where the undisturbed pack ends."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from workload.model import packed
+from workload.model.trainer import HParams, Trainer, _shard_seed
+
+CPU = torch.device("cpu")
+FEATURES = ("a", "b", "c", "d")
+BASE = HParams(hidden=(8, 4), epochs=2, batch_size=64, window_days=1)
+# Different seeds (so batches and initial weights), learning rates, weight decays, averaging decays, class-weight
+# caps, and one run with more epochs a day (it trains alone while the others sit its last epoch out).
+RUNS = {"a": {"seed": 1}, "b": {"seed": 2, "lr": 1e-3, "weight_decay": 0.0, "ema_decay": 0.9},
+        "c": {"seed": 3, "lr": 5e-3, "weight_decay": 1e-3, "epochs": 3, "pos_weight_cap": 2.0}}
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# Every run stopped at once (SIGTERM) mid-epoch, and in its last epoch; run b alone (its lease lost).
+STOPS = (lambda r, n: n == 5, lambda r, n: n == 15, lambda r, n: r == 1 and n == 7)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _day(seed: int, n: int = 700) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.1).astype(np.float32)
+    x = (rng.normal(size=(n, 4)) + y[:, None]).astype(np.float32)
+    return x, y
+
+
+def fresh(device: torch.device = CPU) -> list[Trainer]:
+    return [Trainer(name, HParams.from_dict({**BASE.to_dict(), **spec}), FEATURES, device, feature_version="v")
+            for name, spec in RUNS.items()]
+
+
+def solo(device: torch.device = CPU) -> list[Trainer]:
+    out = []
+    for t in fresh(device):
+        for i in range(2):
+            x, y = _day(i)
+            t.begin_shard(f"d{i}", x)
+            assert t.train_shard(x, y, lambda: True)
+            t.finish_shard({"shard": f"d{i}", "train_accuracy": t.train_accuracy(len(y))})
+        out.append(t)
+    return out
+
+
+def reload(t: Trainer) -> Trainer:
+    buf = io.BytesIO()
+    torch.save(t.state_dict(), buf)
+    buf.seek(0)
+    return Trainer.from_state(torch.load(buf, weights_only=True, map_location=t.device), t.device)
+
+
+def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.device = CPU,
+             capture: bool | None = None) -> list[Trainer]:
+    """Two days packed; on the second, `stop(run, its step)` True stops that run: each stopped run is reloaded
+    from its own checkpoint and finishes the day in a pack of its own. `capture`: replay a CUDA graph (default:
+    on CUDA)."""
+    trainers = fresh(device)
+    for i in range(2):
+        x, y = _day(i)
+        for t in trainers:
+            t.begin_shard(f"d{i}", x)
+        pack = packed.Pack(trainers, _shard_seed, capture=capture)
+        count = [0] * len(trainers)
+
+        def after_step(r: int, i: int = i, count: list = count, pack: packed.Pack = pack) -> bool:
+            count[r] += 1
+            if stop is not None and i == 1 and stop(r, count[r]):
+                pack.trainer(r).state_dict()  # what a checkpoint would read, mid-pack
+                return False
+            return True
+
+        done = pack.train_shard(x, y, after_step)
+        for r, finished in enumerate(done):
+            if not finished:
+                trainers[r] = reload(pack.trainer(r))
+                trainers[r].begin_shard(f"d{i}", x)
+                alone = packed.Pack([trainers[r]], _shard_seed, capture=capture)
+                assert alone.train_shard(x, y, lambda r: True) == [True]
+        for t in trainers:
+            t.finish_shard({"shard": f"d{i}", "train_accuracy": t.train_accuracy(len(y))})
+    return trainers
+
+
+def tensors(t: Trainer) -> dict[str, torch.Tensor]:
+    state = t.state_dict()
+    out = {f"model.{k}": v for k, v in state["model"].items()}
+    out |= {f"averaged.{k}": v for k, v in state["averaged"].items()}
+    for i, st in state["optimizer"]["state"].items():
+        out |= {f"adam.{i}.{k}": v.detach().cpu().float() for k, v in st.items()}
+    return out
+
+
+def test_each_packed_run_ends_where_its_solo_training_ends_within_the_stated_tolerance() -> None:
+    alone, together = solo(), pack_run()
+    for a, b in zip(alone, together, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            torch.testing.assert_close(tb[key], ta[key], **packed.SOLO_TOLERANCE, msg=f"run {a.run}: {key}")
+        assert (b.steps, b.applied, b.progress) == (a.steps, a.applied, None)
+        assert [h["train_accuracy"] for h in b.history] == pytest.approx([h["train_accuracy"] for h in a.history],
+                                                                         abs=2 / 700)
+    assert [t.steps for t in together] == [44, 44, 66]  # each its own epochs
+    assert not torch.equal(tensors(together[0])["model.net.0.weight"], tensors(together[1])["model.net.0.weight"])
+
+
+def test_a_packed_run_stopped_and_resumed_from_its_checkpoint_ends_bit_for_bit() -> None:
+    """All runs stopped at once (SIGTERM) mid-epoch and in their last epoch; run b alone (its lease lost) while
+    the others train on: every run ends bit for bit where the undisturbed pack ends it."""
+    whole = pack_run()
+    for stop in STOPS:
+        resumed = pack_run(stop)
+        for r, (a, b) in enumerate(zip(whole, resumed, strict=True)):
+            ta, tb = tensors(a), tensors(b)
+            assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], f"run {r}"
+            assert (a.history, a.steps) == (b.history, b.steps)  # the last epoch's accuracy travels too
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
+def test_a_pack_that_cannot_be_recorded_runs_eagerly_bit_for_bit_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="workload.model.gpustep"):
+        got = pack_run(capture=True)
+    for a, b in zip(pack_run(), got, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], a.run
+    assert len(caplog.records) == 2  # once a day: a pack is made for the day
+    assert caplog.records[0].getMessage().startswith("the packed step could not be captured as a CUDA graph")
+
+
+def test_runs_that_cannot_share_a_stacked_model_are_refused_by_name() -> None:
+    wide = Trainer("wide", HParams(hidden=(16,)), FEATURES, CPU)
+    narrow = Trainer("narrow", HParams(hidden=(8,)), FEATURES, CPU)
+    with pytest.raises(ValueError, match=r"runs \['wide', 'narrow'\] cannot share one stacked model"):
+        packed.Pack([wide, narrow], _shard_seed)
+
+
+
+@CUDA
+def test_on_cuda_the_replayed_pack_equals_the_same_step_run_eagerly_and_its_solo_runs() -> None:
+    cuda = torch.device("cuda")
+    eager, replayed = pack_run(device=cuda, capture=False), pack_run(device=cuda, capture=True)
+    for a, b in zip(eager, replayed, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], a.run
+    for a, b in zip(solo(cuda), replayed, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        for key in ta:
+            torch.testing.assert_close(tb[key], ta[key], **packed.SOLO_TOLERANCE, msg=f"run {a.run}: {key}")
+
+
+@CUDA
+@pytest.mark.parametrize("stop", range(len(STOPS)))
+def test_on_cuda_a_packed_run_stopped_and_resumed_ends_bit_for_bit(stop: int) -> None:
+    cuda = torch.device("cuda")
+    whole = [tensors(t) for t in pack_run(device=cuda)]
+    resumed = [tensors(t) for t in pack_run(STOPS[stop], device=cuda)]
+    for r, (a, b) in enumerate(zip(whole, resumed, strict=True)):
+        assert [k for k in a if not torch.equal(a[k], b[k])] == [], f"run {r}"

@@ -1,0 +1,86 @@
+"""The GPU benchmark in miniature on CPU, in every `make test`: a GPU visit is short and rare, so the script it
+runs must not first break there. Figures are not judged (tiny data, a loaded machine): every phase must run,
+log its elapsed seconds to the log file as it goes, and leave its figure in the JSON and its row in the section
+that `--write` records (GPU rows say they were not measured, never a number)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench import gpu, loops, run
+from workload.model.hparams import HParams
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench-gpu")
+    docs = gpu.DOCS.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--mini", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, \
+        f"bench.gpu --mini exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert gpu.DOCS.read_bytes() == docs, "without --write the docs are not touched"
+    return out
+
+
+def test_every_phase_runs_and_logs_its_elapsed_time_to_the_file(mini: Path) -> None:
+    log = (mini / "gpu-bench.log").read_text()
+    for phase in ("data: simulate", "cpu: eager bare loop", "cpu: the product's step alone",
+                  "cpu: worker, claim to ack", "cpu: packed sweep of 2 runs", "cpu: packed sweep of 3 runs"):
+        assert f"{phase}" in log and any(line.split("] ", 1)[1].startswith(phase) and line.endswith("s")
+                                         and ": started" not in line for line in log.splitlines()), phase
+    figures = json.loads((mini / "gpu.json").read_text())["figures"]
+    assert [(f["path"], f["device"]) for f in figures] == [
+        (p, "cpu") for p in ("eager", "step", "worker", "packed-2", "packed-3")]
+    assert all(f["samples"] > 0 and f["seconds"] > 0 for f in figures), figures
+    assert [f["samples"] for f in figures if f["path"].startswith("packed")] == [2 * 4 * 600, 3 * 4 * 600]
+
+
+def test_the_section_names_what_was_not_measured_and_estimates_nothing(mini: Path) -> None:
+    text = (mini / "gpu.md").read_text()
+    assert text.startswith(gpu.BEGIN) and text.rstrip().endswith(gpu.END)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "samples/s (600 rows" in line]
+    assert len(rows) == 5
+    if not torch.cuda.is_available():
+        assert all(f"| {gpu.NOT_MEASURED} |" in r for r in rows)
+        assert "GPU worker / its own bare loop (the product's step alone): not yet measured on a GPU" in text
+
+
+def test_write_records_the_section_and_make_bench_carries_it(tmp_path: Path) -> None:
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\nfigures\n")
+    first = gpu.block([], {"CPU": "x"}, "python -m bench.gpu", 1.0, (8, 32))
+    gpu.write_docs(first, docs)
+    assert docs.read_text() == "# Benchmarks\n\nfigures\n\n" + first + "\n"
+    fig = gpu.Figure("worker", "cpu", 1, 1000, 4000, 2.0)
+    second = gpu.block([fig], {"CPU": "x"}, "python -m bench.gpu", 1.0, (8, 32))
+    gpu.write_docs(second, docs)  # replaces the block, keeps the rest
+    assert docs.read_text() == "# Benchmarks\n\nfigures\n\n" + second + "\n"
+    assert "2,000 samples/s (1,000 rows, 2.0s)" in second and "| spot CPU pod" in second
+    assert run.mutation_block(docs).strip() == second
+
+
+def test_a_budgeted_phase_stops_at_the_first_step_after_its_budget_and_counts_what_it_trained() -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(700, 3)).astype(np.float32), (rng.random(700) < 0.1).astype(np.float32)
+    hp = HParams(hidden=(4,), batch_size=64, epochs=2)
+    assert loops.trainer_loop(x, y, hp, torch.device("cpu"), budget_s=0.0)[0] == 64  # one step, then stopped
+    assert loops.trainer_loop(x, y, hp, torch.device("cpu"))[0] == 2 * 700
+    assert loops.packed_loop(x, y, hp, 3, torch.device("cpu"), budget_s=0.0)[0] == 3 * 64
+
+
+def test_a_trained_model_costs_the_windowed_days_samples() -> None:
+    # 84 days of 9,700 rows: days 1-7 train their 1-7 day windows 4 epochs; days 8-14 their windows
+    # ceil(28 / L) epochs; from day 14 on, 14 days x 2 epochs.
+    expected = sum(d * 4 for d in range(1, 8)) + sum(d * -(-28 // d) for d in range(8, 15)) + 70 * 14 * 2
+    assert gpu.model_samples() == expected * gpu.ROWS_A_DAY

@@ -1,0 +1,275 @@
+"""The training step shaped for a GPU: captured once as a CUDA graph, replayed for every batch of a day.
+
+On CUDA the eager step (trainer.py) is bound by kernel launches and Python, not by the GPU: an H200 trained
+the default run at 61,438 samples/s, slower than one CPU core, and every batch size cost the same ~2 ms a step
+(issue 33). Here the whole step (gather the batch, forward, class-weighted loss, backward, Adam, the weight
+average, the last epoch's accuracy and loss sums) is one function of tensors kept at fixed addresses, captured
+once and replayed, so a step is one launch. Nothing in the loop waits for the GPU: the weight average's step
+count, the batch's offset and the sums live on the device; the host keeps its own count of steps and progress
+(it knows them without asking), and reads the device only when a checkpoint is written.
+
+The meaning is the eager step's:
+- the same batches in the same order: each epoch's permutation is drawn by the same CPU generator as today
+  (CUDA's randperm draws another) and copied to the device once per epoch;
+- the same arithmetic, except Adam: on CUDA the fused, capturable Adam (its step count and bias corrections on
+  the device, in float32) replaces the default one, which computes them on the host and cannot be replayed.
+  It shares the trainer's optimizer state, so checkpoints keep their format (only `step` lives on the device);
+- the same function runs eagerly (`capture=False`): on CPU with the trainer's own Adam it equals the eager
+  trainer bit for bit, and with the fused Adam within a stated tolerance (tests/model/test_gpustep.py); on CUDA
+  the replayed graph equals the same function run eagerly, and a run killed and resumed equals an undisturbed
+  one bit for bit (tests skipped without a GPU).
+
+A day's full batches replay the graph; its last, shorter batch runs the same function eagerly (one step an
+epoch). The graph is captured on first use and again only when a day outgrows the buffers or the optimizer's
+tensors were replaced (a checkpoint loaded into the same trainer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 3  # eager steps on a side stream before capture (torch's CUDA graphs recipe); undone after
+ShardSeed = Callable[[int, str, int], int]  # (run seed, shard, epoch) -> the epoch's generator seed
+
+
+def wanted(device: torch.device) -> bool:
+    """The GPU-shaped step trains on CUDA; the CPU keeps the eager step, bit for bit as it always trained."""
+    return device.type == "cuda"
+
+
+def fused_adam(optimizer: torch.optim.Optimizer) -> torch.optim.Adam:
+    """A fused, capturable Adam over the same parameters, hyperparameters and state as `optimizer` (the
+    trainer's): its steps are the trainer's steps, and the trainer's `state_dict` saves them."""
+    group = optimizer.param_groups[0]
+    fused = torch.optim.Adam(group["params"], lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                             weight_decay=group["weight_decay"], fused=True,
+                             capturable=group["params"][0].device.type == "cuda")
+    fused.state = optimizer.state
+    return fused
+
+
+class Step:
+    """One run's step and the tensors it reads and writes, all on the run's device. In capture mode they
+    stay at fixed addresses (a day's rows are copied into buffers that only grow), as a graph needs."""
+
+    def __init__(self, model: nn.Module, averaged: nn.Module, optimizer: torch.optim.Optimizer,
+                 batch_size: int, ema_decay: float, capture: bool) -> None:
+        self.model, self.optimizer, self.capture = model, optimizer, capture
+        self.requested = capture  # `capture` turns False for good when this torch and GPU cannot record the step
+        self.params, self.averages = list(model.parameters()), list(averaged.parameters())
+        self.batch_size, self.ema_decay = batch_size, ema_decay
+        device = self.params[0].device
+        self.arange = torch.arange(batch_size, device=device)
+        self.base = torch.zeros((), dtype=torch.int64, device=device)  # the batch's first position in the order
+        self.ema_step = torch.zeros((), dtype=torch.float64, device=device)  # the run's optimizer steps so far
+        self.pos_weight = torch.ones((), device=device)
+        self.hits = torch.zeros((), dtype=torch.int64, device=device)  # last epoch: rows classified right
+        self.loss_sum = torch.zeros((), device=device)  # last epoch: batch losses, summed
+        n_features = self.params[0].shape[1]
+        self.xs = torch.zeros((0, n_features), device=device)
+        self.ys = torch.zeros(0, device=device)
+        self.order = torch.zeros(0, dtype=torch.int64, device=device)
+        self.graph: Any = None  # torch.cuda.CUDAGraph once captured
+        self.captured_on: tuple[int, ...] = ()
+
+    # -- what the host hands the device: once a day, once an epoch ----------------------------------------
+    def load_day(self, xs: torch.Tensor, ys: torch.Tensor, pos_weight: float, steps: int) -> None:
+        self.pos_weight.fill_(pos_weight)
+        self.ema_step.fill_(steps)
+        if not self.capture:
+            self.xs, self.ys = xs, ys
+            return
+        n = len(ys)
+        if n > len(self.ys):  # grow (and capture again): a graph reads the buffers it was captured with
+            self.xs = torch.zeros((n, xs.shape[1]), device=xs.device)
+            self.ys = torch.zeros(n, device=ys.device)
+            self.order = torch.zeros(n, dtype=torch.int64, device=ys.device)  # zeros: valid rows, always
+            self.graph = None
+        self.xs[:n].copy_(xs)
+        self.ys[:n].copy_(ys)
+        if self.captured_on != self._addresses():  # a checkpoint loaded into the trainer replaced its tensors
+            self.graph = None
+
+    def load_order(self, order: torch.Tensor, first_batch: int) -> None:
+        if self.capture:
+            self.order[:len(order)].copy_(order)
+        else:
+            self.order = order.to(self.ys.device)
+        self.base.fill_(first_batch * self.batch_size)
+
+    def begin_sums(self, correct: torch.Tensor | None, loss_sum: torch.Tensor | None) -> None:
+        """The last epoch's sums start from what a checkpoint carried (the count) or from zero."""
+        self.hits.copy_(correct) if correct is not None else self.hits.zero_()
+        self.loss_sum.copy_(loss_sum) if loss_sum is not None else self.loss_sum.zero_()
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def run(self, size: int) -> None:
+        """One step over the next `size` rows of the order: replayed when it is a full batch on CUDA."""
+        if not self.capture or size != self.batch_size:
+            step(self, size)
+            return
+        if self.graph is None:
+            self.graph = capture_or_none("the training step", self._capture)
+            if self.graph is None:
+                self.capture = False  # the buffers stay where they are: the eager step reads them alike
+                step(self, size)
+                return
+        self.graph.replay()
+
+    def _tensors(self) -> list[torch.Tensor]:
+        state = [v for p in self.params for v in self.optimizer.state[p].values() if isinstance(v, torch.Tensor)]
+        return [*self.params, *self.averages, *state, self.base, self.ema_step, self.hits, self.loss_sum]
+
+    def _addresses(self) -> tuple[int, ...]:
+        return tuple(t.data_ptr() for t in self._tensors())
+
+    def _capture(self) -> Any:
+        prepare_state(self.optimizer, self.params)
+
+        def warm_step() -> None:
+            self.base.zero_()
+            step(self, self.batch_size)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = capture(lambda: step(self, self.batch_size), warm_step, self._tensors())
+        self.captured_on = self._addresses()
+        return graph
+
+
+def capture(run_step: Callable[[], None], warm_step: Callable[[], None], state: list[torch.Tensor]) -> Any:
+    """A CUDA graph of `run_step`. Warms up first on a side stream (lazy initialisation, cuBLAS's workspace:
+    torch's CUDA graphs recipe) with `warm_step`, then puts every tensor of `state` back as it was, exactly:
+    recording runs nothing, so the run's state is what it was before the call."""
+    before = [t.detach().clone() for t in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                warm_step()
+    finally:
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.no_grad():
+            for t, saved in zip(state, before, strict=True):
+                t.copy_(saved)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the worker's heartbeat and watchdog threads may run while this thread records.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        run_step()
+    return graph
+
+
+def capture_or_none(what: str, record: Callable[[], Any]) -> Any:
+    """`record()`'s graph, or None when this torch and GPU cannot record the step: then it runs eagerly,
+    slower and with the same meaning (the state was put back), and the log says why once."""
+    try:
+        return record()
+    except RuntimeError as exc:
+        if torch.cuda.is_available():
+            with contextlib.suppress(RuntimeError):  # what the failed recording left on the stream, if anything
+                torch.cuda.synchronize()
+        log.warning("%s could not be captured as a CUDA graph (%s): it runs eagerly, slower, same meaning", what,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+
+
+def prepare_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """Adam's state as the fused, capturable Adam wants it: created now (zeros, as Adam's first step would),
+    its step count on the parameters' device in float32. A no-op for the default Adam on CPU."""
+    if not optimizer.param_groups[0].get("fused"):
+        return
+    for p in params:
+        st = optimizer.state[p]
+        if not st:
+            st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        elif st["step"].device != p.device:
+            st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+
+
+def step(s: Step, size: int) -> None:
+    """The trainer's step as a function of device tensors: the same batch (positions `base` .. `base + size`
+    of the order), loss, backward, Adam step, weight average (decay warmed up as `trainer.decay_at`) and sums."""
+    idx = s.order[s.base + s.arange[:size]]
+    s.optimizer.zero_grad(set_to_none=True)
+    logits = s.model(s.xs[idx])
+    target = s.ys[idx]
+    loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=s.pos_weight)
+    loss.backward()
+    s.optimizer.step()
+    with torch.no_grad():
+        decay = torch.clamp((1 + s.ema_step) / (10 + s.ema_step), max=s.ema_decay)
+        weight = (1.0 - decay).float()  # the eager step's `1.0 - decay`, rounded to float32 as lerp rounds it
+        for a, p in zip(s.averages, s.params, strict=True):
+            a.lerp_(p, weight)
+        s.ema_step.add_(1)
+        s.base.add_(size)
+        s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
+        s.loss_sum.add_(loss.detach())
+
+
+_STEPS: weakref.WeakKeyDictionary[Any, Step] = weakref.WeakKeyDictionary()
+
+
+def step_for(trainer: Any, capture: bool, fused: bool) -> Step:
+    """The trainer's Step, made once per trainer and mode (its graph outlives a day)."""
+    s = _STEPS.get(trainer)
+    if s is None or (s.requested, bool(s.optimizer.param_groups[0].get("fused"))) != (capture, fused):
+        optimizer = fused_adam(trainer.optimizer) if fused else trainer.optimizer
+        s = Step(trainer.model, trainer.averaged, optimizer, trainer.hp.batch_size, trainer.hp.ema_decay, capture)
+        _STEPS[trainer] = s
+    if fused:
+        s.optimizer.state = trainer.optimizer.state  # a loaded checkpoint may have replaced the mapping
+        prepare_state(s.optimizer, s.params)
+    return s
+
+
+def train_shard(trainer: Any, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool], shard_seed: ShardSeed,
+                capture: bool | None = None, fused: bool | None = None) -> bool:
+    """`Trainer.train_shard` with the GPU-shaped step: the same contract (train from `trainer.progress` to the
+    end of the shard on the window's rows `x`, `y`; `after_step()` at every batch boundary, False stops; True
+    when finished), the same progress, step count and last-epoch sums in the trainer as the eager loop leaves.
+    `capture`, `fused`: replay a CUDA graph, use the fused Adam (default: both on CUDA, neither elsewhere)."""
+    assert trainer.progress is not None, "begin_shard first"
+    shard, hp, device = trainer.progress["shard"], trainer.hp, trainer.device
+    on_cuda = device.type == "cuda"
+    s = step_for(trainer, on_cuda if capture is None else capture, on_cuda if fused is None else fused)
+    xs = trainer.norm.apply(x, device)  # the day's tensors move to the device once
+    ys = torch.from_numpy(np.asarray(y, dtype=np.float32)).to(device)
+    n = len(ys)
+    positives = float(ys.sum())
+    s.load_day(xs, ys, min(max((n - positives) / positives, 1.0), hp.pos_weight_cap) if positives else 1.0,
+               trainer.steps)
+    batches = math.ceil(n / hp.batch_size)
+    trainer.model.train()
+    epochs = int(trainer.progress.get("epochs", hp.epochs))  # a format-2 checkpoint's progress has none
+    while trainer.progress["epoch"] < epochs:
+        epoch, first = trainer.progress["epoch"], trainer.progress["batch"]
+        last_epoch = epoch == epochs - 1
+        gen = torch.Generator().manual_seed(shard_seed(hp.seed, shard, epoch))
+        s.load_order(torch.randperm(n, generator=gen), first)
+        if last_epoch and first < batches:
+            s.begin_sums(trainer._correct, trainer._loss_sum)
+        for b in range(first, batches):
+            s.run(min(hp.batch_size, n - b * hp.batch_size))
+            trainer.steps += 1
+            if last_epoch:  # the device's running sums: read only when a checkpoint or the report asks
+                trainer._correct, trainer._loss_sum = s.hits, s.loss_sum
+            trainer.progress = {"shard": shard, "epoch": epoch, "batch": b + 1, "epochs": epochs}
+            if not after_step():
+                return False
+        trainer.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0, "epochs": epochs}
+    return True

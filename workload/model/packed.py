@@ -1,0 +1,274 @@
+"""A sweep's runs on one GPU: runs of one dataset trained in one process as one stacked model.
+
+One run's step leaves a GPU nearly idle (a batch of 128 rows through a small MLP); R runs of the same
+architecture stacked on a leading axis take R batches in one step: `torch.func.vmap` over
+`functional_call` gives every run its own forward, loss and gradients in batched kernels, and Adam and the
+weight average are written out over the stacked tensors with per-run learning rate, weight decay, class
+weight, averaging decay and step count. Each run keeps everything that makes it itself: its batches (its
+own seed's permutation each epoch, its own cursor), its optimizer state, its number of epochs for the day,
+its normalisation statistics, its progress and sums; a run that has finished its epochs, or was stopped,
+sits the remaining steps out (masked: its tensors are not written).
+
+Each run stays a `Trainer` (its lineage, its checkpoint): `Pack.trainer(r)` writes the run's slice of the
+stacked state back into it before anyone reads it (a checkpoint, the report). A packed run equals its solo
+training within `SOLO_TOLERANCE`: batched matrix products and the per-run Adam written over tensors round
+differently from one run's kernels in the last bits (tests/model/test_packed.py). On CUDA the packed step is
+captured once as a CUDA graph and replayed (workload/model/gpustep.py's recipe).
+
+Runs pack when they share what the stacked tensors' shapes depend on: the device, the features, the hidden
+layer widths and the batch size; and they must train the same rows (one window of days). Different widths
+form different packs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn import functional as F
+
+from workload.model import gpustep
+from workload.model.trainer import Trainer
+
+# A packed run's weights, averaged weights and Adam moments against its solo training: after 44-66 steps on CPU
+# at most 6e-8 apart (tests/model/test_packed.py); not yet measured on a GPU.
+SOLO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def pack_key(trainer: Trainer) -> tuple:
+    """What runs must share to train as one stacked model."""
+    return (trainer.device.type, trainer.device.index, trainer.feature_names, trainer.hp.hidden,
+            trainer.hp.batch_size)
+
+
+@dataclass
+class Cursor:
+    """Where one run stands in the day: the host's copy (it never asks the device)."""
+
+    epoch: int
+    batch: int
+    epochs: int
+    active: bool = True
+
+
+class Pack:
+    """Runs of one dataset trained together; each `trainers[r]` stays the run's own lineage."""
+
+    def __init__(self, trainers: list[Trainer], shard_seed: gpustep.ShardSeed, capture: bool | None = None) -> None:
+        if not trainers:
+            raise ValueError("a pack needs at least one run")
+        keys = {pack_key(t) for t in trainers}
+        if len(keys) != 1:
+            raise ValueError(f"runs {[t.run for t in trainers]} cannot share one stacked model: they differ in "
+                             f"device, features, hidden widths or batch size ({sorted(map(str, keys))})")
+        self.trainers, self.shard_seed = list(trainers), shard_seed
+        first = trainers[0]
+        self.device, self.bs, self.r = first.device, first.hp.batch_size, len(trainers)
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.base_model = copy.deepcopy(first.model).to("meta")
+        self.names = [k for k, _ in first.model.named_parameters()]
+        self._stack()
+        self.graph = None
+
+    # -- stacked state ----------------------------------------------------------------------------------
+    def _stack(self) -> None:
+        dev, ts = self.device, self.trainers
+
+        def stacked(get: Callable[[Trainer, str], torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {k: torch.stack([get(t, k).detach().to(dev) for t in ts]).contiguous() for k in self.names}
+
+        def moment(t: Trainer, k: str, key: str) -> torch.Tensor:
+            p = dict(t.model.named_parameters())[k]
+            st = t.optimizer.state.get(p)
+            return st[key] if st else torch.zeros_like(p)
+
+        self.w = stacked(lambda t, k: dict(t.model.named_parameters())[k])
+        self.avg = stacked(lambda t, k: dict(t.averaged.named_parameters())[k])
+        self.m = stacked(lambda t, k: moment(t, k, "exp_avg"))
+        self.v = stacked(lambda t, k: moment(t, k, "exp_avg_sq"))
+        p0 = [dict(t.model.named_parameters())[self.names[0]] for t in ts]
+        self.adam_steps = torch.tensor([float(t.optimizer.state[p]["step"]) if t.optimizer.state.get(p) else 0.0
+                                        for t, p in zip(ts, p0, strict=True)], dtype=torch.float64, device=dev)
+        groups = [t.optimizer.param_groups[0] for t in ts]
+        self.lr = torch.tensor([g["lr"] for g in groups], dtype=torch.float64, device=dev)
+        self.wd = torch.tensor([g["weight_decay"] for g in groups], dtype=torch.float32, device=dev)
+        self.betas, self.eps = groups[0]["betas"], groups[0]["eps"]
+        if any((g["betas"], g["eps"]) != (self.betas, self.eps) for g in groups):
+            raise ValueError("runs of a pack must share Adam's betas and eps")
+        self.ema_decay = torch.tensor([t.hp.ema_decay for t in ts], dtype=torch.float64, device=dev)
+        self.ema_step = torch.zeros(self.r, dtype=torch.float64, device=dev)
+        self.pos_weight = torch.ones(self.r, device=dev)
+        self.active = torch.zeros(self.r, dtype=torch.bool, device=dev)
+        self.summing = torch.zeros(self.r, dtype=torch.bool, device=dev)  # in its last epoch
+        self.hits = torch.zeros(self.r, dtype=torch.int64, device=dev)
+        self.loss_sum = torch.zeros(self.r, device=dev)
+        self.base = torch.zeros(self.r, dtype=torch.int64, device=dev)
+        self.arange = torch.arange(self.bs, device=dev)
+
+    def trainer(self, r: int) -> Trainer:
+        """Run `r`'s trainer with its slice of the stacked state written back: what a checkpoint saves."""
+        t = self.trainers[r]
+        with torch.no_grad():
+            for name, p in t.model.named_parameters():
+                p.copy_(self.w[name][r])
+                st = t.optimizer.state[p]
+                st["step"] = torch.tensor(float(self.adam_steps[r]), dtype=torch.float32)  # as Adam keeps it
+                st["exp_avg"] = self.m[name][r].clone()
+                st["exp_avg_sq"] = self.v[name][r].clone()
+            for name, a in t.averaged.named_parameters():
+                a.copy_(self.avg[name][r])
+        return t
+
+    # -- a day --------------------------------------------------------------------------------------------
+    def load_day(self, x: np.ndarray, y: np.ndarray) -> None:
+        """The window's rows, normalised by each run's statistics (one copy when they agree, as they do for
+        runs that applied the same days), and each run's class weight."""
+        norms = [t.norm.state() for t in self.trainers]
+        same = all(all(torch.equal(n[k], norms[0][k]) for k in n) for n in norms)
+        xs = [t.norm.apply(x, self.device) for t in (self.trainers[:1] if same else self.trainers)]
+        self.xs = torch.stack(xs)
+        self.run_ix = (torch.zeros if same else torch.arange)(self.r, dtype=torch.int64, device=self.device)[:, None]
+        self.ys = torch.from_numpy(np.asarray(y, dtype=np.float32)).to(self.device)
+        self.n = len(self.ys)
+        positives = float(self.ys.sum())
+        for r, t in enumerate(self.trainers):
+            cap = t.hp.pos_weight_cap
+            self.pos_weight[r] = min(max((self.n - positives) / positives, 1.0), cap) if positives else 1.0
+        self.order = torch.zeros((self.r, self.n), dtype=torch.int64, device=self.device)
+        self.ema_step.copy_(torch.tensor([float(t.steps) for t in self.trainers], dtype=torch.float64))
+        self.graph = None  # new buffers: capture again
+
+    def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[int], bool]) -> list[bool]:
+        """Every run from its own progress to the end of the day (each `trainers[r].begin_shard` first, all on
+        the same window `x`, `y`). `after_step(r)` runs after each of run r's steps (`trainer(r)` gives its
+        checkpointable state); False stops that run. Returns, per run, whether it finished the day."""
+        self.load_day(x, y)
+        batches = math.ceil(self.n / self.bs)
+        cursors = []
+        for r, t in enumerate(self.trainers):
+            assert t.progress is not None, f"run {t.run}: begin_shard first"
+            t.model.train()
+            c = Cursor(t.progress["epoch"], t.progress["batch"], int(t.progress.get("epochs", t.hp.epochs)))
+            c.active = c.epoch < c.epochs
+            cursors.append(c)
+            if c.active:
+                self._begin_epoch(r, c, batches)
+        self._set_flags(cursors)
+        while any(c.active for c in cursors):
+            self._run_step()
+            changed = False
+            for r, c in enumerate(cursors):
+                if c.active:
+                    changed |= self._after_step(r, c, batches, after_step)
+            if changed:
+                self._set_flags(cursors)
+        for r in range(self.r):
+            self.trainer(r)
+        return [c.epoch >= c.epochs for c in cursors]
+
+    def _after_step(self, r: int, c: Cursor, batches: int, after_step: Callable[[int], bool]) -> bool:
+        """The host's bookkeeping for run r's step, as the solo loop keeps it; True when a flag changed."""
+        t = self.trainers[r]
+        t.steps += 1
+        if c.epoch == c.epochs - 1:
+            t._correct, t._loss_sum = self.hits[r], self.loss_sum[r]
+        c.batch += 1
+        t.progress = {"shard": t.progress["shard"], "epoch": c.epoch, "batch": c.batch, "epochs": c.epochs}
+        if not after_step(r):
+            c.active = False
+            return True
+        if c.batch < batches:
+            return False
+        c.epoch, c.batch = c.epoch + 1, 0
+        t.progress = {"shard": t.progress["shard"], "epoch": c.epoch, "batch": 0, "epochs": c.epochs}
+        c.active = c.epoch < c.epochs
+        if c.active:
+            self._begin_epoch(r, c, batches)
+        return True
+
+    def _begin_epoch(self, r: int, c: Cursor, batches: int) -> None:
+        """Run r's permutation for its epoch (its own seed's generator, as solo) and its sums' start."""
+        t = self.trainers[r]
+        gen = torch.Generator().manual_seed(self.shard_seed(t.hp.seed, t.progress["shard"], c.epoch))
+        self.order[r].copy_(torch.randperm(self.n, generator=gen))
+        self.base[r] = c.batch * self.bs
+        if c.epoch == c.epochs - 1 and c.batch < batches:
+            self.hits[r] = int(t._correct) if t._correct is not None else 0
+            self.loss_sum[r] = float(t._loss_sum) if t._loss_sum is not None else 0.0
+
+    def _set_flags(self, cursors: list[Cursor]) -> None:
+        self.active.copy_(torch.tensor([c.active for c in cursors]))
+        self.summing.copy_(torch.tensor([c.active and c.epoch == c.epochs - 1 for c in cursors]))
+
+    def _run_step(self) -> None:
+        if not self.capture:
+            packed_step(self)
+            return
+        if self.graph is None:
+            state = [*self.w.values(), *self.avg.values(), *self.m.values(), *self.v.values(), self.adam_steps,
+                     self.ema_step, self.hits, self.loss_sum, self.base]
+            self.graph = gpustep.capture_or_none(
+                "the packed step", lambda: gpustep.capture(lambda: packed_step(self), lambda: packed_step(self), state))
+            if self.graph is None:
+                self.capture = False
+                packed_step(self)
+                return
+        self.graph.replay()
+
+
+def packed_step(p: Pack) -> None:
+    """One step of every active run: its next batch (a short last batch masked to its rows), its loss and
+    gradients (vmap over the runs), Adam with its own lr and weight decay, its weight average, its sums."""
+    pos = p.base[:, None] + p.arange  # [R, bs] positions in each run's order
+    valid = pos < p.n
+    idx = p.order.gather(1, pos.clamp(max=p.n - 1))
+    xb, yb = p.xs[p.run_ix, idx], p.ys[idx]
+    count = valid.sum(1).clamp(min=1).float()
+
+    def loss_of(params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, pw: torch.Tensor,
+                n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = functional_call(p.base_model, params, (x,))
+        loss = F.binary_cross_entropy_with_logits(logits, y, weight=w, pos_weight=pw, reduction="sum") / n
+        return loss, logits
+
+    grads, (loss, logits) = vmap(grad_and_value(loss_of, has_aux=True))(
+        p.w, xb, yb, valid.float(), p.pos_weight, count)
+    with torch.no_grad():
+        adam(p, grads)
+        decay = torch.minimum((1 + p.ema_step) / (10 + p.ema_step), p.ema_decay)
+        for k in p.names:
+            shape = (p.r,) + (1,) * (p.w[k].dim() - 1)
+            weight = torch.where(p.active, 1.0 - decay, 0.0).float().view(shape)
+            p.avg[k].lerp_(p.w[k], weight)
+        p.ema_step.add_(p.active.double())
+        p.base.add_(p.active.long() * p.bs)
+        hits = (((logits >= 0) == (yb >= 0.5)) & valid).sum(1)
+        p.hits.add_(torch.where(p.summing, hits, 0))
+        p.loss_sum.add_(torch.where(p.summing, loss.detach(), 0.0))
+
+
+def adam(p: Pack, grads: dict[str, torch.Tensor]) -> None:
+    """torch's single-tensor Adam (L2 weight decay in the gradient), over the stacked runs: each run its own
+    learning rate, weight decay and step count; a run sitting the step out keeps its tensors."""
+    beta1, beta2 = p.betas
+    steps = p.adam_steps + p.active.double()
+    step_size = (p.lr / (1 - beta1 ** steps)).float()
+    bc2_sqrt = torch.sqrt(1 - beta2 ** steps).float()
+    for k in p.names:
+        shape = (p.r,) + (1,) * (p.w[k].dim() - 1)
+        active = p.active.view(shape)
+        w = p.w[k]
+        g = grads[k] + p.wd.view(shape) * w
+        m = p.m[k].lerp(g, 1 - beta1)
+        v = p.v[k].mul(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bc2_sqrt.view(shape)).add_(p.eps)
+        new_w = w + (-step_size.view(shape) * m) / denom
+        p.w[k].copy_(torch.where(active, new_w, w))
+        p.m[k].copy_(torch.where(active, m, p.m[k]))
+        p.v[k].copy_(torch.where(active, v, p.v[k]))
+    p.adam_steps.copy_(steps)
