@@ -183,6 +183,7 @@ NOT_A_CHECKPOINT = {
     ("workload/queue/workqueue.py", "data['run']"): "a queue item",
     ("workload/queue/workqueue.py", "json.loads(raw)['run']"): "a queue item",
     ("workload/model/report.py", "r['reapplied']"): "one rewind record (lineage.Rewind.record writes it)",
+    ("workload/model/report_html.py", "r['reapplied']"): "one rewind record (lineage.Rewind.record writes it)",
     ("workload/share/checkpoint.py", "'model' not in state"): "the store's one test that a file is a training "
                                                               "checkpoint at all, so a stray file falls back",
 }
