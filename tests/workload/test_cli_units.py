@@ -1036,7 +1036,7 @@ def test_status_reads_no_metrics_for_a_run_name_that_would_leave_the_output_fold
     assert out.count("latest: ") == 1, "../x's metrics (share/x, outside output/) are never read"
 
 
-def test_status_says_when_it_cannot_read_the_shares_plan_and_how_to_seed_a_queue(
+def test_status_names_a_stray_run_record_skipped_and_says_how_to_seed_a_queue(
         server: RedisServer, redis_env: str, run: Run, tmp_path: Path) -> None:
     record = tmp_path / "share" / "runs" / "bad.json"
     record.parent.mkdir(parents=True)
@@ -1045,8 +1045,9 @@ def test_status_says_when_it_cannot_read_the_shares_plan_and_how_to_seed_a_queue
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"queue {redis_env}: 0 items: 0 pending, 0 leased, 0 done, 0 dead-lettered  (drained)"
-    assert lines[1] == (f"share vs queue: cannot read the share's plan: {record}: not a run record (Expecting value: "
-                        "line 1 column 1 (char 0)); expected {run, dataset, hparams}")
+    assert lines[1] == "share vs queue: the share's plan is 0 run(s), 0 item(s); the queue holds them all"
+    assert f"skipped, not a run: {record}: not a run record (Expecting value: line 1 column 1 (char 0)); expected " \
+           "{run, dataset, hparams}; remove it" in err  # a stray file is skipped like a stale record
     assert lines[2:] == ["the queue was never seeded (or Redis lost its data): a worker restores it from the "
                          "share's run records, or run `python -m workload seed`"]
 

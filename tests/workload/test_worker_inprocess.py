@@ -940,15 +940,15 @@ def test_a_run_recorded_on_the_share_while_the_worker_runs_is_trained_before_it_
 
 def test_a_share_plan_that_cannot_be_read_adds_nothing_and_a_drained_queue_exits_0(
         env: Share, caplog: pytest.LogCaptureFixture) -> None:
-    """A run record on the share that is not one: reconcile cannot compare, says so, and reports nothing added
-    (True would send the loop round again forever); the drained queue exits 0."""
+    """A run record on the share that is not one: reconcile names it, skips it (test_plan_stray.py) and reports
+    nothing added (True would send the loop round again forever); the drained queue exits 0."""
     queue = env.seed()
     assert queue.mark_done(plan.items(env.share)) == len(DAYS)
     broken = env.share / "runs" / "broken.json"
     broken.write_text("{not json")
     worker = Worker(env.config(), queue)
     assert worker.reconcile() is False
-    assert any(r.message.startswith(f"cannot compare the queue with the share's plan: {broken}: not a run record")
+    assert any(r.message.startswith(f"skipped, not a run: {broken}: not a run record")
                for r in caplog.records), [r.message for r in caplog.records]
     result: list[int] = []
     t = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)

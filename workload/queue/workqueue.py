@@ -13,6 +13,10 @@ heartbeat, ack or release. The token is also written into what the holder puts o
 workload.share.checkpoint), so the share itself refuses a stale holder; `raise_token` keeps the counter
 above every token on the share when Redis lost its data.
 
+A reply can be lost after Redis ran the command (the connection dies in between), and the client sends it
+again: a retried ack finds its item done, and a retried claim carries the id the worker drew for it and
+gets back the lease it made, instead of leasing nothing while that lease runs out at the cost of an attempt.
+
 Every item is validated when it is claimed: an item that is not valid JSON, lacks a field, has a
 wrong type, names another run than the list it sits in, or names a run or dataset that is not a
 plain folder name is dead-lettered at once with an error naming what is wrong.
