@@ -93,10 +93,13 @@ def _follows(resource: Registered, replaced: set[str]) -> str:
     """The replaced resource whose outputs feed one of ``resource``'s replace-on-change inputs, if any.
     Its new outputs (a new IP) are unknown until it is created, so ``pulumi preview`` shows the dependent
     replaced too; where the new value turns out equal (a fixed name), ``pulumi up`` keeps it."""
-    for key in dict.fromkeys(p.split(".")[0] for p in replacements.replace_paths(resource.type)):
+    for key in dict.fromkeys(p.split(".")[0] for p in replacements.follow_paths(resource.type)):
         for urn in resource.property_dependencies.get(key, []):
             if urn in replaced:
                 return f"{key} takes outputs of the replaced {urn.rsplit('::', 1)[-1]}"
+    provider = resource.provider.rsplit("::", 1)[0]
+    if provider in replaced:
+        return f"its provider {provider.rsplit('::', 1)[-1]!r} is replaced"
     return ""
 
 

@@ -182,6 +182,16 @@ FACTS: tuple[ReplaceOnChange, ...] = (
 KUBERNETES_IDENTITY = ("metadata.name", "metadata.namespace")
 KUBERNETES_IDENTITY_SOURCE = f"{_DIFF_GO}:209-210"
 
+# A provider replaces itself when these config inputs are unknown at preview, as they are when they take
+# outputs of a replaced resource (a new cluster's endpoint and CA): "we can't tell for sure if a computed value
+# has changed, so we make the conservative choice and force a replacement" (pulumi-kubernetes
+# provider/pkg/provider/provider.go:504-515, DiffConfig). The engine then replaces every resource of that
+# provider (pulumi pkg/resource/deploy/step_generator.go, providerChanged: ReplaceKeys ["provider"]).
+PROVIDER_REPLACED_BY_UNKNOWN: Mapping[str, Mapping[str, str]] = {
+    "pulumi:providers:kubernetes": {p: "provider/pkg/provider/provider.go:506" for p in ("kubeconfig", "context",
+                                                                                       "cluster")},
+}
+
 # Fields the Kubernetes API server refuses to change on update that pulumi-kubernetes does not replace on:
 # the provider PATCHes them and `pulumi up` fails "field is immutable", unless the resource's
 # replaceOnChanges option names them (then the engine replaces it).
@@ -200,6 +210,11 @@ def replace_paths(type_: str) -> tuple[str, ...]:
     """The input paths whose change can replace a ``type_`` resource."""
     paths = tuple(p for fact in facts(type_) for p in fact.paths)
     return paths + KUBERNETES_IDENTITY if type_.startswith("kubernetes:") else paths
+
+
+def follow_paths(type_: str) -> tuple[str, ...]:
+    """The inputs through which a replaced resource's new (unknown) outputs replace a ``type_`` resource."""
+    return replace_paths(type_) + tuple(PROVIDER_REPLACED_BY_UNKNOWN.get(type_, {}))
 
 
 def replaces(type_: str, path: str, old: Any, new: Any) -> bool:

@@ -684,7 +684,7 @@ POD_CREATING = frozenset({("batch", "jobs"), ("batch", "cronjobs"), ("", "pods")
 # this set and they are mandatory (tests/policy/test_policy_stacks.py then demands every stack pass them).
 AWAITING_INFRA: frozenset[str] = frozenset({
     "stateful-pulumi-protect", "loader-cannot-create-pods", "default-deny-network-policy",
-    "prod-control-plane-not-public",
+    "prod-control-plane-not-public", "prod-admission-and-encryption",
 })
 
 
@@ -802,6 +802,40 @@ def prod_control_plane_not_public(type_: str, props: Mapping[str, Any], facts: S
     return []
 
 
+def _prod_cluster_hardening(props: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if _get(props, "binaryAuthorization", "evaluationMode") != "PROJECT_SINGLETON_POLICY_ENFORCE":
+        problems.append("binaryAuthorization.evaluationMode is not PROJECT_SINGLETON_POLICY_ENFORCE: any image may run "
+                        "(CIS GKE 5.10.5)")
+    if _get(props, "databaseEncryption", "state") != "ENCRYPTED" or not _get(props, "databaseEncryption", "keyName"):
+        problems.append("databaseEncryption is not ENCRYPTED with a Cloud KMS keyName: Secrets are not encrypted with "
+                        "a customer-managed key (CIS GKE 5.3.1)")
+    return problems
+
+
+def _prod_share_hardening(props: Mapping[str, Any]) -> list[str]:
+    problems = [] if _get(props, "kmsKeyName") else [
+        "kmsKeyName is not set: the card data is not under a customer-managed key (BASIC tiers take none)"]
+    exports = [_map(e) for e in _list(_get(props, "fileShares", "nfsExportOptions"))]
+    if not exports or any(e.get("squashMode") != "ROOT_SQUASH" or not _list(e.get("ipRanges")) for e in exports):
+        problems.append("fileShares.nfsExportOptions do not limit the share to named ipRanges with squashMode "
+                        "ROOT_SQUASH: any client of the VPC may mount it as root")
+    return problems
+
+
+def prod_admission_and_encryption(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
+    """In prod (these cost money: KMS keys, a Filestore tier that takes a key), only this stack's attested image
+    is admitted, Kubernetes Secrets are encrypted with a customer key, and the share with the card data is under
+    a customer key, exported to named ranges only, root squashed."""
+    if not is_prod(facts):
+        return []
+    if type_ == CLUSTER:
+        return [f"Cluster in stack {facts.stack!r}: {p}" for p in _prod_cluster_hardening(props)]
+    if type_ == FILESTORE:
+        return [f"Filestore instance in stack {facts.stack!r}: {p}" for p in _prod_share_hardening(props)]
+    return []
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "training-on-spot",
@@ -891,6 +925,13 @@ RULES: tuple[Rule, ...] = (
         "In prod the control plane has a private endpoint or authorized networks (not 0.0.0.0/0)",
         level("prod-control-plane-not-public"),
         check_resource=prod_control_plane_not_public,
+    ),
+    Rule(
+        "prod-admission-and-encryption",
+        "In prod: Binary Authorization enforced, Secrets under a Cloud KMS key, the share under a customer key with "
+        "export rules and root squash",
+        level("prod-admission-and-encryption"),
+        check_resource=prod_admission_and_encryption,
     ),
     Rule("private-nodes", "Cluster nodes have no public IPs", ADVISORY, check_resource=private_nodes),
     Rule(

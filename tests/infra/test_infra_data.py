@@ -239,7 +239,7 @@ def test_what_does_not_change_the_seeded_work_leaves_the_jobs_alone(rendered: Re
 def test_identities_go_through_the_stack_providers(rendered: Render) -> None:
     """Google resources wait for the project APIs (the gcp provider); Kubernetes ones use the cluster's."""
     r = rendered("dev", **DATA, **OUTPUT)
-    gcp, k8s = r.one("pulumi:providers:gcp"), r.one("pulumi:providers:kubernetes")
+    gcp, k8s = r.one("pulumi:providers:gcp", "gcp"), r.one("pulumi:providers:kubernetes")
     for res in [*r.of_type(ACCOUNT), *r.of_type(SA_BINDING), *r.of_type(BUCKET_GRANT)]:
         assert res.provider == f"{gcp.urn}::{gcp.id}", res.urn
     for res in [*r.of_type(KSA), *r.of_type(CONFIG_MAP)]:

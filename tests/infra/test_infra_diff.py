@@ -155,10 +155,19 @@ def test_a_new_share_tier_replaces_the_share_and_says_what_stops_it(rendered: Re
         assert "protect is lifted in this same update" in line and "WILL BE DELETED" in line
 
 
-def test_a_new_cluster_mode_replaces_the_cluster(rendered: Render) -> None:
-    changes = diff.compare(rendered("dev"), rendered("dev", clusterMode="standard"))
-    cluster = _by_name(changes)[(replacements.CLUSTER, "cluster")]
+def test_a_new_cluster_mode_replaces_the_cluster_and_everything_in_it(rendered: Render) -> None:
+    """The cluster's new endpoint is unknown at preview, so the Kubernetes provider replaces itself (its
+    DiffConfig on an unknown kubeconfig) and the engine replaces every object it manages."""
+    before = rendered("dev")
+    changes = diff.compare(before, rendered("dev", clusterMode="standard"))
+    by_name = _by_name(changes)
+    cluster = by_name[(replacements.CLUSTER, "cluster")]
     assert cluster.action == "replace" and "enableAutopilot" in cluster.why and cluster.loses
+    provider = by_name[("pulumi:providers:kubernetes", "cluster")]
+    assert (provider.action, provider.why) == ("replace", "kubeconfig takes outputs of the replaced cluster")
+    kept = {(r.type, r.name) for r in before.kubernetes()} - {(c.type, c.name) for c in changes if c.action != "update"}
+    assert not kept  # replaced or deleted, every one
+    assert by_name[("kubernetes:core/v1:Secret", "redis")].why == "its provider 'cluster' is replaced"
     (line,) = [line for line in diff.report(changes) if "GKE cluster" in line]
     assert (REFUSED if cluster.protect else "deletion protection stops `pulumi up` half-way") in line
 

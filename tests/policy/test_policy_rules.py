@@ -738,3 +738,33 @@ def test_rules_awaiting_the_infra_branch_are_advisory_until_it_lands() -> None:
     awaiting = {r.name: r.level for r in rules.RULES if r.name in rules.AWAITING_INFRA}
     assert set(awaiting) == rules.AWAITING_INFRA and set(awaiting.values()) <= {rules.ADVISORY}
     assert rules.level("stateful-protection") == rules.MANDATORY
+
+
+KEY = "projects/p/locations/l/keyRings/r/cryptoKeys/k"
+HARDENED_CLUSTER = {"binaryAuthorization": {"evaluationMode": "PROJECT_SINGLETON_POLICY_ENFORCE"},
+                    "databaseEncryption": {"state": "ENCRYPTED", "keyName": KEY}}
+HARDENED_SHARE = {"tier": "ZONAL", "kmsKeyName": "projects/p/locations/l/keyRings/r/cryptoKeys/f",
+                  "fileShares": {"name": "share", "nfsExportOptions": [
+                      {"ipRanges": ["10.20.0.0/14"], "accessMode": "READ_WRITE", "squashMode": "ROOT_SQUASH"}]}}
+
+
+@pytest.mark.parametrize(
+    ("type_", "change", "says"),
+    [
+        (rules.CLUSTER, lambda p: p.pop("binaryAuthorization"), "binaryAuthorization"),
+        (rules.CLUSTER, lambda p: p["databaseEncryption"].update(state="DECRYPTED"), "databaseEncryption"),
+        (rules.CLUSTER, lambda p: p["databaseEncryption"].pop("keyName"), "databaseEncryption"),
+        (rules.FILESTORE, lambda p: p.pop("kmsKeyName"), "kmsKeyName"),
+        (rules.FILESTORE, lambda p: p["fileShares"]["nfsExportOptions"][0].update(squashMode="NO_ROOT_SQUASH"),
+         "ROOT_SQUASH"),
+        (rules.FILESTORE, lambda p: p["fileShares"]["nfsExportOptions"][0].pop("ipRanges"), "ipRanges"),
+        (rules.FILESTORE, lambda p: p["fileShares"].pop("nfsExportOptions"), "ROOT_SQUASH"),
+    ],
+)  # fmt: skip
+def test_prod_refuses_an_unattested_image_or_unencrypted_data(type_: str, change: Any, says: str) -> None:
+    props = copy.deepcopy(HARDENED_CLUSTER if type_ == rules.CLUSTER else HARDENED_SHARE)
+    assert rules.prod_admission_and_encryption(type_, props, PROD) == []
+    change(props)
+    (message,) = rules.prod_admission_and_encryption(type_, props, PROD)
+    assert says in message and "stack 'prod'" in message
+    assert rules.prod_admission_and_encryption(type_, props, DEV) == []  # a cost dev does not pay

@@ -517,3 +517,9 @@ def test_the_hardening_rules_refuse_what_rendered_stacks_do_without_the_infra_se
     namespaces = {x.inputs["metadata"]["name"] for x in prod.of_type(rules.NAMESPACE)}
     found = _hardening(without_policies, prod, "default-deny-network-policy")
     assert namespaces and {v.message.split("'")[1] for v in found} == namespaces
+    stripped = mutated(prod, rules.CLUSTER, "cluster", lambda p: (
+        p.pop("binaryAuthorization", None), p.pop("databaseEncryption", None)))
+    stripped = mutated(Rendered(prod.stack, prod.config, stripped), rules.FILESTORE, "share", lambda p: (
+        p.pop("kmsKeyName", None), p["fileShares"].pop("nfsExportOptions", None)))
+    found = _hardening(stripped, prod, "prod-admission-and-encryption")
+    assert {v.resource.split()[0] for v in found} == {rules.CLUSTER, rules.FILESTORE} and len(found) == 4
