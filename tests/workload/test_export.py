@@ -186,7 +186,7 @@ def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp
                        env={"STORAGE_EMULATOR_HOST": emulator})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"gs://{bucket.name}/results/lr3/"
-    assert "5 object(s) uploaded, 0 already there" in out.stderr
+    assert "6 object(s) uploaded, 0 already there" in out.stderr
     assert "Warning" not in out.stderr, out.stderr
     objects = {b.name: b for b in bucket.client.list_blobs(bucket)}
     assert sorted(objects) == sorted(f"results/lr3/{name}" for name in FILES)
@@ -195,7 +195,7 @@ def test_export_to_a_bucket_uploads_once(sweep: Path, bucket, emulator: str, tmp
     for name in FILES:
         assert objects[f"results/lr3/{name}"].download_as_bytes() == (tmp_path / "lr3" / name).read_bytes(), name
     code, _, err = in_process(capsys, "export", "--share", str(sweep / "share"), "--run", "lr3", "--to", uri)
-    assert code == 0 and "0 object(s) uploaded, 5 already there" in err, err
+    assert code == 0 and "0 object(s) uploaded, 6 already there" in err, err
 
 
 @pytest.mark.parametrize(("args", "message"), [
