@@ -663,12 +663,12 @@ def test_status_dir_reads_a_running_locals_redis_password_and_share(server: Redi
     assert code == 2 and out == "", "without --dir, REDIS_PASSWORD is the password (a wrong one here)"
 
 
-def test_status_dir_without_a_running_local_is_one_line_exit_2(tmp_path: Path, run: Run) -> None:
+def test_status_dir_where_no_local_ever_ran_is_one_line_exit_2(tmp_path: Path, run: Run) -> None:
     code, out, err = run("status", "--dir", str(tmp_path))
     assert code == 2 and out == ""
     assert one_error_line(err).endswith(
-        f"ERROR workload: --dir {tmp_path}: no `python -m workload local` is running there (no "
-        f"{tmp_path / 'redis' / 'connection.json'}); start it with `make local`")
+        f"ERROR workload: --dir {tmp_path}: no `python -m workload local` ran there (no "
+        f"{tmp_path / 'redis'}); start it with `make local`")
 
 
 def test_requeue_accepts_an_item_of_the_run_named(server: RedisServer, redis_env: str, run: Run) -> None:
@@ -1091,7 +1091,7 @@ def test_export_local_and_status_flags_read_as_their_types_and_defaults(run: Run
 def test_local_flags_read_as_their_types_and_defaults(run: Run) -> None:
     args = parse("local")
     assert (args.workers, args.dir, args.datasets, args.preset, args.run, args.runs_file) == (
-        2, Path("local"), None, "small", None, None)
+        2, None, None, "small", None, None)  # the folder: local, or local-NAME for --datasets .../NAME
     assert (args.checkpoint_interval, args.lease_ttl, args.requeue) == (5.0, 15.0, False)
     args = parse("local", "--dir", "d", "--run", "a", "--run", "b", "--checkpoint-interval", "2.5", "--lease-ttl", "4",
                  "--requeue", "--preset", "tiny")

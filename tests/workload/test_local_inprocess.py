@@ -1040,3 +1040,52 @@ def test_a_child_dies_with_its_parent(sig: tuple[int, ...]) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize(("datasets", "folder"), [
+    (None, "local"), ("export/", "local-export"), ("/data/bank exports/2024", "local-2024"),
+    ("gs://acme-fraud/exports", "local-exports"), ("gs://acme-fraud/", "local-acme-fraud"), ("../..", "local-data"),
+    ("./bank's data!", "local-bank-s-data")])
+def test_the_folder_is_local_for_the_simulator_and_local_name_for_your_data(datasets: str | None,
+                                                                          folder: str) -> None:
+    assert local.default_dir(datasets) == Path(folder)
+
+
+def test_the_folder_remembers_the_reading_flags_and_a_flag_given_wins(tmp_path: Path, logs,
+                                                                      clean_env: None) -> None:
+    (tmp_path / "cols.yaml").write_text("a: TX_AMOUNT\n")
+    first = local_args("--datasets", str(tmp_path / "src"), "--columns", str(tmp_path / "cols.yaml"),
+                       "--datetime-format", "%d/%m/%Y")
+    reading = local.recall(first, tmp_path)
+    assert reading == {"datasets": str(tmp_path / "src"), "columns": str(tmp_path / "cols.yaml"),
+                       "datetime_format": "%d/%m/%Y"}
+    assert messages(logs) == []  # nothing filled in: nothing said
+    local.remember(tmp_path, reading)
+    again = local_args()
+    assert local.recall(again, tmp_path) == reading
+    assert (again.datasets, again.columns, again.datetime_format) == (str(tmp_path / "src"),
+                                                                     str(tmp_path / "cols.yaml"), "%d/%m/%Y")
+    assert seed_command(again)[-6:] == ["--datasets", str(tmp_path / "src"), "--columns", str(tmp_path / "cols.yaml"),
+                                        "--datetime-format", "%d/%m/%Y"]
+    assert messages(logs) == [f"as {tmp_path / 'local.json'} remembers: --datasets {tmp_path / 'src'} --columns "
+                              f"{tmp_path / 'cols.yaml'} --datetime-format %d/%m/%Y"]
+    changed = local_args("--datetime-format", "%m/%d/%Y")
+    assert local.recall(changed, tmp_path)["datetime_format"] == "%m/%d/%Y"  # given: it wins (publish judges it)
+    (tmp_path / "local.json").write_text("{not json")
+    logs.clear()
+    assert local.recall(local_args(), tmp_path) == {}
+    assert messages(logs, logging.WARNING) == [f"{tmp_path / 'local.json'} is unreadable (Expecting property name "
+                                               "enclosed in double quotes: line 1 column 2 (char 1)): remembering "
+                                               "this run's flags instead"]
+
+
+def test_the_folder_keeps_itself_out_of_git(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    base = tmp_path / "local-bank"
+    (base / "share").mkdir(parents=True)
+    (base / "share" / "day.csv").write_text("secret\n")
+    local.keep_out_of_git(base)
+    local.keep_out_of_git(base)  # again: kept as it is
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path,
+                            capture_output=True, text=True, check=True)
+    assert status.stdout == ""

@@ -320,3 +320,28 @@ def test_the_report_is_replaced_whole_without_paying_for_fsync(tmp_path: Path, m
     assert "shards applied: 1" in (tmp_path / "report.txt").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".report-source.json", "metrics.jsonl", "report.html",
                                                           "report.txt"]
+
+
+def test_pictures_that_took_long_to_draw_are_redrawn_less_often(tmp_path: Path) -> None:
+    """On a machine where a small day trains in the time the pictures take, redrawing them every 30 s doubled
+    the day: they wait 20 times their own cost (5 % of the run's time), and the interval when that is longer."""
+    picture = tmp_path / "metrics.png"
+    picture.write_bytes(b"png")
+    (tmp_path / ".pictures-cost.json").write_text('{"seconds": 3.0}\n')
+    for age, stale in ((31, False), (59, False), (61, True)):
+        then = time.time() - age
+        os.utime(picture, (then, then))
+        assert report.plots_stale(tmp_path, 30) is stale, age
+        assert report.plots_stale(tmp_path, 90) is False, age  # the interval, when longer, still holds
+    for text in ("{", '{"seconds": "soon"}', '{"seconds": -1}', '{"seconds": NaN}', "[]"):
+        (tmp_path / ".pictures-cost.json").write_text(text)
+        assert report.pictures_cost(tmp_path) == 0.0, text
+        assert report.plots_stale(tmp_path, 30), text  # unknown cost: the interval alone (61 s > 30 s)
+
+
+def test_drawing_records_what_the_pictures_cost(tmp_path: Path) -> None:
+    state = {"run": "main", "hparams": {}, "history": [OLDER, {**NEWEST, "n_fraud": 2}]}
+    report.write(tmp_path, state, metrics.pr_curve(np.array([0.9, 0.1]), np.array([1, 0])))
+    assert 0 < report.pictures_cost(tmp_path) < 60
+    report.write(tmp_path / "undrawn", state, None, draw=False)
+    assert report.pictures_cost(tmp_path / "undrawn") == 0.0

@@ -134,3 +134,15 @@ def test_without_chromium_the_browser_test_skips_outside_ci_and_fails_under_ci(
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true and no Chromium on PATH"):
         needs_chromium()
+
+
+def test_the_reliability_picture_is_well_formed_svg_with_a_point_per_bin_and_the_diagonal() -> None:
+    import xml.etree.ElementTree as ET
+
+    newest = STATE["history"][-1]
+    svg = ET.fromstring(report_html.reliability_svg(newest))
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(svg.findall(f"{ns}circle")) == len(newest["reliability"]) + len(newest["reliability_raw"])
+    assert [t.text for t in svg.findall(f"{ns}text")][:4] == ["1e-5", "1e-5", "1e-4", "1e-4"]
+    assert "1" in [t.text for t in svg.findall(f"{ns}text")]
+    assert any(line.get("stroke-dasharray") for line in svg.findall(f"{ns}line"))  # calibrated: observed = predicted

@@ -154,12 +154,29 @@ def metrics_jsonl(history: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(h, sort_keys=True) + "\n" for h in history)
 
 
+PICTURES_COST = ".pictures-cost.json"  # {"seconds"}: what drawing the pictures last took, in this run's folder
+PICTURES_SHARE = 0.05  # of a run's wall time, at most, spent redrawing its pictures between its first and last day
+
+
 def plots_stale(run_dir: Path, interval_s: float) -> bool:
-    """Whether the pictures are missing or older than `interval_s` (any worker may have drawn them)."""
+    """Whether the pictures are missing, or older than `interval_s` and than 20 times what they last took to draw
+    (any worker may have drawn them): on a slow or busy machine, where a small day trains in the time two
+    pictures take, they are redrawn less often, so they never cost a run more than PICTURES_SHARE of its time.
+    A run's last day redraws them whatever their age (the worker asks for them then)."""
     try:
-        return time.time() - (Path(run_dir) / METRICS_PNG).stat().st_mtime >= interval_s
+        age = time.time() - (Path(run_dir) / METRICS_PNG).stat().st_mtime
     except FileNotFoundError:
         return True
+    return age >= max(interval_s, pictures_cost(run_dir) / PICTURES_SHARE)
+
+
+def pictures_cost(run_dir: Path) -> float:
+    """Seconds the pictures last took to draw; 0 when unknown."""
+    try:
+        seconds = float(json.loads((Path(run_dir) / PICTURES_COST).read_text())["seconds"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 def rendered_from(run_dir: Path) -> tuple[int, int]:
@@ -187,7 +204,10 @@ def write(run_dir: Path, state: LineageState, pr: tuple[np.ndarray, np.ndarray] 
     if history and draw:
         from workload.model import plots  # matplotlib: only writers pay for it
 
+        started = time.monotonic()
         plots.write_plots(run_dir, history, pr, run=state.run, hparams=state.hparams)
+        cost = {"seconds": round(time.monotonic() - started, 3)}
+        atomic_write_text(run_dir / PICTURES_COST, json.dumps(cost) + "\n", durable=False)
     write_html(run_dir, state)
     if stamp is not None:
         atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n", durable=False)

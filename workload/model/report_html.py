@@ -142,10 +142,11 @@ def reliability_svg(h: dict[str, Any], width: int = 560, height: int = 420) -> s
            "font-family='sans-serif' font-size='12'><rect width='100%' height='100%' fill='white'/>"]
     for k in range(6):
         x, y = pos(10.0 ** (k - 5), 10.0 ** (k - 5))
+        tick = "1" if k == 5 else f"1e-{5 - k}"
         out.append(f"<line x1='{x:.1f}' y1='{pad_t}' x2='{x:.1f}' y2='{height - pad_b}' stroke='#e3e6eb'/>"
                    f"<line x1='{pad_l}' y1='{y:.1f}' x2='{width - pad_r}' y2='{y:.1f}' stroke='#e3e6eb'/>"
-                   f"<text x='{x:.1f}' y='{height - pad_b + 16}' text-anchor='middle'>1e-{5 - k}</text>"
-                   f"<text x='{pad_l - 6}' y='{y + 4:.1f}' text-anchor='end'>1e-{5 - k}</text>")
+                   f"<text x='{x:.1f}' y='{height - pad_b + 16}' text-anchor='middle'>{tick}</text>"
+                   f"<text x='{pad_l - 6}' y='{y + 4:.1f}' text-anchor='end'>{tick}</text>")
     (x0, y0), (x1, y1) = pos(floor, floor), pos(1, 1)
     out.append(f"<line x1='{x0}' y1='{y0}' x2='{x1}' y2='{y1}' stroke='grey' stroke-dasharray='5,4'/>")
     for key, colour in (("reliability_raw", "#d9822b"), ("reliability", "#1f6fb4")):
