@@ -146,6 +146,7 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_with_the_same_meaning_and_s
 
 def test_the_trainer_picks_the_shaped_step_on_cuda_only() -> None:
     assert gpustep.wanted(torch.device("cuda")) and not gpustep.wanted(torch.device("cpu"))
+    assert eager_cpu() not in gpustep._STEPS  # on CPU the trainer's own eager loop trained it, not the shaped step
 
 
 @CUDA
