@@ -212,6 +212,12 @@ def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: flo
     out += ["", f"GPU worker / its own bare loop (the product's step alone): {ratio} (target >= 0.9); "
             "targets on a 1,000,000-row day: the worker >= 1,000,000 samples/s, a packed sweep of 32 >= 20,000,000 "
             "samples/s (issue 33)." + ("" if measured else " No GPU figure here is estimated."), ""]
+    out += ["How each path is timed: the eager bare loop on CUDA trains one epoch of the day (its ~2 ms a step "
+            "does not depend on the batch), on CPU the whole day; the product's step alone and the packed sweeps "
+            "stop at the first step after the budget (`--budget-s`, 20 s) and count the rows they trained, the "
+            "day's move to the device and the graph's capture included; the worker trains the whole day, claim to "
+            "ack. Packed runs differ in seed, learning rate and weight decay (`bench.loops.sweep_hparams`). CPU "
+            "figures use one torch thread, on a smaller day (`--cpu-rows`).", ""]
     out += cost_table(figs, packs)
     return "\n".join(out) + "\n" + END
 
