@@ -56,11 +56,12 @@ def shaped(capture: bool, fused: bool) -> Train:
 
 
 def reload(trainer: Trainer) -> Trainer:
-    """A kill: the state dict through bytes (as the checkpoint store writes it), a new trainer from it."""
+    """A kill: the state dict through bytes, read back onto the CPU (as the checkpoint store does), a new trainer
+    from it."""
     buf = io.BytesIO()
     torch.save(trainer.state_dict(), buf)
     buf.seek(0)
-    return Trainer.from_state(torch.load(buf, weights_only=True, map_location=trainer.device), trainer.device)
+    return Trainer.from_state(torch.load(buf, weights_only=True, map_location="cpu"), trainer.device)
 
 
 def run(train: Train, device: torch.device, stop_at: int | None = None, days: int = 2) -> Trainer:

@@ -63,7 +63,7 @@ def reload(t: Trainer) -> Trainer:
     buf = io.BytesIO()
     torch.save(t.state_dict(), buf)
     buf.seek(0)
-    return Trainer.from_state(torch.load(buf, weights_only=True, map_location=t.device), t.device)
+    return Trainer.from_state(torch.load(buf, weights_only=True, map_location="cpu"), t.device)
 
 
 def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.device = CPU,
