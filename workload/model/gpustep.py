@@ -21,7 +21,8 @@ The meaning is the eager step's:
 
 A day's full batches replay the graph; its last, shorter batch runs the same function eagerly (one step an
 epoch). The graph is captured on first use and again only when a day outgrows the buffers or the optimizer's
-tensors were replaced (a checkpoint loaded into the same trainer).
+tensors were replaced (a checkpoint loaded into the same trainer). A torch or GPU that cannot record the step
+runs it eagerly, with the same meaning, and the log says so (`capture_or_none`).
 """
 
 from __future__ import annotations

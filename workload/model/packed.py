@@ -38,7 +38,8 @@ from workload.model import gpustep
 from workload.model.trainer import Trainer
 
 # A packed run's weights, averaged weights and Adam moments against its solo training: after 44-66 steps on CPU
-# at most 6e-8 apart (tests/model/test_packed.py); not yet measured on a GPU.
+# at most 6e-8 apart (tests/model/test_packed.py); not yet measured on a GPU. Not bit for bit even on CPU: vmap's
+# batched products round differently from one run's (gradients ~1e-9 apart after one step).
 SOLO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
