@@ -23,8 +23,9 @@ BASE = HParams(hidden=(8, 4), epochs=2, batch_size=64, window_days=1)
 RUNS = {"a": {"seed": 1}, "b": {"seed": 2, "lr": 1e-3, "weight_decay": 0.0, "ema_decay": 0.9},
         "c": {"seed": 3, "lr": 5e-3, "weight_decay": 1e-3, "epochs": 3, "pos_weight_cap": 2.0}}
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-# Every run stopped at once (SIGTERM) mid-epoch, and in its last epoch; run b alone (its lease lost).
-STOPS = (lambda r, n: n == 5, lambda r, n: n == 15, lambda r, n: r == 1 and n == 7)
+# Every run stopped at once (SIGTERM) mid-epoch, after an epoch's last batch, and in its last epoch; run b alone
+# (its lease lost).
+STOPS = (lambda r, n: n == 5, lambda r, n: n == 11, lambda r, n: n == 15, lambda r, n: r == 1 and n == 7)
 
 
 @pytest.fixture(autouse=True)

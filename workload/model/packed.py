@@ -158,6 +158,9 @@ class Pack:
             assert t.progress is not None, f"run {t.run}: begin_shard first"
             t.model.train()
             c = Cursor(t.progress["epoch"], t.progress["batch"], int(t.progress.get("epochs", t.hp.epochs)))
+            if c.batch >= batches:  # stopped after an epoch's last batch: the next epoch is next, as solo
+                c.epoch, c.batch = c.epoch + 1, 0
+                t.progress = {**t.progress, "epoch": c.epoch, "batch": 0, "epochs": c.epochs}
             c.active = c.epoch < c.epochs
             cursors.append(c)
         with ThreadPoolExecutor(max_workers=min(self.r, os.cpu_count() or 1)) as self.pool:
