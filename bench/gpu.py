@@ -67,7 +67,7 @@ class Size:
     rows: int = 1_000_000  # the GPU's day
     cpu_rows: int = 100_000  # the CPU section's day: one torch thread trains ~200k samples/s
     packs: tuple[int, ...] = (8, 32)
-    budget_s: float = 30.0
+    budget_s: float = 20.0  # a 6-minute visit: data ~1 min, the eager epoch ~16 s, the worker's day, 4 budgeted phases
     eager_epochs: int = 1  # the eager loop on CUDA: ~2 ms a step whatever the batch, so one epoch shows its pace
     population: data.Population = data.HANDBOOK
 
@@ -201,7 +201,8 @@ def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: flo
     out.append(f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `{command}` in {wall_s / 60:.1f} min; "
                + "; ".join(f"{k}: {v}" for k, v in info.items()) + "." if figures else
                "Not yet measured on a GPU: `python -m bench.gpu --write` on a GPU machine fills this section "
-               "(CUDA and the same run's CPU figures).")
+               "(CUDA and the same run's CPU figures); `bash bench/gpu_visit.sh` runs it after the CUDA tests, in "
+               "one visit.")
     out += ["", "| path | on the GPU | on the CPU (1 torch thread) |", "|---|---|---|"]
     paths = [*PATHS, *((f"packed-{r}", f"packed sweep of {r} runs (aggregate)") for r in packs)]
     out += [f"| {label} | {figure_cell(figs, p, 'cuda')} | {figure_cell(figs, p, 'cpu')} |" for p, label in paths]
@@ -211,6 +212,12 @@ def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: flo
     out += ["", f"GPU worker / its own bare loop (the product's step alone): {ratio} (target >= 0.9); "
             "targets on a 1,000,000-row day: the worker >= 1,000,000 samples/s, a packed sweep of 32 >= 20,000,000 "
             "samples/s (issue 33)." + ("" if measured else " No GPU figure here is estimated."), ""]
+    out += ["How each path is timed: the eager bare loop on CUDA trains one epoch of the day (its ~2 ms a step "
+            "does not depend on the batch), on CPU the whole day; the product's step alone and the packed sweeps "
+            "stop at the first step after the budget (`--budget-s`, 20 s) and count the rows they trained, the "
+            "day's move to the device and the graph's capture included; the worker trains the whole day, claim to "
+            "ack. Packed runs differ in seed, learning rate and weight decay (`bench.loops.sweep_hparams`). CPU "
+            "figures use one torch thread, on a smaller day (`--cpu-rows`).", ""]
     out += cost_table(figs, packs)
     return "\n".join(out) + "\n" + END
 
@@ -269,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mini", action="store_true", help="every phase in miniature: proves it runs, means nothing")
     p.add_argument("--rows", type=int, help="rows of the GPU's day (default 1,000,000)")
     p.add_argument("--cpu-rows", type=int, help="rows of the CPU section's day (default 100,000)")
-    p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 30)")
+    p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 20)")
     p.add_argument("--out", type=Path, default=OUT, help=f"log and figures go here (default {OUT})")
     p.add_argument("--write", action="store_true", help="record the GPU section in docs/benchmarks.md")
     args = p.parse_args(argv)

@@ -157,7 +157,7 @@ GROUPS: tuple[Group, ...] = (
         "trainer",
         ("workload/model/trainer.py", "workload/model/lineage.py"),
         ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py", "tests/model/test_first_days.py",
-         "tests/model/test_window.py", "tests/workload/test_lineage.py"),
+         "tests/model/test_window.py", "tests/workload/test_lineage.py", "tests/model/test_gpustep.py"),
         cpu_minutes=4.4,
     ),
     # The GPU-shaped step and the packed sweep (issue 33): the same function runs eagerly on CPU, where the tests

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import data, featurecost, inprocess, mutation, queue_clients, recovery
+from bench import data, featurecost, inprocess, loops, mutation, queue_clients, recovery
 from bench import gpu as gpu_bench
 from bench.loops import bare_loop
 from workload.data.dataset import Dataset
@@ -118,7 +118,10 @@ def efficiency(server: RedisServer, work: Path, device: torch.device, scale: Sca
         repeats = scale.repeats
         worker_s, bare_s, overhead = [], [], []
         for r in range(repeats):
-            bare_s.append(bare_loop(examples.x, examples.y, HP, device))
+            # The worker's own step with nothing around it: the eager loop on CPU; on CUDA the captured step
+            # (bench.loops.trainer_loop), which the worker trains with there (issue 33).
+            bare_s.append(bare_loop(examples.x, examples.y, HP, device) if device.type == "cpu" else
+                          loops.trainer_loop(examples.x, examples.y, HP, device)[1])
             # One queue per share: the earlier repeats' runs, recorded there too, are done in it.
             (item,) = inprocess.run_items(
                 server, share, f"eff-{device.type}-{size}", f"r{r}-{device.type}", HP, device,

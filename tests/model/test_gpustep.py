@@ -5,6 +5,7 @@ equals the same function run eagerly, and a run killed and resumed equals an und
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable, Iterator
 
@@ -55,11 +56,12 @@ def shaped(capture: bool, fused: bool) -> Train:
 
 
 def reload(trainer: Trainer) -> Trainer:
-    """A kill: the state dict through bytes (as the checkpoint store writes it), a new trainer from it."""
+    """A kill: the state dict through bytes, read back onto the CPU (as the checkpoint store does), a new trainer
+    from it."""
     buf = io.BytesIO()
     torch.save(trainer.state_dict(), buf)
     buf.seek(0)
-    return Trainer.from_state(torch.load(buf, weights_only=True, map_location=trainer.device), trainer.device)
+    return Trainer.from_state(torch.load(buf, weights_only=True, map_location="cpu"), trainer.device)
 
 
 def run(train: Train, device: torch.device, stop_at: int | None = None, days: int = 2) -> Trainer:
@@ -86,6 +88,12 @@ def run(train: Train, device: torch.device, stop_at: int | None = None, days: in
     return trainer
 
 
+@functools.cache
+def eager_cpu() -> Trainer:
+    """The eager trainer's undisturbed run on CPU, which every CPU test compares with (read, never trained on)."""
+    return run(eager, torch.device("cpu"))
+
+
 def tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
     state = trainer.state_dict()
     out = {f"model.{k}": v for k, v in state["model"].items()}
@@ -105,9 +113,7 @@ def assert_equal(a: Trainer, b: Trainer) -> None:
 
 
 def test_on_cpu_the_shaped_step_run_eagerly_equals_the_trainers_bit_for_bit() -> None:
-    cpu = torch.device("cpu")
-    expected = run(eager, cpu)
-    got = run(shaped(capture=False, fused=False), cpu)
+    expected, got = eager_cpu(), run(shaped(capture=False, fused=False), torch.device("cpu"))
     assert_equal(expected, got)
     assert expected.steps == 2 * 2 * 11 and 0 < got.history[-1]["train_accuracy"] <= 1
     assert got.history[-1]["loss"] == expected.history[-1]["loss"] is not None
@@ -115,13 +121,11 @@ def test_on_cpu_the_shaped_step_run_eagerly_equals_the_trainers_bit_for_bit() ->
 
 @pytest.mark.parametrize("stop_at", [3, 11, 12, 20, 22])  # first epoch, its end, the last epoch, its last step
 def test_on_cpu_the_shaped_step_resumes_bit_for_bit(stop_at: int) -> None:
-    cpu = torch.device("cpu")
-    assert_equal(run(eager, cpu), run(shaped(capture=False, fused=False), cpu, stop_at=stop_at))
+    assert_equal(eager_cpu(), run(shaped(capture=False, fused=False), torch.device("cpu"), stop_at=stop_at))
 
 
 def test_on_cpu_the_fused_adam_stays_within_its_stated_tolerance() -> None:
-    cpu = torch.device("cpu")
-    expected, got = tensors(run(eager, cpu)), tensors(run(shaped(capture=False, fused=True), cpu))
+    expected, got = tensors(eager_cpu()), tensors(run(shaped(capture=False, fused=True), torch.device("cpu")))
     assert expected.keys() == got.keys()
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], **FUSED_TOLERANCE, msg=key)
@@ -133,10 +137,9 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_with_the_same_meaning_and_s
         caplog: pytest.LogCaptureFixture) -> None:
     """Recording needs CUDA: asked to record on CPU, the step keeps its fixed buffers, falls back to eager
     after the failed recording (the warm-up undone), says why once, and trains bit for bit as the trainer."""
-    cpu = torch.device("cpu")
     with caplog.at_level("WARNING", logger="workload.model.gpustep"):
-        got = run(shaped(capture=True, fused=False), cpu)
-    assert_equal(run(eager, cpu), got)
+        got = run(shaped(capture=True, fused=False), torch.device("cpu"))
+    assert_equal(eager_cpu(), got)
     assert [r.getMessage() for r in caplog.records] == [
         "the training step could not be captured as a CUDA graph (torch.cuda.Stream requires CUDA support): it "
         "runs eagerly, slower, same meaning"]
@@ -144,6 +147,7 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_with_the_same_meaning_and_s
 
 def test_the_trainer_picks_the_shaped_step_on_cuda_only() -> None:
     assert gpustep.wanted(torch.device("cuda")) and not gpustep.wanted(torch.device("cpu"))
+    assert eager_cpu() not in gpustep._STEPS  # on CPU the trainer's own eager loop trained it, not the shaped step
 
 
 @CUDA
@@ -156,7 +160,7 @@ def test_on_cuda_the_replayed_graph_equals_the_same_step_run_eagerly() -> None:
 def test_on_cuda_the_trainer_trains_with_the_graph_and_stays_near_the_eager_cpu_run() -> None:
     cuda = torch.device("cuda")
     assert_equal(run(eager, cuda), run(shaped(capture=True, fused=True), cuda))
-    on_cpu, on_gpu = tensors(run(eager, torch.device("cpu"))), tensors(run(eager, cuda))
+    on_cpu, on_gpu = tensors(eager_cpu()), tensors(run(eager, cuda))
     for key in on_cpu:
         torch.testing.assert_close(on_gpu[key], on_cpu[key], **FUSED_TOLERANCE, msg=key)
 

@@ -21,7 +21,8 @@ The meaning is the eager step's:
 
 A day's full batches replay the graph; its last, shorter batch runs the same function eagerly (one step an
 epoch). The graph is captured on first use and again only when a day outgrows the buffers or the optimizer's
-tensors were replaced (a checkpoint loaded into the same trainer).
+tensors were replaced (a checkpoint loaded into the same trainer). A torch or GPU that cannot record the step
+runs it eagerly, with the same meaning, and the log says so (`capture_or_none`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import contextlib
 import logging
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -256,20 +258,39 @@ def train_shard(trainer: Any, x: np.ndarray, y: np.ndarray, after_step: Callable
     batches = math.ceil(n / hp.batch_size)
     trainer.model.train()
     epochs = int(trainer.progress.get("epochs", hp.epochs))  # a format-2 checkpoint's progress has none
-    while trainer.progress["epoch"] < epochs:
-        epoch, first = trainer.progress["epoch"], trainer.progress["batch"]
-        last_epoch = epoch == epochs - 1
-        gen = torch.Generator().manual_seed(shard_seed(hp.seed, shard, epoch))
-        s.load_order(torch.randperm(n, generator=gen), first)
-        if last_epoch and first < batches:
-            s.begin_sums(trainer._correct, trainer._loss_sum)
-        for b in range(first, batches):
-            s.run(min(hp.batch_size, n - b * hp.batch_size))
-            trainer.steps += 1
-            if last_epoch:  # the device's running sums: read only when a checkpoint or the report asks
-                trainer._correct, trainer._loss_sum = s.hits, s.loss_sum
-            trainer.progress = {"shard": shard, "epoch": epoch, "batch": b + 1, "epochs": epochs}
-            if not after_step():
-                return False
-        trainer.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0, "epochs": epochs}
+    start = trainer.progress["epoch"]
+    perms = epoch_orders(n, lambda e: shard_seed(hp.seed, shard, e), start, epochs, ahead=s.requested)
+    with contextlib.closing(perms):
+        for epoch, perm in zip(range(start, epochs), perms, strict=False):
+            first, last_epoch = trainer.progress["batch"], epoch == epochs - 1
+            s.load_order(perm, first)
+            if last_epoch and first < batches:
+                s.begin_sums(trainer._correct, trainer._loss_sum)
+            for b in range(first, batches):
+                s.run(min(hp.batch_size, n - b * hp.batch_size))
+                trainer.steps += 1
+                if last_epoch:  # the device's running sums: read only when a checkpoint or the report asks
+                    trainer._correct, trainer._loss_sum = s.hits, s.loss_sum
+                trainer.progress = {"shard": shard, "epoch": epoch, "batch": b + 1, "epochs": epochs}
+                if not after_step():
+                    return False
+            trainer.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0, "epochs": epochs}
     return True
+
+
+def epoch_orders(n: int, seed_of: Callable[[int], int], start: int, epochs: int, ahead: bool) -> Iterator[torch.Tensor]:
+    """Each epoch's permutation from `start` on, by the CPU generator the eager loop uses (the same batches); with
+    `ahead`, the next one is drawn on a thread while this one trains (a 1M-row randperm costs 10-30 ms)."""
+    def draw(epoch: int) -> torch.Tensor:
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed_of(epoch)))
+
+    if not ahead:
+        yield from (draw(e) for e in range(start, epochs))
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        upcoming = pool.submit(draw, start)
+        for e in range(start, epochs):
+            current = upcoming.result()
+            if e + 1 < epochs:
+                upcoming = pool.submit(draw, e + 1)
+            yield current

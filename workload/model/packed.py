@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +38,8 @@ from workload.model import gpustep
 from workload.model.trainer import Trainer
 
 # A packed run's weights, averaged weights and Adam moments against its solo training: after 44-66 steps on CPU
-# at most 6e-8 apart (tests/model/test_packed.py); not yet measured on a GPU.
+# at most 6e-8 apart (tests/model/test_packed.py); not yet measured on a GPU. Not bit for bit even on CPU: vmap's
+# batched products round differently from one run's (gradients ~1e-9 apart after one step).
 SOLO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
@@ -74,6 +77,7 @@ class Pack:
         self.names = [k for k, _ in first.model.named_parameters()]
         self._stack()
         self.graph = None
+        self.orders: dict[tuple[int, int], Future[torch.Tensor]] = {}  # (run, epoch): its permutation, drawing
 
     # -- stacked state ----------------------------------------------------------------------------------
     def _stack(self) -> None:
@@ -150,23 +154,31 @@ class Pack:
         self.load_day(x, y)
         batches = math.ceil(self.n / self.bs)
         cursors = []
-        for r, t in enumerate(self.trainers):
+        for t in self.trainers:
             assert t.progress is not None, f"run {t.run}: begin_shard first"
             t.model.train()
             c = Cursor(t.progress["epoch"], t.progress["batch"], int(t.progress.get("epochs", t.hp.epochs)))
+            if c.batch >= batches:  # stopped after an epoch's last batch: the next epoch is next, as solo
+                c.epoch, c.batch = c.epoch + 1, 0
+                t.progress = {**t.progress, "epoch": c.epoch, "batch": 0, "epochs": c.epochs}
             c.active = c.epoch < c.epochs
             cursors.append(c)
-            if c.active:
-                self._begin_epoch(r, c, batches)
-        self._set_flags(cursors)
-        while any(c.active for c in cursors):
-            self._run_step()
-            changed = False
+        with ThreadPoolExecutor(max_workers=min(self.r, os.cpu_count() or 1)) as self.pool:
+            self.orders = {(r, c.epoch): self._draw(r, c.epoch) for r, c in enumerate(cursors) if c.active}
             for r, c in enumerate(cursors):
                 if c.active:
-                    changed |= self._after_step(r, c, batches, after_step)
-            if changed:
-                self._set_flags(cursors)
+                    self._begin_epoch(r, c, batches)
+            self._set_flags(cursors)
+            while any(c.active for c in cursors):
+                self._run_step()
+                changed = False
+                for r, c in enumerate(cursors):
+                    if c.active:
+                        changed |= self._after_step(r, c, batches, after_step)
+                if changed:
+                    self._set_flags(cursors)
+            for future in self.orders.values():
+                future.cancel()
         for r in range(self.r):
             self.trainer(r)
         return [c.epoch >= c.epochs for c in cursors]
@@ -194,12 +206,21 @@ class Pack:
     def _begin_epoch(self, r: int, c: Cursor, batches: int) -> None:
         """Run r's permutation for its epoch (its own seed's generator, as solo) and its sums' start."""
         t = self.trainers[r]
-        gen = torch.Generator().manual_seed(self.shard_seed(t.hp.seed, t.progress["shard"], c.epoch))
-        self.order[r].copy_(torch.randperm(self.n, generator=gen))
+        order = (self.orders.pop((r, c.epoch), None) or self._draw(r, c.epoch)).result()
+        if c.epoch + 1 < c.epochs:  # the next one is drawn while this epoch trains
+            self.orders[(r, c.epoch + 1)] = self._draw(r, c.epoch + 1)
+        self.order[r].copy_(order)
         self.base[r] = c.batch * self.bs
         if c.epoch == c.epochs - 1 and c.batch < batches:
             self.hits[r] = int(t._correct) if t._correct is not None else 0
             self.loss_sum[r] = float(t._loss_sum) if t._loss_sum is not None else 0.0
+
+    def _draw(self, r: int, epoch: int) -> Future[torch.Tensor]:
+        """Run r's permutation for `epoch`, drawn on a CPU thread by the generator its solo training uses:
+        a 1M-row permutation costs ~10-30 ms, times 32 runs an epoch, which would otherwise stall the GPU."""
+        t = self.trainers[r]
+        seed = self.shard_seed(t.hp.seed, t.progress["shard"], epoch)
+        return self.pool.submit(lambda: torch.randperm(self.n, generator=torch.Generator().manual_seed(seed)))
 
     def _set_flags(self, cursors: list[Cursor]) -> None:
         self.active.copy_(torch.tensor([c.active for c in cursors]))
