@@ -143,7 +143,7 @@ GROUPS: tuple[Group, ...] = (
         ("workload/data/dayfile.py", "workload/data/rules.py", "workload/data/manifest.py", "workload/data/dataset.py"),
         # test_featurestore.py: what Dataset.ensure_features counts and feature_inputs records for the store.
         ("tests/workload/test_dataset.py", "tests/workload/test_refusal_layers.py", "tests/workload/test_identity.py",
-         "tests/workload/test_rare_paths.py", "tests/model/test_featurestore.py"),
+         "tests/workload/test_rare_paths.py", "tests/model/test_featurestore.py", "tests/workload/test_days.py"),
         cpu_minutes=6.8,
     ),
     Group(

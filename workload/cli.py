@@ -177,17 +177,15 @@ def simulated_source(spec: simulator.SimulationSpec) -> str:
 
 def data_reading(args: argparse.Namespace) -> reading.Reading:
     """How the user's files are read: `--columns FILE` (else env DATASET_COLUMNS, the mapping itself as
-    JSON: the stack's setting) and `--datetime-format` (else env DATASET_DATETIME_FORMAT)."""
+    JSON: the stack's setting), `--datetime-format` (else env DATASET_DATETIME_FORMAT) and `--timezone`
+    (else env DATASET_TIMEZONE)."""
     try:
-        if args.columns:
-            return reading.reading(args.columns, args.datetime_format)
-        inline = env("DATASET_COLUMNS")
-        mapped = reading.check_columns(json.loads(inline), "DATASET_COLUMNS") if inline else ()
-        fmt = reading.check_format(args.datetime_format, "--datetime-format")
+        inline = None if args.columns else env("DATASET_COLUMNS")
+        return reading.reading(args.columns, args.datetime_format, timezone=getattr(args, "timezone", None),
+                               inline=json.loads(inline) if inline else None)
     except ValueError as exc:  # ReadingError, or DATASET_COLUMNS that is not JSON
         raise UsageError(str(exc) if isinstance(exc, reading.ReadingError) else
                          f"DATASET_COLUMNS: not a JSON mapping of your column names to ours ({exc})") from None
-    return reading.Reading(columns=mapped, datetime_format=fmt)
 
 
 def add_reading(p: argparse.ArgumentParser) -> None:
@@ -198,6 +196,10 @@ def add_reading(p: argparse.ArgumentParser) -> None:
                    help="how your timestamps are written when not ISO 8601, e.g. '%%d/%%m/%%Y %%H:%%M', or epoch-s / "
                         "epoch-ms for numbers; dates are never guessed (env DATASET_DATETIME_FORMAT; default: "
                         "ISO 8601 only)")
+    p.add_argument("--timezone", default=env("DATASET_TIMEZONE"),
+                   help="the zone your timestamps without an offset are local times in (Europe/Berlin; or UTC), and "
+                        "whose calendar days are the dataset's days; a mapped export must declare it (env "
+                        "DATASET_TIMEZONE; default: the mapping file's timezone, else UTC for our own column names)")
 
 
 def place_dataset(args: argparse.Namespace, root: Path) -> int:

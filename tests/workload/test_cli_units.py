@@ -53,7 +53,8 @@ pytestmark = pytest.mark.timeout(120)
 
 # Every variable cli.py reads: each test starts with none of them set, whatever the shell running pytest has.
 ENV = ("SHARE_DIR", "REDIS_URL", "REDIS_PASSWORD", "QUEUE_PREFIX", "MAX_ATTEMPTS", "RUNS_FILE", "DATASETS_SRC",
-       "DATASET", "DATASET_PRESET", "DATASET_COLUMNS", "DATASET_DATETIME_FORMAT", "WORKER_ID", "LEASE_TTL_SECONDS",
+       "DATASET", "DATASET_PRESET", "DATASET_COLUMNS", "DATASET_DATETIME_FORMAT", "DATASET_TIMEZONE", "WORKER_ID",
+       "LEASE_TTL_SECONDS",
        "CHECKPOINT_INTERVAL_SECONDS", "TORCH_THREADS", "OUTPUT_URI", "REDIS_RETRY_SECONDS", "PLOT_INTERVAL_SECONDS",
        "INFRA_GIVE_UP_SECONDS", "STALL_SECONDS", "TERM_GRACE_SECONDS", "LOG_LEVEL")
 SECONDS = {"REDIS_RETRY_SECONDS": "redis_retry_s", "PLOT_INTERVAL_SECONDS": "plot_interval_s",
@@ -803,9 +804,9 @@ def test_a_bank_export_is_published_with_its_column_mapping_and_date_format(tmp_
     root = tmp_path / "datasets" / "bank"
     root.parent.mkdir()
     args = parse("seed", "--datasets", str(export), "--columns", str(write_mapping(tmp_path / "columns.yaml")),
-                 "--datetime-format", DAY_FIRST)
+                 "--datetime-format", DAY_FIRST, "--timezone", "UTC")
     assert cli.place_dataset(args, root) == 0
-    assert read_manifest(root)["reading"] == {"columns": BANK_COLUMNS, "datetime_format": DAY_FIRST}
+    assert read_manifest(root)["reading"] == {"columns": BANK_COLUMNS, "datetime_format": DAY_FIRST, "timezone": "UTC"}
     published = ds.Dataset(root)
     originals = sorted(dataset_src.glob("*/*.parquet"))
     assert sorted(f["path"] for f in published.files) == sorted(f"{p.parent.name}/{p.stem}.csv" for p in originals)

@@ -283,8 +283,9 @@ def test_the_manifest_records_each_files_role_span_and_counts_in_order(tmp_path:
     frame = read_transactions(root / "testing" / "2018-04-08.parquet")
     when = frame[schema.TX_DATETIME]
     assert entries[-1] == {"path": "testing/2018-04-08.parquet", "role": "testing", "first": "2018-04-08",
-                           "last": "2018-04-08", "start": when.min().isoformat(), "end": when.max().isoformat(),
-                           "rows": len(frame), "frauds": int(frame[schema.TX_FRAUD].sum())}
+                           "last": "2018-04-08", "day": "2018-04-08", "start": when.min().isoformat(),
+                           "end": when.max().isoformat(), "rows": len(frame),
+                           "frauds": int(frame[schema.TX_FRAUD].sum())}
     assert entries[0]["role"] == "history" and entries[0]["first"] == entries[0]["last"] == "2018-03-29"
     assert Dataset(root).training_shards() == [f"training/2018-04-0{i}.parquet" for i in range(1, 7)]
     # Training and test days' features go to the feature store; history days only feed windows: never stored.
@@ -296,28 +297,41 @@ def test_the_manifest_records_each_files_role_span_and_counts_in_order(tmp_path:
     assert not featurestore.paths(root, "history/b-early.csv")[0].exists()
 
 
-def _test_export_starting_at(root: Path, when: pd.Timestamp) -> str:
-    """The test day's file rewritten as a user's CSV export whose first row is at `when`; the one-line
-    error write_manifest gives for it (it must refuse)."""
+def _test_export_starting_at(root: Path, when: pd.Timestamp) -> dict:
+    """The test day's file rewritten as a user's CSV export whose first row is at `when`: its manifest entry."""
     test = read_transactions(root / "testing" / "2018-04-07.parquet")
     test.loc[0, schema.TX_DATETIME] = when
     (root / "testing" / "2018-04-07.parquet").unlink()
     test.to_csv(root / "testing" / "export-7.csv", index=False)
-    with pytest.raises(DatasetError) as err:
-        write_manifest(root)
-    return str(err.value)
+    return next(e for e in write_manifest(root) if e["path"] == "testing/export-7.csv")
 
 
-OVERLAP_7_ON_6 = ("testing/export-7.csv (testing, 2018-04-06..2018-04-07) overlaps training/2018-04-06.parquet "
-                  "(training, 2018-04-06..2018-04-06) in time; a day is history, training, testing or scoring, "
-                  "never two of them")
-
-
-def test_a_day_in_two_roles_is_refused_even_for_one_shared_instant(tmp_path: Path, dataset_src: Path) -> None:
+def test_a_test_days_row_at_the_last_training_instant_is_a_late_posting_not_a_second_role(
+        tmp_path: Path, dataset_src: Path) -> None:
+    """A day's place is its calendar day (most of its rows): one row of the first test day dated at the last
+    training instant is a late posting, kept and counted with its day; the days keep their roles and order."""
     root = _copy(dataset_src, tmp_path / "d")
     train_end = read_transactions(root / "training" / "2018-04-06.parquet")[schema.TX_DATETIME].max()
-    # the test file starts at the very instant training ends
-    assert _test_export_starting_at(root, train_end) == OVERLAP_7_ON_6
+    entry = _test_export_starting_at(root, train_end)
+    assert (entry["day"], entry["first"], entry["late"]) == ("2018-04-07", "2018-04-06", 1)
+    assert entry["start"] > train_end.isoformat()
+    assert Dataset(root).training_shards() == [f"training/2018-04-0{i}.parquet" for i in range(1, 7)]
+
+
+OVERLAP_6 = ("testing/export.csv (testing, 2018-04-06..2018-04-06) overlaps training/2018-04-06.parquet "
+             "(training, 2018-04-06..2018-04-06) in time; a day is history, training, testing or scoring, "
+             "never two of them")
+
+
+def test_a_day_in_two_roles_is_refused(tmp_path: Path, dataset_src: Path) -> None:
+    """A test export of the last training day's own transactions (under other IDs and amounts)."""
+    root = _copy(dataset_src, tmp_path / "d")
+    train = read_transactions(root / "training" / "2018-04-06.parquet")
+    train.assign(TRANSACTION_ID=train[schema.TRANSACTION_ID] + 10**6, TX_AMOUNT=train[schema.TX_AMOUNT] + 0.5).to_csv(
+        root / "testing" / "export.csv", index=False)
+    with pytest.raises(DatasetError) as err:
+        write_manifest(root)
+    assert str(err.value) == OVERLAP_6
     assert not (root / MANIFEST).exists()
 
 
@@ -579,26 +593,19 @@ def test_a_refused_file_type_is_named_as_the_user_wrote_it(tmp_path: Path) -> No
         assert str(err.value).startswith(f"gs://bucket/exports/{name}: {problem}")
 
 
-def test_two_roles_starting_at_the_same_instant_are_refused(tmp_path: Path, dataset_src: Path) -> None:
-    """A test export that begins with the last training day's first transaction."""
-    root = _copy(dataset_src, tmp_path / "d")
-    train = read_transactions(root / "training" / "2018-04-06.parquet")
-    assert _test_export_starting_at(root, train[schema.TX_DATETIME].min()) == OVERLAP_7_ON_6
-
-
-def test_an_overlap_behind_a_later_file_of_the_other_role_is_refused(tmp_path: Path, dataset_src: Path) -> None:
-    """A multi-day test export (04-06 noon to 04-08) reaches into the last training day, past a test day (04-07)
-    that lies wholly between them: the training day ends before 04-07 starts, yet overlaps the export."""
+def test_a_late_posting_behind_a_later_day_of_the_other_role_is_kept_with_its_day(
+        tmp_path: Path, dataset_src: Path) -> None:
+    """The last test day's export carries a row from the last training day's noon, behind a test day (04-07):
+    kept with 04-08 (its day), counted, and no feature history for the days before 04-08."""
     root = _copy(dataset_src, tmp_path / "d")
     test = read_transactions(root / "testing" / "2018-04-08.parquet")
     test.loc[0, schema.TX_DATETIME] = pd.Timestamp("2018-04-06 12:00:00")
     (root / "testing" / "2018-04-08.parquet").unlink()
     test.to_csv(root / "testing" / "test_dataset.csv", index=False)
-    with pytest.raises(DatasetError) as err:
-        write_manifest(root)
-    assert str(err.value) == ("testing/test_dataset.csv (testing, 2018-04-06..2018-04-08) overlaps "
-                              "training/2018-04-06.parquet (training, 2018-04-06..2018-04-06) in time; a day is "
-                              "history, training, testing or scoring, never two of them")
+    entry = next(e for e in write_manifest(root) if e["path"] == "testing/test_dataset.csv")
+    assert (entry["day"], entry["first"], entry["late"]) == ("2018-04-08", "2018-04-06", 1)
+    inputs = {f["path"] for f in Dataset(root).feature_inputs("testing/2018-04-07.parquet")}
+    assert "testing/test_dataset.csv" not in inputs and "training/2018-04-06.parquet" in inputs
 
 
 def test_a_history_day_the_share_cannot_open_fails_the_shard_not_its_features(
@@ -658,7 +665,8 @@ def test_a_long_history_file_is_in_the_window_of_each_day_it_reaches(tmp_path: P
     shutil.rmtree(dump / "history")
     (dump / "history").mkdir()
     frames = [pd.read_parquet(daily / "history" / p.name) for p in history]
-    pd.concat(frames, ignore_index=True).to_parquet(dump / "history" / history[0].name, index=False)
+    # named for no day: a file named for one day must be about it (dayfile.day_of)
+    pd.concat(frames, ignore_index=True).to_parquet(dump / "history" / "dump.parquet", index=False)
     for root in (daily, dump):
         write_manifest(root)
     first = f"training/{training[0].name}"
@@ -947,7 +955,7 @@ def test_an_id_in_two_files_names_them_in_manifest_order_whatever_the_ids_order(
 
 # -- a bank's columns (validate's column rules, _columns), as the column mapping names them ----------------------
 BANK = Reading(columns=(("amount", schema.TX_AMOUNT), ("card", schema.CUSTOMER_ID), ("fraud", schema.TX_FRAUD),
-                        ("secs", schema.TX_TIME_SECONDS)))
+                        ("secs", schema.TX_TIME_SECONDS)), timezone="UTC")
 
 
 def _bank_day(dataset_src: Path) -> pd.DataFrame:
@@ -963,15 +971,15 @@ def test_a_mapped_day_reads_under_the_schemas_names_its_extra_columns_named_as_i
     canonical = pd.read_parquet(dataset_src / "training/2018-04-02.parquet").iloc[:50]
     pd.testing.assert_frame_equal(got, validate(canonical, "d.parquet"))
     assert got.attrs["ignored"] == ["merchant_name"]  # the simulator's known extras are read past, not named
-    assert validate(bank.drop(columns=["secs"]), "bank/d.csv", reading=Reading(columns=BANK.columns[:3])).attrs[
-        "ignored"] == ["merchant_name"]
+    three = Reading(columns=BANK.columns[:3], timezone="UTC")
+    assert validate(bank.drop(columns=["secs"]), "bank/d.csv", reading=three).attrs["ignored"] == ["merchant_name"]
 
 
 @pytest.mark.parametrize(("change", "reading", "message"), [
     # A mapped optional column the file lacks: the mapping is wrong, named with what the file has.
     (lambda f: f.drop(columns=["secs"]), BANK,
      "bank/d.csv: column(s) ['secs'] of the column mapping (column mapping {amount->TX_AMOUNT, card->CUSTOMER_ID, "
-     "fraud->TX_FRAUD, secs->TX_TIME_SECONDS}, datetime format ISO 8601) are not in the file; it has "
+     "fraud->TX_FRAUD, secs->TX_TIME_SECONDS}, datetime format ISO 8601, timezone UTC) are not in the file; it has "
      "['TRANSACTION_ID', 'TX_DATETIME', 'card', 'TERMINAL_ID', 'amount', 'TX_TIME_DAYS', 'fraud', "
      "'TX_FRAUD_SCENARIO']"),
     # ... listing at most 20 of the file's columns.

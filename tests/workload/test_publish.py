@@ -380,7 +380,7 @@ def test_the_recorded_source_is_where_the_dataset_was_published_from(tmp_path: P
     assert publish.recorded_source(root) == out.source == str(folder.resolve())
 
 
-MAPPING = Reading(columns=(("amount", schema.TX_AMOUNT),))
+MAPPING = Reading(columns=(("amount", schema.TX_AMOUNT),), timezone="UTC")
 
 
 def test_a_column_mapping_is_recorded_and_the_dataset_keeps_it_across_appends(tmp_path: Path,
@@ -398,15 +398,15 @@ def test_a_column_mapping_is_recorded_and_the_dataset_keeps_it_across_appends(tm
     grown = publish.publish(root, LocalSource(folder), MAPPING)
     assert grown.copied == [DAY6]
     assert json.loads((root / MANIFEST).read_text())["reading"] == {"columns": {"amount": schema.TX_AMOUNT},
-                                                                       "datetime_format": None}
+                                                                       "datetime_format": None, "timezone": "UTC"}
     assert ds.Dataset(root).transactions(DAY6)[schema.TX_AMOUNT].sum() == pytest.approx(
         pd.read_parquet(dataset_src / DAY6)[schema.TX_AMOUNT].sum())
     with pytest.raises(DatasetError) as err:
         publish.publish(root, LocalSource(folder))
     assert str(err.value) == ("dataset 'd' on the share was published with column mapping {amount->TX_AMOUNT}, "
-                              "datetime format ISO 8601; refusing column mapping {none}, datetime format ISO 8601: a "
-                              "changed mapping or date format is a new dataset. Publish it under a new dataset name "
-                              "(--dataset NAME)")
+                              "datetime format ISO 8601, timezone UTC; refusing column mapping {none}, datetime "
+                              "format ISO 8601: a changed mapping or date format is a new dataset. Publish it under "
+                              "a new dataset name (--dataset NAME)")
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))

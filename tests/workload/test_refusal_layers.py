@@ -209,10 +209,10 @@ def test_a_file_inside_the_dataset_but_not_in_the_manifest_is_refused(dataset: P
 
 def test_the_refusals_leave_listed_files_readable(dataset: Path, dataset_src: Path) -> None:
     """Control: the same calls on a file the manifest lists inside the dataset do open and read it."""
-    day = csv_day(dataset_src, dataset / "training" / "2018-04-09.csv")
-    list_in_manifest(dataset, "training/2018-04-09.csv")
+    day = csv_day(dataset_src, dataset / "training" / "copy.csv")
+    list_in_manifest(dataset, "training/copy.csv")
     data = Dataset(dataset)
-    assert data.resolve("training/2018-04-09.csv") == day.resolve()
+    assert data.resolve("training/copy.csv") == day.resolve()
     with opens() as opened:
-        frame = read_transactions(data.resolve("training/2018-04-09.csv"))
+        frame = read_transactions(data.resolve("training/copy.csv"))
     assert len(frame) > 0 and os.path.realpath(day) in opened

@@ -162,7 +162,7 @@ def test_score_errors_name_the_users_file_never_the_staging_copy(model: Path, da
                     str(write_mapping(tmp_path / "columns.yaml")), "--out", str(tmp_path / "s.parquet"))
     errors = [line for line in err.splitlines() if " ERROR " in line]
     assert code == 2 and len(errors) == 1, err
-    assert f"dataset problem: {bad}: column TX_DATETIME has an unparseable timestamp" in errors[0]
+    assert f"dataset problem: {bad}: column ts has an unparseable timestamp" in errors[0]  # the bank's name
     assert "score-" not in errors[0] and not (tmp_path / "s.parquet").exists()
 
 

@@ -26,6 +26,7 @@ from workload.data.dayfile import (
     DatasetError,
     check_suffix,
     labelled,
+    place,
     read_transactions,
     source_name,
 )
@@ -81,13 +82,15 @@ class Dataset:
         """The files with a day in [start, last], in manifest order."""
         lo = bisect.bisect_left(self._firsts, str((start - pd.Timedelta(days=self._longest)).date()))
         hi = bisect.bisect_right(self._firsts, str(last.date()))
-        hits = sorted(i for i in self._by_first[lo:hi] if pd.Timestamp(self.files[i]["last"]) >= start)
+        # A file is history only from its own day on: a late posting it carries was not there the days before.
+        hits = sorted(i for i in self._by_first[lo:hi]
+                      if pd.Timestamp(self.files[i]["last"]) >= start and place(self.files[i]) <= str(last.date()))
         return [self.files[i] for i in hits]
 
     def training_shards(self) -> list[str]:
-        """Training files in chronological order of their first transaction."""
+        """Training files in the order of their days (``dayfile.day_of``: never their oldest row)."""
         train = [f for f in self.files if f["role"] == TRAINING]
-        return [f["path"] for f in sorted(train, key=lambda f: (f["first"], f["last"], f["path"]))]
+        return [f["path"] for f in sorted(train, key=lambda f: (place(f), f["first"], f["last"], f["path"]))]
 
     def resolve(self, rel: str) -> Path:
         """The file a queue item names, refused unless it is a manifest file inside the dataset folder."""
@@ -206,7 +209,7 @@ class Dataset:
         """Compute and store the features of every training and testing day that lacks valid ones (what
         seed runs once the dataset is published); returns (computed, already stored)."""
         computed = kept = 0
-        for f in sorted(self.files, key=lambda f: (f["first"], f["path"])):
+        for f in sorted(self.files, key=lambda f: (place(f), f["path"])):
             if f["role"] not in featurestore.STORED_ROLES:
                 continue
             try:
@@ -231,6 +234,6 @@ class Dataset:
     def test_examples(self) -> Examples:
         """All testing files, featurised with their history; loaded once per process."""
         if self._test is None:
-            tests = sorted((f for f in self.files if f["role"] == TESTING), key=lambda f: (f["first"], f["path"]))
+            tests = sorted((f for f in self.files if f["role"] == TESTING), key=lambda f: (place(f), f["path"]))
             self._test = self.examples([f["path"] for f in tests])
         return self._test

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,11 @@ _PICKLE_SUFFIXES = {".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz"}
 _SEPARATORS = {";": "';'", "\t": "a tab", "|": "'|'"}
 _NANOSECOND_TIMES = (pd.Timestamp.min.tz_localize("UTC"), pd.Timestamp.max.tz_localize("UTC"))  # what we store
 _TIMESTAMP_EXAMPLES = "2018-04-01 00:00:31, 2018-04-01T00:00:31Z, 2018-04-01 00:00:31+02:00, 2018-04-01 00:00:31 UTC"
+_NAMED_DAY = re.compile(r"(?<!\d)(\d{4})-?(\d{2})-?(\d{2})(?!\d)")
+LATE_DAYS = 31  # a row dated further than this from its file's day is refused: a placeholder, not a late posting
+_OFFSET_AT_END = r"(?:Z|[+-]\d{2}:?\d{2}|UTC)$"
+# What a timestamp may read as: before or after, a placeholder ("1900-01-01"), a wrong epoch unit or format.
+_PLAUSIBLE = (pd.Timestamp("1970-01-01"), pd.Timestamp("2200-01-01"))
 _DECLARE = "or declare the file's format (--datetime-format '%d/%m/%Y %H:%M', epoch-s, epoch-ms)"
 
 
@@ -70,7 +76,9 @@ def _read_bytes(path: Path, where: str) -> bytes:
 
 
 def _shown(value: Any) -> str:
-    """A value as the user wrote it: text quoted, numbers plain (never numpy's repr)."""
+    """A value as the user wrote it: text quoted, numbers plain (never numpy's or pandas' repr)."""
+    if isinstance(value, pd.Timestamp):
+        return str(value)
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
@@ -149,28 +157,87 @@ def _parse_text(values: pd.Series, fmt: str | None) -> pd.Series:
     return parsed
 
 
-def _timestamps(values: pd.Series, where: str, at: Callable[[int], str], fmt: str | None = None) -> pd.Series:
-    """Timestamps in UTC without a zone; naive ones are taken as UTC, aware ones (Z, +02:00, UTC) converted."""
-    column = schema.TX_DATETIME
+def _offsets(values: pd.Series, name: str, where: str, at: Callable[[int], str]) -> pd.Series:
+    """A column of UTC offsets (+02:00, +0200, -05:00, Z, UTC) as timedeltas; refused naming the first other value."""
+    text = values.astype(str).str.strip()
+    parts = text.str.extract(r"^([+-])(\d{2}):?(\d{2})$")
+    minutes = parts[1].astype(float) * 60 + parts[2].astype(float)
+    minutes = minutes.where(parts[0] != "-", -minutes)
+    minutes = minutes.where(~text.isin(["Z", "UTC", "+00:00"]), 0.0)
+    bad = np.flatnonzero(minutes.isna().to_numpy())
+    if len(bad):
+        i = int(bad[0])
+        raise DatasetError(f"{where}: column {name} must hold UTC offsets such as +02:00 or Z: {at(i)} has "
+                           f"{_shown(values.iloc[i])}")
+    return pd.to_timedelta(minutes, unit="min")
+
+
+def _parsed(values: pd.Series, name: str, where: str, at: Callable[[int], str], fmt: str | None
+            ) -> tuple[pd.Series, np.ndarray]:
+    """The values as UTC instants (naive ones read as if UTC), and which of them carried no offset."""
     if pd.api.types.is_datetime64_any_dtype(values):
-        parsed = pd.to_datetime(values, utc=True)
-    elif fmt in EPOCHS:
-        numbers = _numbers(values, column, where, at)
-        parsed = pd.to_datetime(numbers, unit=EPOCHS[fmt], utc=True, errors="coerce")
-    elif pd.api.types.is_numeric_dtype(values):  # booleans too
-        raise DatasetError(f"{where}: column {column} holds numbers ({at(0)}: {_shown(values.iloc[0])}); "
+        naive = np.full(len(values), getattr(values.dtype, "tz", None) is None)
+        return pd.to_datetime(values, utc=True), naive
+    if fmt in EPOCHS:
+        numbers = _numbers(values, name, where, at)
+        return pd.to_datetime(numbers, unit=EPOCHS[fmt], utc=True, errors="coerce"), np.zeros(len(values), bool)
+    if pd.api.types.is_numeric_dtype(values):  # booleans too
+        raise DatasetError(f"{where}: column {name} holds numbers ({at(0)}: {_shown(values.iloc[0])}); "
                            f"it must hold timestamps such as {_TIMESTAMP_EXAMPLES}, {_DECLARE}")
-    else:
-        parsed = _parse_text(values, fmt)
+    naive = ~values.astype(str).str.strip().str.contains(_OFFSET_AT_END, regex=True).to_numpy()
+    return _parse_text(values, fmt), naive
+
+
+def _timestamps(values: pd.Series, where: str, at: Callable[[int], str], reading: Reading = AS_IS,
+                offsets: pd.Series | None = None) -> pd.Series:
+    """Wall-clock times in the dataset's zone (``Reading.day_zone``: UTC unless declared), without a zone:
+    naive values are wall-clock times there already, values with an offset (Z, +02:00, UTC, a zone-aware
+    type, an epoch, the offset column) are converted. Naive values of a mapped export need a declared zone."""
+    name, fmt = reading.source_of(schema.TX_DATETIME), reading.datetime_format
+    parsed, naive = _parsed(values, name, where, at, fmt)
     bad = np.flatnonzero(~parsed.between(*_NANOSECOND_TIMES).to_numpy())
     if len(bad):  # unparseable (NaT), or beyond what nanoseconds hold (an export's "never", 9999-12-31)
         i = int(bad[0])
         what = "an unparseable" if pd.isna(parsed.iloc[i]) else "an out-of-range"
         allowed = (f"in the declared format {fmt!r} or in ISO 8601" if fmt
                    else f"such as {_TIMESTAMP_EXAMPLES}, {_DECLARE}")
-        raise DatasetError(f"{where}: column {column} has {what} timestamp {_shown(values.iloc[i])} ({at(i)}); "
+        raise DatasetError(f"{where}: column {name} has {what} timestamp {_shown(values.iloc[i])} ({at(i)}); "
                            f"write timestamps {allowed}")
-    return parsed.dt.tz_convert(None).astype("datetime64[ns]")
+    zone = reading.day_zone()
+    wall = parsed.dt.tz_convert(None)  # a naive value as written
+    if offsets is not None:
+        instant = (wall - _offsets(offsets, reading.offset_column or "", where, at)).dt.tz_localize("UTC")
+        _check_zone(wall, instant, naive, values, offsets, where, at, reading)
+        parsed, naive = parsed.where(~naive, instant), np.zeros(len(values), bool)
+    if naive.any() and reading.naive_zone() is None:
+        i = int(np.flatnonzero(naive)[0])
+        raise DatasetError(f"{where}: column {name} has timestamps without a UTC offset ({at(i)}: "
+                           f"{_shown(values.iloc[i])}); declare the zone they are local times in (timezone: "
+                           "Europe/Berlin or timezone: UTC in the mapping file, or --timezone), or name a column of "
+                           "offsets (offset_column)")
+    local = parsed.dt.tz_convert(zone).dt.tz_localize(None)
+    out = wall.where(naive, local).astype("datetime64[ns]")
+    implausible = np.flatnonzero(~out.between(*_PLAUSIBLE, inclusive="left").to_numpy())
+    if len(implausible):
+        i = int(implausible[0])
+        raise DatasetError(f"{where}: column {name} has the timestamp {_shown(values.iloc[i])} ({at(i)}), read as "
+                           f"{out.iloc[i]}; timestamps from {_PLAUSIBLE[0].year} to {_PLAUSIBLE[1].year - 1} are read "
+                           "(a placeholder date, or a wrong --datetime-format or epoch unit)")
+    return out
+
+
+def _check_zone(wall: pd.Series, instant: pd.Series, naive: np.ndarray, values: pd.Series, offsets: pd.Series,
+                where: str, at: Callable[[int], str], reading: Reading) -> None:
+    """A declared zone that disagrees with the offsets the file carries is refused: it would move days."""
+    if not reading.timezone:
+        return
+    local = instant.dt.tz_convert(reading.timezone).dt.tz_localize(None)
+    wrong = np.flatnonzero(naive & (local != wall).to_numpy())
+    if len(wrong):
+        i = int(wrong[0])
+        raise DatasetError(f"{where}: {at(i)}: {_shown(values.iloc[i])} at offset {_shown(offsets.iloc[i])} is "
+                           f"{local.iloc[i]} in {reading.timezone}: the declared timezone does not match the offsets "
+                           f"in {reading.offset_column}; declare the zone the times were recorded in")
 
 
 def _columns(frame: pd.DataFrame, where: str, reading: Reading, labels: bool) -> pd.DataFrame:
@@ -197,6 +264,16 @@ def _columns(frame: pd.DataFrame, where: str, reading: Reading, labels: bool) ->
                            + (" (unlabelled days go in scoring/)" if label_only else ""))
     frame.attrs["ignored"] = sorted(str(c) for c in frame.columns if c not in schema.KNOWN)
     return frame
+
+
+def _offset_column(frame: pd.DataFrame, where: str, reading: Reading) -> pd.Series | None:
+    """The declared column of UTC offsets, if any; refused when the file lacks it."""
+    if not reading.offset_column:
+        return None
+    if reading.offset_column not in frame.columns:
+        raise DatasetError(f"{where}: the offset column {reading.offset_column!r} of the mapping file is not in the "
+                           f"file; it has {[str(c) for c in frame.columns][:20]}")
+    return frame[reading.offset_column].reset_index(drop=True)
 
 
 def _integers(numbers: pd.Series, values: pd.Series, column: str, where: str, at: Callable[[int], str]) -> np.ndarray:
@@ -232,7 +309,7 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, rea
             row = int(np.flatnonzero(values.isna().to_numpy())[0])
             raise DatasetError(f"{where}: column {name} has a missing value ({at(row)}); none are allowed")
         if kind == "datetime":
-            out[column] = _timestamps(values, where, at, reading.datetime_format)
+            out[column] = _timestamps(values, where, at, reading, _offset_column(frame, where, reading))
             continue
         numbers = _numbers(values, name, where, at)
         if kind == "int":
@@ -245,6 +322,7 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, rea
                                f"({at(i)}: {_shown(values.iloc[i])}); amounts must be finite")
         out[column] = real
     _check_values(out, frame, where, at, reading)
+    _check_calendar(out[schema.TX_DATETIME], where, at, reading, values_of=frame[schema.TX_DATETIME])
     # Real exports come in any order within a day; the features need time order, and ties in time
     # need one order whoever reads the file: by transaction ID.
     out = out.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable", ignore_index=True)
@@ -272,12 +350,71 @@ def _check_values(out: pd.DataFrame, frame: pd.DataFrame, where: str, at: Callab
                            "once; transaction IDs must be unique across the dataset")
 
 
+def named_day(name: str) -> pd.Timestamp | None:
+    """The calendar day a file's name says it is for (``2018-04-02.parquet``, ``tx_20180402.csv``), if any."""
+    found = _NAMED_DAY.search(Path(name).stem)
+    if not found:
+        return None
+    try:
+        return pd.Timestamp(f"{found[1]}-{found[2]}-{found[3]}")
+    except ValueError:
+        return None
+
+
+def day_of(times: pd.Series, name: str) -> tuple[pd.Timestamp, np.ndarray | None]:
+    """A file's place in its dataset, and which of its rows are dated on it (None: a file of several days).
+
+    The rule (docs/architecture.md): the day its name carries; else the day most (over half) of its rows
+    fall on; else, a file of several days, its first. Never its oldest row alone: card data carries late
+    postings and placeholder dates."""
+    dates = times.dt.normalize()
+    named = named_day(name)
+    if named is not None:  # a file named for a day is about that day (none of its rows on it is refused)
+        return named, (dates == named).to_numpy()
+    counts = dates.value_counts(sort=False).sort_index()
+    mode = counts.idxmax()
+    if 2 * counts.max() > len(dates):
+        return mode, (dates == mode).to_numpy()
+    return dates.min(), None
+
+
+def _check_calendar(times: pd.Series, where: str, at: Callable[[int], str], reading: Reading,
+                    values_of: pd.Series) -> None:
+    """A file named for a day holds mostly that day's rows (else the dates were misread: day and month
+    swapped, another zone); no row is dated more than LATE_DAYS from its file's day (a placeholder)."""
+    day, on_day = day_of(times, where)
+    if on_day is None:
+        return
+    name = reading.source_of(schema.TX_DATETIME)
+    if not on_day.any():
+        common = times.dt.normalize().value_counts().idxmax()
+        raise DatasetError(f"{where}: named for {day.date()}, but none of its {len(times)} rows is dated on that day "
+                           f"(most are on {common.date()}, e.g. {at(0)}: {_shown(values_of.iloc[0])}); check the "
+                           "declared datetime format (day and month swapped?) and timezone")
+    far = np.flatnonzero((times.dt.normalize() - day).abs().to_numpy() > np.timedelta64(LATE_DAYS, "D"))
+    if len(far):
+        i = int(far[0])
+        raise DatasetError(f"{where}: column {name} has {_shown(values_of.iloc[i])} ({at(i)}), read as "
+                           f"{times.iloc[i]}: more than {LATE_DAYS} days from the file's day {day.date()} (a "
+                           "placeholder date, or a file of many days named for one?); late postings up to that are "
+                           "kept with the day they came with")
+
+
 def describe(frame: pd.DataFrame, rel: str) -> dict[str, Any]:
-    """The manifest entry of a validated file: role, first and last day and instant, counts."""
+    """The manifest entry of a validated file: role, its day (its place in the dataset, ``day_of``), first and
+    last day and instant of the rows on it, counts, and the rows dated on other days (late postings)."""
     when = frame[schema.TX_DATETIME]
+    day, on_day = day_of(when, rel)
+    core = when[on_day] if on_day is not None and on_day.any() else when
+    late = {} if on_day is None or on_day.all() else {"late": int((~on_day).sum())}
     return {"path": rel, "role": rel.split("/")[0], "first": str(when.min().date()), "last": str(when.max().date()),
-            "start": when.min().isoformat(), "end": when.max().isoformat(), "rows": len(frame),
-            "frauds": int(frame[schema.TX_FRAUD].sum())}
+            "day": str(day.date()), "start": core.min().isoformat(), "end": core.max().isoformat(),
+            "rows": len(frame), "frauds": int(frame[schema.TX_FRAUD].sum()), **late}
+
+
+def place(entry: dict[str, Any]) -> str:
+    """Where a manifest file goes in its dataset's order: its day (its first day in older manifests)."""
+    return entry.get("day") or entry["first"]
 
 
 def source_name(entry: dict[str, Any]) -> str:

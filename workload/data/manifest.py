@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from workload.data.dayfile import ROLES, DatasetError, describe, labelled, read_transactions
+from workload.data.dayfile import ROLES, DatasetError, describe, labelled, place, read_transactions
 from workload.data.reading import AS_IS, Reading
 from workload.data.rules import RowHashes, check_dataset
 from workload.share.fsutil import atomic_write_text
@@ -37,7 +37,7 @@ def save_manifest(root: Path, entries: Iterable[dict[str, Any]], source: str | N
                   reading: Reading = AS_IS) -> None:
     """The manifest is the publishing point: a file not in it does not exist for workers."""
     order = {role: i for i, role in enumerate(ROLES)}
-    files = sorted(entries, key=lambda e: (order[e["role"]], e["first"], e["path"]))
+    files = sorted(entries, key=lambda e: (order[e["role"]], place(e), e["path"]))
     record = {"source": source, **({"reading": reading.record()} if reading != AS_IS else {}), "files": files}
     atomic_write_text(root / MANIFEST, json.dumps(record, indent=1) + "\n")
 

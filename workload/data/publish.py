@@ -41,12 +41,13 @@ from workload.data.dayfile import (
     check_suffix,
     describe,
     labelled,
+    place,
     read_transactions,
     source_name,
 )
 from workload.data.manifest import MANIFEST, manifest_reading, read_manifest, save_manifest
 from workload.data.reading import AS_IS, Reading
-from workload.data.rules import RowHashes, check_dataset, history_shortfall
+from workload.data.rules import RowHashes, calendar_gaps, check_dataset, history_shortfall, late_postings
 from workload.data.source import Source, SourceFile
 from workload.share.fsutil import FILE_MODE, fsync_dir
 
@@ -154,9 +155,9 @@ def _publish(root: Path, src: Source, reading: Reading, required: tuple[str, ...
     entries = list(published.values())
     if new or manifest is None:
         entries = _add(root, src, new, manifest is None, entries, reading, required)
-    warning = history_shortfall(entries)
-    if warning:
-        log.warning("%s: %s", called, warning)
+    for warning in (history_shortfall(entries), calendar_gaps(entries)):
+        if warning:
+            log.warning("%s: %s", called, warning)
     return Outcome(root=root, source=src.uri, copied=[f.rel for f in new], unchanged=len(listed) - len(new),
                    entries=entries)
 
@@ -213,9 +214,12 @@ def _remove_staging(root: Path) -> None:
 
 
 def _log_added(root: Path, uri: str, added: list[dict[str, Any]], first: bool) -> None:
+    late = late_postings(added)
+    if late:
+        log.info("%s: %s", uri, late)
     rows = sum(e["rows"] for e in added)
     frauds = sum(e["frauds"] for e in added)
-    days = sorted({e["first"] for e in added} | {e["last"] for e in added})
+    days = sorted({place(e) for e in added})
     span = f", {days[0]}..{days[-1]}" if days else ""
     log.info("dataset %s %s from %s: %d file(s)%s, %d transactions, %d fraudulent (%.2f%%)", root,
              "published" if first else "extended", uri, len(added), span, rows, frauds,

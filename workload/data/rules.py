@@ -20,12 +20,14 @@ from workload.data.dayfile import (
     TESTING,
     TRAINING,
     DatasetError,
+    place,
     source_name,
 )
 
 # Rows of one day repeating another day's (same card, terminal, second and amount) under new IDs: a
 # re-sent day. This share of the smaller day's rows (and at least this many) is no coincidence.
 RESENT_SHARE, RESENT_MIN_ROWS = 0.5, 20
+GAP_DAYS = 7  # days further apart than this are warned of
 _ROW_KEY = (schema.CUSTOMER_ID, schema.TERMINAL_ID, schema.TX_DATETIME, schema.TX_AMOUNT)
 
 
@@ -124,7 +126,7 @@ def history_shortfall(entries: list[dict[str, Any]]) -> str | None:
     if not entries:
         return None
     first_available = min(pd.Timestamp(e["first"]) for e in entries)
-    targets = sorted(pd.Timestamp(e["first"]) for e in entries if e["role"] in (TRAINING, TESTING))
+    targets = sorted(pd.Timestamp(place(e)) for e in entries if e["role"] in (TRAINING, TESTING))
     want = features.LOOKBACK_DAYS
     short = [t for t in targets if (t - first_available).days < want]
     if not short:
@@ -135,14 +137,35 @@ def history_shortfall(entries: list[dict[str, Any]]) -> str | None:
             f"get shortened feature windows; put earlier days in {HISTORY}/ to give them full history")
 
 
+def calendar_gaps(entries: list[dict[str, Any]]) -> str | None:
+    """A warning when consecutive days of the dataset are more than GAP_DAYS apart: daily files whose dates
+    were misread (a month-first format on day-first dates spreads days over months) or days missing."""
+    days = sorted({pd.Timestamp(place(e)) for e in entries})
+    gaps = [(b - a).days for a, b in zip(days, days[1:], strict=False)]
+    if not gaps or max(gaps) <= GAP_DAYS:
+        return None
+    i = int(np.argmax(gaps))
+    return (f"{gaps[i]} days between the dataset's days {days[i].date()} and {days[i + 1].date()} (more than "
+            f"{GAP_DAYS}): days missing, or dates misread (check the declared datetime format and timezone)")
+
+
+def late_postings(entries: list[dict[str, Any]]) -> str | None:
+    """A line naming the files that carry rows dated before or after their day (kept with that day)."""
+    late = [e for e in entries if e.get("late")]
+    if not late:
+        return None
+    shown = ", ".join(f"{source_name(e)} ({e['late']})" for e in late[:5])
+    return (f"{sum(e['late'] for e in late)} row(s) dated outside their file's day, kept with the day they came with "
+            f"(late postings), in {len(late)} file(s): {shown}{' ...' if len(late) > 5 else ''}")
+
+
 def check_training_before_testing(entries: list[dict[str, Any]]) -> None:
     """No training day after the first testing day: its features and labels would carry what
     happened during the test period into the model that is tested on it."""
-    tests = [e["first"] for e in entries if e["role"] == TESTING]
-    late = sorted((e for e in entries if e["role"] == TRAINING and tests and e["first"] > min(tests)),
-                  key=lambda e: e["first"])
+    tests = [place(e) for e in entries if e["role"] == TESTING]
+    late = sorted((e for e in entries if e["role"] == TRAINING and tests and place(e) > min(tests)), key=place)
     if late:
-        raise DatasetError(f"{source_name(late[0])} ({late[0]['first']}) is after the first testing day {min(tests)}: "
+        raise DatasetError(f"{source_name(late[0])} ({place(late[0])}) is after the first testing day {min(tests)}: "
                            "features and labels from after the test period would leak into training")
 
 

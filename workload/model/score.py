@@ -31,7 +31,7 @@ import torch
 
 from workload.data import dataset as ds
 from workload.data import features, publish, schema, source
-from workload.data.dayfile import SCORING, TESTING, TRAINING, one_line
+from workload.data.dayfile import SCORING, TESTING, TRAINING, one_line, place
 from workload.data.manifest import MANIFEST
 from workload.data.reading import AS_IS, Reading
 from workload.model import lineage, metrics, report
@@ -130,7 +130,7 @@ def open_dataset(src: str, tmp: Path, reading: Reading) -> ds.Dataset:
 
 def score_days(trainer: Trainer, data: ds.Dataset, roles: tuple[str, ...], src: str) -> list[Scored]:
     """Every day of `roles`, in time order, featurised over the whole dataset's history and scored."""
-    targets = [f["path"] for f in sorted(data.files, key=lambda f: (f["first"], f["path"])) if f["role"] in roles]
+    targets = [f["path"] for f in sorted(data.files, key=lambda f: (place(f), f["path"])) if f["role"] in roles]
     if not targets:
         raise ScoreError(f"--datasets {src}: no {' or '.join(r + '/' for r in roles)} days to score")
     out = []
