@@ -11,7 +11,7 @@ Two kinds of late arrival are versions of a day, never a change in place (publis
 immutable):
 
 - **Late labels** (a chargeback weeks later): the bank sends the day's file again with other labels and
-  the same transactions. It is published beside the old one as a new version (``D.v2.parquet``, the
+  the same transactions. It is published beside the old one as a new version (``training/v2/D.parquet``, the
   manifest entry says ``"from"`` which source file and ``"version"``); the old entry leaves the manifest
   for its ``"retired"`` list. Each run's lineage then holds a day the dataset no longer has: the new
   version's item rewinds it to the boundary before that day and re-applies every later day in date
@@ -25,6 +25,7 @@ immutable):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -86,9 +87,19 @@ def check_folders(entries: list[dict[str, Any]], cycle: Cycle | None, where: str
 
 
 def version_path(rel: str, version: int) -> str:
-    """Where version `version` of source file `rel` is published: training/D.parquet -> training/D.v2.parquet."""
+    """Where version `version` of source file `rel` is published: training/D.parquet -> training/v2/D.parquet.
+    No source file has that shape (a source's files are ``role/file``), so no name is ever taken twice."""
     p = PurePosixPath(rel)
-    return str(p.with_name(f"{p.stem}.v{version}{p.suffix}"))
+    return str(p.parent / f"v{version}" / p.name)
+
+
+def day_of(rel: str) -> str:
+    """The day file a version stands for (training/v2/D.parquet -> training/D.parquet); any other path as it is.
+    A version trains as its day (the trainer's batch order is seeded by this name)."""
+    parts = rel.split("/")
+    if len(parts) == 3 and re.fullmatch(r"v[0-9]+", parts[1]):
+        return f"{parts[0]}/{parts[2]}"
+    return rel
 
 
 def source_rel(entry: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from workload.core import faults
@@ -263,10 +263,12 @@ def _add(root: Path, src: Source, staged: Staged, first: bool, published: list[d
 
 def _move_in(root: Path, staging: Path, rels: list[str]) -> None:
     for rel in rels:
-        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / rel, root / rel)  # invisible to workers until the manifest names it
         faults.point("day-moved")
-    for role in {rel.split("/")[0] for rel in rels}:
+    for folder in sorted({str(PurePosixPath(rel).parent) for rel in rels}, key=len, reverse=True):
+        fsync_dir(root / folder)  # a version's folder (training/v2) before its role's
+    for role in {rel.split("/")[0] for rel in rels if rel.count("/") > 1}:
         fsync_dir(root / role)
 
 
