@@ -254,6 +254,14 @@ GROUPS: tuple[Group, ...] = (
         ("workload/data/featurestore.py",),
         ("tests/model/test_featurestore.py", "tests/workload/test_identity.py"),
     ),
+    # The daily cycle's rules (roles by the rule, versions of a day, scored days retired): driven through `seed`,
+    # the worker and `score` in-process, a week of nights against a real Redis.
+    Group(
+        "cycle",
+        ("workload/data/cycle.py",),
+        ("tests/workload/test_daily_cycle.py",),
+        cpu_minutes=3.0,
+    ),
     # source and publish are driven by `seed` in-process (publish.publish) and by the bucket tests, which run a
     # real Cloud Storage API server. The fault points publishing passes are not mutated (the worker's reason):
     # test_publish_crash.py kills `seed` processes at each of them.

@@ -34,6 +34,7 @@ from workload.core.errors import (
 )
 from workload.data import dataset as ds
 from workload.data import publish, reading, simulator, source
+from workload.data.cycle import Cycle
 from workload.data.dayfile import SCORING, DatasetError
 from workload.data.manifest import MANIFEST, read_manifest
 from workload.model import report
@@ -206,11 +207,16 @@ def place_dataset(args: argparse.Namespace, root: Path) -> int:
     """Publish the dataset from `--datasets` (a folder or gs://bucket/prefix) or simulate it (see
     workload.data.publish for the rules: one source per dataset, immutable days, appended new days).
     Returns how many scoring/ days this publish added (the simulator makes none)."""
+    window = int(args.test_window) if args.test_window else None
     if args.datasets:
-        outcome = publish.publish(root, source.open_source(args.datasets), data_reading(args))
+        outcome = publish.publish(root, source.open_source(args.datasets), data_reading(args),
+                                  cycle=Cycle(window) if window else None)
         log.info("synced %s into %s: %d file(s) copied, %d unchanged", outcome.source, root, len(outcome.copied),
                  outcome.unchanged)
         return sum(rel.startswith(f"{SCORING}/") for rel in outcome.copied)
+    if window:
+        raise UsageError("--test-window: the daily cycle needs your days (--datasets); the simulator's test days "
+                         "are a fixed holdout (--test-days)")
     spec = simulation_spec(args)
     uri = simulated_source(spec)
     if (root / MANIFEST).exists():
@@ -495,6 +501,11 @@ def add_seed(sub: Any) -> None:
                         "testing/ of *.parquet|*.csv; new days are added on the next seed) instead of "
                         "simulating (env DATASETS_SRC; default none: simulate --preset)")
     add_reading(s)
+    s.add_argument("--test-window", type=positive(int, "--test-window"), default=env("DATASET_TEST_WINDOW"),
+                   help="the daily cycle: the newest N labelled days of --datasets test and older ones train, so "
+                        "each night's new day moves the window (every labelled day in training/, no testing/); "
+                        "late labels for a day publish a new version of it and re-train from it. Recorded with "
+                        "the dataset (env DATASET_TEST_WINDOW; default none: testing/ is a fixed holdout)")
     s.add_argument("--dataset", default=env("DATASET", DEFAULT_DATASET),
                    help=f"dataset name on the share (env DATASET; default {DEFAULT_DATASET})")
     s.add_argument("--preset", default=env("DATASET_PRESET", "small"),

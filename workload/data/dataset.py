@@ -20,6 +20,7 @@ import pandas as pd
 
 from workload.core.errors import is_infra
 from workload.data import features, featurestore, schema
+from workload.data.cycle import effective_roles
 from workload.data.dayfile import (
     TESTING,
     TRAINING,
@@ -30,7 +31,7 @@ from workload.data.dayfile import (
     read_transactions,
     source_name,
 )
-from workload.data.manifest import MANIFEST, manifest_reading, read_manifest
+from workload.data.manifest import MANIFEST, manifest_cycle, manifest_reading, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,11 @@ class Dataset:
         self._load()
 
     def _load(self) -> None:
+        self._seen = self._manifest_stat()
         manifest = read_manifest(self.root)
-        self.files: list[dict[str, Any]] = manifest["files"]
+        self.cycle = manifest_cycle(manifest)
+        # With the daily cycle (workload.data.cycle) the rule gives the labelled days their roles.
+        self.files: list[dict[str, Any]] = effective_roles(manifest["files"], self.cycle)
         self.reading = manifest_reading(manifest)
         self._by_path = {f["path"]: f for f in self.files}
         # Files by first day, for windows found by bisection: a day's cost must not grow with the days
@@ -77,6 +81,19 @@ class Dataset:
         self._longest = max(((pd.Timestamp(f["last"]) - pd.Timestamp(f["first"])).days for f in self.files), default=0)
         self._test: Examples | None = None
         self._skipped: set[str] = set()
+
+    def _manifest_stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = (self.root / MANIFEST).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _fresh(self) -> None:
+        """Reload a manifest that a publish replaced since: a day appended, or, with the daily cycle, the
+        test window moved (a worker's day order and test days must be tonight's)."""
+        if self._manifest_stat() != self._seen:
+            self._load()
 
     def _overlapping(self, start: pd.Timestamp, last: pd.Timestamp) -> list[dict[str, Any]]:
         """The files with a day in [start, last], in manifest order."""
@@ -89,6 +106,7 @@ class Dataset:
 
     def training_shards(self) -> list[str]:
         """Training files in the order of their days (``dayfile.day_of``: never their oldest row)."""
+        self._fresh()
         train = [f for f in self.files if f["role"] == TRAINING]
         return [f["path"] for f in sorted(train, key=lambda f: (place(f), f["first"], f["last"], f["path"]))]
 
@@ -231,9 +249,18 @@ class Dataset:
                 parts.append(self.compute_features(rel))
         return Examples.concat(parts)
 
+    def test_files(self) -> list[dict[str, Any]]:
+        """The testing files' manifest entries, oldest first (with the daily cycle: tonight's test window)."""
+        self._fresh()
+        return sorted((f for f in self.files if f["role"] == TESTING), key=lambda f: (place(f), f["path"]))
+
+    def test_window(self) -> list[str]:
+        """The test files a day is evaluated on, as the manifest names them (each history entry records it)."""
+        return [f["path"] for f in self.test_files()]
+
     def test_examples(self) -> Examples:
-        """All testing files, featurised with their history; loaded once per process."""
+        """All testing files, featurised with their history; loaded once per manifest."""
+        tests = self.test_files()
         if self._test is None:
-            tests = sorted((f for f in self.files if f["role"] == TESTING), key=lambda f: (place(f), f["path"]))
             self._test = self.examples([f["path"] for f in tests])
         return self._test

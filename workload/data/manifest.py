@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from workload.data.cycle import CYCLE, RETIRED, Cycle
 from workload.data.dayfile import ROLES, DatasetError, describe, labelled, place, read_transactions
 from workload.data.reading import AS_IS, Reading
 from workload.data.rules import RowHashes, check_dataset
@@ -34,17 +35,25 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 
 def save_manifest(root: Path, entries: Iterable[dict[str, Any]], source: str | None,
-                  reading: Reading = AS_IS) -> None:
-    """The manifest is the publishing point: a file not in it does not exist for workers."""
+                  reading: Reading = AS_IS, cycle: Cycle | None = None,
+                  retired: list[dict[str, Any]] | None = None) -> None:
+    """The manifest is the publishing point: a file not in it does not exist for workers. `cycle`: the
+    daily cycle's rule (``workload.data.cycle``), `retired`: the entries that left the manifest."""
     order = {role: i for i, role in enumerate(ROLES)}
     files = sorted(entries, key=lambda e: (order[e["role"]], place(e), e["path"]))
-    record = {"source": source, **({"reading": reading.record()} if reading != AS_IS else {}), "files": files}
+    record = {"source": source, **({"reading": reading.record()} if reading != AS_IS else {}),
+              **({CYCLE: cycle.record()} if cycle else {}), "files": files, **({RETIRED: retired} if retired else {})}
     atomic_write_text(root / MANIFEST, json.dumps(record, indent=1) + "\n")
 
 
 def manifest_reading(manifest: dict[str, Any]) -> Reading:
     """How the files of a published dataset are read (the default for manifests that record none)."""
     return Reading.from_record(manifest.get("reading"))
+
+
+def manifest_cycle(manifest: dict[str, Any]) -> Cycle | None:
+    """The daily cycle a published dataset follows; None for a fixed holdout."""
+    return Cycle.from_record(manifest.get(CYCLE))
 
 
 def write_manifest(root: Path) -> list[dict[str, Any]]:

@@ -258,15 +258,16 @@ class Rewind:
     @classmethod
     def needed(cls, state: LineageState | None, day: str, order: list[str]) -> Rewind | None:
         """The rewind that applying `day` to `state` needs, in the dataset's `order`; None when `day` goes on
-        the end (or is not a training day: reading it refuses it)."""
+        the end (or is not a training day: reading it refuses it). An applied day the order no longer has
+        is an older version of a day (late labels, `workload.data.cycle`): it is undone as a later day is."""
         if state is None or day not in order:
             return None
         pos = {d: i for i, d in enumerate(order)}
         mine = pos[day]
-        later = tuple(d for d in state.applied if pos.get(d, -1) > mine)
+        later = tuple(d for d in state.applied if pos.get(d, len(order)) > mine)
         if not later:
             return None
-        earlier = tuple(d for d in state.applied if pos.get(d, -1) < mine)
+        earlier = tuple(d for d in state.applied if pos.get(d, len(order)) < mine)
         return cls(day=day, later=later, earlier=earlier, again=tuple((d, pos[d]) for d in order[mine + 1:]))
 
     def is_target(self, raw: dict[str, Any]) -> bool:
@@ -283,12 +284,14 @@ class Rewind:
                             "hyperparameters (seed --runs-file), which applies every day in date order")
         return found
 
-    def record(self, target: Checkpoint | None) -> dict[str, Any]:
-        """The lineage's record of this rewind (the report lists each)."""
+    def record(self, target: Checkpoint | None, order: list[str] | None = None) -> dict[str, Any]:
+        """The lineage's record of this rewind (the report lists each); `order`: the dataset's, which names an
+        older version of the day (late labels)."""
+        older = [d for d in self.later if order is not None and d not in order]
+        why = (f"{self.day} carries new labels for {older[0]} (late labels)" if older else
+               f"{self.day} arrived after {self.later[-1]} was applied (a backfill or a requeued day)")
         return {"day": self.day, "reapplied": list(self.later),
-                "from": target.path.name if target else "a cold start",
-                "why": f"{self.day} arrived after {self.later[-1]} was applied (a backfill or a requeued day)",
-                "time": _now()}
+                "from": target.path.name if target else "a cold start", "why": why, "time": _now()}
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,7 @@ def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order:
     if rewind is None or found is None:
         return Start(found)
     target = rewind.target(store, run)
-    record = rewind.record(target)
+    record = rewind.record(target, order)
     log.warning("%s/%s: %s; rewinding run %s to %s and applying %s again after it", run, day, record["why"], run,
                 record["from"], ", ".join(record["reapplied"]))
     return Start(target, rewind.again, (*found.state.reapplied, record))
@@ -398,7 +401,8 @@ class Lineage:
             "first_day": str(examples.day.min()) if len(examples.day) else "",
             "last_day": str(examples.day.max()) if len(examples.day) else "",
             "window_rows": int(len(window.y)), "train_accuracy": t.train_accuracy(len(window.y)),
-            "train_seconds": round(train_s, 3), **metrics.evaluate(test_scores, test.y, test.day, test.card),
+            "train_seconds": round(train_s, 3), "test_window": data.test_window(),
+            **metrics.evaluate(test_scores, test.y, test.day, test.card),
             **calibration.assess(t, test, test_scores, calibrated_on),
         }
         t.finish_shard(entry)

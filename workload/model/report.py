@@ -75,6 +75,7 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run
         lines += [
             f"time: {h['time']}",
             f"training dataset: {h['shard']}",
+            *([test_window_line(h["test_window"])] if h.get("test_window") else []),
             _checkpoint_line(run_dir, h["checkpoint"], kept),
             f"average precision (AUPRC) on testing data: {_fmt(ap)} (base rate {_fmt(base)}: "
             f"{lift_phrase(ap, base)})",
@@ -115,6 +116,11 @@ def headline(history: list[dict[str, Any]]) -> list[str]:
     if "alerts" in h:
         lines.append("  alert thresholds with their precision and recall: at the end of this report")
     return [*lines, ""]
+
+
+def test_window_line(window: list[str]) -> str:
+    """Which test days a day's figures are on (with the daily cycle the window moves every night)."""
+    return f"tested on: {len(window)} day(s), {window[0]}" + (f" .. {window[-1]}" if len(window) > 1 else "")
 
 
 def calibration_line(h: dict[str, Any]) -> str:
