@@ -270,7 +270,7 @@ def redis(work: Path, log: Log) -> RedisServer | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--device", choices=("cuda", "cpu", "both"), default=None,
                    help="where to measure (default: both when CUDA is available, else cpu)")
     p.add_argument("--mini", action="store_true", help="every phase in miniature: proves it runs, means nothing")
