@@ -195,10 +195,17 @@ def _no_retry_on_preemption(inputs: dict) -> None:
     inputs["spec"]["podFailurePolicy"]["rules"] = inputs["spec"]["podFailurePolicy"]["rules"][1:]
 
 
+def test_the_stacks_jobs_are_replaced_when_their_failure_policy_changes(rendered: Render) -> None:
+    """The program names spec.podFailurePolicy in the Jobs' replaceOnChanges (infra/jobs.py), so `make diff`
+    shows the replacement the engine will make, never a PATCH the API server refuses."""
+    (job,) = _job_changed(rendered, _no_retry_on_preemption)
+    assert (job.action, job.why, job.fails) == ("replace", "spec.podFailurePolicy (replaceOnChanges)", "")
+
+
 def test_a_new_failure_policy_is_an_update_the_api_server_refuses(rendered: Render) -> None:
     """spec.podFailurePolicy is immutable in the Kubernetes API (ValidateJobSpecUpdate) and not among the
-    provider's replace-on-change paths: the provider PATCHes it and `pulumi up` fails."""
-    (job,) = _job_changed(rendered, _no_retry_on_preemption)
+    provider's replace-on-change paths: without replaceOnChanges the provider PATCHes it and `pulumi up` fails."""
+    (job,) = _job_changed(rendered, _no_retry_on_preemption, replace_on=[])
     assert (job.action, job.why, job.fails) == ("update", "spec.podFailurePolicy.rules", "spec.podFailurePolicy")
     lines = diff.report([job])
     assert lines[0].startswith("!! WILL FAIL: update   kubernetes:batch/v1:Job training") and "immutable" in lines[0]
