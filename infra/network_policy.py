@@ -32,7 +32,9 @@ PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 EVERYWHERE = "0.0.0.0/0"
 # Where pods fetch Workload Identity tokens: GKE's docs ("Workload Identity Federation for GKE", restrictions
 # with network policies) ask for 169.254.169.254/32 on port 80 with Dataplane V2, and 169.254.169.252/32 on
-# port 988 (the gke-metadata-server) on GKE 1.21.0-gke.1000 and later.
+# port 988 (the gke-metadata-server), where an iptables dataplane has already DNATed the request by the time
+# policy is evaluated. Public GKE egress policies allow the same pair (found with the search tool: "GKE
+# metadata 169.254.169.254/32:80, Workload Identity metadata 169.254.169.252/32:987,988").
 METADATA_SERVER = (("169.254.169.254/32", 80), ("169.254.169.252/32", 988))
 HTTPS = 443
 DNS = 53
