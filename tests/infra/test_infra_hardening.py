@@ -1,10 +1,13 @@
 """The control plane's and the share's security settings as the stack renders them: each argument present
-only when its setting is on, named as pulumi_gcp 10.2 (terraform-provider-google) declares it."""
+only when its setting is on, named as pulumi_gcp 10.2 (terraform-provider-google) declares it; and the stateful
+resources' protection."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from infra.render import Rendered
 
@@ -47,3 +50,29 @@ def test_the_share_settings_reach_the_filestore_instance(rendered: Render) -> No
     # loader waits on nothing it would have done.
     assert not r.of_type("spot-trainer:storage:SharePreparation")
     assert rendered("dev").one("spot-trainer:storage:SharePreparation")
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "api", "protect"),
+    [
+        ("prod", {}, None, True),  # BASIC_SSD: no API protection; Pulumi's protect, as on every tier
+        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, True),
+        ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, True),
+        ("dev", {}, None, True),
+        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, True),
+        ("dev", {"allowDataLoss": True}, None, False),
+        ("dev", {"allowDataLoss": True, "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, False, False),
+    ],
+    ids=str,
+)
+def test_filestore_deletion_protection_only_where_the_tier_has_it(
+    stack: str, overrides: dict[str, Any], api: bool | None, protect: bool, rendered: Render
+) -> None:
+    """deletion_protection_enabled on a BASIC tier fails the create (terraform-provider-google#20311); Pulumi's
+    protect on every tier (the provider's check fires only at delete, after a replacement was created), and on
+    the cluster, unless allowDataLoss."""
+    r = rendered(stack, **overrides)
+    share = r.one(FILESTORE)
+    assert share.inputs.get("deletionProtectionEnabled") is api
+    assert share.protect is protect
+    assert r.one("gcp:container/cluster:Cluster").protect is protect

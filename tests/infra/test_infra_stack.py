@@ -717,32 +717,6 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
     assert not names(rendered("dev")) & names(rendered("prod"))
 
 
-@pytest.mark.parametrize(
-    ("stack", "overrides", "api", "protect"),
-    [
-        ("prod", {}, None, True),  # BASIC_SSD: no API protection; Pulumi's protect, as on every tier
-        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, True),
-        ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, True),
-        ("dev", {}, None, True),
-        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, True),
-        ("dev", {"allowDataLoss": True}, None, False),
-        ("dev", {"allowDataLoss": True, "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, False, False),
-    ],
-    ids=str,
-)
-def test_filestore_deletion_protection_only_where_the_tier_has_it(
-    stack: str, overrides: dict[str, Any], api: bool | None, protect: bool, rendered: Render
-) -> None:
-    """deletion_protection_enabled on a BASIC tier fails the create (terraform-provider-google#20311); Pulumi's
-    protect on every tier (the provider's check fires only at delete, after a replacement was created), and on
-    the cluster, unless allowDataLoss."""
-    r = rendered(stack, **overrides)
-    share = r.one(FILESTORE)
-    assert share.inputs.get("deletionProtectionEnabled") is api
-    assert share.protect is protect
-    assert r.one("gcp:container/cluster:Cluster").protect is protect
-
-
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_share_is_created_after_the_subnet(stack: str, rendered: Render) -> None:
     """The instance names only the VPC; without an explicit dependency it was created beside the subnet."""
