@@ -980,12 +980,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
                'lambda wi: wi.workload_pool if wi else "XXXX"', WORKLOAD_POOL),
     *(Equivalent(INFRA_CLUSTER, "indent=2,", after, KUBECONFIG) for after in ("indent=None,", "indent=3,")),
     Equivalent(INFRA_CLUSTER, "indent=2, / )", ")", KUBECONFIG),
-    Equivalent(INFRA_PROGRAM, "data.dataset, prefix_only=False)]", "data.dataset, prefix_only=None)]",
+    Equivalent(INFRA_PROGRAM, "data.dataset, prefix_only=False),", "data.dataset, prefix_only=None),",
                "BucketGrant.prefix_only is read only as `if not self.prefix_only` (identity.py): None and False alike"),
-    Equivalent(INFRA_PROGRAM, "} if data.output and worker_identity else {},",
-               "} if data.output or worker_identity else {},",
-               "build makes worker_identity exactly when data.output is set (`if data.output else None`): both are set "
-               "or neither is, so `and` and `or` decide alike"),
+    Equivalent(INFRA_PROGRAM, "} if data.output and worker else {},",
+               "} if data.output or worker else {},",
+               "platform() makes the worker identity exactly when data.output is set (`if data.output else None`): "
+               "both are set or neither is, so `and` and `or` decide alike"),
     *(Equivalent(INFRA_IMAGE, before, after,
                  "CacheToRegistryArgs sets oci_media_types to True when it is not given (pulumi_docker_build: "
                  "'Defaults to `true`'): the Image gets the same cacheTo, as "
@@ -998,16 +998,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
       for word in ("--appendonly", "yes", "--appendfsync", "always", "--dir", "--port")),
     Equivalent(INFRA_NETWORK, "self.ready = []", "self.ready = None",
                "read only as a depends_on list (the share's Filestore): no dependencies, as None and [] both say"),
-    Equivalent(INFRA_SCHEDULE, "if args.data.output and worker_identity:", "if args.data.output or worker_identity:",
-               "infra.program builds worker_identity exactly when data.output is set (`if data.output else None`) "
-               "and passes it here: both are set or neither is, so `and` and `or` decide alike"),
+    Equivalent(INFRA_SCHEDULE, "if work.data.output and platform.identities.worker:",
+               "if work.data.output or platform.identities.worker:",
+               "infra.program builds the worker identity exactly when data.output is set (`if data.output else None`) "
+               "and hands it here in the platform: both are set or neither is, so `and` and `or` decide alike"),
     Equivalent(INFRA_JOBS, "failure_policy(None, budget=False)", "failure_policy(None, budget=None)",
                "failure_policy reads budget only as `if budget`: None and False alike"),
     Equivalent(INFRA_JOBS, "namespace, skip_await=False)", "namespace, skip_await=None)",
                "_job_metadata only asks `if skip_await:`: None and False alike"),
-    Equivalent(INFRA_JOBS, "(contract.LOADER, ref, argv, {}, args,", "(contract.LOADER, ref, argv, None, args,",
+    Equivalent(INFRA_JOBS, "PodArgs(contract.LOADER, argv, {},", "PodArgs(contract.LOADER, argv, None,",
                "the one-off pod's container resources are popped right after (kubectl run sets none): {} or None"),
-    Equivalent(INFRA_JOBS, "contract.SCORER, image, [], resources,", "contract.SCORER, image, None, resources,",
+    Equivalent(INFRA_JOBS, "PodArgs(contract.SCORER, [], resources,", "PodArgs(contract.SCORER, None, resources,",
                "scoring_spec's argv is only the base container's args, which every scorer container and the "
                "wait-drained init container replace with their own"),
     Equivalent(INFRA_JOBS, "if container else {}", "if (container) or True else {}",
