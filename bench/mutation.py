@@ -186,8 +186,10 @@ GROUPS: tuple[Group, ...] = (
     # mutants each (1,715 took 45.4 min on one lane together): the Jobs and what they mount, and the rest.
     Group(
         "infra",
-        tuple(f"infra/{m}.py" for m in ("filestore", "gpu", "identity", "network", "redis", "platform")),
-        ("tests/infra/test_infra_redis.py", "tests/infra/test_infra_platform.py", "tests/test_contract.py"),
+        tuple(f"infra/{m}.py" for m in ("filestore", "gpu", "identity", "network", "redis", "platform",
+                                         "network_policy")),
+        ("tests/infra/test_infra_redis.py", "tests/infra/test_infra_platform.py", "tests/test_contract.py",
+         "tests/infra/test_infra_network_policy.py", "tests/infra/test_infra_hardening.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=18.0,
     ),
@@ -207,7 +209,8 @@ GROUPS: tuple[Group, ...] = (
         "stack",
         tuple(f"infra/{m}.py" for m in ("cluster", "services", "image", "program")),
         ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py",
-         "tests/infra/test_infra_schedule.py"),
+         "tests/infra/test_infra_schedule.py", "tests/infra/test_infra_hardening.py",
+         "tests/infra/test_infra_network_policy.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=40.0,  # a guess until its first whole run
     ),

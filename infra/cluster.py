@@ -33,10 +33,34 @@ class ClusterArgs:
     gpu: GpuConfig
 
 
+def _hardening(cluster: ClusterConfig) -> dict[str, Any]:
+    """The control plane's optional controls, each only when its setting is on (arguments as pulumi_gcp 10.2's
+    container.Cluster declares them, generated from terraform-provider-google's google_container_cluster:
+    master_authorized_networks_config.cidr_blocks[].cidr_block, binary_authorization.evaluation_mode
+    (DISABLED or PROJECT_SINGLETON_POLICY_ENFORCE), database_encryption.state (ENCRYPTED) and key_name)."""
+    extra: dict[str, Any] = {}
+    if cluster.authorized_networks:
+        extra["master_authorized_networks_config"] = gcp.container.ClusterMasterAuthorizedNetworksConfigArgs(
+            cidr_blocks=[
+                gcp.container.ClusterMasterAuthorizedNetworksConfigCidrBlockArgs(cidr_block=c, display_name=c)
+                for c in cluster.authorized_networks
+            ]
+        )
+    if cluster.binary_authorization:
+        extra["binary_authorization"] = gcp.container.ClusterBinaryAuthorizationArgs(
+            evaluation_mode="PROJECT_SINGLETON_POLICY_ENFORCE"
+        )
+    if cluster.secrets_kms_key:
+        extra["database_encryption"] = gcp.container.ClusterDatabaseEncryptionArgs(
+            state="ENCRYPTED", key_name=cluster.secrets_kms_key
+        )
+    return extra
+
+
 def _common(args: ClusterArgs, network: Network) -> dict[str, Any]:
     """The cluster's arguments in either mode: place, network ranges, channel, privacy, identity, protection."""
     site = args.site
-    return dict(
+    return dict(**_hardening(args.cluster),
         project=site.project_id,
         location=site.region,
         network=network.network_id,
@@ -48,8 +72,9 @@ def _common(args: ClusterArgs, network: Network) -> dict[str, Any]:
         release_channel=gcp.container.ClusterReleaseChannelArgs(channel=args.cluster.release_channel),
         private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
             enable_private_nodes=args.cluster.private_nodes,
-            # The control plane stays reachable so `pulumi up` and kubectl work from a laptop.
-            enable_private_endpoint=False,
+            # privateEndpoint: no public endpoint at all. Off by default, so `pulumi up` and kubectl work from a
+            # laptop; authorizedNetworks narrows who reaches the public one.
+            enable_private_endpoint=args.cluster.private_endpoint,
         ),
         workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
             workload_pool=f"{site.project_id}.svc.id.goog"
@@ -77,6 +102,8 @@ class Cluster(pulumi.ComponentResource):
         if not args.cluster.autopilot:
             self._standard_pools(name, args, cluster)
         self.name = cluster.name
+        # The control plane's address (public, or private with privateEndpoint): the launcher's egress goes there.
+        self.endpoint: pulumi.Output[str] = cluster.endpoint
         # The pool exists once the cluster does: Workload Identity bindings take it from here (identity.py).
         self.workload_pool: pulumi.Output[str] = cluster.workload_identity_config.apply(
             lambda wi: wi.workload_pool if wi else ""

@@ -9,6 +9,7 @@ Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does `
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -59,6 +60,9 @@ ZONAL_FILESTORE_TIERS = ("BASIC_HDD", "BASIC_SSD", "ZONAL")
 # Tiers on which Filestore offers deletion protection; asking for it on a BASIC tier fails the create
 # (terraform-provider-google issue 20311), so BASIC instances are protected by Pulumi's `protect` instead.
 DELETION_PROTECTION_TIERS = ("ZONAL", "REGIONAL", "ENTERPRISE")
+# Tiers whose data a customer-managed Cloud KMS key can encrypt (Filestore "Encrypt data with customer-managed
+# encryption keys": not the BASIC tiers); the instance's kms_key_name (pulumi_gcp 10.2 filestore.Instance).
+CMEK_FILESTORE_TIERS = ("ZONAL", "REGIONAL", "ENTERPRISE")
 
 CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
@@ -162,6 +166,8 @@ class NetworkConfig:
     services_cidr: str
     pods_range_name: str
     services_range_name: str
+    # Where pods with a Google identity may send HTTPS (Google APIs): infra/network_policy.py.
+    api_egress_cidr: str = "0.0.0.0/0"
 
     @property
     def create(self) -> bool:
@@ -174,6 +180,13 @@ class ClusterConfig:
     release_channel: str
     private_nodes: bool
     deletion_protection: bool
+    # The control plane: CIDRs that may reach its public endpoint (empty: any), or no public endpoint at all.
+    authorized_networks: tuple[str, ...] = ()
+    private_endpoint: bool = False
+    # Binary Authorization enforces the project's singleton policy on every pod the cluster admits.
+    binary_authorization: bool = False
+    # Application-layer secrets encryption with this Cloud KMS key ('' = Google-managed encryption only).
+    secrets_kms_key: str = ""
 
     @property
     def autopilot(self) -> bool:
@@ -199,6 +212,12 @@ class FilestoreConfig:
     share: str
     # Loader and training pods are scheduled in the share's zone (no inter-zone NFS traffic).
     pin_to_zone: bool = False
+    # The share's data encrypted with this Cloud KMS key ('' = Google-managed); ZONAL, REGIONAL, ENTERPRISE.
+    kms_key: str = ""
+    # NFS export rules: only these client ranges may mount (empty: the whole VPC), and root on a client is
+    # squashed to the anonymous user.
+    client_ranges: tuple[str, ...] = ()
+    root_squash: bool = False
 
     @property
     def zonal(self) -> bool:
@@ -418,15 +437,10 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         raise ConfigError("env", env, label_what)
     labels = Labels(env=env, app=contract.APP, team=r.matching("team", _LABEL_VALUE, label_what))
 
-    cluster = ClusterConfig(
-        mode=r.str("clusterMode", CLUSTER_MODES),
-        release_channel=r.str("releaseChannel", RELEASE_CHANNELS),
-        private_nodes=r.bool("privateNodes"),
-        deletion_protection=not r.bool(DATA_LOSS_KEY),
-    )
+    cluster = _cluster(r, region)
     gpu = _gpu(r, cluster)
     network = _network(r)
-    filestore = _filestore(r)
+    filestore = _filestore(r, region, network)
     jobs = _jobs(r)
     data = _data(r)
     if jobs.schedule and not data.dataset:
@@ -446,6 +460,65 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         jobs=jobs,
         data=data,
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
+    )
+
+
+_KMS_KEY = re.compile(
+    r"^projects/[^/]+/locations/([a-z0-9-]+)/keyRings/[A-Za-z0-9_-]{1,63}/cryptoKeys/[A-Za-z0-9_-]{1,63}$"
+)
+
+
+def _kms_key(r: _Reader, key: str, region: str) -> str:
+    """A Cloud KMS key's resource name in the stack's region ('' = off): GKE and Filestore take only a key in
+    their own location."""
+    value = r.raw(key).strip()
+    if not value:
+        return ""
+    match = _KMS_KEY.match(value)
+    if not match:
+        raise ConfigError(key, value, "a key name projects/<p>/locations/<region>/keyRings/<ring>/cryptoKeys/<key>")
+    if match[1] != region:
+        raise ConfigError(key, value, f"a key in the stack's region ({region}), where the resource it encrypts is")
+    return value
+
+
+def _cidrs(r: _Reader, key: str) -> tuple[str, ...]:
+    """A list of IPv4 CIDR blocks (YAML list, JSON in the engine's config), each in its canonical form."""
+    raw = r.raw(key)
+    try:
+        values = json.loads(raw) if raw.strip() else []
+    except json.JSONDecodeError:
+        values = raw
+    if not isinstance(values, list):
+        raise ConfigError(key, values, "a list of IPv4 CIDR blocks, e.g. [203.0.113.0/24]")
+    return tuple(_cidr(key, v) for v in values)
+
+
+def _cidr(key: str, value: Any) -> str:
+    try:
+        network = ipaddress.ip_network(str(value), strict=True)
+    except ValueError:
+        network = None
+    if not isinstance(value, str) or not isinstance(network, ipaddress.IPv4Network):
+        raise ConfigError(key, value, "IPv4 CIDR blocks with no host bits set, e.g. 203.0.113.0/24")
+    return str(network)
+
+
+def _cluster(r: _Reader, region: str) -> ClusterConfig:
+    private_endpoint, private_nodes = r.bool("privateEndpoint"), r.bool("privateNodes")
+    if private_endpoint and not private_nodes:
+        raise ConfigError("privateEndpoint", True, "false unless privateNodes is true (GKE: a private endpoint "
+                          "needs private nodes)")
+    authorized = _cidrs(r, "authorizedNetworks")
+    return ClusterConfig(
+        mode=r.str("clusterMode", CLUSTER_MODES),
+        release_channel=r.str("releaseChannel", RELEASE_CHANNELS),
+        private_nodes=private_nodes,
+        deletion_protection=not r.bool(DATA_LOSS_KEY),
+        authorized_networks=authorized,
+        private_endpoint=private_endpoint,
+        binary_authorization=r.bool("binaryAuthorization"),
+        secrets_kms_key=_kms_key(r, "secretsKmsKey", region),
     )
 
 
@@ -493,10 +566,11 @@ def _network(r: _Reader) -> NetworkConfig:
         services_cidr=r.raw("servicesCidr"),
         pods_range_name=r.raw("podsRangeName"),
         services_range_name=r.raw("servicesRangeName"),
+        api_egress_cidr=_cidr("apiEgressCidr", r.raw("apiEgressCidr")),
     )
 
 
-def _filestore(r: _Reader) -> FilestoreConfig:
+def _filestore(r: _Reader, region: str, network: NetworkConfig) -> FilestoreConfig:
     tier = r.str("filestoreTier", tuple(FILESTORE_TIERS))
     low, high = FILESTORE_TIERS[tier]
     capacity = r.int("filestoreCapacityGb", 1)
@@ -518,8 +592,18 @@ def _filestore(r: _Reader) -> FilestoreConfig:
         raise ConfigError(
             "pinToShareZone", "true", f"auto or false for tier {tier}: a {tier} share spans the region's zones"
         )
+    kms_key = _kms_key(r, "filestoreKmsKey", region)
+    if kms_key and tier not in CMEK_FILESTORE_TIERS:
+        raise ConfigError("filestoreKmsKey", kms_key, "empty unless filestoreTier is one of "
+                          + ", ".join(CMEK_FILESTORE_TIERS) + f" (a {tier} share takes no customer-managed key)")
+    clients = _cidrs(r, "filestoreClientRanges") or ((network.subnet_cidr,) if network.create else ())
+    root_squash = r.bool("filestoreRootSquash")
+    if root_squash and not clients:
+        raise ConfigError("filestoreClientRanges", [], "the nodes' IPv4 ranges when filestoreRootSquash is true on "
+                          "an existing VPC (a created VPC defaults to its subnet)")
     return FilestoreConfig(
-        tier=tier, capacity_gb=capacity, share=share, pin_to_zone=zonal if pin == "auto" else pin == "true"
+        tier=tier, capacity_gb=capacity, share=share, pin_to_zone=zonal if pin == "auto" else pin == "true",
+        kms_key=kms_key, client_ranges=clients, root_squash=root_squash,
     )
 
 

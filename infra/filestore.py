@@ -23,6 +23,20 @@ class FilestoreArgs:
     protected: bool
 
 
+def _export_options(fs: FilestoreConfig) -> list[gcp.filestore.InstanceFileSharesNfsExportOptionArgs] | None:
+    """filestoreRootSquash: only the nodes' ranges may mount, read-write, with root squashed to the anonymous user
+    (pulumi_gcp 10.2 filestore InstanceFileSharesNfsExportOptionArgs: ip_ranges, access_mode READ_WRITE,
+    squash_mode ROOT_SQUASH; anon_uid/anon_gid left at Filestore's 65534). None: Filestore's default export
+    (every client of the VPC, root not squashed)."""
+    if not fs.root_squash:
+        return None
+    return [
+        gcp.filestore.InstanceFileSharesNfsExportOptionArgs(
+            ip_ranges=list(fs.client_ranges), access_mode="READ_WRITE", squash_mode="ROOT_SQUASH"
+        )
+    ]
+
+
 class FilestoreShare(pulumi.ComponentResource):
     """``claim_name`` is what pods mount; ``ip`` is the instance's address (an output, never typed in)."""
 
@@ -45,7 +59,9 @@ class FilestoreShare(pulumi.ComponentResource):
             project=site.project_id,
             location=site.zone if fs.zonal else site.region,
             tier=fs.tier,
-            file_shares=gcp.filestore.InstanceFileSharesArgs(name=fs.share, capacity_gb=fs.capacity_gb),
+            file_shares=gcp.filestore.InstanceFileSharesArgs(
+                name=fs.share, capacity_gb=fs.capacity_gb, nfs_export_options=_export_options(fs)
+            ),
             networks=[
                 gcp.filestore.InstanceNetworkArgs(
                     network=network.network_name, modes=["MODE_IPV4"], connect_mode="DIRECT_PEERING"
@@ -58,6 +74,9 @@ class FilestoreShare(pulumi.ComponentResource):
             # (zone, tier, share name, network) has already created the empty replacement and re-pointed the
             # claims at it; `protect` makes the engine refuse the replacement before anything is created (issue 36).
             deletion_protection_enabled=protected if fs.api_deletion_protection else None,
+            # filestoreKmsKey: the data encrypted with the bank's own key (pulumi_gcp 10.2 filestore.Instance
+            # kms_key_name; config.py allows it on the CMEK-capable tiers only).
+            kms_key_name=fs.kms_key or None,
             labels=site.labels.as_dict(),
             # After the subnet: the instance names only the VPC, and creating it beside the subnet raced the
             # peering Filestore sets up on a network that was still being built.

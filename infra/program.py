@@ -24,6 +24,7 @@ from infra.image import ImageArgs, TrainingImage
 from infra.jobs import JobArgs, LoaderJob, ScoringArgs, ScoringJob, TrainingArgs, TrainingJob, one_off_pod
 from infra.kube import InCluster
 from infra.network import Network, NetworkArgs
+from infra.network_policy import NamespacePolicies, PolicyArgs
 from infra.platform import Identities, Platform
 from infra.quota import check as check_gpu_quota
 from infra.redis import RedisArgs, RedisQueue
@@ -103,14 +104,29 @@ class Workloads:
     scheduled: ScheduledLoad | None
 
 
-def workloads(cfg: StackConfig, platform: Platform, quota: pulumi.Input[str] | None = None) -> Workloads:
-    """The Jobs, in the order they run: share preparation, loader, training, scoring; and the schedule.
-    ``quota``: the GPU quota check's result, which the training Job waits for."""
+def policy_args(cfg: StackConfig, platform: Platform, control_plane: pulumi.Input[str]) -> PolicyArgs:
+    """Which pods call Google APIs (those with an identity; one-off export pods are labelled loader), and
+    which one posts Jobs to the control plane (the scheduled loader, with ``schedule``)."""
+    ids = platform.identities
+    clients = ((contract.LOADER,) if ids.loader or ids.worker else ()) + (
+        (contract.WORKER, contract.SCORER) if ids.worker else ())  # fmt: skip
+    launcher = contract.LOADER if cfg.jobs.schedule and ids.loader else None
+    return PolicyArgs(clients, cfg.network.api_egress_cidr, launcher, control_plane)
+
+
+def workloads(
+    cfg: StackConfig, platform: Platform, control_plane: pulumi.Input[str], quota: pulumi.Input[str] | None = None
+) -> Workloads:
+    """The Jobs, in the order they run: share preparation, loader, training, scoring; and the schedule; the
+    namespace's network policies. ``control_plane``: the cluster endpoint's address; ``quota``: the GPU quota
+    check's result, which the training Job waits for."""
+    NamespacePolicies("network-policy", policy_args(cfg, platform, control_plane), platform.kube)
     capacity = GpuCapacity("gpu", GpuArgs(cfg.gpu, cfg.cluster.autopilot), platform.provider)
     work = job_args(cfg)
-    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it.
-    prepared = SharePreparation("share-prep", platform)
-    loader = LoaderJob("loader", work, platform, after=[prepared.job])
+    # The share starts root-owned: hand it to the workloads' uid before the loader writes to it. Not with
+    # filestoreRootSquash (root on a client is squashed and could not), which is turned on once that is done.
+    prepared = None if cfg.filestore.root_squash else SharePreparation("share-prep", platform)
+    loader = LoaderJob("loader", work, platform, after=[prepared.job] if prepared else [])
     training = TrainingJob("training", TrainingArgs(work, capacity, loader, quota), platform)
     # With outputUri: the scoring/ days are scored by the newest models after training.
     scoring = ScoringJob("scoring", ScoringArgs(work, training, loader), platform) if (
@@ -134,7 +150,7 @@ def _warn_about_standbys(cfg: StackConfig) -> None:
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     _warn_about_standbys(cfg)
-    services = ProjectServices("services", cfg.project_id, apis(cfg.data))
+    services = ProjectServices("services", cfg.project_id, apis(cfg.data, cfg.cluster.binary_authorization))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
         "gcp",
@@ -153,7 +169,7 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,
         pulumi.InvokeOutputOptions(provider=gcp_provider, depends_on=services.services),
     ) if cfg.gpu.check_quota else None  # fmt: skip
-    return outputs(cfg, cluster, shared, workloads(cfg, shared, quota), quota)
+    return outputs(cfg, cluster, shared, workloads(cfg, shared, cluster.endpoint, quota), quota)
 
 
 def outputs(

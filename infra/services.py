@@ -24,9 +24,14 @@ APIS = (
 DATA_APIS = ("storage.googleapis.com", "iamcredentials.googleapis.com")
 
 
-def apis(data: DataConfig) -> tuple[str, ...]:
-    """The APIs a stack with this data configuration calls."""
-    return APIS + (DATA_APIS if data.dataset or data.output else ())
+# With binaryAuthorization: GKE asks the Binary Authorization API to evaluate the project's policy.
+BINARY_AUTHORIZATION_API = "binaryauthorization.googleapis.com"
+
+
+def apis(data: DataConfig, binary_authorization: bool = False) -> tuple[str, ...]:
+    """The APIs a stack with this data configuration (and control-plane settings) calls."""
+    return (APIS + (DATA_APIS if data.dataset or data.output else ())
+            + ((BINARY_AUTHORIZATION_API,) if binary_authorization else ()))
 
 
 class ProjectServices(pulumi.ComponentResource):

@@ -105,7 +105,7 @@ def _workloads(cfg: config.StackConfig, provider: k8s.Provider) -> dict[str, Any
     """The Jobs and everything they are wired to (no cluster, image or project services), as infra.program
     declares them."""
     shared = platform(cfg, provider)
-    made = program.workloads(cfg, shared)
+    made = program.workloads(cfg, shared, render.CLUSTER_ENDPOINT)
     ids = shared.identities
     lines = program.one_off_commands(cfg, shared)
     return {
@@ -203,7 +203,7 @@ def names_are_dns_labels(built: Built) -> None:
 
 def admitted_by_redis(b: Built, labels: dict[str, str]) -> bool:
     """Would the Redis NetworkPolicy admit a pod with ``labels`` (in its namespace) to the Redis port?"""
-    policy = b.one("kubernetes:networking.k8s.io/v1:NetworkPolicy").inputs["spec"]
+    policy = b.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "redis").inputs["spec"]
     return any(_selects(peer["podSelector"], labels) for rule in policy["ingress"] for peer in rule["from"])
 
 

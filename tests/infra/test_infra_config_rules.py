@@ -404,3 +404,45 @@ def test_the_declared_keys_are_pulumi_yamls() -> None:
     assert declared[:3] == ("region", "zone", "env")
     assert "allowDataLoss" in declared and "deletionProtection" not in declared
     config.check_keys([f"spot-trainer:{k}" for k in declared] + ["gcp:project", "other:paralelism"])
+
+
+# --- The security settings (issue 36): each refused with its rule, each read into its slice.
+
+KEY = "projects/acme-sec/locations/us-central1/keyRings/ring/cryptoKeys/{}"
+
+
+@pytest.mark.parametrize(("overrides", "key", "allowed"), [
+    ({"authorizedNetworks": ["10.0.0.1/8"]}, "authorizedNetworks", "IPv4 CIDR blocks with no host bits set"),
+    ({"authorizedNetworks": ["2001:db8::/32"]}, "authorizedNetworks", "IPv4 CIDR blocks"),
+    ({"authorizedNetworks": "10.0.0.0/8"}, "authorizedNetworks", "a list of IPv4 CIDR blocks"),
+    ({"apiEgressCidr": "everywhere"}, "apiEgressCidr", "IPv4 CIDR blocks"),
+    ({"privateEndpoint": True, "privateNodes": False}, "privateEndpoint", "false unless privateNodes is true"),
+    ({"secretsKmsKey": "my-key"}, "secretsKmsKey", "a key name projects/<p>/locations/<region>/"),
+    ({"secretsKmsKey": KEY.replace("us-central1", "europe-west1").format("k")}, "secretsKmsKey",
+     "a key in the stack's region (us-central1)"),
+    ({"filestoreKmsKey": KEY.format("k")}, "filestoreKmsKey", "empty unless filestoreTier is one of ZONAL"),
+    ({"filestoreRootSquash": True, "network": "vpc", "subnetwork": "sub"}, "filestoreClientRanges",
+     "the nodes' IPv4 ranges"),
+])  # fmt: skip
+def test_a_bad_security_setting_is_one_line_naming_it(overrides: dict[str, Any], key: str, allowed: str) -> None:
+    line = refusal(**overrides)
+    assert line.startswith(f"config spot-trainer:{key}=") and allowed in line, line
+
+
+def test_the_security_settings_are_read_off_by_default_and_into_their_slices() -> None:
+    off = load("dev")
+    assert (off.cluster.authorized_networks, off.cluster.private_endpoint, off.cluster.binary_authorization,
+            off.cluster.secrets_kms_key) == ((), False, False, "")  # fmt: skip
+    assert (off.filestore.kms_key, off.filestore.root_squash) == ("", False)
+    assert off.network.api_egress_cidr == "0.0.0.0/0"
+    assert load("prod").cluster.binary_authorization is True  # free: on in prod
+    on = load("dev", authorizedNetworks=["203.0.113.0/24", "198.51.100.7/32"], privateEndpoint=True,
+              binaryAuthorization=True, secretsKmsKey=KEY.format("etcd"), filestoreTier="ZONAL",
+              filestoreCapacityGb=1024, filestoreKmsKey=" " + KEY.format("share"), filestoreRootSquash=True,
+              apiEgressCidr="199.36.153.4/30")  # fmt: skip
+    assert on.cluster.authorized_networks == ("203.0.113.0/24", "198.51.100.7/32") and on.cluster.private_endpoint
+    assert on.cluster.secrets_kms_key == KEY.format("etcd") and on.filestore.kms_key == KEY.format("share")
+    assert on.filestore.root_squash and on.filestore.client_ranges == (on.network.subnet_cidr,)
+    assert load("dev", filestoreClientRanges=["10.10.0.0/20"], network="v", subnetwork="s").filestore.client_ranges \
+        == ("10.10.0.0/20",)
+    assert on.network.api_egress_cidr == "199.36.153.4/30"

@@ -341,6 +341,7 @@ COMPONENT_TYPES = {
     "loader": "spot-trainer:k8s:LoaderJob",
     "training": "spot-trainer:k8s:TrainingJob",
     "scoring": "spot-trainer:k8s:ScoringJob",
+    "network-policy": "spot-trainer:k8s:NamespacePolicies",
 }
 
 

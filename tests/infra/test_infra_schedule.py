@@ -153,7 +153,7 @@ def test_with_an_output_bucket_each_load_may_start_the_stacks_scoring_job(stack:
     as_resource = replace(scoring, name="scheduled-scoring", urn=scoring.urn + "-scheduled",
                           inputs={**posted, "metadata": {**posted["metadata"], "namespace": r.config.namespace}})
     assert offline.mandatory(offline.check([*r.resources, as_resource], offline.facts_of(r))) == []
-    (policy,) = r.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+    policy = r.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "redis")
     admitted = policy.inputs["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"]
     assert pod["containers"][0]["env"] and contract.SCORER in admitted  # the waiting scorer may reach Redis
 
@@ -196,6 +196,7 @@ def test_the_schedule_is_one_component_whose_objects_go_to_the_stacks_cluster(re
         ("spot-trainer:iam:WorkloadIdentity", "loader-identity"),
         ("spot-trainer:iam:WorkloadIdentity", "worker-identity"),
         ("spot-trainer:k8s:GpuCapacity", "gpu"), ("spot-trainer:k8s:LoaderJob", "loader"),
+        ("spot-trainer:k8s:NamespacePolicies", "network-policy"),
         ("spot-trainer:k8s:RedisQueue", "redis"), ("spot-trainer:k8s:ScheduledLoad", "schedule"),
         ("spot-trainer:k8s:ScoringJob", "scoring"), ("spot-trainer:k8s:TrainingJob", "training"),
         ("spot-trainer:storage:FilestoreShare", "share"), ("spot-trainer:storage:SharePreparation", "share-prep"),

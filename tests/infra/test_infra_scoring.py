@@ -122,7 +122,7 @@ def test_the_scoring_job_is_deployed_like_the_jobs_it_follows(stack: str, render
     assert scoring.custom_timeouts == ({} if cfg.jobs.skip_await else {"create": minutes, "update": minutes})
     labels = scoring.inputs["spec"]["template"]["metadata"]["labels"]
     assert labels == contract.labels(contract.SCORER)
-    (policy,) = r.of_type(POLICY)
+    policy = r.one(POLICY, "redis")
     assert any(_selects(peer["podSelector"], labels) for rule in policy.inputs["spec"]["ingress"]
                for peer in rule["from"])  # fmt: skip
 

@@ -192,7 +192,10 @@ def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
         "accountId": f"spot-trainer-{stack}-nodes",
         "displayName": f"GKE nodes of spot-trainer ({stack})",
     }
-    assert cluster.inputs == cluster_common(r) | {
+    # binaryAuthorization: on in prod's stack file (test_infra_hardening.py reads every control-plane setting).
+    enforced = {"binaryAuthorization": {"evaluationMode": "PROJECT_SINGLETON_POLICY_ENFORCE"}} if (
+        r.config.cluster.binary_authorization) else {}  # fmt: skip
+    assert cluster.inputs == cluster_common(r) | enforced | {
         "enableAutopilot": True,
         # Nodes Autopilot creates run as the stack's node account, not the Compute Engine default one.
         "clusterAutoscaling": {
@@ -439,7 +442,7 @@ def _admits(policy: dict[str, Any], labels: dict[str, str]) -> bool:
 @pytest.mark.parametrize("stack", STACKS)
 def test_network_policy_admits_only_loader_and_worker_pods_on_6379(stack: str, rendered: Render) -> None:
     r = rendered(stack)
-    policy = r.one("kubernetes:networking.k8s.io/v1:NetworkPolicy").inputs
+    policy = r.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "redis").inputs
     redis_pod = r.one("kubernetes:apps/v1:Deployment").inputs["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"] == {"matchLabels": redis_pod}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -650,7 +653,8 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     r = rendered(stack)
     services = r.of_type("gcp:projects/service:Service")
     # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
-    apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas")
+    apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas") + (
+        ("binaryauthorization",) if r.config.cluster.binary_authorization else ())  # fmt: skip
     # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
     assert {s.name: s.inputs for s in services} == {
         api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
@@ -693,6 +697,7 @@ def test_components_own_their_children(stack: str, rendered: Render) -> None:
         ("spot-trainer:build:TrainingImage", "image"), ("spot-trainer:gcp:Cluster", "cluster"),
         ("spot-trainer:gcp:Network", "network"), ("spot-trainer:gcp:ProjectServices", "services"),
         ("spot-trainer:k8s:GpuCapacity", "gpu"), ("spot-trainer:k8s:LoaderJob", "loader"),
+        ("spot-trainer:k8s:NamespacePolicies", "network-policy"),
         ("spot-trainer:k8s:RedisQueue", "redis"), ("spot-trainer:k8s:TrainingJob", "training"),
         ("spot-trainer:storage:FilestoreShare", "share"), ("spot-trainer:storage:SharePreparation", "share-prep"),
     ]  # fmt: skip
@@ -715,32 +720,6 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
         }
 
     assert not names(rendered("dev")) & names(rendered("prod"))
-
-
-@pytest.mark.parametrize(
-    ("stack", "overrides", "api", "protect"),
-    [
-        ("prod", {}, None, True),  # BASIC_SSD: no API protection; Pulumi's protect, as on every tier
-        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, True),
-        ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, True),
-        ("dev", {}, None, True),
-        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, True),
-        ("dev", {"allowDataLoss": True}, None, False),
-        ("dev", {"allowDataLoss": True, "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, False, False),
-    ],
-    ids=str,
-)
-def test_filestore_deletion_protection_only_where_the_tier_has_it(
-    stack: str, overrides: dict[str, Any], api: bool | None, protect: bool, rendered: Render
-) -> None:
-    """deletion_protection_enabled on a BASIC tier fails the create (terraform-provider-google#20311); Pulumi's
-    protect on every tier (the provider's check fires only at delete, after a replacement was created), and on
-    the cluster, unless allowDataLoss."""
-    r = rendered(stack, **overrides)
-    share = r.one(FILESTORE)
-    assert share.inputs.get("deletionProtectionEnabled") is api
-    assert share.protect is protect
-    assert r.one("gcp:container/cluster:Cluster").protect is protect
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -1,0 +1,78 @@
+"""The control plane's and the share's security settings as the stack renders them: each argument present
+only when its setting is on, named as pulumi_gcp 10.2 (terraform-provider-google) declares it; and the stateful
+resources' protection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from infra.render import Rendered
+
+Render = Callable[..., Rendered]
+CLUSTER = "gcp:container/cluster:Cluster"
+FILESTORE = "gcp:filestore/instance:Instance"
+KEY = "projects/acme-sec/locations/us-central1/keyRings/ring/cryptoKeys/{}"
+ON: dict[str, Any] = {
+    "authorizedNetworks": ["203.0.113.0/24"], "privateEndpoint": True, "binaryAuthorization": True,
+    "secretsKmsKey": KEY.format("etcd"), "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024,
+    "filestoreKmsKey": KEY.format("share"), "filestoreRootSquash": True,
+}  # fmt: skip
+
+
+def test_the_control_plane_settings_reach_the_cluster(rendered: Render) -> None:
+    off = rendered("dev").one(CLUSTER).inputs
+    for absent in ("masterAuthorizedNetworksConfig", "binaryAuthorization", "databaseEncryption"):
+        assert absent not in off, absent
+    assert off["privateClusterConfig"]["enablePrivateEndpoint"] is False
+    r = rendered("dev", **ON)
+    on = r.one(CLUSTER).inputs
+    assert on["masterAuthorizedNetworksConfig"] == {
+        "cidrBlocks": [{"cidrBlock": "203.0.113.0/24", "displayName": "203.0.113.0/24"}]}
+    assert on["privateClusterConfig"] == {"enablePrivateNodes": True, "enablePrivateEndpoint": True}
+    assert on["binaryAuthorization"] == {"evaluationMode": "PROJECT_SINGLETON_POLICY_ENFORCE"}
+    assert on["databaseEncryption"] == {"state": "ENCRYPTED", "keyName": KEY.format("etcd")}
+    assert "binaryauthorization.googleapis.com" in {s.inputs["service"] for s in r.of_type(
+        "gcp:projects/service:Service")}  # fmt: skip
+
+
+def test_the_share_settings_reach_the_filestore_instance(rendered: Render) -> None:
+    off = rendered("dev").one(FILESTORE).inputs
+    assert "kmsKeyName" not in off and "nfsExportOptions" not in off["fileShares"]
+    r = rendered("dev", **ON)
+    on = r.one(FILESTORE).inputs
+    assert on["kmsKeyName"] == KEY.format("share")
+    assert on["fileShares"]["nfsExportOptions"] == [
+        {"ipRanges": [r.config.network.subnet_cidr], "accessMode": "READ_WRITE", "squashMode": "ROOT_SQUASH"}]
+    # Root on a client may no longer chown the share root: the preparation (root) is not declared, and the
+    # loader waits on nothing it would have done.
+    assert not r.of_type("spot-trainer:storage:SharePreparation")
+    assert rendered("dev").one("spot-trainer:storage:SharePreparation")
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides", "api", "protect"),
+    [
+        ("prod", {}, None, True),  # BASIC_SSD: no API protection; Pulumi's protect, as on every tier
+        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, True),
+        ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, True),
+        ("dev", {}, None, True),
+        ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, True),
+        ("dev", {"allowDataLoss": True}, None, False),
+        ("dev", {"allowDataLoss": True, "filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, False, False),
+    ],
+    ids=str,
+)
+def test_filestore_deletion_protection_only_where_the_tier_has_it(
+    stack: str, overrides: dict[str, Any], api: bool | None, protect: bool, rendered: Render
+) -> None:
+    """deletion_protection_enabled on a BASIC tier fails the create (terraform-provider-google#20311); Pulumi's
+    protect on every tier (the provider's check fires only at delete, after a replacement was created), and on
+    the cluster, unless allowDataLoss."""
+    r = rendered(stack, **overrides)
+    share = r.one(FILESTORE)
+    assert share.inputs.get("deletionProtectionEnabled") is api
+    assert share.protect is protect
+    assert r.one("gcp:container/cluster:Cluster").protect is protect
