@@ -154,10 +154,17 @@ def test_a_week_of_days_arriving_one_a_night_trains_each_once_in_date_order(
         assert sorted(scored["TRANSACTION_ID"]) == sorted(FRAMES[scoring_day]["TRANSACTION_ID"]), \
             "tonight's unlabelled day is scored, and no day scored before"
         assert scored["score"].notna().all()
+        if n == 3:  # with its history: the same day scored alone (no earlier days) scores otherwise
+            alone, alone_out = tmp_path / "alone", tmp_path / "alone.parquet"
+            unlabelled(alone, scoring_day)
+            score.score_dataset(bank.share / "output" / "main", str(alone), str(alone_out))
+            both = scored.merge(pd.read_parquet(alone_out), on="TRANSACTION_ID", suffixes=("", "_alone"))
+            assert len(both) == len(scored) and (both["score"] != both["score_alone"]).any()
     assert len({tuple(w) for w in tested}) == 7, "the test window moved every night"
     assert [r["day"] for r in state["reapplied"]] == [relabelled]
     assert "new labels for training/2018-04-02.parquet" in state["reapplied"][0]["why"]
-    assert relabelled in (bank.share / "output" / "main" / "report.txt").read_text()
+    report = (bank.share / "output" / "main" / "report.txt").read_text()
+    assert relabelled in report and f"tested on: 2 day(s), training/{DAY[8]}.parquet .. training/{DAY[9]}" in report
 
     # The same days, all at once in date order, with tonight's labels: the same weights, bit for bit.
     ref = Bank(tmp_path / "ref", servers[1], monkeypatch)
