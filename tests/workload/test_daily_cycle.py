@@ -25,7 +25,9 @@ from harness import same_weights
 from workload import cli
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DONE
 from workload.data import dataset as ds
-from workload.data import simulator
+from workload.data import publish, simulator, source
+from workload.data.cycle import Cycle
+from workload.data.dayfile import DatasetError
 from workload.model import score
 from workload.queue.workqueue import WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
@@ -197,3 +199,26 @@ def test_a_changed_day_that_is_more_than_new_labels_is_refused_and_so_is_a_testi
     FRAMES[DAY[3]].to_parquet(bank.export / "testing" / f"{DAY[3]}.parquet", index=False)
     assert bank.seed() == EXIT_BAD_CONFIG
     assert "the rule picks the test days" in capfd.readouterr().err
+
+
+def test_a_worker_s_dataset_sees_tonight_s_window_without_being_opened_again(tmp_path: Path) -> None:
+    """A worker keeps its Dataset for days: when a publish moves the window, its order and test days move too,
+    and the manifest records the rule and what it retired."""
+    export, root = tmp_path / "export", tmp_path / "share" / "fraud"
+    for day in DAY[:3]:
+        labelled(export, day)
+    unlabelled(export, DAY[3])
+    publish.publish(root, source.LocalSource(export), cycle=Cycle(WINDOW))
+    data = ds.Dataset(root)
+    assert data.training_shards() == [f"training/{DAY[0]}.parquet"]
+    assert data.test_window() == [f"training/{d}.parquet" for d in DAY[1:3]]
+    labelled(export, DAY[3])
+    publish.publish(root, source.LocalSource(export))  # the recorded rule holds when none is given
+    assert data.training_shards() == [f"training/{d}.parquet" for d in DAY[:2]]
+    assert data.test_window() == [f"training/{d}.parquet" for d in DAY[2:4]]
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["cycle"] == {"test_days": WINDOW}
+    assert [(r["path"], r["retired_by"]) for r in manifest["retired"]] == [
+        (f"scoring/{DAY[3]}.parquet", f"training/{DAY[3]}.parquet")]
+    with pytest.raises(DatasetError, match="refusing the daily cycle"):
+        publish.publish(root, source.LocalSource(export), cycle=Cycle(3))
