@@ -222,3 +222,18 @@ def test_a_worker_s_dataset_sees_tonight_s_window_without_being_opened_again(tmp
         (f"scoring/{DAY[3]}.parquet", f"training/{DAY[3]}.parquet")]
     with pytest.raises(DatasetError, match="refusing the daily cycle"):
         publish.publish(root, source.LocalSource(export), cycle=Cycle(3))
+
+
+def test_new_labels_for_a_day_still_queued_replace_its_item(
+        tmp_path: Path, servers: tuple[RedisServer, RedisServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers lag a night: the old version's item is still pending when the new labels arrive. Seed
+    marks it done (the manifest no longer has that day) and queues the new version: no dead letter."""
+    bank = Bank(tmp_path / "bank", servers[0], monkeypatch)
+    for day in DAY[:3]:
+        labelled(bank.export, day)
+    assert bank.seed() == 0
+    labelled(bank.export, DAY[0], chargeback(DAY[0]))
+    assert bank.seed() == 0
+    c = WorkQueue(connect(bank.server.url, bank.server.password)).counts()
+    assert (c.pending, c.done, c.dead) == (1, 1, 0)
+    assert bank.drain()["applied"] == [f"training/v2/{DAY[0]}.parquet"]
