@@ -683,7 +683,7 @@ POD_CREATING = frozenset({("batch", "jobs"), ("batch", "cronjobs"), ("", "pods")
 # networks). Advisory while the rendered stacks do not produce those settings yet; at merge the lead empties
 # this set and they are mandatory (tests/policy/test_policy_stacks.py then demands every stack pass them).
 AWAITING_INFRA: frozenset[str] = frozenset({
-    "stateful-pulumi-protect", "loader-cannot-create-pods", "default-deny-network-policy",
+    "loader-cannot-create-pods", "default-deny-network-policy",
     "prod-control-plane-not-public", "prod-admission-and-encryption",
 })
 

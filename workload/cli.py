@@ -270,6 +270,10 @@ def seed(args: argparse.Namespace) -> int:
     # Every recorded run, not only those named now: days appended to a dataset reach every run.
     items = plan.items(args.share)
     added = queue.enqueue(items)
+    superseded = queue.mark_done(plan.retired_items(args.share))
+    if superseded:  # the daily cycle: a day's new version arrived before its old one was trained
+        log.info("%d queued item(s) of day versions that new labels replaced: marked done, their new versions "
+                 "are queued", superseded)
     queue.mark_seeded()
     c = queue.counts()
     log.info("queued %d new item(s) (%d already known) for run(s) %s; queue: %d pending, %d leased, %d done, "

@@ -25,7 +25,9 @@ from harness import same_weights
 from workload import cli
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DONE
 from workload.data import dataset as ds
-from workload.data import simulator
+from workload.data import publish, simulator, source
+from workload.data.cycle import Cycle
+from workload.data.dayfile import DatasetError
 from workload.model import score
 from workload.queue.workqueue import WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
@@ -154,10 +156,17 @@ def test_a_week_of_days_arriving_one_a_night_trains_each_once_in_date_order(
         assert sorted(scored["TRANSACTION_ID"]) == sorted(FRAMES[scoring_day]["TRANSACTION_ID"]), \
             "tonight's unlabelled day is scored, and no day scored before"
         assert scored["score"].notna().all()
+        if n == 3:  # with its history: the same day scored alone (no earlier days) scores otherwise
+            alone, alone_out = tmp_path / "alone", tmp_path / "alone.parquet"
+            unlabelled(alone, scoring_day)
+            score.score_dataset(bank.share / "output" / "main", str(alone), str(alone_out))
+            both = scored.merge(pd.read_parquet(alone_out), on="TRANSACTION_ID", suffixes=("", "_alone"))
+            assert len(both) == len(scored) and (both["score"] != both["score_alone"]).any()
     assert len({tuple(w) for w in tested}) == 7, "the test window moved every night"
     assert [r["day"] for r in state["reapplied"]] == [relabelled]
     assert "new labels for training/2018-04-02.parquet" in state["reapplied"][0]["why"]
-    assert relabelled in (bank.share / "output" / "main" / "report.txt").read_text()
+    report = (bank.share / "output" / "main" / "report.txt").read_text()
+    assert relabelled in report and f"tested on: 2 day(s), training/{DAY[8]}.parquet .. training/{DAY[9]}" in report
 
     # The same days, all at once in date order, with tonight's labels: the same weights, bit for bit.
     ref = Bank(tmp_path / "ref", servers[1], monkeypatch)
@@ -190,3 +199,41 @@ def test_a_changed_day_that_is_more_than_new_labels_is_refused_and_so_is_a_testi
     FRAMES[DAY[3]].to_parquet(bank.export / "testing" / f"{DAY[3]}.parquet", index=False)
     assert bank.seed() == EXIT_BAD_CONFIG
     assert "the rule picks the test days" in capfd.readouterr().err
+
+
+def test_a_worker_s_dataset_sees_tonight_s_window_without_being_opened_again(tmp_path: Path) -> None:
+    """A worker keeps its Dataset for days: when a publish moves the window, its order and test days move too,
+    and the manifest records the rule and what it retired."""
+    export, root = tmp_path / "export", tmp_path / "share" / "fraud"
+    for day in DAY[:3]:
+        labelled(export, day)
+    unlabelled(export, DAY[3])
+    publish.publish(root, source.LocalSource(export), cycle=Cycle(WINDOW))
+    data = ds.Dataset(root)
+    assert data.training_shards() == [f"training/{DAY[0]}.parquet"]
+    assert data.test_window() == [f"training/{d}.parquet" for d in DAY[1:3]]
+    labelled(export, DAY[3])
+    publish.publish(root, source.LocalSource(export))  # the recorded rule holds when none is given
+    assert data.training_shards() == [f"training/{d}.parquet" for d in DAY[:2]]
+    assert data.test_window() == [f"training/{d}.parquet" for d in DAY[2:4]]
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["cycle"] == {"test_days": WINDOW}
+    assert [(r["path"], r["retired_by"]) for r in manifest["retired"]] == [
+        (f"scoring/{DAY[3]}.parquet", f"training/{DAY[3]}.parquet")]
+    with pytest.raises(DatasetError, match="refusing the daily cycle"):
+        publish.publish(root, source.LocalSource(export), cycle=Cycle(3))
+
+
+def test_new_labels_for_a_day_still_queued_replace_its_item(
+        tmp_path: Path, servers: tuple[RedisServer, RedisServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers lag a night: the old version's item is still pending when the new labels arrive. Seed
+    marks it done (the manifest no longer has that day) and queues the new version: no dead letter."""
+    bank = Bank(tmp_path / "bank", servers[0], monkeypatch)
+    for day in DAY[:3]:
+        labelled(bank.export, day)
+    assert bank.seed() == 0
+    labelled(bank.export, DAY[0], chargeback(DAY[0]))
+    assert bank.seed() == 0
+    c = WorkQueue(connect(bank.server.url, bank.server.password)).counts()
+    assert (c.pending, c.done, c.dead) == (1, 1, 0)
+    assert bank.drain()["applied"] == [f"training/v2/{DAY[0]}.parquet"]

@@ -1,6 +1,6 @@
 """The daily cycle: a dataset that rolls forward one labelled day a night.
 
-A dataset published with a cycle (``seed --test-days N``, recorded in its manifest as ``"cycle"``) has
+A dataset published with a cycle (``seed --test-window N``, recorded in its manifest as ``"cycle"``) has
 no ``testing/`` folder: its labelled days are all in ``training/``, and the rule picks the roles. The
 newest ``N`` labelled days test; every older one trains. When tonight's labelled day arrives, it becomes
 a test day and the oldest test day becomes a training day, at the end of every run's order, so the runs

@@ -20,7 +20,7 @@ import pandas as pd
 
 from workload.core.errors import is_infra
 from workload.data import features, featurestore, schema
-from workload.data.cycle import effective_roles
+from workload.data.cycle import RETIRED, effective_roles
 from workload.data.dayfile import (
     TESTING,
     TRAINING,
@@ -70,6 +70,7 @@ class Dataset:
         self._seen = self._manifest_stat()
         manifest = read_manifest(self.root)
         self.cycle = manifest_cycle(manifest)
+        self.retired = [r["path"] for r in manifest.get(RETIRED, [])]  # day versions that left the manifest
         # With the daily cycle (workload.data.cycle) the rule gives the labelled days their roles.
         self.files: list[dict[str, Any]] = effective_roles(manifest["files"], self.cycle)
         self.reading = manifest_reading(manifest)

@@ -11,7 +11,7 @@
   apart in time, training before testing), moved in, and
   then the manifest is replaced: the manifest is the publishing point, so a worker never sees a
   half-added day. ``seed`` then enqueues them for every run (see ``workload.queue.plan``).
-- **The daily cycle** (``workload.data.cycle``, opt-in: ``seed --test-days N``): the rule that picks
+- **The daily cycle** (``workload.data.cycle``, opt-in: ``seed --test-window N``): the rule that picks
   the test days is recorded once and never changes; late labels for a published training day are
   published as a new version of it (the old entry retired), and a scored day that arrives labelled
   retires its unlabelled copy.

@@ -151,6 +151,18 @@ def items(share: Path, only: dict[str, RunSpec] | None = None) -> list[Item]:
     return out
 
 
+def retired_items(share: Path) -> list[Item]:
+    """The items of day versions a publish retired (``workload.data.cycle``: an older version of a day, a
+    scored day now labelled): the manifest no longer has them, so there is nothing to train; `seed` marks
+    any still pending done (a worker would find no such day)."""
+    datasets_dir, _ = share_paths(share)
+    out = []
+    for spec in live(share).values():
+        retired = Dataset(datasets_dir / spec.dataset).retired
+        out += [Item(run=spec.run, shard=path, dataset=spec.dataset, seq=0) for path in retired]
+    return out
+
+
 AppliedDays = Callable[[Path], set[str]]  # a run's output folder -> the days its newest checkpoint records
 
 
