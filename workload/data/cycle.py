@@ -93,7 +93,7 @@ def version_path(rel: str, version: int) -> str:
     return str(p.parent / f"v{version}" / p.name)
 
 
-def day_of(rel: str) -> str:
+def unversioned(rel: str) -> str:
     """The day file a version stands for (training/v2/D.parquet -> training/D.parquet); any other path as it is.
     A version trains as its day (the trainer's batch order is seeded by this name)."""
     parts = rel.split("/")

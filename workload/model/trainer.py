@@ -107,7 +107,7 @@ def _shard_seed(seed: int, shard: str, epoch: int) -> int:
     """The batch order's seed. A day's file type is not part of it: ``training/D.csv`` seeds as
     ``training/D.parquet`` (whose seeds never change), so a day trains alike from either export; nor is its
     version (late labels, ``workload.data.cycle``): ``training/v2/D.parquet`` seeds as ``training/D.parquet``."""
-    shard = cycle.day_of(shard)
+    shard = cycle.unversioned(shard)
     if shard.lower().endswith(".csv"):
         shard = shard[:-len(".csv")] + ".parquet"
     digest = hashlib.sha256(f"{seed}|{shard}|{epoch}".encode()).digest()
