@@ -7,8 +7,10 @@ waiting on. Failures are classified (workload.core.errors): an item fault is dea
 infrastructure fault releases the item at no cost, backs off, and exits `EXIT_INFRA` if it persists.
 Everything written to the share is fenced by the lease token (workload.share.checkpoint), so a worker
 frozen past its lease changes nothing when it wakes. A watchdog (runtime/heartbeat.py) gives the lease
-up and exits `EXIT_STALLED` when the worker is stuck in I/O. The exit code says what happened:
-0 all done, 4 drained with dead letters, 3 a persistent infrastructure fault, 143 SIGTERM.
+up and exits `EXIT_STALLED` when the worker is stuck in I/O. The exit code (workload.core.errors) says
+what happened: 0 all done, 4 drained with dead letters, 3 a persistent infrastructure fault (or an empty
+queue with no runs on the share), 5 stalled (the watchdog), 143 SIGTERM; before the loop starts, the
+command (workload.cli) exits 2 on bad configuration and 6 when given a GPU that CUDA cannot use.
 """
 
 from __future__ import annotations
