@@ -232,6 +232,34 @@ def test_a_backfilled_day_rewinds_the_run_to_the_boundary_before_it_and_applies_
     assert [r["day"] for r in state["reapplied"]] == [DAYS[1]]
 
 
+def test_a_worker_whose_view_of_the_dataset_is_stale_reads_the_manifest_again_at_claim(
+        env: Share, tmp_path: Path) -> None:
+    """Worker A reads the dataset while day 2 is held back and trains day 1; day 2 is then published (a backfill)
+    and worker B trains it. A, claiming day 3, must not compute day 3's features from its old view (without
+    day 2's transactions in the customers' and terminals' history): it reads the manifest again at the claim,
+    and the run ends bit for bit the in-order run's."""
+    publish = withhold(env, [DAYS[1]])
+    queue = env.seed()
+    a, b = Worker(env.config(worker_id="a"), queue), Worker(env.config(worker_id="b"), queue)
+    assert a.process(queue.claim("a", 10)) is Outcome.DONE and env.state()["applied"] == DAYS[:1]
+    publish(DAYS[1])
+    queue.enqueue(plan.items(env.share))
+    assert b.process(queue.claim("b", 10)) is Outcome.DONE and env.state()["applied"] == DAYS[:2]
+    assert a.run() == EXIT_DONE
+    (tmp_path / "in-order").mkdir()
+    gen = share_env(tmp_path / "in-order")
+    ordered = next(gen)
+    try:
+        assert Worker(ordered.config(), ordered.seed()).run() == EXIT_DONE
+        expected = ordered.state()
+    finally:
+        gen.close()
+    state = env.state()
+    assert state["applied"] == expected["applied"] == DAYS
+    assert all(torch.equal(state[part][k], expected[part][k]) for part in ("model", "averaged")
+               for k in expected[part]), "day 3 trained on features of a stale view of the dataset"
+
+
 def test_a_day_before_every_applied_one_rewinds_to_a_cold_start(env: Share) -> None:
     target = env.share / "datasets" / "fraud"
     simulator.generate(target, SPEC)
