@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -230,6 +231,30 @@ def test_a_backfilled_day_rewinds_the_run_to_the_boundary_before_it_and_applies_
     state = env.state()
     assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS
     assert [r["day"] for r in state["reapplied"]] == [DAYS[1]]
+
+
+def test_days_redis_calls_done_that_the_share_lacks_are_trained_before_the_worker_exits_0(
+        env: Share, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The in-process twin of test_done_is_the_shares.py: the run's output restored from a backup taken after day 1
+    while Redis calls all three days done. The worker puts days 2 and 3 back to pending, says so once, trains them
+    in date order and only then exits 0."""
+    queue = env.seed()
+    worker = Worker(env.config(), queue)
+    assert worker.process(queue.claim("w1", 10)) is Outcome.DONE
+    run_dir = env.share / "output" / "main"
+    shutil.copytree(run_dir, tmp_path / "backup")
+    assert worker.run() == EXIT_DONE and env.state()["applied"] == DAYS
+    shutil.rmtree(run_dir)
+    shutil.copytree(tmp_path / "backup", run_dir)
+    assert env.state()["applied"] == DAYS[:1] and queue.counts().done == 3
+    with caplog.at_level("WARNING", logger="workload.queue.plan"):
+        assert Worker(env.config(worker_id="w2"), queue).run() == EXIT_DONE
+    state = env.state()
+    assert state["applied"] == DAYS and [h["shard"] for h in state["history"]] == DAYS
+    said = [r.getMessage() for r in caplog.records if "does not record" in r.getMessage()]
+    head = f"share vs queue: Redis calls 2 day(s) done that their run's newest checkpoint on the share does not " \
+           f"record (main/{DAYS[1]}, main/{DAYS[2]})"
+    assert len(said) == 1 and said[0].startswith(head), said
 
 
 def test_a_worker_whose_view_of_the_dataset_is_stale_reads_the_manifest_again_at_claim(

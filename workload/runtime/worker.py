@@ -116,6 +116,8 @@ class Worker:
                     return EXIT_INFRA
                 if self.reconcile():  # the share's plan holds more than Redis: a restore from an old snapshot
                     continue
+                if self.confirm_done():  # Redis calls days done that the share's checkpoints lack
+                    continue
                 if counts.dead:
                     self._log_dead_letters()
                     log.error("queue drained: %d done, %d DEAD-LETTERED of %d; exiting %d (see `python -m "
@@ -168,6 +170,15 @@ class Worker:
             return plan.reconcile(self.queue, self.cfg.share, lineage.applied_days) is not None
         except (plan.PlanError, DatasetError) as exc:
             log.warning("cannot compare the queue with the share's plan: %s", exc)
+            return False
+
+    def confirm_done(self) -> bool:
+        """Before exiting: every day Redis calls done must be in its run's newest checkpoint on the share;
+        those that are not go back to pending to be trained (True when any did)."""
+        try:
+            return bool(plan.confirm_done(self.queue, self.cfg.share, lineage.applied_days))
+        except (plan.PlanError, DatasetError) as exc:
+            log.warning("cannot check the queue's done days against the share: %s", exc)
             return False
 
     def process(self, lease: Lease) -> Outcome:
