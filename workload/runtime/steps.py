@@ -1,8 +1,8 @@
 """One attempt at a claimed item, step by step in the order of DESIGN.md's checkpoint protocol.
 
 `Attempt.run` is the protocol, one numbered step a line, each step one call into the checkpoint store
-(workload.share.checkpoint), the run's lineage (workload.model.lineage), the dataset, the report or the
-queue; the worker's loop has claimed the item and started its heartbeat:
+(workload.share.checkpoint), the run's lineage (workload.model.lineage), the report or the queue; the
+worker's loop has claimed the item and started its heartbeat (docs/architecture.md lists the walk):
 
  1. fence: claim the run's checkpoints on the share under our lease token (the store);
  2. load: the run's newest checkpoint to start the day from (the lineage);
@@ -10,7 +10,7 @@ queue; the worker's loop has claimed the item and started its heartbeat:
  3. rewind: where the day is late (later days applied), the boundary before it (the lineage),
  4. and the later days put back to pending, under our lease (the queue);
  5. resume: the lineage from that checkpoint, or a new one (the lineage);
- 6. read: the day's examples and its window's (the dataset);
+ 6. read: the day's examples and its window's from the dataset (the lineage, which knows the window);
  7. train: with periodic mid-day checkpoints; stopped by SIGTERM, the item is released (the lineage);
  8. close the day: calibrate, score the test days, record the day (the lineage);
  9. save and promote: the checkpoint that records the day as applied (the store);
