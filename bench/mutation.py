@@ -120,14 +120,15 @@ GROUPS: tuple[Group, ...] = (
         cpu_minutes=2.1,
     ),
     # The fault tests run the worker as `python -m workload` subprocesses (mutmut cannot map those to
-    # functions, and they take minutes each): test_worker_inprocess.py drives the same code in the pytest
+    # functions, and they take minutes each): the test_worker_*_inprocess.py files drive the same code in the pytest
     # process. Not mutated, besides log calls (pyproject.toml): the fault-injection hooks (faults.point, inert
     # unless WORKLOAD_FAULT names the point; the subprocess fault tests fire each one).
     Group(
         "worker",
         ("workload/runtime/worker.py", "workload/runtime/steps.py", "workload/runtime/heartbeat.py",
          "workload/runtime/config.py"),
-        ("tests/workload/test_worker_inprocess.py",),
+        ("tests/workload/test_worker_inprocess.py", "tests/workload/test_worker_leases_inprocess.py",
+         "tests/workload/test_worker_restore_inprocess.py"),
         do_not_mutate_patterns=(r"^\s*faults\.point\(",),
         jobs_per_core=2,
         cpu_minutes=29.0,
@@ -149,8 +150,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "metrics",
         ("workload/model/metrics.py",),
-        ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py",
-         "tests/model/test_logistic_baseline.py"),
+        ("tests/model/test_metrics.py", "tests/model/test_metric_boundaries.py"),
         cpu_minutes=1.3,
     ),
     Group(

@@ -15,7 +15,7 @@ same week, so only the amount of labelled data differs:
   history, 2018-05-08..07-31 (12 weeks).
 
 Models: the project's default run, trained as the workers train it (day by day, in order, warm
-started, each day on its window); logistic regression (``metrics.logistic_regression_baseline``); random forest
+started, each day on its window); logistic regression (``baselines.logistic_regression_baseline``); random forest
 (scikit-learn, 100 trees, each on a bootstrap sample of at most ``FOREST_ROWS`` rows); LightGBM and
 XGBoost (100 trees, ``hist``). Each with seeds 0, 1, 2 (the mean and the range are shown); the
 logistic regression and the boosted trees (no subsampling) use no randomness: fitted once (``SEEDLESS``).
@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench import baselines
 from bench import data as bench_data
 from workload.data import dataset as ds
 from workload.data import features, simulator
@@ -140,7 +141,7 @@ def default_run(parts: list[tuple[str, ds.Examples]], x_test: np.ndarray, seed: 
 def baseline(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, seed: int) -> np.ndarray:
     """One baseline fitted on all the period's rows at once."""
     if name == "logistic regression":
-        return metrics.logistic_regression_baseline(x, y, x_test)
+        return baselines.logistic_regression_baseline(x, y, x_test)
     if name == "random forest":
         from sklearn.ensemble import RandomForestClassifier
 

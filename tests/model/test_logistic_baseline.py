@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
+from bench import baselines
 from workload.model import metrics
 
 
@@ -42,7 +43,7 @@ def _standardised(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("name", PROBLEMS)
 def test_scores_minimise_the_documented_objective(name: str) -> None:
     x, y = PROBLEMS[name]
-    p = metrics.logistic_regression_baseline(x, y, x)
+    p = baselines.logistic_regression_baseline(x, y, x)
     design = _standardised(x)
     # The scores are a logistic function of the standardised features: recover its coefficients.
     coef, *_ = np.linalg.lstsq(design, np.log(p / (1 - p)), rcond=None)
@@ -59,19 +60,19 @@ def test_class_weighting_balances_the_classes(name: str) -> None:
     """With each class weighing half and a free intercept, the mean fraud score and the mean legit score
     add up to exactly one on the training rows (the intercept's optimality condition)."""
     x, y = PROBLEMS[name]
-    p = metrics.logistic_regression_baseline(x, y, x)
+    p = baselines.logistic_regression_baseline(x, y, x)
     assert p[y == 1].mean() + p[y == 0].mean() == pytest.approx(1.0, abs=1e-7)
 
 
 def test_a_columns_unit_and_origin_do_not_matter() -> None:
     x, y = PROBLEMS["overlapping classes"]
     x_test = _problem(50, 10, 0.7, 9)[0]
-    scores = metrics.logistic_regression_baseline(x, y, x_test)
+    scores = baselines.logistic_regression_baseline(x, y, x_test)
     scale, shift = np.array([0.01, 1000.0, 3.0]), np.array([500.0, -7.0, 2.0])  # cents, a count in thousands
-    moved = metrics.logistic_regression_baseline(x * scale + shift, y, x_test * scale + shift)
+    moved = baselines.logistic_regression_baseline(x * scale + shift, y, x_test * scale + shift)
     np.testing.assert_allclose(moved, scores, rtol=1e-9)
     # A constant column (a flag no training row sets) adds nothing.
-    constant = metrics.logistic_regression_baseline(np.c_[x, np.full(len(x), 4.0)], y,
+    constant = baselines.logistic_regression_baseline(np.c_[x, np.full(len(x), 4.0)], y,
                                                     np.c_[x_test, np.full(len(x_test), 4.0)])
     np.testing.assert_allclose(constant, scores, rtol=1e-9)
 
@@ -80,9 +81,9 @@ def test_float32_features_are_fitted_in_double_precision() -> None:
     """The features come as float32 (features.compute): the fit is that of their float64 values."""
     x, y = PROBLEMS["overlapping classes"]
     x32 = (x * 1.37).astype(np.float32)
-    exact = metrics.logistic_regression_baseline(x32.astype(np.float64), y, x32.astype(np.float64))
-    np.testing.assert_array_equal(metrics.logistic_regression_baseline(x32, y.astype(np.float32), x32), exact)
-    np.testing.assert_array_equal(metrics.logistic_regression_baseline(x32, y.astype(int), x32), exact)
+    exact = baselines.logistic_regression_baseline(x32.astype(np.float64), y, x32.astype(np.float64))
+    np.testing.assert_array_equal(baselines.logistic_regression_baseline(x32, y.astype(np.float32), x32), exact)
+    np.testing.assert_array_equal(baselines.logistic_regression_baseline(x32, y.astype(int), x32), exact)
 
 
 def test_far_out_test_rows_score_strictly_inside_zero_and_one_without_warnings() -> None:
@@ -92,6 +93,23 @@ def test_far_out_test_rows_score_strictly_inside_zero_and_one_without_warnings()
     far = np.array([[1e12, 4.0, 1.0], [-1e12, 4.0, 1.0], [30.0, 1e9, 0.0], [30.0, -1e9, 0.0]])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        scores = metrics.logistic_regression_baseline(x, y, far)
+        scores = baselines.logistic_regression_baseline(x, y, far)
     assert np.all((scores > 0) & (scores < 1)), scores
     assert scores[0] != scores[1] and scores[2] != scores[3]
+
+
+def test_logistic_regression_baseline_learns_a_rare_class() -> None:
+    rng = np.random.default_rng(0)
+    n = 20000
+    y = (rng.random(n) < 0.02).astype(np.float32)
+    shift = np.array([2.0, 0.0, -1.0])
+    x = np.c_[rng.normal(size=(n, 3)) + y[:, None] * shift, np.ones(n)]  # a constant column too
+    x_test = np.c_[rng.normal(size=(n, 3)), np.ones(n)]
+    y_test = (rng.random(n) < 0.02).astype(np.float32)
+    x_test[:, :3] += y_test[:, None] * shift
+    scores = baselines.logistic_regression_baseline(x, y, x_test, seed=0)
+    assert scores.shape == (n,) and np.all((scores >= 0) & (scores <= 1))
+    assert metrics.roc_auc(scores, y_test) > 0.9
+    # Class weighting: frauds get probabilities above one half, not squashed to the base rate.
+    assert np.median(scores[y_test == 1]) > 0.5
+    np.testing.assert_array_equal(scores, baselines.logistic_regression_baseline(x, y, x_test, seed=0))

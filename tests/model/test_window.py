@@ -1,7 +1,7 @@
 """A day trains on its window: the run's newest applied days before it, then itself (`window_days`).
 
 The worker's side (it reads the window from the feature store, a resumed day reads the same rows) is in
-tests/workload/test_worker_inprocess.py; here, the trainer's rule and what a checkpoint written before
+tests/workload/test_worker_restore_inprocess.py; here, the trainer's rule and what a checkpoint written before
 the window existed keeps.
 """
 

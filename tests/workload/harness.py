@@ -27,7 +27,7 @@ TINY = simulator.SimulationSpec(customers=400, terminals=300, train_days=6, test
 # Enough epochs that a shard takes ~1 s: kills land mid-training and mid-shard checkpoints happen. Each day
 # alone (window_days 1): with the default window (all of a 6-day run's days so far) a day would take up to 6x
 # longer as the run grows, and the fault tests' timing is per day; the window's own resume is tested in
-# test_worker_inprocess.py.
+# test_worker_restore_inprocess.py.
 HPARAMS = {"epochs": 40, "batch_size": 64, "hidden": [32, 16], "window_days": 1}
 
 

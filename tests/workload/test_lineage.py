@@ -7,16 +7,18 @@ import ast
 import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from workload.core.errors import ItemFault
+from workload.core.errors import ItemFault, NonFinite
+from workload.data import features
 from workload.model import lineage
 from workload.model.hparams import HParams
-from workload.model.lineage import Checkpoint, LineageState, Rewind
+from workload.model.lineage import Checkpoint, Lineage, LineageState, Rewind
 from workload.model.trainer import Trainer
 from workload.share.checkpoint import CheckpointStore, checkpoint_name
 
@@ -127,14 +129,14 @@ def test_the_rewind_starts_from_the_boundary_before_the_late_day_and_records_its
     assert store.retained() >= {boundary.name}
     found = lineage.newest(store, "d2")  # mid-way through d4: passed over for the last boundary
     assert found.state.applied == ("d1", "d3") and found.state.is_boundary
-    start = lineage.start_for(store, found, "d2", ORDER, "r")
+    start = lineage.start_for(store, found, "d2", lambda: ORDER, "r")
     assert start.checkpoint.path == boundary and start.again == (("d3", 2), ("d4", 3))
     assert start.reapplied[0] == {"day": "old"}
     record = start.reapplied[1]
     assert {k: record[k] for k in ("day", "reapplied", "from")} == {"day": "d2", "reapplied": ["d3"],
                                                                     "from": boundary.name}
     assert record["why"] == "d2 arrived after d3 was applied (a backfill or a requeued day)"
-    assert lineage.start_for(store, found, "d4", ORDER, "r") == lineage.Start(found)
+    assert lineage.start_for(store, found, "d4", lambda: ORDER, "r") == lineage.Start(found)
 
 
 def test_a_late_day_whose_boundary_is_gone_is_an_item_fault_and_a_first_day_starts_cold(tmp_path: Path) -> None:
@@ -144,8 +146,8 @@ def test_a_late_day_whose_boundary_is_gone_is_an_item_fault_and_a_first_day_star
     found = lineage.newest(store, "d2")
     with pytest.raises(ItemFault, match=r"^run r: day d2 arrived after later days were applied \(d3 \.\.\.\), and the "
                                         r"boundary checkpoint before it is no longer in "):
-        lineage.start_for(store, found, "d2", ORDER, "r")
-    cold = lineage.start_for(store, found, "d0", ["d0", *ORDER], "r")
+        lineage.start_for(store, found, "d2", lambda: ORDER, "r")
+    cold = lineage.start_for(store, found, "d0", lambda: ["d0", *ORDER], "r")
     assert cold.checkpoint is None and cold.again == (("d1", 1), ("d2", 2), ("d3", 3), ("d4", 4))
     assert cold.reapplied[-1]["from"] == "a cold start"
 
@@ -173,6 +175,35 @@ def test_what_save_promoted_is_described_from_its_name_alone(tmp_path: Path) -> 
     assert (far.seq, far.token) == (123_456_789, 4), "a ninth digit of seq is read too"
     with pytest.raises(ValueError, match=r"model\.pt is not a checkpoint file name$"):
         Checkpoint.promoted(kept, tmp_path / "model.pt")
+
+
+def test_check_finite_names_what_is_not_finite() -> None:
+    hp = HParams(hidden=(8,), epochs=1, batch_size=256)
+    trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    Lineage(trainer).check_finite("main/x", loss=0.5, scores=np.array([0.1, 0.9]))
+    Lineage(trainer).check_finite("main/x")
+    with pytest.raises(NonFinite, match=r"^main/x: the training loss is inf; nothing was promoted$"):
+        Lineage(trainer).check_finite("main/x", loss=math.inf)
+    with pytest.raises(NonFinite, match=r"^main/x: the training loss is nan"):
+        Lineage(trainer).check_finite("main/x", loss=math.nan)
+    with pytest.raises(NonFinite, match=r"^main/x: the model's test scores are non-finite \(NaN or infinity\); "
+                       r"nothing was promoted: check the test days' data for extreme values$"):
+        Lineage(trainer).check_finite("main/x", scores=np.array([0.1, np.nan]))
+    with torch.no_grad():
+        next(iter(trainer.averaged.parameters())).view(-1)[0] = math.inf
+    with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite averaged weights "):
+        Lineage(trainer).check_finite("main/x")
+    trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    with torch.no_grad():
+        next(iter(trainer.model.parameters())).view(-1)[0] = math.nan
+    with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite weights "):
+        Lineage(trainer).check_finite("main/x")
+    trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
+    key, value = next(iter(trainer.norm.state().items()))
+    value.view(-1)[0] = math.nan
+    trainer.norm.load({**trainer.norm.state(), key: value})
+    with pytest.raises(NonFinite, match=rf"^main/x: training produced non-finite feature normaliser {key} "):
+        Lineage(trainer).check_finite("main/x")
 
 
 # -- one home for the format --------------------------------------------------------------------------------------

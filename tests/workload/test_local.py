@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench import baselines
 from workload.data import features
 from workload.data.dataset import Dataset
 from workload.model import metrics
@@ -78,7 +79,7 @@ def test_the_model_finds_fraud_better_than_a_linear_baseline(local_run) -> None:
         linear.finish_shard({})
     same_protocol = metrics.evaluate(linear.score(test.x), test.y, test.day)["average_precision"]
     x, y = np.concatenate([e.x for _, e in shards]), np.concatenate([e.y for _, e in shards])
-    all_at_once = metrics.evaluate(metrics.logistic_regression_baseline(x, y, test.x), test.y, test.day)
+    all_at_once = metrics.evaluate(baselines.logistic_regression_baseline(x, y, test.x), test.y, test.day)
     model = final["average_precision"]
     print(f"average precision: model {model:.3f}, logistic regression shard by shard {same_protocol:.3f}, "
           f"logistic regression on all days at once {all_at_once['average_precision']:.3f}, "

@@ -240,8 +240,8 @@ def newest_boundary(store: CheckpointStore) -> Checkpoint | None:
 
 def applied_days(run_dir: Path) -> set[str]:
     """The days the newest checkpoint under `run_dir` records as applied (none without one)."""
-    found = load(CheckpointStore(run_dir))
-    return set(found.state.applied) if found else set()
+    found = CheckpointStore(run_dir).load()  # not upgraded: only its applied list is asked for
+    return set(found.state.get("applied", ())) if found else set()
 
 
 # -- the rewind rule ---------------------------------------------------------------------------------
@@ -304,13 +304,14 @@ class Start:
     reapplied: tuple[dict[str, Any], ...] | None = None
 
 
-def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order: list[str], run: str) -> Start:
+def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order: Callable[[], list[str]],
+              run: str) -> Start:
     """Chronological order, always: when `found` (the run's newest checkpoint) already holds days later than
-    `day` in the dataset's `order` (a backfill, or a dead day requeued after the run moved on), the day starts
-    from the newest boundary that holds none of them (or a cold start), and those later days are applied
-    again after it. Nothing is promoted here: a worker dying mid-rewind leaves the old checkpoint newest, and
-    the next attempt rewinds again."""
-    rewind = Rewind.needed(found.state if found else None, day, order)
+    `day` in `order()` (the dataset's training days in date order; `Dataset.training_shards`), a backfill or a
+    dead day requeued after the run moved on, the day starts from the newest boundary that holds none of them
+    (or a cold start), and those later days are applied again after it. Nothing is promoted here: a worker
+    dying mid-rewind leaves the old checkpoint newest, and the next attempt rewinds again."""
+    rewind = Rewind.needed(found.state, day, order()) if found else None
     if rewind is None or found is None:
         return Start(found)
     target = rewind.target(store, run)
@@ -323,10 +324,12 @@ def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order:
 # -- the lineage in the worker -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ClosedDay:
-    """A day trained and evaluated: the state that records it as applied, and its test scores."""
+    """A day trained and evaluated: the checkpoint that records it as applied (not saved yet) and the dict to
+    write there, and the precision-recall curve on the test days."""
 
-    state: LineageState
-    test_scores: np.ndarray
+    checkpoint: Checkpoint
+    raw: dict[str, Any]
+    pr: tuple[np.ndarray, np.ndarray]
 
 
 class Lineage:
@@ -360,9 +363,13 @@ class Lineage:
         """The lineage exactly as `checkpoint` holds it (to re-render its report), whatever its features."""
         return cls(checkpoint.state.trainer())
 
-    def window(self, day: str) -> list[str]:
-        """The days `day` trains on, in order (`Trainer.window`)."""
-        return self.trainer.window(day)
+    def read(self, data: Dataset, day: str) -> tuple[Examples, Examples]:
+        """The day's examples, and those of the window it trains on (`Trainer.window`: the run's newest applied
+        days before it, then the day itself)."""
+        examples = data.examples([day])
+        earlier = self.trainer.window(day)[:-1]
+        window = Examples.concat([vars(data.examples(earlier)), vars(examples)]) if earlier else examples
+        return examples, window
 
     def train_day(self, day: str, examples: Examples, window: Examples,
                   after_step: Callable[[], bool], label: str) -> float | None:
@@ -386,17 +393,19 @@ class Lineage:
         return LineageState.of(self.trainer)
 
     def close_day(self, data: Dataset, day: str, examples: Examples, window: Examples, train_s: float,
-                  checkpoint: str, label: str, touch: Callable[[], None] = lambda: None) -> ClosedDay:
+                  store: CheckpointStore, token: int, touch: Callable[[], None]) -> ClosedDay:
         """Calibrate, score the test days and record the day as applied in the history, naming the checkpoint
-        it goes into; nothing non-finite gets that far."""
+        of lease `token` it goes into; nothing non-finite gets that far."""
         t = self.trainer
+        path = store.next_path(token)
         calibrated_on = calibration.refit(t, data, day)
         test = data.test_examples()
         touch()
         test_scores = t.score(test.x)
+        label = f"{t.run}/{day}"
         self.check_finite(label, loss=t.last_epoch_loss(), scores=test_scores)
         entry: dict[str, Any] = {
-            "shard": day, "time": _now(), "checkpoint": checkpoint, "train_rows": int(len(examples.y)),
+            "shard": day, "time": _now(), "checkpoint": path.name, "train_rows": int(len(examples.y)),
             "train_frauds": int(examples.y.sum()),
             "first_day": str(examples.day.min()) if len(examples.day) else "",
             "last_day": str(examples.day.max()) if len(examples.day) else "",
@@ -408,7 +417,8 @@ class Lineage:
         t.finish_shard(entry)
         log.info("%s applied: average precision %.3f (base rate %.4f), ROC AUC %.3f", label,
                  entry["average_precision"], entry["base_rate"], entry["roc_auc"])
-        return ClosedDay(LineageState.of(t), test_scores)
+        state = LineageState.of(t)
+        return ClosedDay(Checkpoint.promoted(state, path), state.to_checkpoint(), metrics.pr_curve(test_scores, test.y))
 
     def pr_curve(self, data: Dataset, test_scores: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The precision-recall curve on the test days (scored now unless `test_scores` are given)."""

@@ -253,3 +253,29 @@ def reconcile(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> Gap |
                 "checkpoints (marked done); token counter at least %d", got["enqueued"], got["already_applied"],
                 found.token_floor)
     return found
+
+
+def unconfirmed(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> list[Item]:
+    """The items Redis calls done that their run's newest valid checkpoint does not record as applied, in
+    date order per run: "done" is the share's word, not Redis's."""
+    specs = live(share)
+    done = queue.done_ids()
+    todo = [it for it in items(share, specs) if it.id in done]
+    _, output_dir = share_paths(share)
+    applied = {run: applied_days(output_dir / run) for run in {it.run for it in todo}}
+    return [it for it in todo if it.shard not in applied[it.run]]
+
+
+def confirm_done(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> list[str]:
+    """Check what Redis calls done against the share; where they disagree the share wins: those days go back
+    to pending at their place in date order, to be trained (a late one rewinds its run), and the
+    disagreement is logged once, by the worker that moved them. Returns the ids put back."""
+    missing = unconfirmed(queue, share, applied_days)
+    back = queue.mark_pending(missing)
+    if back:
+        log.warning("share vs queue: Redis calls %d day(s) done that their run's newest checkpoint on the share "
+                    "does not record (%s): Redis restored from an older snapshot, or the share's output from an "
+                    "older backup? The share wins: put them back to pending in date order, to be trained",
+                    len(back), _some(back))
+    return back
+

@@ -325,6 +325,20 @@ end
 return n
 """)
 
+# triples: JSON [[run, item id, seq], ...] -> the ids moved from done back to pending: the share's newest
+# checkpoint does not record them (a Redis from an older snapshot, or a share restored from an older backup)
+_UNDONE = _Lua(("triples",), """
+local out = {}
+for _, t in ipairs(cjson.decode(A.triples)) do
+  if redis.call('SREM', K.done, t[2]) == 1 then
+    redis.call('HDEL', K.acked_by, t[2])
+    redis.call('ZADD', pending_key(t[1]), t[3], t[2])
+    table.insert(out, t[2])
+  end
+end
+return out
+""")
+
 # -> {pending, leased}: read together so "drained" is never a torn view
 _COUNTS = _Lua((), """
 local pending = 0
@@ -505,6 +519,7 @@ class WorkQueue:
         self._requeue = _Script(client, self.keys, _REQUEUE)
         self._mark_done = _Script(client, self.keys, _MARK_DONE)
         self._reapply = _Script(client, self.keys, _REAPPLY)
+        self._undone = _Script(client, self.keys, _UNDONE)
 
     # -- connection loss -------------------------------------------------------------------------
     def _retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -642,6 +657,20 @@ class WorkQueue:
         if not pairs:
             return 0
         return int(self._retrying("mark_done", lambda: self._mark_done(pairs=json.dumps(pairs))))
+
+    def mark_pending(self, items: Iterable[Item]) -> list[str]:
+        """Put done items back to pending at their seq (the share does not record them as applied); the ids
+        moved (one already pending, or moved by a peer first, is not)."""
+        triples = [[it.run, it.id, it.seq] for it in items]
+        if not triples:
+            return []
+        res = self._retrying("mark_pending", lambda: self._undone(triples=json.dumps(triples)))
+        return [r.decode() for r in res]
+
+    def done_ids(self) -> set[str]:
+        """The ids of every item Redis calls done."""
+        return {d.decode(errors="replace") for d in self._retrying("done_ids", lambda: self.redis.smembers(
+            self.keys.done))}
 
     def mark_seeded(self) -> None:
         """Record that the queue was filled from the share: an empty queue without it was wiped."""

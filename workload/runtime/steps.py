@@ -1,8 +1,8 @@
 """One attempt at a claimed item, step by step in the order of DESIGN.md's checkpoint protocol.
 
 `Attempt.run` is the protocol, one numbered step a line, each step one call into the checkpoint store
-(workload.share.checkpoint), the run's lineage (workload.model.lineage), the dataset, the report or the
-queue; the worker's loop has claimed the item and started its heartbeat:
+(workload.share.checkpoint), the run's lineage (workload.model.lineage), the report or the queue; the
+worker's loop has claimed the item and started its heartbeat (docs/architecture.md lists the walk):
 
  1. fence: claim the run's checkpoints on the share under our lease token (the store);
  2. load: the run's newest checkpoint to start the day from (the lineage);
@@ -10,7 +10,7 @@ queue; the worker's loop has claimed the item and started its heartbeat:
  3. rewind: where the day is late (later days applied), the boundary before it (the lineage),
  4. and the later days put back to pending, under our lease (the queue);
  5. resume: the lineage from that checkpoint, or a new one (the lineage);
- 6. read: the day's examples and its window's (the dataset);
+ 6. read: the day's examples and its window's from the dataset (the lineage, which knows the window);
  7. train: with periodic mid-day checkpoints; stopped by SIGTERM, the item is released (the lineage);
  8. close the day: calibrate, score the test days, record the day (the lineage);
  9. save and promote: the checkpoint that records the day as applied (the store);
@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable
 from enum import Enum
-from pathlib import Path
 
 import numpy as np
 
@@ -39,7 +38,7 @@ from workload.core import faults
 from workload.data.dataset import Dataset, Examples
 from workload.model import export, lineage, report
 from workload.model.hparams import HParams
-from workload.model.lineage import Checkpoint, Lineage, LineageState
+from workload.model.lineage import Checkpoint, ClosedDay, Lineage
 from workload.queue.workqueue import Lease, WorkQueue
 from workload.runtime.config import WorkerConfig
 from workload.runtime.heartbeat import Heartbeat, LeaseLost
@@ -77,7 +76,7 @@ class Attempt:
         found = self.load_checkpoint()  # 2
         if found and found.state.has_applied(self.item.shard):
             return self.ack_applied(found)
-        start = lineage.start_for(self.store, found, self.item.shard, self.dataset.training_shards(),  # 3
+        start = lineage.start_for(self.store, found, self.item.shard, self.dataset.training_shards,  # 3
                                   self.item.run)
         self.put_back(start.again)  # 4
         run = Lineage.resume(self.item.run, self.hp, start)  # 5
@@ -87,11 +86,10 @@ class Attempt:
         train_s = self.train(run, examples, window)  # 7
         if train_s is None:
             return self.release_for_peer()
-        path = self.store.next_path(self.lease.token)
-        closed = run.close_day(self.dataset, self.item.shard, examples, window, train_s, path.name,  # 8
-                               self.item.id, self.touch)
-        promoted = self.save_and_promote(closed.state, path)  # 9
-        self.report(promoted, run, closed.test_scores, draw=self.pictures_due())  # 10
+        closed = run.close_day(self.dataset, self.item.shard, examples, window, train_s, self.store,  # 8
+                               self.lease.token, self.touch)
+        self.save_and_promote(closed)  # 9
+        self.report(closed.checkpoint, closed.pr, draw=self.pictures_due())  # 10
         faults.point("before-ack")
         self.ack()  # 11
         return Outcome.DONE
@@ -126,7 +124,7 @@ class Attempt:
     def ack_applied(self, found: Checkpoint) -> Outcome:
         """The day is in the checkpoint already (death between promotion and ack): report and ack."""
         log.info("%s is already in checkpoint %s: re-rendering the report and acking", self.item.id, found.path.name)
-        self.report(found, Lineage.as_saved(found))
+        self.report(found, Lineage.as_saved(found).pr_curve(self.dataset))
         faults.point("before-ack")
         self.ack()
         return Outcome.DONE
@@ -140,12 +138,9 @@ class Attempt:
 
     # -- 6. read ------------------------------------------------------------------------------------
     def read_day(self, run: Lineage) -> tuple[Examples, Examples]:
-        """The day's examples, and those of the window it trains on (`Lineage.window`: the run's newest
-        applied days before it, then the day itself)."""
+        """The day's examples, and those of the window it trains on (`Lineage.read`)."""
         faults.point("read")
-        examples = self.dataset.examples([self.item.shard])
-        earlier = run.window(self.item.shard)[:-1]
-        window = Examples.concat([vars(self.dataset.examples(earlier)), vars(examples)]) if earlier else examples
+        examples, window = run.read(self.dataset, self.item.shard)
         self.touch()
         return examples, window
 
@@ -156,15 +151,14 @@ class Attempt:
         return run.train_day(self.item.shard, examples, window, checkpoints.after_step, self.item.id)
 
     # -- 9. save and promote ------------------------------------------------------------------------
-    def save_and_promote(self, state: LineageState, path: Path) -> Checkpoint:
+    def save_and_promote(self, closed: ClosedDay) -> None:
         """The checkpoint that records the day as applied, promoted only while the lease is ours."""
-        promoted = self.store.save(state.to_checkpoint(), path=path, may_promote=self.beat.confirm,
-                                   boundary=state.is_boundary)
+        promoted = self.store.save(closed.raw, path=closed.checkpoint.path, may_promote=self.beat.confirm,
+                                   boundary=closed.checkpoint.state.is_boundary)
         if promoted is None:
             raise LeaseLost
         self.touch()
         faults.point("after-promote")
-        return Checkpoint.promoted(state, promoted)
 
     # -- 10. report -------------------------------------------------------------------------------------
     def pictures_due(self) -> bool:
@@ -172,8 +166,7 @@ class Attempt:
         return self.queue.pending_in_run(self.item.run) == 0 or report.plots_stale(self.run_dir,
                                                                                     self.cfg.plot_interval_s)
 
-    def report(self, source: Checkpoint, run: Lineage, test_scores: np.ndarray | None = None,
-               draw: bool = True) -> None:
+    def report(self, source: Checkpoint, pr: tuple[np.ndarray, np.ndarray] | None, draw: bool = True) -> None:
         """Rewrite the report from `source`, the newest promoted checkpoint, only while it is: a worker
         whose lease is gone, or whose checkpoint a newer lease has superseded, writes nothing."""
         faults.point("report")
@@ -183,8 +176,8 @@ class Attempt:
         if newer is not None:
             log.warning("%s: a newer lease (token %d) owns the run: not rewriting its report", self.item.id, newer)
             raise LeaseLost
-        pr = run.pr_curve(self.dataset, test_scores) if draw else None
-        report.write(self.run_dir, source.state, pr, draw=draw, kept=self.store.retained(),
+        kept = self.store.retained()
+        report.write(self.run_dir, source.state, pr if draw else None, draw=draw, kept=kept,
                      stamp=(source.token, source.seq))
         self.touch()
 

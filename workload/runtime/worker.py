@@ -7,8 +7,10 @@ waiting on. Failures are classified (workload.core.errors): an item fault is dea
 infrastructure fault releases the item at no cost, backs off, and exits `EXIT_INFRA` if it persists.
 Everything written to the share is fenced by the lease token (workload.share.checkpoint), so a worker
 frozen past its lease changes nothing when it wakes. A watchdog (runtime/heartbeat.py) gives the lease
-up and exits `EXIT_STALLED` when the worker is stuck in I/O. The exit code says what happened:
-0 all done, 4 drained with dead letters, 3 a persistent infrastructure fault, 143 SIGTERM.
+up and exits `EXIT_STALLED` when the worker is stuck in I/O. The exit code (workload.core.errors) says
+what happened: 0 all done, 4 drained with dead letters, 3 a persistent infrastructure fault (or an empty
+queue with no runs on the share), 5 stalled (the watchdog), 143 SIGTERM; before the loop starts, the
+command (workload.cli) exits 2 on bad configuration and 6 when given a GPU that CUDA cannot use.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from workload.core import faults
@@ -32,6 +35,7 @@ from workload.core.errors import (
 )
 from workload.data.dataset import Dataset
 from workload.data.dayfile import DatasetError
+from workload.data.manifest import MANIFEST
 from workload.model import lineage
 from workload.model.hparams import HParams
 from workload.queue import plan
@@ -50,6 +54,7 @@ class Worker:
         self.datasets_dir = share_paths(cfg.share)[0]
         self.stop = threading.Event()
         self._datasets: dict[str, Dataset] = {}
+        self._seen: dict[str, tuple[int, int, int] | None] = {}  # each dataset's manifest as it was read
         self._progress_at = time.monotonic()  # set again by process() before its heartbeat reads it
         self._infra_since: float | None = None
         self._infra_backoff = cfg.infra_backoff_s
@@ -113,6 +118,8 @@ class Worker:
                     return EXIT_INFRA
                 if self.reconcile():  # the share's plan holds more than Redis: a restore from an old snapshot
                     continue
+                if self.confirm_done():  # Redis calls days done that the share's checkpoints lack
+                    continue
                 if counts.dead:
                     self._log_dead_letters()
                     log.error("queue drained: %d done, %d DEAD-LETTERED of %d; exiting %d (see `python -m "
@@ -165,6 +172,15 @@ class Worker:
             return plan.reconcile(self.queue, self.cfg.share, lineage.applied_days) is not None
         except (plan.PlanError, DatasetError) as exc:
             log.warning("cannot compare the queue with the share's plan: %s", exc)
+            return False
+
+    def confirm_done(self) -> bool:
+        """Before exiting: every day Redis calls done must be in its run's newest checkpoint on the share;
+        those that are not go back to pending to be trained (True when any did)."""
+        try:
+            return bool(plan.confirm_done(self.queue, self.cfg.share, lineage.applied_days))
+        except (plan.PlanError, DatasetError) as exc:
+            log.warning("cannot check the queue's done days against the share: %s", exc)
             return False
 
     def process(self, lease: Lease) -> Outcome:
@@ -225,6 +241,12 @@ class Worker:
         return Outcome.FAILED
 
     def dataset(self, name: str) -> Dataset:
+        """The item's dataset as its manifest on the share is now: read again when the manifest changed since
+        this worker read it (a backfill or new days published meanwhile), so no claim works from a stale view."""
+        if name in self._datasets and self._seen[name] != (stamp := manifest_stamp(self._datasets[name].root)):
+            log.warning("dataset %s: its manifest changed since this worker read it (days published meanwhile): "
+                        "reading it again", name)
+            self._datasets[name], self._seen[name] = Dataset(self._datasets[name].root), stamp
         if name not in self._datasets:
             try:
                 check_name(name, "dataset")
@@ -233,6 +255,7 @@ class Worker:
             root = (self.datasets_dir / name).resolve()
             if not root.is_relative_to(self.datasets_dir.resolve()):
                 raise DatasetError(f"dataset name {name!r} is not a folder name under {self.datasets_dir}")
+            self._seen[name] = manifest_stamp(root)
             self._datasets[name] = Dataset(root)
         return self._datasets[name]
 
@@ -251,6 +274,15 @@ class Worker:
             return HParams.from_dict(spec, where=f"run {item.run!r} hyperparameters")
         except (KeyError, ValueError) as exc:
             raise ItemFault(str(exc).strip('"')) from exc
+
+
+def manifest_stamp(root: Path) -> tuple[int, int, int] | None:
+    """(inode, mtime, size) of a dataset's manifest: publishing replaces the file, so any change shows."""
+    try:
+        st = os.stat(root / MANIFEST)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 __all__ = ["Outcome", "Worker", "WorkerConfig", "default_worker_id"]
