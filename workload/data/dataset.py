@@ -90,11 +90,17 @@ class Dataset:
             return None
         return st.st_ino, st.st_size, st.st_mtime_ns
 
-    def _fresh(self) -> None:
-        """Reload a manifest that a publish replaced since: a day appended, or, with the daily cycle, the
-        test window moved (a worker's day order and test days must be tonight's)."""
-        if self._manifest_stat() != self._seen:
-            self._load()
+    def refresh(self) -> bool:
+        """Reload a manifest that a publish replaced since (True when it did): a day appended or backfilled, or,
+        with the daily cycle, the test window moved (a worker's day order and test days must be tonight's).
+        Publishing replaces the file, so its (inode, size, mtime) shows any change; the read cache is kept
+        (published days are immutable)."""
+        if self._manifest_stat() == self._seen:
+            return False
+        self._load()
+        return True
+
+    _fresh = refresh  # the readers' check before they use the file list
 
     def _overlapping(self, start: pd.Timestamp, last: pd.Timestamp) -> list[dict[str, Any]]:
         """The files with a day in [start, last], in manifest order."""

@@ -311,11 +311,14 @@ def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order:
     dead day requeued after the run moved on, the day starts from the newest boundary that holds none of them
     (or a cold start), and those later days are applied again after it. Nothing is promoted here: a worker
     dying mid-rewind leaves the old checkpoint newest, and the next attempt rewinds again."""
-    rewind = Rewind.needed(found.state, day, order()) if found else None
-    if rewind is None or found is None:
+    if found is None:
+        return Start(found)
+    days = order()
+    rewind = Rewind.needed(found.state, day, days)
+    if rewind is None:
         return Start(found)
     target = rewind.target(store, run)
-    record = rewind.record(target, order)
+    record = rewind.record(target, days)
     log.warning("%s/%s: %s; rewinding run %s to %s and applying %s again after it", run, day, record["why"], run,
                 record["from"], ", ".join(record["reapplied"]))
     return Start(target, rewind.again, (*found.state.reapplied, record))

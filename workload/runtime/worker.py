@@ -20,7 +20,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from workload.core import faults
@@ -35,7 +34,6 @@ from workload.core.errors import (
 )
 from workload.data.dataset import Dataset
 from workload.data.dayfile import DatasetError
-from workload.data.manifest import MANIFEST
 from workload.model import lineage
 from workload.model.hparams import HParams
 from workload.queue import plan
@@ -54,7 +52,6 @@ class Worker:
         self.datasets_dir = share_paths(cfg.share)[0]
         self.stop = threading.Event()
         self._datasets: dict[str, Dataset] = {}
-        self._seen: dict[str, tuple[int, int, int] | None] = {}  # each dataset's manifest as it was read
         self._progress_at = time.monotonic()  # set again by process() before its heartbeat reads it
         self._infra_since: float | None = None
         self._infra_backoff = cfg.infra_backoff_s
@@ -243,10 +240,9 @@ class Worker:
     def dataset(self, name: str) -> Dataset:
         """The item's dataset as its manifest on the share is now: read again when the manifest changed since
         this worker read it (a backfill or new days published meanwhile), so no claim works from a stale view."""
-        if name in self._datasets and self._seen[name] != (stamp := manifest_stamp(self._datasets[name].root)):
+        if name in self._datasets and self._datasets[name].refresh():
             log.warning("dataset %s: its manifest changed since this worker read it (days published meanwhile): "
-                        "reading it again", name)
-            self._datasets[name], self._seen[name] = Dataset(self._datasets[name].root), stamp
+                        "read it again", name)
         if name not in self._datasets:
             try:
                 check_name(name, "dataset")
@@ -255,7 +251,6 @@ class Worker:
             root = (self.datasets_dir / name).resolve()
             if not root.is_relative_to(self.datasets_dir.resolve()):
                 raise DatasetError(f"dataset name {name!r} is not a folder name under {self.datasets_dir}")
-            self._seen[name] = manifest_stamp(root)
             self._datasets[name] = Dataset(root)
         return self._datasets[name]
 
@@ -274,15 +269,6 @@ class Worker:
             return HParams.from_dict(spec, where=f"run {item.run!r} hyperparameters")
         except (KeyError, ValueError) as exc:
             raise ItemFault(str(exc).strip('"')) from exc
-
-
-def manifest_stamp(root: Path) -> tuple[int, int, int] | None:
-    """(inode, mtime, size) of a dataset's manifest: publishing replaces the file, so any change shows."""
-    try:
-        st = os.stat(root / MANIFEST)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 __all__ = ["Outcome", "Worker", "WorkerConfig", "default_worker_id"]
