@@ -28,7 +28,7 @@ from workload.model.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(300)
 TOMORROW = "testing/2018-04-08.parquet"  # scored as a testing day, and as tomorrow's scoring/ day
-OUT_COLUMNS = [schema.TRANSACTION_ID, schema.TX_DATETIME, "score", "rank"]
+OUT_COLUMNS = [schema.TRANSACTION_ID, schema.CUSTOMER_ID, schema.TX_DATETIME, "score", "rank"]
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,7 @@ def tomorrow_as_scoring(rel: str) -> str:
 
 
 def same_scores(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    got = got.rename(columns=BANK_COLUMNS)  # a bank's export is scored under its own names
     assert list(got.columns) == OUT_COLUMNS
     got = got.sort_values(schema.TRANSACTION_ID, ignore_index=True)
     expected = expected.sort_values(schema.TRANSACTION_ID, ignore_index=True)
@@ -87,8 +88,9 @@ def test_an_unlabelled_day_scores_as_it_would_as_a_testing_day(model: Path, data
                     str(write_mapping(tmp_path / "columns.yaml")), "--out", str(tmp_path / "out" / "scores.parquet"))
     assert code == 0, err
     got = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    assert list(got.columns) == ["tx_id", "card_id", "ts", "score", "rank"]  # the bank's own names
     same_scores(got, expected)
-    assert str(got[schema.TX_DATETIME].dt.tz) == "UTC"
+    assert str(got["ts"].dt.tz) == "UTC"
     assert "against the labels" not in err, "no labels, no figures"
     assert sorted(p.name for p in export.rglob("*")) == sorted(p.name for p in export.rglob("*")
                                                                if p.suffix == ".csv" or p.is_dir()), "nothing written"
@@ -228,7 +230,8 @@ def test_an_unlabelled_days_features_read_every_earlier_day_with_the_label_delay
     code, err = run(capsys, "score", "--model", str(model), "--datasets", str(export), "--columns",
                     str(write_mapping(tmp_path / "columns.yaml")), "--out", str(tmp_path / "s.parquet"))
     assert code == 0, err
-    got = pd.read_parquet(tmp_path / "s.parquet").sort_values(schema.TRANSACTION_ID, ignore_index=True)
+    got = pd.read_parquet(tmp_path / "s.parquet").rename(columns=BANK_COLUMNS)
+    got = got.sort_values(schema.TRANSACTION_ID, ignore_index=True)
     expected = expected.sort_values(schema.TRANSACTION_ID, ignore_index=True)
     np.testing.assert_array_equal(got[schema.TRANSACTION_ID], expected[schema.TRANSACTION_ID])
     np.testing.assert_array_equal(got["score"].to_numpy(), expected["score"].to_numpy())
@@ -252,7 +255,7 @@ def expected_figures(scored: pd.DataFrame, src: Path) -> dict[str, float]:
     from workload.model import metrics
 
     truth = pd.concat(read_transactions(p) for p in sorted(src.glob("*/*.parquet")))
-    rows = scored.merge(truth[[schema.TRANSACTION_ID, schema.TX_FRAUD, schema.CUSTOMER_ID]], on=schema.TRANSACTION_ID,
+    rows = scored.merge(truth[[schema.TRANSACTION_ID, schema.TX_FRAUD]], on=schema.TRANSACTION_ID,
                         how="left", validate="one_to_one")
     return metrics.evaluate(rows["score"].to_numpy(), rows[schema.TX_FRAUD].to_numpy(),
                             rows[schema.TX_DATETIME].dt.tz_convert(None).to_numpy().astype("datetime64[D]"),
@@ -352,8 +355,8 @@ def test_an_empty_table_has_the_output_columns() -> None:
     empty = score.table([])
     assert empty.num_rows == 0
     assert [(f.name, str(f.type)) for f in empty.schema] == [
-        (schema.TRANSACTION_ID, "int64"), (schema.TX_DATETIME, "timestamp[ns, tz=UTC]"), ("score", "float"),
-        ("rank", "int64")]
+        (schema.TRANSACTION_ID, "int64"), (schema.CUSTOMER_ID, "int64"), (schema.TX_DATETIME, "timestamp[ns, tz=UTC]"),
+        ("score", "float"), ("rank", "int64")]
 
 
 def test_a_run_folder_scores_with_its_newest_finished_day_never_one_in_progress(model: Path, dataset_src: Path,
@@ -394,8 +397,9 @@ def test_a_run_folder_scores_with_its_newest_finished_day_never_one_in_progress(
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--days", "testing", "--out", "{tmp}/scores.csv"],
-     "--out {tmp}/scores.csv: give a file ending in .parquet, or a folder ending in / (one file per day)"),
+    (["--days", "testing", "--out", "{tmp}/scores.json"],
+     "--out {tmp}/scores.json: give a file ending in .parquet or .csv, or a folder ending in / (one Parquet file "
+     "per day)"),
     (["--days", "testing", "--out", "{tmp}/file/scores.parquet"],
      "--out {tmp}/file/scores.parquet: cannot write it (File exists)"),
     (["--days", "testing", "--out", "gs://Bad_Bucket/scores.parquet"],

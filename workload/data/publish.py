@@ -183,7 +183,8 @@ def _add(root: Path, src: Source, new: list[SourceFile], first: bool, published:
             rel = entry["path"]
             keys[rel] = RowHashes.of(read_transactions(root / rel, source_name(entry), reading, labelled(rel)))
         entries = published + added
-        check_dataset(entries, keys, src.uri, required)
+        for warning in check_dataset(entries, keys, src.uri, required):
+            log.warning("%s: %s", src.uri, warning)
         faults.point("staged")
         if first:
             save_manifest(staging, entries, src.uri, reading)
