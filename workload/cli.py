@@ -428,7 +428,7 @@ def score_cmd(args: argparse.Namespace) -> int:
 
     how = data_reading(args)
     try:
-        score.score_dataset(args.model, args.datasets, args.out, args.days, how)
+        score.score_dataset(args.model, args.datasets, args.out, args.days, how, args.allow_short_history)
     except (score.ScoreError, export.ModelFileError) as exc:
         raise UsageError(str(exc)) from None
     except score.OutputUnreachable as exc:
@@ -450,7 +450,8 @@ def _sub(sub: Any, name: str, summary: str, example: str, more: str = "") -> arg
 def add_score(sub: Any) -> None:
     """The `score` command: the contract the cloud's scoring Job calls (see workload.model.score)."""
     sc = _sub(sub, "score", "score transactions with a trained model (the worker's features and history windows) "
-              "and write TRANSACTION_ID, TX_DATETIME, score and the rank within its day to Parquet",
+              "and write the transaction and card IDs, the timestamp (in your column names), score, the rank within "
+              "its calendar day and the alert columns to Parquet or CSV",
               "python -m workload score --model results/main/model.safetensors --datasets gs://acme/exports "
               "--out gs://acme-results/scores/")
     sc.add_argument("--model", type=Path, required=True,
@@ -461,8 +462,11 @@ def add_score(sub: Any) -> None:
                          "or a dataset on the share (SHARE/datasets/NAME); every earlier day feeds the feature "
                          "windows (no env; required)")
     sc.add_argument("--out", default="scores.parquet",
-                    help="a .parquet file, or a folder ending in / for one file per scored day; local or gs:// "
-                         "(no env; default scores.parquet)")
+                    help="a .parquet or .csv file, or a folder ending in / for one Parquet file per scored day; "
+                         "local or gs:// (no env; default scores.parquet)")
+    sc.add_argument("--allow-short-history", action="store_true",
+                    help="score a day that has no earlier day for its feature history, with a warning (no env; "
+                         "default False: refused; a history shorter than the features' window is warned of)")
     sc.add_argument("--days", choices=("scoring", "testing", "all"), default="scoring",
                     help="which days to score: scoring (the unlabelled scoring/ days), testing, or all "
                          "(no env; default scoring)")

@@ -166,7 +166,9 @@ def test_a_resent_day_is_refused_naming_both_files_and_honest_days_are_not(tmp_p
     assert re.fullmatch(
         re.escape(f"{folder / 'training' / '2018-04-03b.parquet'} repeats ") + r"5\d\d" + re.escape(
             f" transactions of {folder / 'training' / '2018-04-03.parquet'} (same card, terminal, time and amount) "
-            "under other transaction IDs: a day sent twice would be learned twice; remove one of them"),
+            "under other transaction IDs (") + r"5\d\d of \d+ rows, [\d.]+ %" + re.escape(
+            "; a day repeating 50% or more of another is refused): a day sent twice would be learned twice; remove "
+            "one of them"),
         str(err.value)), str(err.value)
     assert "training/2018-04-03b.parquet" not in (tmp_path / "share" / "honest" / MANIFEST).read_text()
 

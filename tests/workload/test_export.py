@@ -154,8 +154,8 @@ def test_export_to_a_folder_scores_the_test_days_as_the_report_says(sweep: Path,
     assert out.returncode == 0, out.stderr
     assert not (src / "manifest.json").exists(), "score must not write into the user's folder"
     scores = pd.read_parquet(scores_file)
-    assert list(scores.columns) == ["TRANSACTION_ID", "TX_DATETIME", "score", "rank", "alert_top100_cards",
-                                    "alert_1pct_fpr"]
+    assert list(scores.columns) == ["TRANSACTION_ID", "CUSTOMER_ID", "TX_DATETIME", "score", "rank",
+                                    "alert_top100_cards", "alert_1pct_fpr"]
     test = pd.concat([pd.read_parquet(p) for p in sorted((src / "testing").glob("*.parquet"))])
     assert sorted(scores["TRANSACTION_ID"]) == sorted(test[schema.TRANSACTION_ID])
     labelled = scores.merge(test[[schema.TRANSACTION_ID, schema.TX_FRAUD]], on=schema.TRANSACTION_ID)

@@ -93,3 +93,57 @@ def test_the_flags_make_one_reading_and_their_refusals_name_the_flag(tmp_path: P
         reading(str(columns), "%Y", prefix="DATASET_")
     with pytest.raises(ReadingError, match=rf"^DATASET_columns {tmp_path / 'absent'}: cannot read it"):
         reading(str(tmp_path / "absent"), "%d/%m/%Y", prefix="DATASET_")
+
+
+BOMB = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+        + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+        + "TRANSACTION_ID: *i\n")
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_in_one_line(tmp_path: Path) -> None:
+    """A 377-byte alias bomb took 27-66 s and 2.6 GB before a MemoryError traceback."""
+    import time as clock
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB)
+    assert len(BOMB) < 400
+    started = clock.monotonic()
+    with pytest.raises(ReadingError) as err:
+        load_columns(bomb)
+    assert clock.monotonic() - started < 1.0
+    assert str(err.value) == (f"--columns {bomb}: aliases (*a, line 2) are not allowed: write the value out")
+
+
+def test_a_mapping_key_given_twice_is_refused_not_silently_the_last(tmp_path: Path) -> None:
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(f"ts: {schema.TX_DATETIME}\ncard_id: {schema.CUSTOMER_ID}\nts: {schema.TX_AMOUNT}\n")
+    with pytest.raises(ReadingError) as err:
+        load_columns(twice)
+    assert str(err.value) == f"--columns {twice}: key 'ts' is given twice (line 3): give each once"
+
+
+def test_a_mapping_file_is_bounded_in_size(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("".join(f"c{i}: {schema.TX_AMOUNT}\n" for i in range(6000)))
+    with pytest.raises(ReadingError) as err:
+        load_columns(big)
+    assert str(err.value) == (f"--columns {big}: larger than 64 KiB; a mapping file names your columns and how they "
+                              "are written")
+
+
+def test_the_structured_mapping_declares_zone_offsets_format_and_dialect(tmp_path: Path) -> None:
+    mapping = tmp_path / "bank.yaml"
+    mapping.write_text("columns: {txn_ref: TRANSACTION_ID, booked_at: TX_DATETIME}\ntimezone: Europe/Berlin\n"
+                       "offset_column: utc_offset\ndatetime_format: '%d.%m.%Y %H:%M:%S'\n"
+                       "csv: {separator: ';', decimal: ',', encoding: latin-1}\n")
+    got = reading(str(mapping), None)
+    assert (got.timezone, got.offset_column) == ("Europe/Berlin", "utc_offset")
+    assert got.datetime_format == "%d.%m.%Y %H:%M:%S"
+    assert (got.dialect.separator, got.dialect.decimal, got.dialect.encoding) == (";", ",", "latin-1")
+    assert Reading.from_record(got.record()) == got
+    mapping.write_text("columns: {txn_ref: TRANSACTION_ID}\ncsv: {separator: ';', decimal: ';'}\n")
+    with pytest.raises(ReadingError, match=r"csv: separator and decimal are both ';'$"):
+        reading(str(mapping), None)
+    mapping.write_text("columns: {txn_ref: TRANSACTION_ID}\nzone: UTC\n")
+    with pytest.raises(ReadingError, match=r": unknown key\(s\) \['zone'\]; allowed: columns, timezone, offset_column, "
+                                           r"datetime_format, csv$"):
+        reading(str(mapping), None)

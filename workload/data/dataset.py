@@ -30,6 +30,7 @@ from workload.data.dayfile import (
     place,
     read_transactions,
     source_name,
+    tie_breaker,
 )
 from workload.data.manifest import MANIFEST, manifest_cycle, manifest_reading, read_manifest
 
@@ -177,7 +178,10 @@ class Dataset:
         end = last + pd.Timedelta(days=1)
         days = frame[schema.TX_DATETIME]
         frame = frame[frame["_target"] | ((days >= start) & (days < end))]
-        frame = frame.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable")
+        tie = tie_breaker(frame)
+        if tie != schema.TRANSACTION_ID:  # text IDs: numbers of other days' files tie-break as their text
+            frame = frame.assign(**{tie: frame[tie].fillna(frame[schema.TRANSACTION_ID].astype(str))})
+        frame = frame.sort_values([schema.TX_DATETIME, tie], kind="stable")
         frame = frame.reset_index(drop=True)
         target = frame.pop("_target").to_numpy(dtype=bool)
         return frame, target

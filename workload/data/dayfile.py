@@ -15,6 +15,7 @@ the same history as the others, scored, never trained on.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -35,11 +36,12 @@ HISTORY, TRAINING, TESTING, SCORING = "history", "training", "testing", "scoring
 ROLES = (HISTORY, TRAINING, TESTING, SCORING)  # the folders of a dataset; history/ and scoring/ are optional
 REQUIRED_ROLES = (TRAINING, TESTING)
 _PICKLE_SUFFIXES = {".pkl", ".pickle", ".p", ".joblib", ".npy", ".npz"}
-_SEPARATORS = {";": "';'", "\t": "a tab", "|": "'|'"}
+_SEPARATORS = {";": "';'", "\t": "a tab", "|": "'|'", ",": "','"}
 _NANOSECOND_TIMES = (pd.Timestamp.min.tz_localize("UTC"), pd.Timestamp.max.tz_localize("UTC"))  # what we store
 _TIMESTAMP_EXAMPLES = "2018-04-01 00:00:31, 2018-04-01T00:00:31Z, 2018-04-01 00:00:31+02:00, 2018-04-01 00:00:31 UTC"
 _NAMED_DAY = re.compile(r"(?<!\d)(\d{4})-?(\d{2})-?(\d{2})(?!\d)")
 LATE_DAYS = 31  # a row dated further than this from its file's day is refused: a placeholder, not a late posting
+_PLAIN_NUMBER = r"-?(?:0|[1-9]\d{0,18})(?:\.0*)?"  # an ID written as a whole number, no leading zero
 _OFFSET_AT_END = r"(?:Z|[+-]\d{2}:?\d{2}|UTC)$"
 # What a timestamp may read as: before or after, a placeholder ("1900-01-01"), a wrong epoch unit or format.
 _PLAUSIBLE = (pd.Timestamp("1970-01-01"), pd.Timestamp("2200-01-01"))
@@ -108,21 +110,51 @@ def read_transactions(path: Path, where: str | None = None, reading: Reading = A
     if not data:
         raise DatasetError(f"{where}: empty file (0 bytes); a day file holds a header and at least one transaction")
     csv = path.suffix.lower() == ".csv"
-    try:
-        frame = pd.read_csv(io.BytesIO(data)) if csv else pq.read_table(io.BytesIO(data)).to_pandas()
-    except Exception as exc:  # noqa: BLE001 - whatever the parser says, these bytes will never parse
-        kind = "CSV" if csv else "Parquet"
-        raise DatasetError(f"{where}: not a readable {kind} file ({one_line(exc)})") from None
-    if csv and len(frame.columns) == 1 and len(schema.COLUMNS) > 1:
-        header = str(frame.columns[0])
-        seen = next((name for sep, name in _SEPARATORS.items() if sep in header), None)
-        hint = f"it looks separated by {seen}" if seen else "no ',' in the header"
-        raise DatasetError(f"{where}: read a single column {header[:80]!r} ({hint}); "
-                           f"CSV files must be comma-separated with the columns {','.join(schema.COLUMNS)}")
+    if csv:
+        frame = _read_csv(data, where, reading)
+    else:
+        try:
+            frame = pq.read_table(io.BytesIO(data)).to_pandas()
+        except Exception as exc:  # noqa: BLE001 - whatever the parser says, these bytes will never parse
+            raise DatasetError(f"{where}: not a readable Parquet file ({one_line(exc)})") from None
     if frame.empty:
         what = "a header but no rows" if csv else "no rows"
         raise DatasetError(f"{where}: the file has {what}; a day file holds at least one transaction")
-    return validate(frame, where, first_line=2 if csv else None, reading=reading, labels=labels)
+    return validate(frame, where, first_line=reading.dialect.header + 1 if csv else None, reading=reading,
+                    labels=labels)
+
+
+def _read_csv(data: bytes, where: str, reading: Reading) -> pd.DataFrame:
+    """A CSV file in its declared dialect (``Reading.dialect``); refused in one line naming the declaration
+    that would read it when it does not match."""
+    d = reading.dialect
+    ids_as_text = {reading.source_of(c): str for c in schema.IDS}  # "000123" keeps its zeros
+    try:
+        frame = pd.read_csv(io.BytesIO(data), dtype=ids_as_text, sep=d.separator, decimal=d.decimal,
+                            quotechar=d.quote, encoding=d.encoding, skiprows=d.header - 1)
+    except UnicodeDecodeError:
+        bom = data[:2] in (b"\xff\xfe", b"\xfe\xff")  # Excel's "Unicode text": UTF-16 with a byte-order mark
+        fits = "utf-16" if bom else next((enc for enc in ("utf-8", "cp1252") if _decodes(data, enc)), "latin-1")
+        raise DatasetError(f"{where}: not {d.encoding} text; it reads as {fits}: declare csv: {{encoding: {fits}}} in "
+                           "the mapping file") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the parser says, these bytes will never parse
+        raise DatasetError(f"{where}: not a readable CSV file ({one_line(exc)})") from None
+    if len(frame.columns) == 1 and len(schema.COLUMNS) > 1:
+        header = str(frame.columns[0])
+        seen = next((sep for sep in (";", "\t", "|", ",") if sep in header and sep != d.separator), None)
+        hint = (f"it looks separated by {_SEPARATORS.get(seen, repr(seen))}: declare csv: {{separator: {seen!r}}} in "
+                "the mapping file" if seen else f"no {d.separator!r} in the header")
+        raise DatasetError(f"{where}: read a single column {header[:80]!r} ({hint}); CSV files must be separated by "
+                           f"{d.separator!r} (as declared) with the columns {','.join(schema.COLUMNS)}")
+    return frame
+
+
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _position(first_line: int | None) -> Callable[[int], str]:
@@ -142,7 +174,9 @@ def _numbers(values: pd.Series, column: str, where: str, at: Callable[[int], str
     bad = np.flatnonzero(converted.isna().to_numpy())
     if len(bad):
         i = int(bad[0])
-        raise DatasetError(f"{where}: column {column} must hold numbers: {at(i)} has {_shown(values.iloc[i])}")
+        comma = isinstance(values.iloc[i], str) and re.fullmatch(r"-?\d+,\d+", values.iloc[i].strip())
+        hint = "; a decimal comma? declare csv: {decimal: ','} in the mapping file" if comma else ""
+        raise DatasetError(f"{where}: column {column} must hold numbers: {at(i)} has {_shown(values.iloc[i])}{hint}")
     return converted
 
 
@@ -266,6 +300,47 @@ def _columns(frame: pd.DataFrame, where: str, reading: Reading, labels: bool) ->
     return frame
 
 
+def _ids(values: pd.Series, name: str, where: str, at: Callable[[int], str]) -> tuple[np.ndarray, pd.Series | None]:
+    """An ID column's int64 keys, and its values as given when they are text (None: numbers, kept as today).
+
+    Numbers (and text that is a plain whole number: ``123``, ``123.0``) are their own key; any other text
+    (``NB000873369``, ``000123``, a hash of any length) is keyed by a stable hash into [2**62, 2**63), apart
+    from the numbers below 2**62. Two texts with one key are refused (never merged)."""
+    if not (pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values)):  # numbers, times
+        return _integers(_numbers(values, name, where, at), values, name, where, at), None
+    text = values.astype(str)
+    plain = text.str.fullmatch(_PLAIN_NUMBER).to_numpy()
+    if plain.all():
+        return _integers(_numbers(values, name, where, at), values, name, where, at), None
+    keys = np.array([_text_key(v) for v in text], dtype=np.int64)
+    keys[plain] = [int(v.split(".")[0]) for v in text[plain]]
+    pairs = pd.DataFrame({"key": keys, "given": text}).drop_duplicates()
+    clash = pairs[pairs["key"].duplicated(keep=False)]
+    if len(clash):
+        a, b = clash["given"].iloc[:2]
+        raise DatasetError(f"{where}: column {name}: {a!r} and {b!r} have the same internal key; they cannot be told "
+                           "apart (rename one)")
+    return keys, text
+
+
+def _text_key(value: str) -> int:
+    digest = int.from_bytes(hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest(), "big")
+    return (1 << 62) | (digest & ((1 << 62) - 1))
+
+
+def tie_breaker(frame: pd.DataFrame) -> str:
+    """The column that orders rows of one instant: the transaction IDs as given (text sorts as text, so
+    ``NB000000000684`` sorts as 684 did), or the numbers themselves."""
+    text = schema.AS_GIVEN[schema.TRANSACTION_ID]
+    return text if text in frame.columns else schema.TRANSACTION_ID
+
+
+def given_ids(frame: pd.DataFrame, column: str = schema.TRANSACTION_ID) -> np.ndarray:
+    """The IDs of `column` as the bank gave them: its text where the file's were text, else the numbers."""
+    text = schema.AS_GIVEN[column]
+    return frame[text].to_numpy(dtype=object) if text in frame.columns else frame[column].to_numpy()
+
+
 def _offset_column(frame: pd.DataFrame, where: str, reading: Reading) -> pd.Series | None:
     """The declared column of UTC offsets, if any; refused when the file lacks it."""
     if not reading.offset_column:
@@ -299,6 +374,7 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, rea
     if frame.empty:
         raise DatasetError(f"{where}: the file has no rows; a day file holds at least one transaction")
     out = pd.DataFrame(index=range(len(frame)))
+    texts: dict[str, pd.Series] = {}
     for column, kind in schema.COLUMNS.items():
         if column not in frame.columns:  # the label of an unlabelled day: never read as one
             out[column] = np.zeros(len(frame), dtype=np.int64)
@@ -311,6 +387,12 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, rea
         if kind == "datetime":
             out[column] = _timestamps(values, where, at, reading, _offset_column(frame, where, reading))
             continue
+        if column in schema.IDS:
+            keys, given = _ids(values, name, where, at)
+            out[column] = keys
+            if given is not None:
+                texts[column] = given
+            continue
         numbers = _numbers(values, name, where, at)
         if kind == "int":
             out[column] = _integers(numbers, values, name, where, at)
@@ -321,11 +403,13 @@ def validate(frame: pd.DataFrame, where: str, first_line: int | None = None, rea
             raise DatasetError(f"{where}: column {name} has a non-finite value "
                                f"({at(i)}: {_shown(values.iloc[i])}); amounts must be finite")
         out[column] = real
+    for column, given in texts.items():
+        out[schema.AS_GIVEN[column]] = given
     _check_values(out, frame, where, at, reading)
     _check_calendar(out[schema.TX_DATETIME], where, at, reading, values_of=frame[schema.TX_DATETIME])
     # Real exports come in any order within a day; the features need time order, and ties in time
     # need one order whoever reads the file: by transaction ID.
-    out = out.sort_values([schema.TX_DATETIME, schema.TRANSACTION_ID], kind="stable", ignore_index=True)
+    out = out.sort_values([schema.TX_DATETIME, tie_breaker(out)], kind="stable", ignore_index=True)
     out.attrs["ignored"] = frame.attrs["ignored"]
     return out
 
@@ -343,10 +427,12 @@ def _check_values(out: pd.DataFrame, frame: pd.DataFrame, where: str, at: Callab
         i = int(not_label[0])
         raise DatasetError(f"{where}: column {reading.source_of(schema.TX_FRAUD)} must be 0 or 1: {at(i)} has "
                            f"{_shown(frame[schema.TX_FRAUD].iloc[i])}")
-    ids = np.sort(out[schema.TRANSACTION_ID].to_numpy())
-    twice = np.flatnonzero(np.diff(ids) == 0)
+    ids = out[schema.TRANSACTION_ID].to_numpy()
+    order = np.argsort(ids, kind="stable")
+    twice = np.flatnonzero(np.diff(ids[order]) == 0)
     if len(twice):
-        raise DatasetError(f"{where}: {reading.source_of(schema.TRANSACTION_ID)} {ids[twice[0]]} appears more than "
+        shown = given_ids(out)[order[twice[0]]]
+        raise DatasetError(f"{where}: {reading.source_of(schema.TRANSACTION_ID)} {shown} appears more than "
                            "once; transaction IDs must be unique across the dataset")
 
 

@@ -243,7 +243,8 @@ def _add(root: Path, src: Source, staged: Staged, first: bool, published: list[d
             keys[rel] = RowHashes.of(read_transactions(root / rel, source_name(entry), reading, labelled(rel)))
         retiring = _retire(published, added, keys, staged)
         entries = [e for e in published if e["path"] not in retiring] + added
-        check_dataset(entries, keys, src.uri, required)
+        for warning in check_dataset(entries, keys, src.uri, required):
+            log.warning("%s: %s", src.uri, warning)
         cycles.check_folders(entries, staged.cycle, src.uri)
         faults.point("staged")
         retired = [*staged.retired, *retiring.values()]

@@ -206,18 +206,52 @@ def check_mapping(mapping: Any, where: str) -> Reading:
                    dialect=check_dialect(mapping.get("csv"), where))
 
 
+MAX_MAPPING_BYTES = 64 * 1024  # a mapping file names a few dozen columns; anything larger is no mapping
+
+
+class _Refused(yaml.YAMLError):
+    """Raised by the strict loader: the message is the user's one line."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases (a 377-byte alias bomb expands to gigabytes) and without
+    duplicate keys (silently keeping the last hides a typo)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(f"aliases (*{event.anchor}, line {event.start_mark.line + 1}) are not allowed: write the "
+                           "value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _Refused(f"key {key!r} is given twice (line {key_node.start_mark.line + 1}): give each once")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_mapping(path: str | Path, flag: str = "--columns") -> Reading:
-    """The mapping file at `path` (YAML or JSON), validated."""
+    """The mapping file at `path` (YAML or JSON), bounded in size, without aliases or repeated keys, validated."""
     where = f"{flag} {path}"
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_MAPPING_BYTES + 1)
     except OSError as exc:
         raise ReadingError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > MAX_MAPPING_BYTES:
+        raise ReadingError(f"{where}: larger than {MAX_MAPPING_BYTES // 1024} KiB; a mapping file names your columns "
+                           "and how they are written")
     try:
-        mapping = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        mapping = yaml.load(data.decode("utf-8"), Loader=_StrictLoader)  # noqa: S506 - a safe loader, stricter
+    except _Refused as exc:
+        raise ReadingError(f"{where}: {exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ReadingError(f"{where}: not YAML or JSON ({first})") from None
+        raise ReadingError(f"{where}: not YAML or JSON ({first[:200]})") from None
     return check_mapping(mapping, where)
 
 

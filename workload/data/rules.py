@@ -20,6 +20,7 @@ from workload.data.dayfile import (
     TESTING,
     TRAINING,
     DatasetError,
+    given_ids,
     place,
     source_name,
 )
@@ -27,32 +28,54 @@ from workload.data.dayfile import (
 # Rows of one day repeating another day's (same card, terminal, second and amount) under new IDs: a
 # re-sent day. This share of the smaller day's rows (and at least this many) is no coincidence.
 RESENT_SHARE, RESENT_MIN_ROWS = 0.5, 20
+RESENT_NEAR = 0.3  # from this share a pair of days is warned of
 GAP_DAYS = 7  # days further apart than this are warned of
 _ROW_KEY = (schema.CUSTOMER_ID, schema.TERMINAL_ID, schema.TX_DATETIME, schema.TX_AMOUNT)
 
 
 @dataclass(frozen=True)
 class RowHashes:
-    """What the rules spanning a dataset need of one file: its IDs, and a hash of each row's card,
-    terminal, second and amount (a re-sent day repeats those under new IDs)."""
+    """What the rules spanning a dataset need of one file: its IDs (keys, and as the bank gave them), a hash
+    of each row's card, terminal, second and amount (a re-sent day repeats those under new IDs), and each
+    text ID's key (two texts with one key across files are refused)."""
 
     ids: np.ndarray
     rows: np.ndarray
+    shown: np.ndarray | None = None
+    texts: tuple[pd.DataFrame, ...] = ()
 
     @classmethod
     def of(cls, frame: pd.DataFrame) -> RowHashes:
         rows = pd.util.hash_pandas_object(frame[list(_ROW_KEY)], index=False).to_numpy()
-        return cls(ids=frame[schema.TRANSACTION_ID].to_numpy(), rows=np.unique(rows))
+        texts = tuple(pd.DataFrame({"column": c, "key": frame[c].to_numpy(), "given": frame[schema.AS_GIVEN[c]]})
+                      .drop_duplicates() for c in schema.IDS if schema.AS_GIVEN[c] in frame.columns)
+        shown = given_ids(frame) if schema.AS_GIVEN[schema.TRANSACTION_ID] in frame.columns else None
+        return cls(ids=frame[schema.TRANSACTION_ID].to_numpy(), rows=np.unique(rows), shown=shown, texts=texts)
 
 
-def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: dict[str, int]) -> None:
+def check_id_keys(hashes: dict[str, RowHashes], names: dict[str, str]) -> None:
+    """No two text IDs of one column share an internal key anywhere in the dataset (they would be merged)."""
+    parts = [p.assign(rel=rel) for rel, h in hashes.items() for p in h.texts]
+    if not parts:
+        return
+    pairs = pd.concat(parts, ignore_index=True).drop_duplicates(["column", "key", "given"])
+    clash = pairs[pairs.duplicated(["column", "key"], keep=False)]
+    if len(clash):
+        a, b = clash.iloc[0], clash.iloc[1]
+        raise DatasetError(f"{a['column']} {a['given']!r} ({names.get(a['rel'], a['rel'])}) and {b['given']!r} "
+                           f"({names.get(b['rel'], b['rel'])}) have the same internal key; they cannot be told apart "
+                           "(rename one)")
+
+
+def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: dict[str, int]) -> list[str]:
     """No day repeats another day's transactions under new IDs (an export re-sent, renumbered): it
     would be trained on twice, or tested on after training. A handful of equal rows is coincidence.
 
     A row in several files counts for every pair of them (a day sent three times, or a re-sent day
-    that another day partly repeats, is still measured against each file it repeats)."""
+    that another day partly repeats, is still measured against each file it repeats). Returns a warning
+    for each pair that comes near (RESENT_NEAR)."""
     if len(rows) < 2:
-        return
+        return []
     rels = list(rows)
     values = np.concatenate([rows[r] for r in rels])
     owner = np.repeat(np.arange(len(rels)), [len(rows[r]) for r in rels])
@@ -67,18 +90,27 @@ def check_not_resent(rows: dict[str, np.ndarray], names: dict[str, str], sizes: 
         earlier.append(files[:, i].ravel())
         later.append(files[:, j].ravel())
     if not earlier:
-        return
+        return []
     pairs, counts = np.unique(np.stack([np.concatenate(earlier), np.concatenate(later)]), axis=1,
                               return_counts=True)
+    warnings = []
     for (a, b), n in zip(pairs.T, counts, strict=True):
         smaller = min(sizes[rels[a]], sizes[rels[b]])
+        share = f"{n} of {smaller} rows, {100 * n / smaller:.1f} %"
         if n >= max(RESENT_MIN_ROWS, RESENT_SHARE * smaller):
             raise DatasetError(f"{names[rels[b]]} repeats {n} transactions of {names[rels[a]]} (same card, terminal, "
-                               "time and amount) under other transaction IDs: a day sent twice would be learned "
+                               f"time and amount) under other transaction IDs ({share}; a day repeating "
+                               f"{RESENT_SHARE:.0%} or more of another is refused): a day sent twice would be learned "
                                "twice; remove one of them")
+        if n >= max(RESENT_MIN_ROWS, RESENT_NEAR * smaller):
+            warnings.append(f"{names[rels[b]]} repeats {n} transactions of {names[rels[a]]} (same card, terminal, "
+                            f"time and amount) under other IDs ({share}; refused from {RESENT_SHARE:.0%}): "
+                            "check it is not the same day sent again")
+    return warnings
 
 
-def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str]) -> None:
+def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str],
+                     shown: dict[str, np.ndarray | None] | None = None) -> None:
     """Transaction IDs unique across the whole dataset: a duplicate would be trained on twice, or
     tested on after training, and dropping one silently loses a row. Names the two files."""
     if not ids:
@@ -90,7 +122,10 @@ def check_unique_ids(ids: dict[str, np.ndarray], names: dict[str, str]) -> None:
     same = np.flatnonzero(np.diff(values[order]) == 0)
     if len(same):
         a, b = order[same[0]], order[same[0] + 1]
-        raise DatasetError(f"{schema.TRANSACTION_ID} {values[a]} is in both {names[rels[owner[a]]]} and "
+        given = [(shown or {}).get(r) for r in rels]
+        text = [g if g is not None else ids[r] for g, r in zip(given, rels, strict=True)]
+        value = np.concatenate(text)[a] if any(g is not None for g in given) else values[a]
+        raise DatasetError(f"{schema.TRANSACTION_ID} {value} is in both {names[rels[owner[a]]]} and "
                            f"{names[rels[owner[b]]]}; transaction IDs must be unique across the dataset")
 
 
@@ -170,12 +205,13 @@ def check_training_before_testing(entries: list[dict[str, Any]]) -> None:
 
 
 def check_dataset(entries: list[dict[str, Any]], keys: dict[str, RowHashes], where: str,
-                  required: tuple[str, ...] = REQUIRED_ROLES) -> None:
-    """Every rule that spans the files of one dataset."""
+                  required: tuple[str, ...] = REQUIRED_ROLES) -> list[str]:
+    """Every rule that spans the files of one dataset; returns the warnings (near misses) to log."""
     check_layout(entries, where, required)
     check_roles_apart(entries)
     check_training_before_testing(entries)
     names = {e["path"]: source_name(e) for e in entries}
-    check_unique_ids({rel: k.ids for rel, k in keys.items()}, names)
-    check_not_resent({e["path"]: keys[e["path"]].rows for e in entries if e["path"] in keys}, names,
+    check_unique_ids({rel: k.ids for rel, k in keys.items()}, names, {rel: k.shown for rel, k in keys.items()})
+    check_id_keys(keys, names)
+    return check_not_resent({e["path"]: keys[e["path"]].rows for e in entries if e["path"] in keys}, names,
                      {e["path"]: e["rows"] for e in entries})

@@ -37,5 +37,11 @@ SIMULATED: dict[str, str] = {name: COLUMNS.get(name, "int") for name in (
 
 LABELS = (TX_FRAUD, TX_FRAUD_SCENARIO)
 
+# The bank's IDs may be text (references, tokens, hashes) or numbers. Each is keyed as an int64 (a number
+# as itself, text by a stable hash: workload.data.dayfile.id_keys); where a file's IDs are text, the validated
+# frame also carries them as given, in these columns, so every output gives them back unchanged.
+IDS = (TRANSACTION_ID, CUSTOMER_ID, TERMINAL_ID)
+AS_GIVEN = {column: f"{column}_AS_GIVEN" for column in IDS}
+
 # File suffixes a dataset may use. Anything else (pickle above all) is refused.
 ALLOWED_SUFFIXES = (".parquet", ".csv")

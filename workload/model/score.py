@@ -9,9 +9,10 @@ transaction scored tomorrow gets the features it would get in training, and its 
 any) never changes its score.
 
 The model is a ``model.safetensors`` written by `export`, or a run's output folder on the share
-(its newest shard-boundary checkpoint, read only). Output: one Parquet file, or one per scored day
-when ``--out`` ends in ``/`` (``OUT<day file stem>.parquet``), locally or on ``gs://``; columns are
-``OUTPUT`` (one entry per column: add a column there).
+(its newest shard-boundary checkpoint, read only). Output: one Parquet or CSV file, or one Parquet
+file per scored day when ``--out`` ends in ``/`` (``OUT<day file stem>.parquet``), locally or on
+``gs://``; columns (``table``) in the bank's own names: transaction and card IDs as given, the
+timestamp in the dataset's zone, score, rank within the calendar day, one column per alert rule.
 """
 
 from __future__ import annotations
@@ -20,18 +21,18 @@ import io
 import logging
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from workload.data import dataset as ds
 from workload.data import features, publish, schema, source
-from workload.data.dayfile import SCORING, TESTING, TRAINING, one_line, place
+from workload.data.dayfile import SCORING, TESTING, TRAINING, given_ids, one_line, place
 from workload.data.manifest import MANIFEST
 from workload.data.reading import AS_IS, Reading
 from workload.model import lineage, metrics, report
@@ -56,40 +57,54 @@ class OutputUnreachable(Exception):
 
 @dataclass(frozen=True)
 class Scored:
-    """One scored day: its transactions in the file's order (time, then ID), their scores and labels."""
+    """One scored day: its transactions in the file's order (time, then ID), their scores and labels; `given`
+    holds the transaction and card IDs as the bank gave them (text or numbers)."""
 
     rel: str
     ids: np.ndarray
-    times: np.ndarray  # datetime64[ns], UTC
+    times: np.ndarray  # datetime64[ns], wall-clock in the dataset's zone (UTC unless declared)
     scores: np.ndarray
     labels: np.ndarray
     cards: np.ndarray
     alerts: dict[str, np.ndarray] = field(default_factory=dict)  # metrics.alert_columns of the scores
+    given: dict[str, np.ndarray] = field(default_factory=dict)  # schema.TRANSACTION_ID / CUSTOMER_ID -> as given
 
 
-def _rank(day: Scored) -> np.ndarray:
-    """1 for the day's highest score; ties by transaction ID, so the same input ranks the same way."""
-    order = np.lexsort((day.ids, -day.scores.astype(np.float64)))
+def _rank(ids: np.ndarray, scores: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """1 for the highest score of its calendar day (the dataset's zone); ties by transaction ID, so the same
+    input ranks the same way."""
+    days = times.astype("datetime64[D]")
+    order = np.lexsort((ids, -scores.astype(np.float64), days))
     ranks = np.empty(len(order), dtype=np.int64)
-    ranks[order] = np.arange(1, len(order) + 1)
+    first = np.r_[True, days[order][1:] != days[order][:-1]]
+    starts = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    ranks[order] = np.arange(len(order)) - starts + 1
     return ranks
 
 
-# What `score` writes, in order: column name -> (Arrow type, value of a scored day).
-OUTPUT: dict[str, tuple[pa.DataType, Callable[[Scored], np.ndarray]]] = {
-    schema.TRANSACTION_ID: (pa.int64(), lambda d: d.ids),
-    schema.TX_DATETIME: (pa.timestamp("ns", tz="UTC"), lambda d: d.times),
-    SCORE: (pa.float32(), lambda d: d.scores),
-    RANK: (pa.int64(), _rank),
-}
+def _given(days: list[Scored], column: str, fallback: str) -> pa.Array:
+    """A column of IDs as the bank gave them: numbers stay int64; any text makes the whole column text."""
+    parts = [d.given.get(column, getattr(d, fallback)) for d in days]
+    values = np.concatenate(parts) if parts else np.array([], dtype=np.int64)
+    if values.dtype == object:
+        return pa.array([str(v) for v in values], pa.string())
+    return pa.array(values, pa.int64())
 
 
-def table(days: list[Scored]) -> pa.Table:
-    """The `OUTPUT` columns of `days`, one after the other."""
-    columns = {name: pa.array(np.concatenate([value(d) for d in days]) if days else [], kind)
-               for name, (kind, value) in OUTPUT.items()}
+def table(days: list[Scored], reading: Reading = AS_IS) -> pa.Table:
+    """What `score` writes, in the bank's names: transaction ID, card ID, timestamp (in the dataset's zone),
+    score, rank within the calendar day, then one column per alert rule of the model."""
+    cat = (lambda name: np.concatenate([getattr(d, name) for d in days])) if days else (lambda name: np.array([]))
+    times, ids, scores = cat("times").astype("datetime64[ns]"), cat("ids").astype(np.int64), cat("scores")
+    zone = reading.day_zone()
+    stamps = pd.Series(times).dt.tz_localize(zone, ambiguous=True, nonexistent="shift_forward")
+    columns = {reading.source_of(schema.TRANSACTION_ID): _given(days, schema.TRANSACTION_ID, "ids"),
+               reading.source_of(schema.CUSTOMER_ID): _given(days, schema.CUSTOMER_ID, "cards"),
+               reading.source_of(schema.TX_DATETIME): pa.array(stamps, pa.timestamp("ns", tz=zone)),
+               SCORE: pa.array(scores.astype(np.float32), pa.float32()),
+               RANK: pa.array(_rank(ids, scores, times), pa.int64())}
     alerts = {name: pa.array(np.concatenate([d.alerts[name] for d in days]), pa.bool_())
-              for name in (days[0].alerts if days else {})}  # one column per alert rule of the model
+              for name in (days[0].alerts if days else {})}
     return pa.table({**columns, **alerts})
 
 
@@ -136,12 +151,32 @@ def score_days(trainer: Trainer, data: ds.Dataset, roles: tuple[str, ...], src: 
     out = []
     for rel in targets:
         examples = data.examples([rel])
-        times = data.transactions(rel).set_index(schema.TRANSACTION_ID)[schema.TX_DATETIME]
+        rows = data.transactions(rel).set_index(schema.TRANSACTION_ID).loc[examples.ids]
+        given = {c: given_ids(rows.reset_index(), c) for c in (schema.TRANSACTION_ID, schema.CUSTOMER_ID)
+                 if schema.AS_GIVEN[c] in rows.reset_index().columns}
         scores = trainer.score(examples.x)
-        out.append(Scored(rel=rel, ids=examples.ids, times=times.loc[examples.ids].to_numpy(), scores=scores,
+        out.append(Scored(rel=rel, ids=examples.ids, times=rows[schema.TX_DATETIME].to_numpy(), scores=scores,
                           labels=examples.y, cards=examples.card,
-                          alerts=metrics.alert_columns(trainer.history, scores)))
+                          alerts=metrics.alert_columns(trainer.history, scores), given=given))
     return out
+
+
+def check_history(data: ds.Dataset, roles: tuple[str, ...], allow_short: bool) -> None:
+    """A scored day gets its features from the LOOKBACK_DAYS before it: with less history its scores are not
+    the ones it would get in training (tomorrow's file alone scored AP 0.31 against 0.77 with its history).
+    No earlier day at all is refused unless --allow-short-history; a shorter history than the window is
+    warned of in one line naming the shortfall."""
+    first = min((pd.Timestamp(f["first"]) for f in data.files), default=None)
+    targets = sorted(pd.Timestamp(place(f)) for f in data.files if f["role"] in roles)
+    if first is None or not targets or (targets[0] - first).days >= features.LOOKBACK_DAYS:
+        return
+    have = (targets[0] - first).days
+    message = (f"the first scored day {targets[0].date()} has {have} day(s) of history before it; its features look "
+               f"back {features.LOOKBACK_DAYS} days (features.LOOKBACK_DAYS): give the dataset's earlier days "
+               "(history/, training/) with the days to score")
+    if have == 0 and not allow_short:
+        raise ScoreError(f"--datasets: {message}, or pass --allow-short-history to score it anyway")
+    log.warning("scoring with short history: %s", message)
 
 
 # -- the output -----------------------------------------------------------------------------------
@@ -151,13 +186,30 @@ def _parquet(t: pa.Table) -> bytes:
     return buf.getvalue()
 
 
-def outputs(out: str, days: list[Scored]) -> dict[str, bytes]:
+FORMATS = (".parquet", ".csv")
+
+
+def check_out(out: str) -> None:
+    """--out is a .parquet or .csv file, or a folder ending in / (checked before any work)."""
+    if not out.endswith("/") and not out.lower().endswith(FORMATS):
+        raise ScoreError(f"--out {out}: give a file ending in .parquet or .csv, or a folder ending in / (one Parquet "
+                         "file per day)")
+
+
+def _encode(t: pa.Table, where: str, reading: Reading) -> bytes:
+    if where.lower().endswith(".csv"):
+        dialect = reading.dialect
+        return t.to_pandas().to_csv(index=False, sep=dialect.separator, decimal=dialect.decimal).encode(
+            dialect.encoding)
+    return _parquet(t)
+
+
+def outputs(out: str, days: list[Scored], reading: Reading = AS_IS) -> dict[str, bytes]:
     """Where each file goes: `out` itself, or one file per day under a folder (`out` ends in '/')."""
+    check_out(out)
     if out.endswith("/"):
-        return {f"{out}{PurePosixPath(d.rel).stem}.parquet": _parquet(table([d])) for d in days}
-    if not out.endswith(".parquet"):
-        raise ScoreError(f"--out {out}: give a file ending in .parquet, or a folder ending in / (one file per day)")
-    return {out: _parquet(table(days))}
+        return {f"{out}{PurePosixPath(d.rel).stem}.parquet": _parquet(table([d], reading)) for d in days}
+    return {out: _encode(table(days, reading), out, reading)}
 
 
 def write(files: dict[str, bytes]) -> None:
@@ -191,11 +243,13 @@ def _upload(uri: str, data: bytes) -> None:
         raise OutputUnreachable(f"--out {uri}: cannot upload ({type(exc).__name__}: {one_line(exc)})") from None
 
 
-def score_dataset(model: Path, src: str, out: str, days: str = "scoring", reading: Reading = AS_IS) -> dict[str, float]:
+def score_dataset(model: Path, src: str, out: str, days: str = "scoring", reading: Reading = AS_IS,
+                  allow_short_history: bool = False) -> dict[str, float]:
     """Score `days` of the dataset at `src` with `model`; write `out`. Returns the figures of
     `metrics.evaluate` against the labels of the scored days (empty when they have none)."""
     if days not in DAYS:
         raise ScoreError(f"--days {days!r} is not allowed; allowed: {', '.join(DAYS)}")
+    check_out(str(out))
     trainer = load(model)
     if trainer.feature_names != features.FEATURE_NAMES:
         raise ScoreError(f"--model {model} was trained on features {list(trainer.feature_names)}; this code "
@@ -205,8 +259,10 @@ def score_dataset(model: Path, src: str, out: str, days: str = "scoring", readin
                          f"code computes version {features.FEATURE_VERSION!r}: score with the code version that "
                          "trained it")
     with tempfile.TemporaryDirectory(prefix="score-") as tmp:
-        scored = score_days(trainer, open_dataset(str(src), Path(tmp), reading), DAYS[days], str(src))
-    files = outputs(str(out), scored)
+        data = open_dataset(str(src), Path(tmp), reading)
+        check_history(data, DAYS[days], allow_short_history)
+        scored = score_days(trainer, data, DAYS[days], str(src))
+    files = outputs(str(out), scored, data.reading)
     write(files)
     rows = sum(len(d.ids) for d in scored)
     log.info("scored %d transactions of %d day(s) with the model of run %r (%d day(s) trained); wrote %s", rows,
