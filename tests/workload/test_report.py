@@ -336,3 +336,17 @@ def test_drawing_records_what_the_pictures_cost(tmp_path: Path) -> None:
     assert 0 < report.pictures_cost(tmp_path) < 60
     report.write(tmp_path / "undrawn", state, None, draw=False)
     assert report.pictures_cost(tmp_path / "undrawn") == 0.0
+
+
+def test_the_day_card_pairs_are_numpys_unique_rows_in_a_tenth_of_the_time() -> None:
+    """alert_thresholds' grouping (every report's alert figures) as np.unique(axis=0) gave it, pair for pair."""
+    rng = np.random.default_rng(3)
+    for n, cards in ((1, 1), (500, 7), (20_000, 3000)):
+        days = rng.integers(17600, 17607, n).astype(np.int64)
+        card = rng.integers(-5, cards, n).astype(np.int64)  # negative ids too: no packing into one number
+        pairs, inverse = np.unique(np.c_[days, card], axis=0, return_inverse=True)
+        pair_days, got = metrics._day_card_pairs(days, card)
+        np.testing.assert_array_equal(pair_days, pairs[:, 0])
+        np.testing.assert_array_equal(got, inverse.ravel())
+    empty_days, empty_inverse = metrics._day_card_pairs(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert len(empty_days) == len(empty_inverse) == 0
