@@ -315,10 +315,10 @@ def test_the_report_is_replaced_whole_without_paying_for_fsync(tmp_path: Path, m
 
 def test_pictures_that_took_long_to_draw_are_redrawn_less_often(tmp_path: Path) -> None:
     """On a machine where a small day trains in the time the pictures take, redrawing them every 30 s doubled
-    the day: they wait 20 times their own cost (5 % of the run's time), and the interval when that is longer."""
+    the day: they wait 50 times their own cost (2 % of the run's time), and the interval when that is longer."""
     picture = tmp_path / "metrics.png"
     picture.write_bytes(b"png")
-    (tmp_path / ".pictures-cost.json").write_text('{"seconds": 3.0}\n')
+    (tmp_path / ".pictures-cost.json").write_text('{"seconds": 1.2}\n')
     for age, stale in ((31, False), (59, False), (61, True)):
         then = time.time() - age
         os.utime(picture, (then, then))
