@@ -161,11 +161,11 @@ def metrics_jsonl(history: list[dict[str, Any]]) -> str:
 
 
 PICTURES_COST = ".pictures-cost.json"  # {"seconds"}: what drawing the pictures last took, in this run's folder
-PICTURES_SHARE = 0.05  # of a run's wall time, at most, spent redrawing its pictures between its first and last day
+PICTURES_SHARE = 0.02  # of a run's wall time, at most, spent redrawing its pictures between its first and last day
 
 
 def plots_stale(run_dir: Path, interval_s: float) -> bool:
-    """Whether the pictures are missing, or older than `interval_s` and than 20 times what they last took to draw
+    """Whether the pictures are missing, or older than `interval_s` and than 50 times what they last took to draw
     (any worker may have drawn them): on a slow or busy machine, where a small day trains in the time two
     pictures take, they are redrawn less often, so they never cost a run more than PICTURES_SHARE of its time.
     A run's last day redraws them whatever their age (the worker asks for them then)."""
