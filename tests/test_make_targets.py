@@ -15,7 +15,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on
 
 
 def dry_run(*argv: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **({"PATH": path} if path is not None else {})}
+    # Under `make test` this runs inside make: its MAKEFLAGS/MAKELEVEL would make the inner make print
+    # "Entering directory" lines; a user's shell has neither.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env |= {"PATH": path} if path is not None else {}
     return subprocess.run([shutil.which("make") or "make", "-n", *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
 

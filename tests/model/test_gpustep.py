@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from workload.model import gpustep
+from workload.model import gpustep, lineage
 from workload.model.trainer import HParams, Trainer, _shard_seed
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -59,9 +59,9 @@ def reload(trainer: Trainer) -> Trainer:
     """A kill: the state dict through bytes, read back onto the CPU (as the checkpoint store does), a new trainer
     from it."""
     buf = io.BytesIO()
-    torch.save(trainer.state_dict(), buf)
+    torch.save(lineage.checkpoint_of(trainer), buf)
     buf.seek(0)
-    return Trainer.from_state(torch.load(buf, weights_only=True, map_location="cpu"), trainer.device)
+    return lineage.trainer_from(torch.load(buf, weights_only=True, map_location="cpu"), trainer.device)
 
 
 def run(train: Train, device: torch.device, stop_at: int | None = None, days: int = 2) -> Trainer:
@@ -95,7 +95,7 @@ def eager_cpu() -> Trainer:
 
 
 def tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
-    state = trainer.state_dict()
+    state = lineage.checkpoint_of(trainer)
     out = {f"model.{k}": v for k, v in state["model"].items()}
     out |= {f"averaged.{k}": v for k, v in state["averaged"].items()}
     for i, st in state["optimizer"]["state"].items():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from workload.model import packed
+from workload.model import lineage, packed
 from workload.model.trainer import HParams, Trainer, _shard_seed
 
 CPU = torch.device("cpu")
@@ -62,9 +62,9 @@ def solo(device: torch.device = CPU) -> list[Trainer]:
 
 def reload(t: Trainer) -> Trainer:
     buf = io.BytesIO()
-    torch.save(t.state_dict(), buf)
+    torch.save(lineage.checkpoint_of(t), buf)
     buf.seek(0)
-    return Trainer.from_state(torch.load(buf, weights_only=True, map_location="cpu"), t.device)
+    return lineage.trainer_from(torch.load(buf, weights_only=True, map_location="cpu"), t.device)
 
 
 def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.device = CPU,
@@ -83,7 +83,7 @@ def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.devic
         def after_step(r: int, i: int = i, count: list = count, pack: packed.Pack = pack) -> bool:
             count[r] += 1
             if stop is not None and i == 1 and stop(r, count[r]):
-                pack.trainer(r).state_dict()  # what a checkpoint would read, mid-pack
+                lineage.checkpoint_of(pack.trainer(r))  # what a checkpoint would read, mid-pack
                 return False
             return True
 
@@ -106,7 +106,7 @@ def undisturbed() -> tuple[Trainer, ...]:
 
 
 def tensors(t: Trainer) -> dict[str, torch.Tensor]:
-    state = t.state_dict()
+    state = lineage.checkpoint_of(t)
     out = {f"model.{k}": v for k, v in state["model"].items()}
     out |= {f"averaged.{k}": v for k, v in state["averaged"].items()}
     for i, st in state["optimizer"]["state"].items():

@@ -118,12 +118,12 @@ def test_retention_never_deletes_a_checkpoint_of_a_higher_lease_token(tmp_path: 
     (an unnamed file of token 3, its own superseded checkpoints) and nothing of token 5."""
     store = CheckpointStore(tmp_path / "run", keep=1)
     assert store.fence(4)
-    first = store.save(_state(1), path=store.next_path(4), may_promote=lambda: True)
+    first = store.save(_state(1), path=store.next_path(4), may_promote=lambda: True, boundary=False)
     newer = store.dir / checkpoint_name(50, 5)
     older = store.dir / checkpoint_name(49, 3)
     for path in (newer, older):
         torch.save(_state(9), path)
-    last = store.save(_state(2), path=store.next_path(4), may_promote=lambda: True)
+    last = store.save(_state(2), path=store.next_path(4), may_promote=lambda: True, boundary=False)
     assert first is not None and last is not None
     assert newer.exists(), "retention deleted a checkpoint of a higher lease token"
     assert not older.exists() and not first.exists(), "retention ran: it pruned what it may"

@@ -159,7 +159,7 @@ def test_a_week_of_days_arriving_one_a_night_trains_each_once_in_date_order(
         if n == 3:  # with its history: the same day scored alone (no earlier days) scores otherwise
             alone, alone_out = tmp_path / "alone", tmp_path / "alone.parquet"
             unlabelled(alone, scoring_day)
-            score.score_dataset(bank.share / "output" / "main", str(alone), str(alone_out))
+            score.score_dataset(bank.share / "output" / "main", str(alone), str(alone_out), allow_short_history=True)
             both = scored.merge(pd.read_parquet(alone_out), on="TRANSACTION_ID", suffixes=("", "_alone"))
             assert len(both) == len(scored) and (both["score"] != both["score_alone"]).any()
     assert len({tuple(w) for w in tested}) == 7, "the test window moved every night"

@@ -103,12 +103,9 @@ def test_a_second_local_run_trains_nothing_new(local_run) -> None:
 
 
 COLUMNS_YAML = """\
-tx_id: TRANSACTION_ID
-ts: TX_DATETIME
-card_id: CUSTOMER_ID
-merchant_id: TERMINAL_ID
-amount: TX_AMOUNT
-is_fraud: TX_FRAUD
+columns: {tx_id: TRANSACTION_ID, ts: TX_DATETIME, card_id: CUSTOMER_ID, merchant_id: TERMINAL_ID,
+          amount: TX_AMOUNT, is_fraud: TX_FRAUD}
+timezone: UTC
 """
 USERS = {"TRANSACTION_ID": "tx_id", "TX_DATETIME": "ts", "CUSTOMER_ID": "card_id", "TERMINAL_ID": "merchant_id",
          "TX_AMOUNT": "amount", "TX_FRAUD": "is_fraud"}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from workload.model import lineage
 from workload.queue import plan
 from workload.queue.workqueue import WorkQueue, connect
 from workload.runtime.redis_server import RedisServer
@@ -45,7 +46,8 @@ def test_a_wiped_queue_is_restored_from_the_share_past_stray_files(tmp_path: Pat
     share = _share(tmp_path, dataset_src)
     assert set(plan.runs(share)) == {"main", "other"}
     q = _queue(redis_server)
-    got = plan.restore(q, share)  # what a worker does on a wiped Redis (before: PlanError, every worker exit 1)
+    # what a worker does on a wiped Redis (before: PlanError, every worker exit 1)
+    got = plan.restore(q, share, lineage.applied_days)
     assert got == {"runs": 2, "enqueued": 12, "already_applied": 0}
     snap = q.snapshot()["runs"]
     assert {r: len(s["pending"]) for r, s in snap.items()} == {"main": 6, "other": 6}
@@ -60,7 +62,8 @@ def test_a_queue_from_an_older_snapshot_gets_the_run_it_lacks_past_stray_files(
     q.put_spec("main", main.hparams)  # the snapshot was taken when only main was seeded
     q.enqueue(plan.items(share, {"main": main}))
     q.mark_seeded()
-    closed = plan.reconcile(q, share)  # before: "cannot compare" logged, other never trained, exit 0
+    # before: "cannot compare" logged, other never trained, exit 0
+    closed = plan.reconcile(q, share, lineage.applied_days)
     assert closed is not None and closed.missing_runs == ["other"] and len(closed.missing_items) == 6
     assert not plan.gap(q, share)
     assert {r: len(s["pending"]) for r, s in q.snapshot()["runs"].items()} == {"main": 6, "other": 6}

@@ -341,9 +341,9 @@ def test_pictures_that_took_long_to_draw_are_redrawn_less_often(tmp_path: Path) 
 
 def test_drawing_records_what_the_pictures_cost(tmp_path: Path) -> None:
     state = {"run": "main", "hparams": {}, "history": [OLDER, {**NEWEST, "n_fraud": 2}]}
-    report.write(tmp_path, state, metrics.pr_curve(np.array([0.9, 0.1]), np.array([1, 0])))
+    report.write(tmp_path, view(state), metrics.pr_curve(np.array([0.9, 0.1]), np.array([1, 0])))
     assert 0 < report.pictures_cost(tmp_path) < 60
-    report.write(tmp_path / "undrawn", state, None, draw=False)
+    report.write(tmp_path / "undrawn", view(state), None, draw=False)
     assert report.pictures_cost(tmp_path / "undrawn") == 0.0
 
 
