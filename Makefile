@@ -51,7 +51,8 @@ local: $(LOCAL_STAMP)
 # Three pytest processes (pytest-xdist), one test file each at a time (--dist loadfile keeps a module's
 # fixtures in one process): most tests wait on leases and worker subprocesses, so two processes left the 2 cores
 # idle between waits. From a fresh clone on the 2-core CI machine, idle: 10 min 36 s of pytest with 2, 8 min 39 s
-# with 3 (CPU 90-98 % busy), 1960 tests passing both ways. TEST_JOBS=0 runs it in this process (a debugger, -x).
+# with 3 (CPU 90-98 % busy), 1960 tests passing both ways. Since the round of issues 33-37 (2,294 tests): 16 min 43 s
+# with 3 (28.6 min of CPU: both cores busy, so more processes would not help). TEST_JOBS=0 runs it in this process.
 TEST_JOBS ?= 3
 test: $(ALL_STAMP) $(if $(filter true,$(CI)),chromium)
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
