@@ -14,9 +14,12 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 LOADER, WORKER, REDIS = "loader", "worker", "redis"
 # The scoring Job's pods (CPU): score the scoring/ days with a run's newest model.
 SCORER = "scorer"
+# With `schedule`: the pod that posts the training and scoring Jobs (infra/schedule.py). Not the loader: it parses
+# no bank file and holds no bucket or share; it reads the loader's launch request from Redis.
+LAUNCHER = "launcher"
 # The pods the Redis NetworkPolicy admits (and the policy pack allows): the scorer's init container waits
-# on the queue (infra/jobs.py scoring_spec).
-REDIS_CLIENTS = (LOADER, WORKER, SCORER)
+# on the queue (infra/jobs.py scoring_spec); the launcher reads the loads' requests and waits for a drained queue.
+REDIS_CLIENTS = (LOADER, WORKER, SCORER, LAUNCHER)
 # The root step that hands the share to WORKLOAD_UID (infra/share_prep.py): the only root container.
 SHARE_PREP = "share-prep"
 
@@ -44,8 +47,8 @@ ENV_OUTPUT_URI = "OUTPUT_URI"
 RUNS_DIR = "/etc/spot-trainer"
 RUNS_KEY = "runs.json"
 RUNS_FILE = f"{RUNS_DIR}/{RUNS_KEY}"
-# With `schedule`: the training Job the scheduled loader may create (`seed --launch-job`), mounted from a
-# ConfigMap (key LAUNCH_KEY) at LAUNCH_DIR (infra/schedule.py).
+# With `schedule`: the training Job the launcher may create (`launch --job`), mounted from a ConfigMap (key
+# LAUNCH_KEY) at LAUNCH_DIR (infra/schedule.py).
 LAUNCH_DIR = "/etc/spot-trainer-launch"
 LAUNCH_KEY = "job.json"
 LAUNCH_FILE = f"{LAUNCH_DIR}/{LAUNCH_KEY}"
@@ -116,6 +119,19 @@ def score_args(run: str, dataset: str, output_uri: str) -> list[str]:
 
 # The scoring pod's init container: it waits for training to drain the queue (workload/runtime/launch.py).
 WAIT_DRAINED = "wait-drained"
+
+
+# The scheduled loader records what it added for the launcher (`seed --request-launch`).
+REQUEST_LAUNCH = "--request-launch"
+
+
+def launch_args(stack_job: str, load_wait_s: int, drain_s: int, scoring: bool) -> list[str]:
+    """``python -m workload launch``: the launcher's pod. ``stack_job``: the stack's own training Job, while which
+    runs no second one is posted; ``load_wait_s``: how long it waits for the load's request; ``drain_s``: how long
+    for a drained queue before the scoring Job (``scoring``: the stack scores)."""
+    scoring_args = ["--scoring", SCORING_LAUNCH_FILE] if scoring else []
+    return ["launch", "--job", LAUNCH_FILE, *scoring_args, "--stack-job", stack_job, "--load-wait", str(load_wait_s),
+            "--drain-timeout", str(drain_s)]
 
 
 def wait_drained_args(timeout_s: int) -> list[str]:

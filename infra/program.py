@@ -106,11 +106,11 @@ class Workloads:
 
 def policy_args(cfg: StackConfig, platform: Platform, control_plane: pulumi.Input[str]) -> PolicyArgs:
     """Which pods call Google APIs (those with an identity; one-off export pods are labelled loader), and
-    which one posts Jobs to the control plane (the scheduled loader, with ``schedule``)."""
+    which one posts Jobs to the control plane (the launcher, with ``schedule``)."""
     ids = platform.identities
     clients = ((contract.LOADER,) if ids.loader or ids.worker else ()) + (
         (contract.WORKER, contract.SCORER) if ids.worker else ())  # fmt: skip
-    launcher = contract.LOADER if cfg.jobs.schedule and ids.loader else None
+    launcher = contract.LAUNCHER if cfg.jobs.schedule and ids.loader else None
     return PolicyArgs(clients, cfg.network.api_egress_cidr, launcher, control_plane)
 
 
@@ -132,7 +132,7 @@ def workloads(
     scoring = ScoringJob("scoring", ScoringArgs(work, training, loader), platform) if (
         platform.identities.worker) else None  # fmt: skip
     # With `schedule` (datasetUri required, infra.config): reloads and, for new work, trains on its own.
-    scheduled = ScheduledLoad("schedule", ScheduleArgs(work, capacity, loader), platform) if (
+    scheduled = ScheduledLoad("schedule", ScheduleArgs(work, capacity, loader, training.name), platform) if (
         cfg.jobs.schedule and platform.identities.loader) else None  # fmt: skip
     return Workloads(capacity, loader, training, scoring, scheduled)
 

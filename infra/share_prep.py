@@ -8,6 +8,10 @@ in a namespace of its own, enforcing ``baseline`` (which allows uid 0 and the CH
 nothing else that ``restricted`` forbids here), and does ``chown 10001:10001`` on the share root: not
 recursive (it takes a second on any share), idempotent, and a no-op on a share already handed over.
 The workloads' namespace stays ``restricted``. docs/cloud.md says why this and not the alternatives.
+
+The namespace denies all pod traffic, both ways, with no allowance on top: the step needs no network. The kubelet
+mounts the NFS share from the node, outside the pod's network, and NetworkPolicy governs pod traffic only
+(kubernetes.io "Network Policies"); the pod resolves no name, fetches no token (none is mounted) and calls no API.
 """
 
 from __future__ import annotations
@@ -100,6 +104,13 @@ class SharePreparation(pulumi.ComponentResource):
             opts=k8s_opts,
         )
         ns = self.namespace.metadata.name
+        # As infra/network_policy.py's default deny: every pod, both types, no rule.
+        deny = k8s.networking.v1.NetworkPolicy(
+            f"{name}-default-deny",
+            metadata={"name": "default-deny", "namespace": ns, "labels": {contract.NAME_LABEL: contract.APP}},
+            spec={"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+            opts=k8s_opts,
+        )
         # A PV binds one claim: this namespace gets its own pair on the same share, same mount options.
         _, claim = platform.share.bind(f"{name}-share", ns, "share", "share-prep")
         self.job = k8s.batch.v1.Job(
@@ -121,7 +132,7 @@ class SharePreparation(pulumi.ComponentResource):
                 delete_before_replace=True,
                 # Its podFailurePolicy is immutable as every Job's (infra.jobs REPLACE_ON_CHANGES).
                 replace_on_changes=REPLACE_ON_CHANGES,
-                depends_on=[claim],
+                depends_on=[claim, deny],
                 # A new node and the training image pull come first: minutes, not seconds.
                 custom_timeouts=pulumi.CustomTimeouts(create="15m", update="15m"),
             ),

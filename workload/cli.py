@@ -278,11 +278,16 @@ def seed(args: argparse.Namespace) -> int:
     c = queue.counts()
     log.info("queued %d new item(s) (%d already known) for run(s) %s; queue: %d pending, %d leased, %d done, "
              "%d dead", added, len(items) - added, ", ".join(runs), c.pending, c.leased, c.done, c.dead)
-    if args.launch_job:  # the scheduled loader: start training only for work to train
-        log.info("%s", launch.launch(Path(args.launch_job), added, c))
-    if args.launch_scoring:  # and scoring only for new scoring/ days or models about to change
-        training = bool(args.launch_job) and launch.should_launch(added, c)
-        log.info("%s", launch.launch_scoring(Path(args.launch_scoring), new_scoring, training))
+    if args.request_launch:  # the scheduled loader: the launcher reads what it added (infra/schedule.py)
+        queue.request_launch(added, new_scoring)
+        log.info("launch requested: %d new item(s), %d new scoring day(s)", added, new_scoring)
+    return 0
+
+
+def launch_jobs(args: argparse.Namespace) -> int:
+    """The launcher's pod (infra/schedule.py): the scheduled load's request in, the Jobs out."""
+    launch.run(make_queue(args), Path(args.job), Path(args.scoring) if args.scoring else None, args.stack_job,
+               args.load_wait, args.drain_timeout, args.poll)
     return 0
 
 
@@ -482,6 +487,7 @@ def parser() -> argparse.ArgumentParser:
                                        "LOG_LEVEL (default INFO) sets the log level of every command.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_seed(sub)
+    add_launch(sub)
     add_worker(sub)
     add_status(sub)
     add_requeue(sub)
@@ -525,13 +531,33 @@ def add_seed(sub: Any) -> None:
                             "preset's)")
     s.add_argument("--start-date", help="first simulated day, YYYY-MM-DD (no env; default: the preset's)")
     s.add_argument("--sim-seed", type=int, help="simulator seed (no env; default: the preset's)")
-    s.add_argument("--launch-job", help="after enqueueing, create this training Job (a JSON manifest) through "
-                                        "the pod's Kubernetes API when there is work to train (no env; default "
-                                        "none; the scheduled loader's)")
-    s.add_argument("--launch-scoring", help="then create this scoring Job (a JSON manifest) when new scoring/ days "
-                                            "were published or training was started (no env; default none; the "
-                                            "scheduled loader's)")
+    s.add_argument("--request-launch", action="store_true",
+                   help="after enqueueing, record in Redis what this load added, for `launch` (no env; default "
+                        "False; the scheduled loader's)")
     s.set_defaults(fn=seed)
+
+
+def add_launch(sub: Any) -> None:
+    """`launch`: the scheduled launcher's pod (infra/schedule.py)."""
+    la = _sub(sub, "launch", "wait for a scheduled load's request in Redis, then create the training Job when there is "
+              "work and the stack's training Job is not running, and the scoring Job when there is something new "
+              "to score, once the queue is drained",
+              "python -m workload launch --job /etc/launch/job.json --stack-job spot-trainer-worker",
+              more="Runs in a pod: the Jobs are created through the pod's Kubernetes API with its service account.")
+    add_redis(la)
+    la.add_argument("--job", required=True, help="the training Job to create (a JSON manifest; no env; required)")
+    la.add_argument("--scoring", help="the scoring Job to create (a JSON manifest; no env; default none: no scoring)")
+    la.add_argument("--stack-job", help="the stack's own training Job: while it runs no second one is created (no "
+                                        "env; default none)")
+    la.add_argument("--load-wait", type=positive(float, "--load-wait"), default=3600.0,
+                    help="seconds to wait for a load's request before deciding on the queue alone (no env; default "
+                         "3600; the schedule passes the loader's deadline)")
+    la.add_argument("--drain-timeout", type=positive(float, "--drain-timeout"), default=86400.0,
+                    help="seconds to wait for a drained queue before the scoring Job; past it exit 3 and the next "
+                         "launch tries again (no env; default 86400)")
+    la.add_argument("--poll", type=positive(float, "--poll"), default=5.0,
+                    help="seconds between looks at the queue (no env; default 5)")
+    la.set_defaults(fn=launch_jobs)
 
 
 def add_wait_drained(sub: Any) -> None:

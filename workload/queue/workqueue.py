@@ -55,7 +55,7 @@ class Keys:
     order, and reads them by name (``K.items``); no script spells a key name itself."""
 
     FIELDS = ("items", "runs", "specs", "leases", "attempts", "errors", "done", "dead", "acked_by", "token",
-              "seeded", "alive", "pending_of", "lease_of")
+              "seeded", "alive", "pending_of", "lease_of", "launch")
 
     def __init__(self, prefix: str) -> None:
         self.items = f"{prefix}:items"  # hash  item id -> item JSON (kept forever: idempotent enqueue)
@@ -74,6 +74,8 @@ class Keys:
         # only learns them inside Redis, so it gets the stem and appends the run (pending_key/lease_key).
         self.pending_of = f"{prefix}:pending:"  # zset  item id -> chronological seq
         self.lease_of = f"{prefix}:lease:"  # hash  item, owner, token, deadline, ttl, forgiven, claimed_at, seq, claim
+        # The scheduled loader's word to the launcher (infra/schedule.py): loads, added, scoring_days; summed.
+        self.launch = f"{prefix}:launch"  # hash  LaunchRequest's fields -> counts not yet acted on
 
     def pending(self, run: str) -> str:
         return self.pending_of + run
@@ -452,6 +454,18 @@ class Counts:
         return self.pending == 0 and self.leased == 0
 
 
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the scheduled loads recorded since the launcher last acted: how many loads finished, the items
+    they enqueued, the scoring/ days they published. ``loads == 0``: no load has finished since."""
+
+    loads: int = 0
+    added: int = 0
+    scoring_days: int = 0
+
+    FIELDS = ("loads", "added", "scoring_days")
+
+
 # Error replies about Redis's state, not about the request: out of memory under noeviction, a script
 # running too long, loading its data set, a read-only replica, a failed disk save. They pass: wait.
 # (redis-py strips the code from the replies it maps to a class; a script's error keeps it in the text.)
@@ -678,6 +692,35 @@ class WorkQueue:
 
     def seeded(self) -> bool:
         return bool(self._retrying("seeded", lambda: self.redis.exists(self.keys.seeded)))
+
+    # -- the scheduled loader and the launcher -------------------------------------------------------
+    def request_launch(self, added: int, scoring_days: int) -> None:
+        """The scheduled loader's last step: one more finished load, with what it added. Summed into what the
+        launcher has not acted on yet, so a load whose launcher failed is carried, not overwritten."""
+        def write() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=True)
+            for name, value in zip(LaunchRequest.FIELDS, (1, added, scoring_days), strict=True):
+                pipe.hincrby(self.keys.launch, name, value)
+            return pipe.execute()
+
+        self._retrying("request_launch", write)
+
+    def launch_request(self) -> LaunchRequest:
+        """What the loads recorded and no launcher has acted on (read only: ``launch_done`` takes it away)."""
+        raw = self._retrying("launch_request", lambda: self.redis.hmget(self.keys.launch, *LaunchRequest.FIELDS))
+        return LaunchRequest(*(int(v or 0) for v in raw))
+
+    def launch_done(self, acted: LaunchRequest) -> None:
+        """The launcher acted on ``acted``: subtract it, keeping what loads recorded meanwhile. Called after the
+        Jobs were posted, so a launcher that dies first leaves the request for the next one (a second POST of a
+        fixed name is a 409, "exists")."""
+        def write() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=True)
+            for name in LaunchRequest.FIELDS:
+                pipe.hincrby(self.keys.launch, name, -getattr(acted, name))
+            return pipe.execute()
+
+        self._retrying("launch_done", write)
 
     # -- observers -------------------------------------------------------------------------------
     def known(self) -> tuple[set[str], set[str], int]:

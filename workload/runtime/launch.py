@@ -1,13 +1,17 @@
-"""Starting the training and scoring Jobs from the scheduled loader (``seed --launch-job FILE
---launch-scoring FILE``), only for work to do, and the scoring pod's wait for the newest models.
+"""The launcher (``launch``): starts the training and scoring Jobs on the schedule, only for work to do, one
+training Job at a time, and the scoring pod's wait for the newest models.
 
 GPU pods cannot wait on a CPU step inside themselves (a pod's GPU is reserved for its whole life, init
-containers included), so the scheduled loader, on CPU, decides and creates the training Job itself. The
-Job's body is the file Pulumi rendered from the same code as the stack's training Job (infra/jobs.py),
-mounted from a ConfigMap; the pod's service account may only create Jobs in its namespace.
+containers included), so a small CPU pod decides and creates the Jobs. It is not the loader: the loader parses
+the bank's files and holds the bucket and the share, and an account that may create Jobs can start any image
+as any service account of its namespace. The scheduled loader only records what it added (``seed
+--request-launch``: WorkQueue.request_launch); the launcher (its own service account, no share, no Google
+identity: infra/schedule.py) reads that from Redis and posts the Jobs whose bodies Pulumi rendered from the
+same code as the stack's Jobs (infra/jobs.py), mounted from a ConfigMap. An admission policy lets its
+account create those two Jobs only (infra/admission.py).
 
-The decision is tested against a real Redis. The HTTP call itself is untested here: no Kubernetes API
-server can run on the development machines, and a hand-made one would only test our own guess of it.
+The decisions are tested against a real Redis; the HTTP calls against an HTTPS server on loopback, not a real
+API server (none can run on the development machines, and a hand-made one would only test our guess of it).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workload.queue.workqueue import Counts, WorkQueue
+from workload.queue.workqueue import Counts, LaunchRequest, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,13 @@ FIRST_WAIT_S = 1.0  # without Retry-After: 1, 2, 4, 8 s
 MAX_WAIT_S = 30.0  # a Retry-After above it waits this long
 
 
+# A Job is finished once one of these conditions is True (kubernetes.io "Jobs": terminal conditions; since 1.31
+# they are added only after the Job's pods have terminated, so a "running" answer covers pods still stopping).
+FINISHED_CONDITIONS = frozenset({"Complete", "Failed"})
+
+
 class LaunchError(RuntimeError):
-    """The API server refused or could not be reached: the loader exits with the infrastructure code."""
+    """The API server refused or could not be reached: the launcher exits with the infrastructure code."""
 
 
 def should_launch(added: int, counts: Counts) -> bool:
@@ -107,58 +116,156 @@ def retry_wait_s(headers: Mapping[str, str], attempt: int, now: float | None = N
     return min(max(wait, 0.0), MAX_WAIT_S)
 
 
-def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: str = "training",
-               sleep: Callable[[float], None] = time.sleep) -> str:
-    """POST the Job to the pod's own namespace with the pod's token, verified by the cluster's CA; on 429 and
-    5xx again, ATTEMPTS times in all, after the reply's Retry-After (``retry_wait_s``).
-
-    Returns "created" or "exists": a Job of that name still present (training or finished, before its
-    ttlSecondsAfterFinished removes it) drains the same queue, so a second one is not needed. Tested against an
-    HTTPS server on loopback (tests/workload/test_launch_inprocess.py), not a real API server."""
-    import requests  # in the image through google-cloud-storage
-
+def _service_account(sa_dir: Path, doing: str) -> tuple[str, str, str]:
+    """(the pod's namespace, its token, the API server's base URL), or one line saying what is missing."""
     try:
         namespace = (sa_dir / "namespace").read_text().strip()
         token = (sa_dir / "token").read_text().strip()
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     except (OSError, KeyError) as exc:
-        raise LaunchError(f"cannot create the {what} Job: not in a pod with a service-account token and "
+        raise LaunchError(f"cannot {doing}: not in a pod with a service-account token and "
                           f"KUBERNETES_SERVICE_HOST ({exc})") from exc
-    url = f"https://{url_host(host)}:{port}/apis/batch/v1/namespaces/{namespace}/jobs"
+    return namespace, token, f"https://{url_host(host)}:{port}/apis/batch/v1/namespaces/{namespace}/jobs"
+
+
+def _call(method: str, url: str, token: str, sa_dir: Path, doing: str, body: dict[str, Any] | None,
+          sleep: Callable[[float], None]) -> Any:
+    """One API call with the pod's token, verified by the cluster's CA; on 429 and 5xx again, ATTEMPTS times in
+    all, after the reply's Retry-After (``retry_wait_s``). Returns the last reply."""
+    import requests  # in the image through google-cloud-storage
+
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            reply = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
-                                  verify=str(sa_dir / "ca.crt"), timeout=API_TIMEOUT_S)
+            reply = requests.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"},
+                                     verify=str(sa_dir / "ca.crt"), timeout=API_TIMEOUT_S)
         except requests.RequestException as exc:
-            raise LaunchError(f"creating the {what} Job at {url}: {exc}") from exc
+            raise LaunchError(f"{doing} at {url}: {exc}") from exc
         if reply.status_code not in RETRY_STATUSES or attempt == ATTEMPTS:
-            break
+            return reply
         wait = retry_wait_s(reply.headers, attempt)
-        log.warning("creating the %s Job: HTTP %d, attempt %d of %d; again in %.1fs",
-                    what, reply.status_code, attempt, ATTEMPTS, wait)
+        log.warning("%s: HTTP %d, attempt %d of %d; again in %.1fs", doing, reply.status_code, attempt, ATTEMPTS, wait)
         sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _refused(reply: Any, url: str, doing: str) -> LaunchError:
+    tries = f" (after {ATTEMPTS} attempts)" if reply.status_code in RETRY_STATUSES else ""
+    return LaunchError(f"{doing} at {url}: HTTP {reply.status_code}{tries}: {reply.text[:300]}")
+
+
+def create_job(body: dict[str, Any], sa_dir: Path = SERVICE_ACCOUNT_DIR, what: str = "training",
+               sleep: Callable[[float], None] = time.sleep) -> str:
+    """POST the Job to the pod's own namespace (``_call``: bounded retries on 429 and 5xx).
+
+    Returns "created" or "exists": a Job of that name still present (training or finished, before its
+    ttlSecondsAfterFinished removes it) drains the same queue, so a second one is not needed."""
+    doing = f"creating the {what} Job"
+    _, token, url = _service_account(sa_dir, f"create the {what} Job")
+    reply = _call("POST", url, token, sa_dir, doing, body, sleep)
     if reply.status_code == 409:
         return "exists"
     if reply.status_code >= 300:
-        tries = f" (after {ATTEMPTS} attempts)" if reply.status_code in RETRY_STATUSES else ""
-        raise LaunchError(f"creating the {what} Job at {url}: HTTP {reply.status_code}{tries}: {reply.text[:300]}")
+        raise _refused(reply, url, doing)
     return "created"
 
 
-def launch(path: Path, added: int, counts: Counts) -> str:
-    """Create the training Job when there is work; returns what happened, for the log."""
-    if not should_launch(added, counts):
+def get_job(name: str, sa_dir: Path = SERVICE_ACCOUNT_DIR, sleep: Callable[[float], None] = time.sleep
+            ) -> dict[str, Any] | None:
+    """The Job ``name`` of the pod's namespace as the API server has it, or None where there is none (404)."""
+    doing = f"reading the Job {name}"
+    _, token, url = _service_account(sa_dir, f"read the Job {name}")
+    url = f"{url}/{name}"
+    reply = _call("GET", url, token, sa_dir, doing, None, sleep)
+    if reply.status_code == 404:
+        return None
+    if reply.status_code >= 300:
+        raise _refused(reply, url, doing)
+    try:
+        body = reply.json()
+    except ValueError as exc:
+        raise LaunchError(f"{doing} at {url}: not JSON: {reply.text[:300]}") from exc
+    return body if isinstance(body, dict) else {}
+
+
+def job_running(job: dict[str, Any] | None) -> bool:
+    """Whether a Job (as ``get_job`` returns it) may still run pods: it exists and has no True terminal
+    condition. Suspended or not yet started counts as running: its pods may start any moment."""
+    if job is None:
+        return False
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return not any(c.get("type") in FINISHED_CONDITIONS and c.get("status") == "True" for c in conditions)
+
+
+def training_decision(request: LaunchRequest, counts: Counts, stack_job_running: bool, stack_job: str) -> str | None:
+    """Why no training Job is posted, or None to post it. One training Job at a time per stack: while the stack's
+    own training Job (Pulumi's) may run, its workers take what the loads added (they exit only once the queue is
+    drained), and a second Job would double the GPU pods the quota check sized. The scheduled Job's fixed name
+    does the same against itself (409)."""
+    if not should_launch(request.added, counts):
         return "nothing new: no training Job"
-    body = read_job(path)
+    if stack_job_running:
+        return f"the stack's training Job {stack_job} still runs and takes the new work: no second training Job"
+    return None
+
+
+def wait_for_load(queue: WorkQueue, deadline_s: float, poll_s: float = 5.0) -> LaunchRequest:
+    """The launch request once a scheduled load has recorded one; after ``deadline_s`` whatever is there (a
+    failed load records nothing, and pending work left by an earlier Job is still worth a launch)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        request = queue.launch_request()
+        left = end - time.monotonic()
+        if request.loads > 0 or left <= 0:
+            return request
+        time.sleep(min(poll_s, left))
+
+
+def launch_training(queue: WorkQueue, request: LaunchRequest, job: Path, stack_job: str | None) -> tuple[bool, str]:
+    """Post the training Job when there is work and no training Job of the stack runs; (posted, log line)."""
+    counts = queue.counts()
+    running = job_running(get_job(stack_job)) if stack_job and should_launch(request.added, counts) else False
+    why_not = training_decision(request, counts, running, stack_job or "")
+    if why_not:
+        return False, why_not
+    body = read_job(job)
     name = body.get("metadata", {}).get("name")
-    return f"training Job {name}: {create_job(body)} for {added} new, {counts.pending} pending item(s)"
+    return True, (f"training Job {name}: {create_job(body)} for {request.added} new, {counts.pending} pending "
+                  "item(s)")
 
 
-def launch_scoring(path: Path, new_scoring_days: int, training_launched: bool) -> str:
-    """Create the scoring Job when there are new scoring/ days or new models coming; its pod waits for
-    the queue to drain first (``wait-drained``). Returns what happened, for the log."""
-    if not should_score(new_scoring_days, training_launched):
+def launch_scoring(queue: WorkQueue, request: LaunchRequest, job: Path, training_launched: bool,
+                   drain_s: float, poll_s: float = 5.0) -> str:
+    """Post the scoring Job when there are new scoring/ days or new models coming, once the queue is drained:
+    the wait is this small pod's, not the scoring pod's (whose requests are its scorers' for its whole life)."""
+    if not should_score(request.scoring_days, training_launched):
         return "nothing new to score: no scoring Job"
-    body = read_job(path, "scoring")
+    body = read_job(job, "scoring")
+    if not wait_drained(queue, drain_s, poll_s):
+        raise LaunchError(f"scoring Job: the queue was not drained within {drain_s:.0f}s; the next launch "
+                          "tries again")
     name = body.get("metadata", {}).get("name")
-    return f"scoring Job {name}: {create_job(body, what='scoring')} for {new_scoring_days} new scoring day(s)"
+    return f"scoring Job {name}: {create_job(body, what='scoring')} for {request.scoring_days} new scoring day(s)"
+
+
+def run(queue: WorkQueue, job: Path, scoring: Path | None, stack_job: str | None, load_wait_s: float,
+        drain_s: float, poll_s: float = 5.0) -> list[str]:
+    """The launcher, step by step; returns its log lines.
+
+    1. wait for the scheduled load's request (what it added, which scoring/ days it published);
+    2. post the training Job if there is work and the stack's training Job is not running;
+    3. post the scoring Job if there is something new to score, once the queue is drained;
+    4. subtract what was acted on from the request (last: a launcher that dies first leaves it for the next)."""
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        log.info("%s", line)
+        lines.append(line)
+
+    request = wait_for_load(queue, load_wait_s, poll_s)
+    say(f"{request.loads} load(s) recorded {request.added} new item(s), {request.scoring_days} new scoring day(s)")
+    launched, line = launch_training(queue, request, job, stack_job)
+    say(line)
+    if scoring is not None:
+        say(launch_scoring(queue, request, scoring, launched, drain_s, poll_s))
+    queue.launch_done(request)
+    return lines
