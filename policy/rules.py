@@ -678,12 +678,12 @@ NAMESPACE = "kubernetes:core/v1:Namespace"
 POD_CREATING = frozenset({("batch", "jobs"), ("batch", "cronjobs"), ("", "pods"), ("apps", "deployments"),
                           ("apps", "statefulsets"), ("apps", "daemonsets"), ("apps", "replicasets")})
 
-# Rules that read settings the infra branch of issue 36 adds to the components (Pulumi protect on the cluster
-# and every share tier, a launcher identity apart from the loader, a default-deny NetworkPolicy, authorized
-# networks). Advisory while the rendered stacks do not produce those settings yet; at merge the lead empties
-# this set and they are mandatory (tests/policy/test_policy_stacks.py then demands every stack pass them).
+# Rules that read settings the infra branch of issue 36 adds to the components (authorized networks, Binary
+# Authorization, customer-managed keys). Advisory while the rendered stacks do not produce those settings yet; at
+# merge the lead empties this set and they are mandatory (tests/policy/test_policy_stacks.py then demands every
+# stack pass them). The launcher apart from the loader and the default-deny policies of every namespace are in
+# every stack: those two rules are mandatory.
 AWAITING_INFRA: frozenset[str] = frozenset({
-    "loader-cannot-create-pods", "default-deny-network-policy",
     "prod-control-plane-not-public", "prod-admission-and-encryption",
 })
 
