@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infra import contract, network_policy, render
+from infra import contract, network_policy, render, share_prep
 from tests.infra.components import DATA, _selects, _strictly_valid, workloads
 
 POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -62,10 +62,13 @@ REDIS = {"labels": contract.labels(contract.REDIS)}
 def test_every_pod_is_denied_by_default_and_resolves_names() -> None:
     b = workloads("dev", **SCHEDULED)
     _strictly_valid(b)
-    policies = _policies(b)
-    (deny,) = [p for p in policies if p["metadata"]["name"] == "default-deny"]
-    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
-    assert {p["metadata"]["namespace"] for p in policies} == {b.cfg.namespace}
+    denies = [p for p in _policies(b) if p["metadata"]["name"] == "default-deny"]
+    assert [d["spec"] for d in denies] == [{"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}] * 2
+    # One in the workloads' namespace, one in the share preparation's (infra/share_prep.py).
+    prep = share_prep.prep_namespace(b.cfg.namespace)
+    assert {d["metadata"]["namespace"] for d in denies} == {b.cfg.namespace, prep}
+    assert {p["metadata"]["namespace"] for p in _policies(b) if p not in denies} == {b.cfg.namespace}
+    policies = [p for p in _policies(b) if p["metadata"]["namespace"] == b.cfg.namespace]
     for component in (*contract.REDIS_CLIENTS, contract.REDIS, "anything"):
         labels = contract.labels(component)
         assert egress_allowed(policies, labels, {"ip": "10.0.0.10", "port": 53, "protocol": "UDP"}), component
@@ -113,10 +116,27 @@ def test_a_narrower_api_range_is_the_only_https_destination() -> None:
     assert network_policy.api_block("199.36.153.4/30") == {"cidr": "199.36.153.4/30"}  # no except outside it
 
 
+def test_the_share_preparation_may_send_nothing() -> None:
+    """Its namespace has the default deny and no allowance: the kubelet mounts the share, the pod needs no
+    network (no name to resolve, no token, no API)."""
+    b = workloads("dev", **SCHEDULED)
+    prep = share_prep.prep_namespace(b.cfg.namespace)
+    policies = [p for p in _policies(b) if p["metadata"]["namespace"] == prep]
+    assert [p["metadata"]["name"] for p in policies] == ["default-deny"]
+    pod = contract.labels(contract.SHARE_PREP)
+    for to in ({"ip": "10.0.0.10", "port": 53, "protocol": "UDP"}, tcp(443, ip=GOOGLE_API), tcp(2049, ip=IN_VPC),
+               tcp(443, ip=render.CLUSTER_ENDPOINT)):
+        assert not egress_allowed(policies, pod, to), to
+
+
 def test_only_the_launcher_reaches_the_control_plane_and_only_with_a_schedule() -> None:
     endpoint = tcp(443, ip=render.CLUSTER_ENDPOINT)
     scheduled = _policies(workloads("dev", **SCHEDULED, apiEgressCidr="199.36.153.4/30"))
-    assert egress_allowed(scheduled, contract.labels(contract.LOADER), endpoint)
+    assert egress_allowed(scheduled, contract.labels(contract.LAUNCHER), endpoint)
+    redis = tcp(contract.REDIS_PORT, labels=REDIS["labels"])
+    assert egress_allowed(scheduled, contract.labels(contract.LAUNCHER), redis)
+    assert not egress_allowed(scheduled, contract.labels(contract.LOADER), endpoint)  # the loader posts nothing
+    assert not egress_allowed(scheduled, contract.labels(contract.LAUNCHER), tcp(443, ip="199.36.153.5"))  # nor GCS
     assert not egress_allowed(scheduled, contract.labels(contract.WORKER), tcp(443, ip=IN_VPC))
     unscheduled = _policies(workloads("dev", **{**DATA, "apiEgressCidr": "199.36.153.4/30"}))
     assert not egress_allowed(unscheduled, contract.labels(contract.LOADER), endpoint)

@@ -249,7 +249,7 @@ _NETWORK_POLICY: dict[str, Any] = {
                             "matchLabels": {"app.kubernetes.io/name": "spot-trainer"},
                             "matchExpressions": [
                                 {"key": "app.kubernetes.io/component", "operator": "In",
-                                 "values": ["loader", "worker", "scorer"]}
+                                 "values": ["loader", "worker", "scorer", "launcher"]}
                             ],
                         }
                     }
@@ -261,6 +261,19 @@ _NETWORK_POLICY: dict[str, Any] = {
     "apiVersion": "networking.k8s.io/v1",
     "id": "redis-id",
 }
+
+
+
+def _default_deny(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "default-deny", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "spot-trainer"}},
+        "kind": "NetworkPolicy",
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        "apiVersion": "networking.k8s.io/v1",
+        "id": f"{name}-id",
+    }
+
 
 _NETWORK: dict[str, Any] = {"name": "network", "id": "network-id", "project": "spot-trainer-test"}
 _LABELS = {"app": "spot-trainer", "env": "dev", "team": "ml-platform"}
@@ -282,6 +295,7 @@ _FILESTORE: dict[str, Any] = {
     "id": "share-id",
 }
 
+_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 # (type, resource name) -> props, in the order the stack registers them.
 SHAPES: dict[tuple[str, str], dict[str, Any]] = {
     ("gcp:compute/network:Network", "network"): _NETWORK,
@@ -290,6 +304,8 @@ SHAPES: dict[tuple[str, str], dict[str, Any]] = {
     ("kubernetes:cloud.google.com/v1:ComputeClass", "gpu"): _COMPUTE_CLASS,
     ("kubernetes:core/v1:Secret", "redis"): _SECRET,
     ("kubernetes:networking.k8s.io/v1:NetworkPolicy", "redis"): _NETWORK_POLICY,
+    (_POLICY, "network-policy-default-deny"): _default_deny(NAMESPACE, "network-policy-default-deny"),
+    (_POLICY, "share-prep-default-deny"): _default_deny(PREP_NAMESPACE, "share-prep-default-deny"),
     ("kubernetes:apps/v1:Deployment", "redis"): _REDIS,
     ("kubernetes:batch/v1:Job", "share-prep"): _SHARE_PREP,
     ("kubernetes:batch/v1:Job", "loader"): _LOADER,

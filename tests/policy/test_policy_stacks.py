@@ -494,11 +494,10 @@ def _hardening(resources: list[Registered], r: Rendered, policy: str) -> list[of
 def test_the_hardening_rules_refuse_what_rendered_stacks_do_without_the_infra_settings(
     rendered: Callable[[str], Rendered],
 ) -> None:
-    """Each issue-36 rule seen failing on a rendered stack: as rendered today where the program produces the thing
-    (the scheduled loader's own account bound to a Role that creates Jobs), else with the infra branch's setting
-    taken away (protect, authorized networks, the default-deny policy)."""
+    """Each issue-36 rule seen failing on a rendered stack, with the setting taken away: the launcher's Role bound
+    to the scheduled loader's account instead, protect, authorized networks, the default-deny policies."""
     scheduled = render.render("dev", {"schedule": "0 3 * * *", "datasetUri": "gs://acme-fraud/exports"})
-    cron = scheduled.one("kubernetes:batch/v1:CronJob")
+    cron = scheduled.one("kubernetes:batch/v1:CronJob", "schedule")
     loader = cron.inputs["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"]
     (bound,) = scheduled.of_type(rules.ROLE_BINDINGS[0])
     to_loader = mutated(scheduled, bound.type, bound.name, lambda p: p.update(subjects=[
