@@ -1,8 +1,8 @@
 """An HTTPS server on loopback standing in for the Kubernetes API server: a self-signed certificate that the pod's
 CA file names, a service-account folder (namespace, token, ca.crt) and KUBERNETES_SERVICE_HOST/PORT pointing at it.
 It records every Job POSTed and answers what the test sets (test_launch_inprocess.py, test_cli_units.py): the
-statuses queued in ``answers`` first (each with its headers), then ``status``. ``host="::1"`` serves on IPv6
-loopback."""
+statuses queued in ``answers`` first (each with its headers), then ``status``. A GET of one Job answers from
+``jobs`` (200 with the body, 404 without), after ``answers`` too. ``host="::1"`` serves on IPv6 loopback."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ class ApiServer:
     posts: list[tuple[str, str, dict]] = field(default_factory=list)
     # Answers before ``status``, in order: (status, headers), e.g. (429, {"Retry-After": "2"}).
     answers: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    # The Jobs a GET finds, by name, and the paths GET asked for.
+    jobs: dict[str, dict] = field(default_factory=dict)
+    gets: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -59,6 +62,16 @@ def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str = "127
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(state.text.encode())
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            state.gets.append(self.path)
+            name = self.path.rsplit("/", 1)[-1]
+            status, headers = state.answers.pop(0) if state.answers else (200 if name in state.jobs else 404, {})
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(json.dumps(state.jobs.get(name, {"kind": "Status", "code": status})).encode())
 
         def log_message(self, *args: object) -> None:
             pass

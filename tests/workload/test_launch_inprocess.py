@@ -1,6 +1,7 @@
-"""The launcher in-process: its decisions, the Job templates it reads, the scorer's wait against a real Redis, and
-its one API call against a real HTTPS server on loopback holding a self-signed certificate that the pod's CA file
-names (test_launch.py drives the same code through `seed` processes, which mutation testing cannot trace)."""
+"""The launcher in-process: its decisions, the Job templates it reads, the load's request and the scorer's wait
+against a real Redis, and its API calls (POST a Job, GET the stack's training Job) against a real HTTPS server on
+loopback holding a self-signed certificate that the pod's CA file names (test_launch.py drives the loader's half
+through `seed` processes, which mutation testing cannot trace)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from apiserver import ApiServer, api_server
 from harness import Cluster
 
 from workload.queue import plan
-from workload.queue.workqueue import Counts
+from workload.queue.workqueue import Counts, Item, LaunchRequest
 from workload.runtime import launch
 
 JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer-7"}, "spec": {"parallelism": 2}}
@@ -117,32 +118,122 @@ def test_only_new_or_waiting_work_launches_training_and_only_new_days_or_models_
     assert launch.should_launch(1, counts(0)) and launch.should_launch(0, counts(1))
     assert not launch.should_score(0, False)
     assert launch.should_score(1, False) and launch.should_score(0, True)
-    assert launch.launch(Path("/absent.json"), 0, counts(0)) == "nothing new: no training Job"
-    assert launch.launch_scoring(Path("/absent.json"), 0, False) == "nothing new to score: no scoring Job"
+    nothing, new = LaunchRequest(loads=1), LaunchRequest(loads=1, added=2)
+    assert launch.training_decision(nothing, counts(0), False, "st") == "nothing new: no training Job"
+    assert launch.training_decision(nothing, counts(0), True, "st") == "nothing new: no training Job"
+    assert launch.training_decision(new, counts(2), False, "st") is None
+    assert launch.training_decision(nothing, counts(2), True, "st") == (
+        "the stack's training Job st still runs and takes the new work: no second training Job")
 
 
-def test_the_launch_lines_say_which_job_and_why(api: ApiServer, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # The pod's service-account folder is read from its fixed path: here, the fixture's.
+@pytest.mark.parametrize(("job", "running"), [
+    (None, False),  # no such Job (404)
+    ({}, True),  # created, no status yet
+    ({"status": {"active": 2}}, True),
+    ({"spec": {"suspend": True}, "status": {}}, True),  # its pods may start any moment
+    ({"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}, True),  # pods still stopping
+    ({"status": {"conditions": [{"type": "Complete", "status": "False"}]}}, True),
+    ({"status": {"conditions": [{"type": "Suspended", "status": "True"}, {"type": "Complete", "status": "True"}]}},
+     False),
+    ({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}, False),
+])  # fmt: skip
+def test_a_job_runs_until_a_terminal_condition_is_true(job: dict | None, running: bool) -> None:
+    assert launch.job_running(job) is running
+
+
+def test_the_stacks_training_job_is_read_by_name_with_the_pods_token(api: ApiServer) -> None:
+    assert launch.get_job("spot-trainer-worker", api.sa_dir) is None  # 404
+    api.jobs["spot-trainer-worker"] = {"kind": "Job", "status": {"active": 1}}
+    api.answers = [(503, {"Retry-After": "3"})]
+    waits: list[float] = []
+    assert launch.get_job("spot-trainer-worker", api.sa_dir, sleep=waits.append) == api.jobs["spot-trainer-worker"]
+    assert waits == [3.0] and api.gets == ["/apis/batch/v1/namespaces/fraud/jobs/spot-trainer-worker"] * 3
+    api.answers = [(403, {})]
+    with pytest.raises(launch.LaunchError, match=rf"^reading the Job spot-trainer-worker at {api.url}/"
+                                                 r"spot-trainer-worker: HTTP 403: "):
+        launch.get_job("spot-trainer-worker", api.sa_dir)
+    with pytest.raises(launch.LaunchError, match=r"^cannot read the Job x: not in a pod"):
+        launch.get_job("x", api.sa_dir / "absent")
+    assert api.posts == []
+
+
+@pytest.fixture
+def posting(api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ApiServer, Path, Path]:
+    """The API server, with the launcher's calls pointed at its service-account folder, and the two Job bodies."""
     monkeypatch.setattr(launch, "create_job", functools.partial(launch.create_job, sa_dir=api.sa_dir))
-    path = tmp_path / "job.json"
-    path.write_text(json.dumps(JOB))
-    counts = Counts(pending=3, leased=1, done=0, dead=0, total=4)
-    assert launch.launch(path, 2, counts) == "training Job trainer-7: created for 2 new, 3 pending item(s)"
-    api.status = 409
-    assert launch.launch_scoring(path, 4, False) == "scoring Job trainer-7: exists for 4 new scoring day(s)"
-    assert launch.launch_scoring(path, 0, True) == "scoring Job trainer-7: exists for 0 new scoring day(s)"  # models
-    assert [p[2] for p in api.posts] == [JOB, JOB, JOB]
-    api.status = 500
-    with pytest.raises(launch.LaunchError, match=r"^creating the scoring Job at "):
-        launch.launch_scoring(path, 1, False)
-    path.write_text(json.dumps({"kind": "Job"}))  # no metadata: the line says so rather than failing
-    api.status = 201
-    assert launch.launch(path, 1, counts) == "training Job None: created for 1 new, 3 pending item(s)"
-    assert launch.launch_scoring(path, 1, False) == "scoring Job None: created for 1 new scoring day(s)"
-    path.write_text("[]")
-    with pytest.raises(launch.LaunchError, match=rf"^scoring Job template {path}: not a JSON object$"):
-        launch.launch_scoring(path, 1, False)
+    monkeypatch.setattr(launch, "get_job", functools.partial(launch.get_job, sa_dir=api.sa_dir))
+    bodies = []
+    for kind in ("training", "scoring"):
+        bodies.append(tmp_path / f"{kind}.json")
+        bodies[-1].write_text(json.dumps({**JOB, "metadata": {"name": kind}}))
+    return api, bodies[0], bodies[1]
+
+
+# Two days of one run, as a load enqueues them (the launcher reads only the queue's counts).
+DAYS = [Item(run="main", shard=f"training/2018-04-0{d}.parquet", dataset="fraud", seq=d) for d in (1, 2)]
+
+
+def _posted(api: ApiServer) -> list[str]:
+    return [body["metadata"]["name"] for _, _, body in api.posts]
+
+
+def test_the_launcher_acts_once_on_the_loads_request_and_scores_once_the_queue_is_drained(
+    cluster: Cluster, posting: tuple[ApiServer, Path, Path]
+) -> None:
+    """Training at once; scoring only on a drained queue (the wait is the launcher's, not the scoring pod's); what
+    was acted on is taken from the request, what was not (the scoring Job, past its wait) is left for the next."""
+    api, training, scoring = posting
+    queue = cluster.queue()
+    assert queue.enqueue(DAYS) == 2
+    queue.request_launch(added=2, scoring_days=1)
+    with pytest.raises(launch.LaunchError, match=r"^scoring Job: the queue was not drained within 0s"):
+        launch.run(queue, training, scoring, "stack-job", load_wait_s=5.0, drain_s=0.2, poll_s=0.05)
+    assert _posted(api) == ["training"] and api.gets[-1].endswith("/jobs/stack-job")
+    assert queue.launch_request() == LaunchRequest(loads=0, added=0, scoring_days=1, rescore=1)
+
+    queue.mark_done(DAYS)  # trained: the next launcher scores, and trains nothing again
+    lines = launch.run(queue, training, scoring, "stack-job", load_wait_s=0.1, drain_s=1.0, poll_s=0.05)
+    assert lines == ["0 load(s) recorded 0 new item(s), 1 new scoring day(s)", "nothing new: no training Job",
+                     "scoring Job scoring: created for 1 new scoring day(s)"]
+    assert _posted(api) == ["training", "scoring"] and queue.launch_request() == LaunchRequest()
+    lines = launch.run(queue, training, scoring, "stack-job", load_wait_s=0.1, drain_s=1.0, poll_s=0.05)
+    assert lines[1:] == ["nothing new: no training Job", "nothing new to score: no scoring Job"]
+    assert _posted(api) == ["training", "scoring"]
+
+
+def test_no_second_training_job_while_the_stacks_own_runs(
+    cluster: Cluster, posting: tuple[ApiServer, Path, Path]
+) -> None:
+    """One training Job per stack: while Pulumi's training Job may run, its workers take the load's items."""
+    api, training, _ = posting
+    queue = cluster.queue()
+    queue.enqueue(DAYS)
+    queue.request_launch(added=2, scoring_days=0)
+    api.jobs["spot-trainer-worker"] = {"kind": "Job", "status": {"active": 4}}
+    lines = launch.run(queue, training, None, "spot-trainer-worker", load_wait_s=1.0, drain_s=1.0)
+    assert lines[1] == ("the stack's training Job spot-trainer-worker still runs and takes the new work: no second "
+                        "training Job")
+    assert api.posts == [] and queue.launch_request() == LaunchRequest()
+
+    queue.request_launch(added=0, scoring_days=0)  # the next load: nothing new, the stack's Job has finished
+    api.jobs["spot-trainer-worker"]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    lines = launch.run(queue, training, None, "spot-trainer-worker", load_wait_s=1.0, drain_s=1.0)
+    assert lines[1] == "training Job training: created for 0 new, 2 pending item(s)"  # left by the stack's Job
+    assert _posted(api) == ["training"]
+
+
+def test_the_launcher_waits_for_the_load_and_then_decides_on_the_queue_alone(cluster: Cluster) -> None:
+    queue = cluster.queue()
+    started = time.monotonic()
+    assert launch.wait_for_load(queue, 0.3, poll_s=0.05) == LaunchRequest()  # no load finished: waited it out
+    assert 0.3 <= time.monotonic() - started < 2.0
+    queue.request_launch(added=3, scoring_days=0)
+    queue.request_launch(added=1, scoring_days=2)  # a second load before any launcher: summed, not overwritten
+    started = time.monotonic()
+    assert launch.wait_for_load(queue, 30.0) == LaunchRequest(loads=2, added=4, scoring_days=2)
+    assert time.monotonic() - started < 1.0
+    queue.launch_done(LaunchRequest(loads=1, added=3), owe_scoring=True)
+    assert queue.launch_request() == LaunchRequest(loads=1, added=1, scoring_days=2, rescore=1)
 
 
 @pytest.mark.parametrize(("text", "what", "error"), [

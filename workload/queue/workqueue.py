@@ -457,13 +457,15 @@ class Counts:
 @dataclass(frozen=True)
 class LaunchRequest:
     """What the scheduled loads recorded since the launcher last acted: how many loads finished, the items
-    they enqueued, the scoring/ days they published. ``loads == 0``: no load has finished since."""
+    they enqueued, the scoring/ days they published; and ``rescore``: training Jobs the launcher posted whose
+    models no scoring Job has scored yet. ``loads == 0``: no load has finished since."""
 
     loads: int = 0
     added: int = 0
     scoring_days: int = 0
+    rescore: int = 0
 
-    FIELDS = ("loads", "added", "scoring_days")
+    FIELDS = ("loads", "added", "scoring_days", "rescore")
 
 
 # Error replies about Redis's state, not about the request: out of memory under noeviction, a script
@@ -699,7 +701,7 @@ class WorkQueue:
         launcher has not acted on yet, so a load whose launcher failed is carried, not overwritten."""
         def write() -> list[Any]:
             pipe = self.redis.pipeline(transaction=True)
-            for name, value in zip(LaunchRequest.FIELDS, (1, added, scoring_days), strict=True):
+            for name, value in (("loads", 1), ("added", added), ("scoring_days", scoring_days)):
                 pipe.hincrby(self.keys.launch, name, value)
             return pipe.execute()
 
@@ -710,14 +712,15 @@ class WorkQueue:
         raw = self._retrying("launch_request", lambda: self.redis.hmget(self.keys.launch, *LaunchRequest.FIELDS))
         return LaunchRequest(*(int(v or 0) for v in raw))
 
-    def launch_done(self, acted: LaunchRequest) -> None:
-        """The launcher acted on ``acted``: subtract it, keeping what loads recorded meanwhile. Called after the
-        Jobs were posted, so a launcher that dies first leaves the request for the next one (a second POST of a
-        fixed name is a 409, "exists")."""
+    def launch_done(self, acted: LaunchRequest, owe_scoring: bool = False) -> None:
+        """The launcher acted on ``acted``: subtract it, keeping what loads recorded meanwhile; ``owe_scoring``: it
+        posted a training Job, whose models a scoring Job must score (``rescore``). Called after each Job was
+        posted, so a launcher that dies first leaves that part for the next one (a second POST of a fixed name is
+        a 409, "exists")."""
         def write() -> list[Any]:
             pipe = self.redis.pipeline(transaction=True)
             for name in LaunchRequest.FIELDS:
-                pipe.hincrby(self.keys.launch, name, -getattr(acted, name))
+                pipe.hincrby(self.keys.launch, name, -getattr(acted, name) + (name == "rescore" and owe_scoring))
             return pipe.execute()
 
         self._retrying("launch_done", write)

@@ -237,7 +237,7 @@ def launch_scoring(queue: WorkQueue, request: LaunchRequest, job: Path, training
                    drain_s: float, poll_s: float = 5.0) -> str:
     """Post the scoring Job when there are new scoring/ days or new models coming, once the queue is drained:
     the wait is this small pod's, not the scoring pod's (whose requests are its scorers' for its whole life)."""
-    if not should_score(request.scoring_days, training_launched):
+    if not should_score(request.scoring_days + request.rescore, training_launched):
         return "nothing new to score: no scoring Job"
     body = read_job(job, "scoring")
     if not wait_drained(queue, drain_s, poll_s):
@@ -253,8 +253,9 @@ def run(queue: WorkQueue, job: Path, scoring: Path | None, stack_job: str | None
 
     1. wait for the scheduled load's request (what it added, which scoring/ days it published);
     2. post the training Job if there is work and the stack's training Job is not running;
-    3. post the scoring Job if there is something new to score, once the queue is drained;
-    4. subtract what was acted on from the request (last: a launcher that dies first leaves it for the next)."""
+    3. post the scoring Job if there is something new to score, once the queue is drained.
+    After each Job, what was acted on is subtracted from the request (a launcher that dies first leaves it for the
+    next): a scoring Job that timed out waiting is owed, and a training Job once posted is not posted again."""
     lines: list[str] = []
 
     def say(line: str) -> None:
@@ -265,7 +266,8 @@ def run(queue: WorkQueue, job: Path, scoring: Path | None, stack_job: str | None
     say(f"{request.loads} load(s) recorded {request.added} new item(s), {request.scoring_days} new scoring day(s)")
     launched, line = launch_training(queue, request, job, stack_job)
     say(line)
+    queue.launch_done(LaunchRequest(loads=request.loads, added=request.added), owe_scoring=launched and bool(scoring))
     if scoring is not None:
         say(launch_scoring(queue, request, scoring, launched, drain_s, poll_s))
-    queue.launch_done(request)
+        queue.launch_done(LaunchRequest(scoring_days=request.scoring_days, rescore=request.rescore + launched))
     return lines
