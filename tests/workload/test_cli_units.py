@@ -43,7 +43,7 @@ from workload.data.manifest import MANIFEST, read_manifest
 from workload.data.reading import Reading
 from workload.model.hparams import HParams, default_seed, parse_runs
 from workload.queue import plan
-from workload.queue.workqueue import CALL_TIMEOUT_S, Item, WorkQueue, connect
+from workload.queue.workqueue import CALL_TIMEOUT_S, Item, LaunchRequest, WorkQueue, connect
 from workload.runtime import gpu, launch
 from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
@@ -861,15 +861,16 @@ def test_seed_stores_each_runs_hyperparameters_in_redis(server: RedisServer, red
 
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
-    """The Kubernetes API server on loopback (apiserver.py); the launcher posts there with the fixture's
+    """The Kubernetes API server on loopback (apiserver.py); the launcher calls it with the fixture's
     service-account folder in place of the pod's fixed path."""
     with api_server(tmp_path, monkeypatch) as state:
         monkeypatch.setattr(launch, "create_job", functools.partial(launch.create_job, sa_dir=state.sa_dir))
+        monkeypatch.setattr(launch, "get_job", functools.partial(launch.get_job, sa_dir=state.sa_dir))
         yield state
 
 
 def job_files(tmp_path: Path) -> tuple[str, str]:
-    """The training and scoring Jobs' manifests, as the scheduled loader's ConfigMap mounts them."""
+    """The training and scoring Jobs' manifests, as the launcher's ConfigMap mounts them."""
     paths = []
     for kind in ("training", "scoring"):
         path = tmp_path / f"{kind}-job.json"
@@ -882,32 +883,39 @@ def posted(api: ApiServer) -> list[str]:
     return [body["metadata"]["name"] for _, _, body in api.posts]
 
 
-def test_the_scheduled_loader_starts_training_then_scoring_for_new_work_and_nothing_once_all_is_done(
+def test_the_scheduled_loader_records_and_the_launcher_starts_training_then_scoring_on_a_drained_queue(
         server: RedisServer, redis_env: str, tmp_path: Path, run: Run, api: ApiServer) -> None:
-    """A simulated dataset has no scoring/ days: the scoring Job is started only because the training Job was
-    (its models will change). Once every item is done and nothing new arrives, neither is."""
+    """A simulated dataset has no scoring/ days: the scoring Job is owed only because the training Job was posted
+    (its models will change), and posted once the queue is drained. Once all is done and nothing new arrives,
+    neither is."""
     training, scoring = job_files(tmp_path)
-    loader = ("seed", "--run", "main", *TINY_ARGS, "--launch-job", training, "--launch-scoring", scoring)
-    code, _, err = run(*loader)
-    assert code == 0, err
-    assert posted(api) == ["training", "scoring"]
+    launcher = ("launch", "--job", training, "--scoring", scoring, "--stack-job", "spot-trainer-worker",
+                "--load-wait", "1", "--drain-timeout", "0.2", "--poll", "0.05")
+    code, _, err = run("seed", "--run", "main", *TINY_ARGS, "--request-launch")
+    assert code == 0 and "launch requested: 2 new item(s), 0 new scoring day(s)" in err, err
+    assert api.posts == [] and api.gets == []  # the loader posts nothing
+    code, _, err = run(*launcher)
+    assert code == EXIT_INFRA, err  # training posted; the queue not drained within the wait
+    assert err.splitlines()[-1].endswith(
+        "ERROR workload: scoring Job: the queue was not drained within 0.2s; the next launch tries again")
+    assert posted(api) == ["training"]
+    assert api.gets == ["/apis/batch/v1/namespaces/fraud/jobs/spot-trainer-worker"]
     assert api.posts[0][:2] == ("/apis/batch/v1/namespaces/fraud/jobs", "Bearer pod-token")
     queue = queue_of(server, redis_env)
     assert queue.mark_done(plan.items(tmp_path / "share")) == 2
-    code, _, err = run(*loader)
+    code, _, err = run(*launcher)
     assert code == 0, err
-    assert posted(api) == ["training", "scoring"], "nothing added, nothing pending: no Job at all"
+    assert posted(api) == ["training", "scoring"]
+    code, _, err = run(*launcher)
+    assert code == 0 and posted(api) == ["training", "scoring"], "nothing added, nothing pending: no Job at all"
 
 
-def test_without_launch_job_new_training_days_do_not_start_scoring(redis_env: str, tmp_path: Path, run: Run,
-                                                                   api: ApiServer) -> None:
-    """The scoring Job waits for models that a training Job will change: without --launch-job this seed starts no
-    training, and with no new scoring/ day there is nothing to score, however many training days it added."""
-    _, scoring = job_files(tmp_path)
-    code, _, err = run("seed", "--run", "main", *TINY_ARGS, "--launch-scoring", scoring)
+def test_a_seed_without_request_launch_records_nothing_for_the_launcher(server: RedisServer, redis_env: str,
+                                                                        run: Run) -> None:
+    code, _, err = run("seed", "--run", "main", *TINY_ARGS)
     assert code == 0, err
-    assert api.posts == []
-    assert "queued 2 new item(s)" in err
+    assert "queued 2 new item(s)" in err and "launch requested" not in err
+    assert queue_of(server, redis_env).launch_request() == LaunchRequest()
 
 
 # -- help texts, main's Redis errors, logging ---

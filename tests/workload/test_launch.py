@@ -1,9 +1,8 @@
-"""The scheduled loader starts training only for work to train (issue 22, Build 5), against a real Redis.
+"""The scheduled loader records what it added for the launcher (issue 22, Build 5; issue 36), against a real Redis.
 
-`seed --launch-job FILE` decides after enqueueing. Where it decides to launch, it reaches for the pod's
-Kubernetes credentials, which do not exist here: the command then fails with the infrastructure exit code
-and one line saying so. That failure is how these tests see the decision. The HTTP call itself is tested in
-test_launch_inprocess.py, against an HTTPS server on loopback.
+`seed --request-launch` enqueues and then adds to the launch request in Redis; it posts nothing and reads no
+Kubernetes credentials (the loader's account may not create Jobs). The launcher's half, which reads the request
+and posts the Jobs, is tested in test_launch_inprocess.py and test_cli_units.py.
 """
 
 from __future__ import annotations
@@ -19,107 +18,56 @@ from harness import HPARAMS, ROOT, Cluster
 
 from workload.core import errors
 from workload.queue import plan
+from workload.queue.workqueue import LaunchRequest
 
 TOMORROW = "testing/2018-04-08.parquet"  # the last day: tomorrow's transactions, as a scoring/ day
-NOT_IN_A_POD = "cannot create the training Job: not in a pod with a service-account token"
 
 
-def _scheduled_seed(cluster: Cluster, job_file: Path) -> subprocess.CompletedProcess[str]:
+def _scheduled_seed(cluster: Cluster, *extra: str) -> subprocess.CompletedProcess[str]:
     runs_file = cluster.share.parent / "runs.json"
     runs_file.write_text(json.dumps({"main": HPARAMS}))
     env = cluster.env()
     env.pop("KUBERNETES_SERVICE_HOST", None)
     return subprocess.run(
-        [sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file), "--launch-job", str(job_file)],
+        [sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file), "--request-launch", *extra],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
 
 
-def test_training_is_launched_for_new_or_pending_work_and_never_when_nothing_is_new(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+def test_each_load_adds_what_it_enqueued_to_the_launch_request_and_posts_nothing(cluster: Cluster) -> None:
     shutil.copytree(cluster.dataset_src, cluster.share / "datasets" / "fraud")
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"}}))
+    first = _scheduled_seed(cluster)
+    assert first.returncode == 0, first.stderr
+    added = cluster.counts().pending
+    assert added > 0 and f"launch requested: {added} new item(s), 0 new scoring day(s)" in first.stderr
+    assert cluster.queue().launch_request() == LaunchRequest(loads=1, added=added)
+    assert "Job" not in first.stderr  # no post, no credentials looked for
 
-    first = _scheduled_seed(cluster, job_file)  # new days enqueued: launch
-    assert first.returncode == errors.EXIT_INFRA, first.stderr
-    assert [line for line in first.stderr.splitlines() if NOT_IN_A_POD in line], first.stderr
-    assert cluster.counts().pending > 0  # the queue was filled before the launch was tried: nothing lost
-
-    again = _scheduled_seed(cluster, job_file)  # nothing added, but pending work left: launch
-    assert again.returncode == errors.EXIT_INFRA, again.stderr
-    assert NOT_IN_A_POD in again.stderr
-
-    cluster.queue().mark_done(plan.items(cluster.share))  # everything trained
-    idle = _scheduled_seed(cluster, job_file)
-    assert idle.returncode == 0, idle.stderr
-    assert "nothing new: no training Job" in idle.stderr
-    assert NOT_IN_A_POD not in idle.stderr
+    again = _scheduled_seed(cluster)  # nothing new: one more load, nothing added; the first one's request kept
+    assert again.returncode == 0, again.stderr
+    assert "launch requested: 0 new item(s), 0 new scoring day(s)" in again.stderr
+    assert cluster.queue().launch_request() == LaunchRequest(loads=2, added=added)
 
 
-def test_a_broken_job_template_is_one_line_and_costs_nothing(cluster: Cluster, tmp_path: Path) -> None:
-    shutil.copytree(cluster.dataset_src, cluster.share / "datasets" / "fraud")
-    job_file = tmp_path / "job.json"
-    job_file.write_text('{"kind": "Pod"}')
-    out = _scheduled_seed(cluster, job_file)
-    assert out.returncode == errors.EXIT_INFRA, out.stderr
-    (line,) = [x for x in out.stderr.splitlines() if "training Job template" in x]
-    assert line.endswith(f"training Job template {job_file}: not a Job manifest (kind 'Pod')")
-    c = cluster.counts()
-    assert c.pending > 0 and c.dead == 0  # enqueued, nothing charged
-
-
-# -- scoring on the schedule (issue 22, Build 6) -----------------------------------------------------
-NO_SCORING_POD = "cannot create the scoring Job: not in a pod with a service-account token"
-
-
-def _bank_seed(cluster: Cluster, export: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """The scheduled loader with a schedule and an output bucket: syncs `export`, may launch both Jobs."""
-    jobs = {}
-    for kind in ("training", "scoring"):
-        jobs[kind] = tmp_path / f"{kind}.json"
-        jobs[kind].write_text(json.dumps({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": kind}}))
-    columns = tmp_path / "columns.json"
-    columns.write_text(json.dumps(BANK_COLUMNS))
-    runs_file = tmp_path / "runs.json"
-    runs_file.write_text(json.dumps({"main": HPARAMS}))
-    env = cluster.env()
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run(
-        [sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file), "--datasets", str(export),
-         "--columns", str(columns), "--launch-job", str(jobs["training"]), "--launch-scoring", str(jobs["scoring"])],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
-def test_scoring_is_launched_for_new_scoring_days_and_never_when_nothing_is_new(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+def test_new_scoring_days_are_in_the_request_and_never_enqueued(cluster: Cluster, tmp_path: Path) -> None:
     """A bank's export (own column names, float IDs, offsets, shuffled rows); tomorrow arrives unlabelled."""
     export = bank_export(cluster.dataset_src, tmp_path / "export", keep=lambda rel: rel != TOMORROW)
-    first = _bank_seed(cluster, export, tmp_path)  # new training days: training is launched first
-    assert first.returncode == errors.EXIT_INFRA, first.stderr
-    assert NOT_IN_A_POD in first.stderr
-
+    columns = tmp_path / "columns.json"
+    columns.write_text(json.dumps(BANK_COLUMNS))
+    bank = ("--datasets", str(export), "--columns", str(columns))
+    first = _scheduled_seed(cluster, *bank)
+    assert first.returncode == 0, first.stderr
     cluster.queue().mark_done(plan.items(cluster.share))  # everything trained, no scoring day yet
-    idle = _bank_seed(cluster, export, tmp_path)
-    assert idle.returncode == 0, idle.stderr
-    assert "nothing new: no training Job" in idle.stderr
-    assert "nothing new to score: no scoring Job" in idle.stderr
-
     bank_export(cluster.dataset_src, export, keep=lambda rel: rel == TOMORROW,
                 role_of=lambda rel: "scoring", label="absent")  # fmt: skip
-    tomorrow = _bank_seed(cluster, export, tmp_path)  # a new scoring/ day, nothing to train: score only
-    assert tomorrow.returncode == errors.EXIT_INFRA, tomorrow.stderr
-    assert "nothing new: no training Job" in tomorrow.stderr
-    assert [line for line in tomorrow.stderr.splitlines() if NO_SCORING_POD in line], tomorrow.stderr
+    tomorrow = _scheduled_seed(cluster, *bank)  # a new scoring/ day, nothing to train
+    assert tomorrow.returncode == 0, tomorrow.stderr
+    assert "launch requested: 0 new item(s), 1 new scoring day(s)" in tomorrow.stderr
     assert cluster.counts().pending == 0  # a scoring day is never enqueued for training
-
-    again = _bank_seed(cluster, export, tmp_path)  # published already: nothing to score again
-    assert again.returncode == 0, again.stderr
-    assert "nothing new to score: no scoring Job" in again.stderr
-    assert NO_SCORING_POD not in again.stderr
+    assert cluster.queue().launch_request().scoring_days == 1
+    again = _scheduled_seed(cluster, *bank)  # published already: nothing new to score
+    assert "launch requested: 0 new item(s), 0 new scoring day(s)" in again.stderr
+    assert cluster.queue().launch_request().scoring_days == 1
 
 
 def _wait_drained(cluster: Cluster, timeout_s: float, **extra: str) -> subprocess.Popen[str]:

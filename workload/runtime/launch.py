@@ -241,7 +241,7 @@ def launch_scoring(queue: WorkQueue, request: LaunchRequest, job: Path, training
         return "nothing new to score: no scoring Job"
     body = read_job(job, "scoring")
     if not wait_drained(queue, drain_s, poll_s):
-        raise LaunchError(f"scoring Job: the queue was not drained within {drain_s:.0f}s; the next launch "
+        raise LaunchError(f"scoring Job: the queue was not drained within {drain_s:g}s; the next launch "
                           "tries again")
     name = body.get("metadata", {}).get("name")
     return f"scoring Job {name}: {create_job(body, what='scoring')} for {request.scoring_days} new scoring day(s)"
