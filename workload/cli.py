@@ -1,4 +1,4 @@
-"""Command line (also the container entrypoint): seed, worker, status, requeue, export, score,
+"""Command line (also the container entrypoint): seed, launch, worker, status, requeue, export, score,
 wait-drained, local.
 
 Every flag the Kubernetes Jobs use has an environment variable, so a Job configures the same code by env;

@@ -61,7 +61,7 @@ def test_each_env_variable_named_in_a_help_text_sets_its_flag(monkeypatch) -> No
             if not var:
                 continue
             monkeypatch.setenv(var[1], "7")
-            required = ["--model", "m", "--datasets", "d"] if name == "score" else []
+            required = {"score": ["--model", "m", "--datasets", "d"], "launch": ["--job", "j"]}.get(name, [])
             value = getattr(cli.parser().parse_args([name, *required]), action.dest)
             monkeypatch.delenv(var[1])
             assert str(value) in ("7", "7.0"), f"{name} {action.option_strings[0]}: env {var[1]} is not read"
@@ -83,7 +83,7 @@ def test_the_share_and_redis_flags_say_where_the_password_and_the_volume_come_fr
             if f"{flag} " in text:
                 assert sentence in text, f"{name}: {text}"
                 offered[flag].add(name)
-    assert offered == {"--redis-url": {"seed", "worker", "status", "requeue", "wait-drained"},
+    assert offered == {"--redis-url": {"seed", "launch", "worker", "status", "requeue", "wait-drained"},
                        "--share": {"seed", "worker", "status", "export"}}
 
 
