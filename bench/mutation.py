@@ -221,10 +221,11 @@ GROUPS: tuple[Group, ...] = (
         ("infra/quota.py",),
         ("tests/infra/test_infra_quota.py",),
     ),
-    # schedule: the CronJob, the training and scoring Jobs it may post, and the one right it needs to post them.
+    # schedule: the loader's and the launcher's CronJobs, the training and scoring Jobs the launcher may post, the
+    # rights it needs to post them and the admission policy that admits only those (infra/admission.py).
     Group(
         "schedule",
-        ("infra/schedule.py",),
+        ("infra/schedule.py", "infra/admission.py"),
         ("tests/infra/test_infra_schedule.py",),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
     ),
@@ -330,7 +331,7 @@ GROUPS: tuple[Group, ...] = (
         ("workload/runtime/gpu.py",),
         ("tests/workload/test_gpu.py",),
     ),
-    # launch: the scheduled loader's decisions to start the training and scoring Jobs, its API call (against an HTTPS
+    # launch: the launcher's decisions to start the training and scoring Jobs, its API call (against an HTTPS
     # server on loopback), and the scorer's wait for a drained queue.
     Group(
         "launch",
