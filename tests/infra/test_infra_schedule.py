@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -24,6 +25,7 @@ from tests.infra.job_controller import FailedPod, JobController
 from workload.core import errors
 
 Render = Callable[..., Rendered]
+DOCS = Path(__file__).parents[2] / "docs" / "cloud.md"
 CRON = "kubernetes:batch/v1:CronJob"
 JOB = "kubernetes:batch/v1:Job"
 DAILY = {"datasetUri": "gs://acme-fraud/exports/v1", "schedule": "0 3 * * *"}
@@ -301,7 +303,14 @@ def test_the_launcher_is_a_small_pod_of_its_own_without_share_bucket_or_google_i
     assert container["volumeMounts"] == [{"name": schedule.LAUNCH_VOLUME, "mountPath": contract.LAUNCH_DIR,
                                           "readOnly": True}]  # fmt: skip
     assert container["resources"] == schedule.LAUNCHER_RESOURCES
-    assert schedule.LAUNCHER_RESOURCES["requests"]["cpu"] == "100m"  # docs/cloud.md says 0.1 CPU
+    # What docs/cloud.md tells a reviewer the launcher's wait holds, and what the scoring pod's would.
+    cloud = " ".join(DOCS.read_text().split())
+    assert schedule.LAUNCHER_RESOURCES["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert "a pod of its own (0.1 CPU, 256 MiB)" in cloud and "the launcher's 0.1 CPU" in cloud
+    if "outputUri" in overrides:
+        scorers = _posted_scoring(r)["spec"]["template"]["spec"]["containers"]
+        assert {json.dumps(c["resources"]["requests"]) for c in scorers} == {'{"cpu": "2", "memory": "4Gi"}'}
+        assert "2 CPU and 4 GiB per scored run" in cloud
     assert {e["name"] for e in container["env"]} == {contract.ENV_REDIS_URL, contract.ENV_REDIS_PASSWORD,
                                                      contract.ENV_REDIS_RETRY}  # fmt: skip
     assert container["image"] == r.one(JOB, "loader").inputs["spec"]["template"]["spec"]["containers"][0]["image"]
