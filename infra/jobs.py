@@ -217,8 +217,8 @@ def _pod_template(pod: PodArgs, image: pulumi.Input[str], args: JobArgs, platfor
         spec["serviceAccountName"] = pod.service_account
         # Workload Identity needs the pod's service account token: Google's own GKE workloads turn it
         # back on for this (GoogleCloudPlatform/prometheus-engine#180: with automount off, pods could
-        # not reach Google APIs through Workload Identity). Only the loader's account has a Kubernetes
-        # role, and only with `schedule` set: create Jobs in its namespace (infra/schedule.py).
+        # not reach Google APIs through Workload Identity). None of these accounts has a Kubernetes
+        # role: only the launcher's does, which has no Google identity (infra/schedule.py).
         spec["automountServiceAccountToken"] = True
     node_selector = pod.node_selector
     if args.share_zone:

@@ -170,7 +170,7 @@ FACTS: tuple[ReplaceOnChange, ...] = (
                                spec__volumeName=116)),
     ReplaceOnChange("kubernetes:core/v1:PersistentVolume", _at(_DIFF_GO, spec__csi=93, spec__nfs=102)),
     # Replaced on data (not updated) unless the provider's enableConfigMapMutable is set, which this program
-    # does not set: the launch ConfigMap of the scheduled loader is replaced, not patched, on a new body.
+    # does not set: the launcher's ConfigMap of Job bodies is replaced, not patched, on a new body.
     ReplaceOnChange("kubernetes:core/v1:ConfigMap", _at(_DIFF_GO, binaryData=33, data=33)),
     ReplaceOnChange("kubernetes:core/v1:Secret", _at(_DIFF_GO, type=29, stringData=29, data=29)),
     ReplaceOnChange("kubernetes:core/v1:Service", _at(_DIFF_GO, spec__clusterIP=159)),

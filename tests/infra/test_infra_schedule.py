@@ -32,7 +32,7 @@ DAILY = {"datasetUri": "gs://acme-fraud/exports/v1", "schedule": "0 3 * * *"}
 
 
 def _posted(r: Rendered) -> dict:
-    """The training Job the scheduled loader posts, as the mounted file holds it."""
+    """The training Job the launcher posts, as the mounted file holds it."""
     (cm,) = [c for c in r.of_type("kubernetes:core/v1:ConfigMap") if c.name == "schedule-job"]
     return json.loads(cm.inputs["data"][contract.LAUNCH_KEY])
 

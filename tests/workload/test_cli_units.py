@@ -2,7 +2,8 @@
 environment, the runs and the simulator's spec a seed reads, how a user's files are read, where a dataset
 comes from, the queue a command opens, `status` and `requeue` line by line, `wait-drained`'s verdict.
 `seed` in this process: the reading a published export keeps, where the simulator stages, the runs' hyperparameters
-in Redis, and which Jobs the scheduled loader posts to an API server on loopback (apiserver.py).
+in Redis, what the scheduled loader records, and which Jobs `launch` then posts to an API server on loopback
+(apiserver.py).
 `worker` whole, in this process: it trains a seeded queue, refuses a GPU it cannot use, gives up on an
 unreachable Redis after its retry budget, and stops on SIGTERM.
 main's answer to a Redis that wants a password, refuses one, or sends another error reply.
@@ -788,7 +789,7 @@ def test_worker_config_refusals_past_the_parser_are_usage_errors() -> None:
 
 
 # -- seed: the reading a published export keeps, where the simulator stages, a share not made yet, the runs'
-# hyperparameters in Redis, and which Jobs the scheduled loader starts ---------------------------------------
+# hyperparameters in Redis, and which Jobs the launcher starts after a scheduled load ---------------------------
 DAY_FIRST = "%d/%m/%Y %H:%M:%S"
 
 
