@@ -561,9 +561,9 @@ def test_workload_namespace_enforces_the_restricted_pod_security_standard(
     ]
     prep = share_prep.prep_namespace(r.config.namespace)
     assert {m["metadata"]["namespace"] for m in namespaced} == {r.config.namespace, prep}
-    # Only the share preparation (its Job and claim) lives in the other namespace.
+    # Only the share preparation (its Job and claim, and the namespace's default deny) lives in the other namespace.
     assert {(m["kind"], m["metadata"]["name"]) for m in namespaced if m["metadata"]["namespace"] == prep} == {
-        ("Job", "spot-trainer-share-prep"), ("PersistentVolumeClaim", "share"),
+        ("Job", "spot-trainer-share-prep"), ("PersistentVolumeClaim", "share"), ("NetworkPolicy", "default-deny"),
     }  # fmt: skip
     for m in namespaced:
         if m["metadata"]["namespace"] == r.config.namespace and m["kind"] in ("Job", "Deployment"):
