@@ -176,6 +176,14 @@ BUGS: tuple[Bug, ...] = (
         (Edit("workload/model/calibration.py", "days = eligible_days(data, [*trainer.applied, shard])",
               "days = eligible_days(data, list(trainer.applied))"),),
         (f"{BLIND}::test_the_calibration_refit_includes_the_day_just_trained",)),
+    # Issue 36's: the scheduled scoring Job named like the scheduled training Job; a second training Job.
+    Bug("36-scheduled-name", "the scheduled scoring Job given the scheduled training Job's name",
+        (Edit("infra/schedule.py", 'SCHEDULED_SCORING_JOB = f"{contract.APP}-{contract.SCORER}-scheduled"',
+              "SCHEDULED_SCORING_JOB = SCHEDULED_JOB"),),
+        ("tests/infra/test_infra_schedule.py::test_the_scheduled_jobs_have_names_of_their_own",)),
+    Bug("36-one-training-job", "the launcher posts a training Job while the stack's own training Job runs",
+        (Edit("workload/runtime/launch.py", "    if stack_job_running:\n", "    if False:\n"),),
+        ("tests/workload/test_launch_inprocess.py::test_no_second_training_job_while_the_stacks_own_runs",)),
 )
 
 
