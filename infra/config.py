@@ -239,6 +239,10 @@ class FilestoreConfig:
         return self.tier in DELETION_PROTECTION_TIERS
 
 
+# The IAM Conditions API attribute Cloud Storage sets on a list request: the prefix asked for.
+LIST_PREFIX_ATTRIBUTE = "storage.googleapis.com/objectListPrefix"
+
+
 @dataclass(frozen=True)
 class GcsUri:
     """``gs://<bucket>/<prefix>``, validated; ``prefix`` has no leading or trailing '/' ('' = the bucket)."""
@@ -266,6 +270,16 @@ class GcsUri:
         ``out-other/``."""
         base = f"projects/_/buckets/{self.bucket}/objects/"
         return base + (f"{self.prefix}/" if self.prefix else "")
+
+    def readable(self) -> str:
+        """The IAM condition that limits an object role to the prefix, listing included: reads are checked against
+        the object (``resource.name`` under ``objects``), a list against the bucket, with the request's prefix in
+        the API attribute ``storage.googleapis.com/objectListPrefix`` (cloud.google.com/iam/docs/
+        conditions-attribute-reference, "API attributes": Cloud Storage's list prefix; the same two clauses as
+        cloud.google.com/storage/docs/access-control/iam#conditions). A list without that prefix (the whole
+        bucket) is refused. Only meaningful with a prefix."""
+        return (f'resource.name.startsWith("{self.objects}") || '
+                f'api.getAttribute("{LIST_PREFIX_ATTRIBUTE}", "").startsWith("{self.prefix}/")')
 
 
 @dataclass(frozen=True)

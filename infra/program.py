@@ -19,7 +19,14 @@ from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig
 from infra.filestore import FilestoreArgs, FilestoreShare
 from infra.gpu import GpuArgs, GpuCapacity
-from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, IdentityArgs, WorkloadIdentity
+from infra.identity import (
+    READ_OBJECTS,
+    WRITE_OBJECTS,
+    BucketGrant,
+    IdentityArgs,
+    WorkloadIdentity,
+    uniform_access_checked,
+)
 from infra.image import ImageArgs, TrainingImage
 from infra.jobs import JobArgs, LoaderJob, ScoringArgs, ScoringJob, TrainingArgs, TrainingJob, one_off_pod
 from infra.kube import InCluster
@@ -68,8 +75,12 @@ def workload_namespace(cfg: StackConfig, provider: k8s.Provider) -> InCluster:
 def _identity(
     cfg: StackConfig, kube: InCluster, workload_pool: pulumi.Input[str], grant: BucketGrant, on_gcp: Any
 ) -> WorkloadIdentity:
-    component = contract.LOADER if grant.role == READ_OBJECTS else contract.WORKER
-    args = IdentityArgs(cfg.site, workload_pool, component, (grant,))
+    component, key = (contract.LOADER, "datasetUri") if grant.role == READ_OBJECTS else (contract.WORKER, "outputUri")
+    # The grant's bucket is read first: a conditional grant on a bucket without uniform bucket-level access
+    # fails the preview with one line, not the `up` halfway.
+    provider = (on_gcp.providers or {}).get("gcp") if isinstance(on_gcp.providers, dict) else None
+    bucket = uniform_access_checked(grant, key, provider, provider.urn if provider else None)
+    args = IdentityArgs(cfg.site, workload_pool, component, (grant,), checked_buckets=(bucket,))
     return WorkloadIdentity(f"{component}-identity", args, kube, opts=on_gcp)
 
 
@@ -86,8 +97,9 @@ def platform(
     queue = RedisQueue("redis", RedisArgs(cfg.redis_image), kube)
     # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
     data = cfg.data
-    loader = _identity(cfg, kube, workload_pool, BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False),
-                       on_gcp) if data.dataset else None  # fmt: skip
+    # The loader reads under datasetUri's prefix only (a whole bucket when it names none).
+    loader = _identity(cfg, kube, workload_pool, BucketGrant(READ_OBJECTS, data.dataset,
+                       prefix_only=bool(data.dataset.prefix)), on_gcp) if data.dataset else None  # fmt: skip
     worker = _identity(cfg, kube, workload_pool, BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True),
                        on_gcp) if data.output else None  # fmt: skip
     return Platform(kube, image, Identities(loader=loader, worker=worker), share, queue)

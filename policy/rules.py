@@ -623,7 +623,8 @@ def _granted_to(grant: Resource, emails: set[str]) -> list[str]:
 
 def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
     """A pod's identity reaches the user's data, so it gets the narrowest role on the narrowest resource:
-    object read on the datasetUri bucket, object write under the outputUri prefix, nothing project-wide."""
+    object read on the datasetUri bucket (under its prefix when it names one), object write under the outputUri
+    prefix, nothing project-wide."""
     workloads = _workload_accounts(resources)
     if not workloads:
         return []
@@ -648,10 +649,13 @@ def workload_storage_scope(resources: Sequence[Resource], facts: StackFacts) -> 
         # The provider reports the bucket as "b/<name>" once created; inputs name it plainly.
         bucket = str(_get(grant.props, "bucket") or "").removeprefix("b/")
         expression = str(_get(grant.props, "condition", "expression") or "")
-        if role in READ_ROLES and dataset and bucket == dataset.bucket:
-            continue  # object read on the dataset bucket: allowed whoever holds it
         for email in _granted_to(grant, workloads):
             where = f"{grant.type.rsplit(':', 1)[-1]} {grant.name!r}: {role} on bucket {bucket!r} for {email}"
+            if role in READ_ROLES and dataset and bucket == dataset.bucket:
+                # Object read on the dataset bucket; under datasetUri's prefix only when it names one.
+                if dataset.prefix and expression.strip() != dataset.readable():
+                    problems.append((grant.urn, f"{where}: read access must be limited to {dataset.readable()}"))
+                continue
             if role in WRITE_ROLES and output and bucket == output.bucket:
                 limit = f'resource.name.startsWith("{output.objects}")'
                 if not (output.prefix and expression.strip() == limit):
