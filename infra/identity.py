@@ -56,7 +56,7 @@ class BucketGrant:
         if not self.prefix_only:
             return None
         if self.role == READ_OBJECTS:  # the loader lists the dataset's files too
-            what, expression = "the dataset", self.location.readable()
+            what, expression = "dataset", self.location.readable()
         else:
             what, expression = "results", f'resource.name.startsWith("{self.location.objects}")'
         return gcp.storage.BucketIAMMemberConditionArgs(

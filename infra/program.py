@@ -91,10 +91,12 @@ def platform(
     network: Network,
     workload_pool: pulumi.Input[str],
     on_gcp: pulumi.ResourceOptions,
+    redis_image: pulumi.Input[str] | None = None,
 ) -> Platform:
-    """The share, the queue and the Google identities: what every workload is wired to."""
+    """The share, the queue and the Google identities: what every workload is wired to. ``redis_image``: the
+    Redis image as nodes pull it (through the stack's Docker Hub proxy); ``redisImage`` as given when not."""
     share = FilestoreShare("share", filestore_args(cfg), network, kube, opts=on_gcp)
-    queue = RedisQueue("redis", RedisArgs(cfg.redis_image), kube)
+    queue = RedisQueue("redis", RedisArgs(redis_image or cfg.redis_image), kube)
     # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
     data = cfg.data
     # The loader reads under datasetUri's prefix only (a whole bucket when it names none).
@@ -175,7 +177,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     cluster = Cluster("cluster", cluster_args(cfg), network, opts=on_gcp)
     image = TrainingImage("image", ImageArgs(cfg.site, cluster.node_service_account.member), opts=on_gcp)
     kube = workload_namespace(cfg, cluster.provider)
-    shared = platform(cfg, kube, image.ref, network, cluster.workload_pool, on_gcp)
+    shared = platform(cfg, kube, image.ref, network, cluster.workload_pool, on_gcp,
+                      redis_image=image.from_docker_hub(cfg.redis_image))
     # Read before any GPU pod exists: the training Job waits on it, and a shortfall fails `pulumi up` here.
     quota = check_gpu_quota(
         cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,

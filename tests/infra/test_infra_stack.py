@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from infra import contract, render, share_prep
+from infra.image import docker_hub_path
 from infra.render import Registered, Rendered
 from policy.rules import LABELLED, UNLABELLED  # one list of which GCP types take labels
 from tests.infra.pod_security import pod_security_violations
@@ -507,6 +508,27 @@ def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) 
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_redis_comes_through_the_stacks_own_docker_hub_proxy_still_by_digest(stack: str, rendered: Render) -> None:
+    """Issue 36: Redis from the stack's own registry. An Artifact Registry remote repository of Docker Hub
+    (mode REMOTE_REPOSITORY, publicRepository DOCKER_HUB), which the nodes may read; the Redis pods name the
+    image through it with redisImage's digest, and wait for the read grant."""
+    r = rendered(stack)
+    hub = r.one("gcp:artifactregistry/repository:Repository", "image-docker-hub")
+    assert hub.inputs["mode"] == "REMOTE_REPOSITORY" and hub.inputs["format"] == "DOCKER"
+    assert hub.inputs["remoteRepositoryConfig"]["dockerRepository"] == {"publicRepository": "DOCKER_HUB"}
+    assert hub.inputs["repositoryId"] == f"spot-trainer-{stack}-hub"
+    grant = r.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember", "image-docker-hub-node-reader")
+    assert grant.inputs["member"] == r.one(ACCOUNT, "cluster-nodes").outputs["member"]
+    assert grant.inputs["role"] == "roles/artifactregistry.reader"
+    assert grant.property_dependencies["repository"] == [hub.urn]
+    (redis,) = r.of_type("kubernetes:apps/v1:Deployment")
+    name, digest = r.config.redis_image.split("@")
+    assert redis.inputs["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"us-central1-docker.pkg.dev/{render.FAKE_PROJECT_ID}/spot-trainer-{stack}-hub/library/{name}@{digest}")
+    assert grant.urn in redis.dependencies
+
+
+@pytest.mark.parametrize("stack", STACKS)
 def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     jobs = r.config.jobs
@@ -715,7 +737,7 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
 
     def names(r: Rendered) -> set[str]:
         return {
-            r.one("gcp:artifactregistry/repository:Repository").inputs["repositoryId"],
+            *(repo.inputs["repositoryId"] for repo in r.of_type("gcp:artifactregistry/repository:Repository")),
             r.one("gcp:serviceaccount/account:Account").inputs["accountId"],
         }
 
@@ -784,3 +806,18 @@ def test_the_quota_lookup_waits_for_the_project_apis(stack: str, rendered: Rende
     assert {s.urn for s in r.of_type("gcp:projects/service:Service")} <= set(training.property_dependencies["metadata"])
     unchecked = rendered(stack, checkGpuQuota=False).one(JOB, "training")
     assert not any(":projects/service:Service::" in urn for urn in unchecked.property_dependencies.get("metadata", []))
+
+
+@pytest.mark.parametrize(
+    ("image", "path"),
+    [
+        ("redis:7.4-alpine@sha256:" + "a" * 64, "library/redis:7.4-alpine@sha256:" + "a" * 64),
+        ("docker.io/redis@sha256:" + "a" * 64, "library/redis@sha256:" + "a" * 64),
+        ("docker.io/bitnami/redis@sha256:" + "a" * 64, "bitnami/redis@sha256:" + "a" * 64),
+        ("bitnami/redis@sha256:" + "a" * 64, "bitnami/redis@sha256:" + "a" * 64),
+        ("gcr.io/acme/redis@sha256:" + "a" * 64, None),  # another registry: used as given
+        ("localhost:5000/redis@sha256:" + "a" * 64, None),
+    ],
+)
+def test_a_docker_hub_image_is_found_by_its_path_in_the_proxy(image: str, path: str | None) -> None:
+    assert docker_hub_path(image) == path

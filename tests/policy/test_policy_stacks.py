@@ -385,7 +385,9 @@ def test_make_render_shows_the_service_accounts_and_their_roles(
     assert offline.main(args) == 0
     out = capsys.readouterr().out
     loader = "spot-trainer-dev-loader@spot-trainer-test.iam.gserviceaccount.com"
-    assert f"serviceAccount:{loader}: roles/storage.objectViewer on bucket acme-fraud\n" in out
+    assert (f"serviceAccount:{loader}: roles/storage.objectViewer on bucket acme-fraud if "
+            'resource.name.startsWith("projects/_/buckets/acme-fraud/objects/exports/") || api.getAttribute('
+            '"storage.googleapis.com/objectListPrefix", "").startsWith("exports/")\n') in out
     assert (
         "roles/storage.objectUser on bucket acme-results if "
         'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
