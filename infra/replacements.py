@@ -130,7 +130,9 @@ FACTS: tuple[ReplaceOnChange, ...] = (
     ReplaceOnChange(ROUTER, _at(_ROUTER, name=166, network=295, region=323, project=336)),
     ReplaceOnChange(ROUTER_NAT, _at(_NAT, name=307, router=315, region=475, type=528, project=546)),
     ReplaceOnChange(
-        REPOSITORY, _at(_REPO, format=305, repositoryId=315, kmsKeyName=448, location=472, mode=511, project=930)
+        # remoteRepositoryConfig: the Docker Hub proxy's upstream (infra/image.py), ForceNew as a whole.
+        REPOSITORY, _at(_REPO, format=305, repositoryId=315, kmsKeyName=448, location=472, mode=511,
+                        remoteRepositoryConfig=519, project=930),
     ),
     ReplaceOnChange(
         REPOSITORY_GRANT,
