@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 
 from infra import contract
 from infra.cluster import Cluster, ClusterArgs
-from infra.config import StackConfig
+from infra.config import STACK_KEY, StackConfig
 from infra.filestore import FilestoreArgs, FilestoreShare
 from infra.gpu import GpuArgs, GpuCapacity
 from infra.identity import (
@@ -164,7 +164,8 @@ def _warn_about_standbys(cfg: StackConfig) -> None:
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     _warn_about_standbys(cfg)
-    services = ProjectServices("services", cfg.project_id, apis(cfg.data, cfg.cluster.binary_authorization))
+    services = ProjectServices("services", cfg.project_id, apis(
+        cfg.data, cfg.cluster.binary_authorization, stack_key=cfg.cluster.secrets_kms_key == STACK_KEY))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
         "gcp",

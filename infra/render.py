@@ -32,6 +32,7 @@ from infra.program import build
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
 FAKE_PROJECT_ID = "spot-trainer-test"
+FAKE_PROJECT_NUMBER = "123456789012"
 
 # Fabricated provider outputs: tests compare program wiring against these.
 FILESTORE_IP = "10.99.0.2"
@@ -240,6 +241,8 @@ class _FakeCloud(pulumi.runtime.Mocks):
             rows = [{"applicableLocations": [region or "global"], "details": [{"value": f"{v:g}"}],
                      "dimensions": {"region": region} if region else {}} for region, v in limits.items()]
             return {"quotaId": args.args["quotaId"], "dimensionsInfos": rows}
+        if args.token == "gcp:organizations/getProject:getProject":
+            return {"projectId": args.args.get("projectId"), "number": FAKE_PROJECT_NUMBER}
         if args.token == "gcp:storage/getBucket:getBucket":
             name = args.args["name"]
             return {"name": name, "uniformBucketLevelAccess": name not in NON_UNIFORM_BUCKETS}

@@ -193,9 +193,17 @@ def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
         "accountId": f"spot-trainer-{stack}-nodes",
         "displayName": f"GKE nodes of spot-trainer ({stack})",
     }
-    # binaryAuthorization: on in prod's stack file (test_infra_hardening.py reads every control-plane setting).
+    # binaryAuthorization, authorizedNetworks and a key of the stack's own: on in prod's stack file
+    # (test_infra_hardening.py reads every control-plane setting).
+    settings = r.config.cluster
     enforced = {"binaryAuthorization": {"evaluationMode": "PROJECT_SINGLETON_POLICY_ENFORCE"}} if (
-        r.config.cluster.binary_authorization) else {}  # fmt: skip
+        settings.binary_authorization) else {}  # fmt: skip
+    if settings.authorized_networks:
+        enforced["masterAuthorizedNetworksConfig"] = {
+            "cidrBlocks": [{"cidrBlock": c, "displayName": c} for c in settings.authorized_networks]}
+    if settings.secrets_kms_key:
+        key = r.one("gcp:kms/cryptoKey:CryptoKey", "cluster-secrets")
+        enforced["databaseEncryption"] = {"state": "ENCRYPTED", "keyName": key.id}
     assert cluster.inputs == cluster_common(r) | enforced | {
         "enableAutopilot": True,
         # Nodes Autopilot creates run as the stack's node account, not the Compute Engine default one.
@@ -676,7 +684,8 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     services = r.of_type("gcp:projects/service:Service")
     # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
     apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas") + (
-        ("binaryauthorization",) if r.config.cluster.binary_authorization else ())  # fmt: skip
+        ("binaryauthorization",) if r.config.cluster.binary_authorization else ()) + (
+        ("cloudkms",) if r.config.cluster.secrets_kms_key == "stack" else ())  # fmt: skip
     # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
     assert {s.name: s.inputs for s in services} == {
         api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
@@ -698,6 +707,9 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     assert {c.token: c.provider for c in r.calls} == {
         "gcp:organizations/getClientConfig:getClientConfig": provider_ref,
         "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo": f"{billed.urn}::{billed.id}",
+        # secretsKmsKey "stack": the project number names GKE's service agent (infra/cluster.py).
+        **({"gcp:organizations/getProject:getProject": provider_ref} if (
+            r.config.cluster.secrets_kms_key == "stack") else {}),  # fmt: skip
     }
 
 

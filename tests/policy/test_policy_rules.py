@@ -779,8 +779,11 @@ HARDENED_SHARE = {"tier": "ZONAL", "kmsKeyName": "projects/p/locations/l/keyRing
 )  # fmt: skip
 def test_prod_refuses_an_unattested_image_or_unencrypted_data(type_: str, change: Any, says: str) -> None:
     props = copy.deepcopy(HARDENED_CLUSTER if type_ == rules.CLUSTER else HARDENED_SHARE)
-    assert rules.prod_admission_and_encryption(type_, props, PROD) == []
+    check = rules.prod_admission_and_encryption if type_ == rules.CLUSTER else rules.prod_card_data_at_rest
+    assert check(type_, props, PROD) == []
     change(props)
-    (message,) = rules.prod_admission_and_encryption(type_, props, PROD)
+    (message,) = check(type_, props, PROD)
     assert says in message and "stack 'prod'" in message
-    assert rules.prod_admission_and_encryption(type_, props, DEV) == []  # a cost dev does not pay
+    assert check(type_, props, DEV) == []  # a cost dev does not pay
+    other = rules.prod_card_data_at_rest if type_ == rules.CLUSTER else rules.prod_admission_and_encryption
+    assert other(type_, props, PROD) == []  # each rule judges its own resource
