@@ -317,3 +317,10 @@ def test_pip_shows_progress_on_the_first_install_only(tmp_path: Path) -> None:
     assert again == [
         "-m pip install --quiet --upgrade pip", "-m pip install --quiet --no-compile -r requirements-local.txt"
     ]
+
+
+def test_the_readme_links_the_security_controls() -> None:
+    """Issue 36: a reviewer starting from the README finds docs/security.md, and it has its table."""
+    assert "(docs/security.md)" in (ROOT / "README.md").read_text()
+    table = (ROOT / "docs" / "security.md").read_text()
+    assert "| control | setting | checked by | benchmark item | status |" in table
