@@ -10,13 +10,16 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.config import ClusterConfig, GpuConfig, NetworkConfig, Site
+from infra.config import STACK_KEY, ClusterConfig, GpuConfig, NetworkConfig, Site
 from infra.gke import SPOT_LABEL
 from infra.network import Network
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Logging, monitoring and metadata for nodes, nothing else (GKE's least-privilege node role).
 NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
+# secretsKmsKey "stack": GKE's service agent encrypts and decrypts the Secrets' data keys with the stack's key.
+SECRETS_KEY_ROLE = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
+SECRETS_KEY_ROTATION = "7776000s"  # 90 days (Cloud KMS rotates; old versions still decrypt)
 
 _DriverArgs = gcp.container.NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs
 _AutoProvisioningArgs = gcp.container.ClusterClusterAutoscalingAutoProvisioningDefaultsArgs
@@ -33,7 +36,14 @@ class ClusterArgs:
     gpu: GpuConfig
 
 
-def _hardening(cluster: ClusterConfig) -> dict[str, Any]:
+def gke_service_agent(project_number: str) -> str:
+    """GKE's service agent, the identity that calls Cloud KMS for application-layer secrets encryption
+    (cloud.google.com/kubernetes-engine/docs/how-to/encrypting-secrets: grant it Cloud KMS CryptoKey
+    Encrypter/Decrypter on the key before the cluster is created or updated)."""
+    return f"serviceAccount:service-{project_number}@container-engine-robot.iam.gserviceaccount.com"
+
+
+def _hardening(cluster: ClusterConfig, secrets_key: pulumi.Input[str] | None = None) -> dict[str, Any]:
     """The control plane's optional controls, each only when its setting is on (arguments as pulumi_gcp 10.2's
     container.Cluster declares them, generated from terraform-provider-google's google_container_cluster:
     master_authorized_networks_config.cidr_blocks[].cidr_block, binary_authorization.evaluation_mode
@@ -52,15 +62,15 @@ def _hardening(cluster: ClusterConfig) -> dict[str, Any]:
         )
     if cluster.secrets_kms_key:
         extra["database_encryption"] = gcp.container.ClusterDatabaseEncryptionArgs(
-            state="ENCRYPTED", key_name=cluster.secrets_kms_key
+            state="ENCRYPTED", key_name=secrets_key or cluster.secrets_kms_key
         )
     return extra
 
 
-def _common(args: ClusterArgs, network: Network) -> dict[str, Any]:
+def _common(args: ClusterArgs, network: Network, secrets_key: pulumi.Input[str] | None = None) -> dict[str, Any]:
     """The cluster's arguments in either mode: place, network ranges, channel, privacy, identity, protection."""
     site = args.site
-    return dict(**_hardening(args.cluster),
+    return dict(**_hardening(args.cluster, secrets_key),
         project=site.project_id,
         location=site.region,
         network=network.network_id,
@@ -149,7 +159,10 @@ class Cluster(pulumi.ComponentResource):
         Protected twice unless allowDataLoss: the provider's ``deletion_protection`` refuses a delete, but only
         when it comes, after a replacing change (region, mode, network, ranges) has created the second cluster
         and re-pointed every Kubernetes object at it; Pulumi's ``protect`` refuses the replacement up front."""
-        opts = pulumi.ResourceOptions(parent=self, depends_on=node_roles, protect=args.cluster.deletion_protection)
+        secrets_key, key_grants = self._secrets_key(name, args)
+        opts = pulumi.ResourceOptions(parent=self, depends_on=[*node_roles, *key_grants],
+                                      protect=args.cluster.deletion_protection)
+        common = _common(args, network, secrets_key)
         if args.cluster.autopilot:
             return gcp.container.Cluster(
                 name,
@@ -161,7 +174,7 @@ class Cluster(pulumi.ComponentResource):
                     ),
                 ),
                 opts=opts,
-                **_common(args, network),
+                **common,
             )
         return gcp.container.Cluster(
             name,
@@ -176,8 +189,33 @@ class Cluster(pulumi.ComponentResource):
             # Dataplane V2 enforces NetworkPolicy (the Redis policy relies on it).
             datapath_provider="ADVANCED_DATAPATH",
             opts=opts,
-            **_common(args, network),
+            **common,
         )
+
+    def _secrets_key(self, name: str, args: ClusterArgs) -> tuple[pulumi.Input[str] | None, list[pulumi.Resource]]:
+        """secretsKmsKey ``stack``: a key ring and key of the stack's own (in its region, rotated every 90 days,
+        protected like the cluster: a destroyed key makes the Secrets unreadable) and GKE's service agent's grant
+        on it, which the cluster waits for. pulumi_gcp 10.2: kms.KeyRing(name, location), kms.CryptoKey(key_ring,
+        name, purpose, rotation_period), kms.CryptoKeyIAMMember(crypto_key_id, role, member); the project number
+        from organizations.get_project. Cloud KMS never deletes a key ring: after `pulumi destroy`, a new stack
+        of the same name in the project must `pulumi import` it (docs/security.md)."""
+        if args.cluster.secrets_kms_key != STACK_KEY:
+            return None, []
+        site, child = args.site, pulumi.ResourceOptions(parent=self)
+        ring = gcp.kms.KeyRing(f"{name}-secrets", project=site.project_id, location=site.region,
+                               name=f"{site.labels.app}-{site.slug}", opts=child)
+        key = gcp.kms.CryptoKey(
+            f"{name}-secrets", key_ring=ring.id, name="kubernetes-secrets", purpose="ENCRYPT_DECRYPT",
+            rotation_period=SECRETS_KEY_ROTATION, labels=site.labels.as_dict(),
+            opts=pulumi.ResourceOptions(parent=self, protect=args.cluster.deletion_protection),
+        )
+        project = gcp.organizations.get_project_output(
+            project_id=site.project_id, opts=pulumi.InvokeOutputOptions(parent=self))
+        grant = gcp.kms.CryptoKeyIAMMember(
+            f"{name}-secrets-gke-agent", crypto_key_id=key.id, role=SECRETS_KEY_ROLE,
+            member=project.number.apply(gke_service_agent), opts=child,
+        )
+        return key.id, [grant]
 
     def _standard_pools(self, name: str, args: ClusterArgs, cluster: gcp.container.Cluster) -> None:
         """A small on-demand pool for Redis and the loader, and the spot GPU pool for training."""

@@ -239,6 +239,10 @@ class FilestoreConfig:
         return self.tier in DELETION_PROTECTION_TIERS
 
 
+# The IAM Conditions API attribute Cloud Storage sets on a list request: the prefix asked for.
+LIST_PREFIX_ATTRIBUTE = "storage.googleapis.com/objectListPrefix"
+
+
 @dataclass(frozen=True)
 class GcsUri:
     """``gs://<bucket>/<prefix>``, validated; ``prefix`` has no leading or trailing '/' ('' = the bucket)."""
@@ -266,6 +270,16 @@ class GcsUri:
         ``out-other/``."""
         base = f"projects/_/buckets/{self.bucket}/objects/"
         return base + (f"{self.prefix}/" if self.prefix else "")
+
+    def readable(self) -> str:
+        """The IAM condition that limits an object role to the prefix, listing included: reads are checked against
+        the object (``resource.name`` under ``objects``), a list against the bucket, with the request's prefix in
+        the API attribute ``storage.googleapis.com/objectListPrefix`` (cloud.google.com/iam/docs/
+        conditions-attribute-reference, "API attributes": Cloud Storage's list prefix; the same two clauses as
+        cloud.google.com/storage/docs/access-control/iam#conditions). A list without that prefix (the whole
+        bucket) is refused. Only meaningful with a prefix."""
+        return (f'resource.name.startsWith("{self.objects}") || '
+                f'api.getAttribute("{LIST_PREFIX_ATTRIBUTE}", "").startsWith("{self.prefix}/")')
 
 
 @dataclass(frozen=True)
@@ -437,7 +451,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         raise ConfigError("env", env, label_what)
     labels = Labels(env=env, app=contract.APP, team=r.matching("team", _LABEL_VALUE, label_what))
 
-    cluster = _cluster(r, region)
+    cluster = _cluster(r, region, prod=env == "prod")
     gpu = _gpu(r, cluster)
     network = _network(r)
     filestore = _filestore(r, region, network)
@@ -468,15 +482,20 @@ _KMS_KEY = re.compile(
 )
 
 
-def _kms_key(r: _Reader, key: str, region: str) -> str:
+# secretsKmsKey's value for a key ring and key of the stack's own (infra/cluster.py creates and grants them).
+STACK_KEY = "stack"
+
+
+def _kms_key(r: _Reader, key: str, region: str, stack_key: bool = False) -> str:
     """A Cloud KMS key's resource name in the stack's region ('' = off): GKE and Filestore take only a key in
-    their own location."""
+    their own location. ``stack_key``: ``stack`` is allowed too (the stack makes its own key)."""
     value = r.raw(key).strip()
-    if not value:
-        return ""
+    if not value or (stack_key and value == STACK_KEY):
+        return value
     match = _KMS_KEY.match(value)
     if not match:
-        raise ConfigError(key, value, "a key name projects/<p>/locations/<region>/keyRings/<ring>/cryptoKeys/<key>")
+        raise ConfigError(key, value, "a key name projects/<p>/locations/<region>/keyRings/<ring>/cryptoKeys/<key>"
+                          + (f", or {STACK_KEY!r} (a key of the stack's own)" if stack_key else ""))
     if match[1] != region:
         raise ConfigError(key, value, f"a key in the stack's region ({region}), where the resource it encrypts is")
     return value
@@ -504,12 +523,20 @@ def _cidr(key: str, value: Any) -> str:
     return str(network)
 
 
-def _cluster(r: _Reader, region: str) -> ClusterConfig:
+def _cluster(r: _Reader, region: str, prod: bool = False) -> ClusterConfig:
+    """``prod``: the stack's env is prod, whose control plane must not be open to any address (CIS GKE 5.6.3)."""
     private_endpoint, private_nodes = r.bool("privateEndpoint"), r.bool("privateNodes")
     if private_endpoint and not private_nodes:
         raise ConfigError("privateEndpoint", True, "false unless privateNodes is true (GKE: a private endpoint "
                           "needs private nodes)")
     authorized = _cidrs(r, "authorizedNetworks")
+    if "0.0.0.0/0" in authorized:
+        raise ConfigError("authorizedNetworks", list(authorized), "ranges narrower than 0.0.0.0/0 (an empty list "
+                          "already lets any address reach the public endpoint)")
+    if prod and not private_endpoint and not authorized:
+        raise ConfigError("authorizedNetworks", [], "in a prod stack, the IPv4 ranges that may reach the control "
+                          "plane (your office, your CI runners' egress), or privateEndpoint: true; empty opens it "
+                          "to any address")
     return ClusterConfig(
         mode=r.str("clusterMode", CLUSTER_MODES),
         release_channel=r.str("releaseChannel", RELEASE_CHANNELS),
@@ -518,7 +545,7 @@ def _cluster(r: _Reader, region: str) -> ClusterConfig:
         authorized_networks=authorized,
         private_endpoint=private_endpoint,
         binary_authorization=r.bool("binaryAuthorization"),
-        secrets_kms_key=_kms_key(r, "secretsKmsKey", region),
+        secrets_kms_key=_kms_key(r, "secretsKmsKey", region, stack_key=True),
     )
 
 

@@ -9,17 +9,25 @@ Autopilot always runs it, and the Standard cluster of ``infra.cluster`` sets ``w
 and ``GKE_METADATA`` on its node pools. No key is created, and no node-wide scope is widened.
 
 Roles are granted on the bucket (``storage.BucketIAMMember``), never on the project:
-- the loader reads the dataset: ``roles/storage.objectViewer`` on the ``datasetUri`` bucket;
+- the loader reads the dataset: ``roles/storage.objectViewer`` on the ``datasetUri`` bucket, limited by an IAM
+  condition to the objects under its prefix and to listing under it (``GcsUri.readable``) when ``datasetUri``
+  names one; a ``datasetUri`` that is a whole bucket (``gs://<bucket>``) reads that bucket, as declared;
 - the workers write results: ``roles/storage.objectUser`` on the ``outputUri`` bucket with an IAM
   condition ``resource.name.startsWith("projects/_/buckets/<b>/objects/<prefix>/")``, so they can create
   and overwrite objects under the prefix and nothing else (listing is checked against the bucket's own
-  name, which the condition does not match, so it is not granted either). IAM Conditions on a bucket
-  need uniform bucket-level access on it (cloud.google.com/storage/docs/access-control/iam#conditions).
+  name, which the condition does not match, so it is not granted either). ``outputUri`` must name a prefix
+  (``infra.config`` refuses ``gs://<bucket>`` alone): write access to a whole bucket is never granted.
+
+IAM Conditions on a bucket need uniform bucket-level access on it (cloud.google.com/storage/docs/access-control/
+iam#conditions: "you must enable uniform bucket-level access on the bucket"); ``uniform_access_checked`` reads
+each such bucket at preview (``gcp.storage.get_bucket``: the provider's ``uniform_bucket_level_access``) and fails
+with one line naming the bucket and the setting.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -47,11 +55,48 @@ class BucketGrant:
     def condition(self) -> gcp.storage.BucketIAMMemberConditionArgs | None:
         if not self.prefix_only:
             return None
+        if self.role == READ_OBJECTS:  # the loader lists the dataset's files too
+            what, expression = "dataset", self.location.readable()
+        else:
+            what, expression = "results", f'resource.name.startsWith("{self.location.objects}")'
         return gcp.storage.BucketIAMMemberConditionArgs(
             title=f"only {self.location.uri}/"[:100],
-            description="Objects under this prefix only (spot-trainer results)",
-            expression=f'resource.name.startsWith("{self.location.objects}")',
+            description=f"Objects under this prefix only (spot-trainer {what})",
+            expression=expression,
         )
+
+
+class BucketAccessError(RuntimeError):
+    """A bucket a conditional grant goes on cannot take IAM Conditions; the message says which and how to fix it."""
+
+
+def uniform_access_problem(bucket: str, uniform: bool | None, key: str) -> str:
+    """One line when ``bucket`` (of config ``key``) has uniform bucket-level access off ('' when on)."""
+    if uniform:
+        return ""
+    return (f"bucket gs://{bucket} (config {key}) has uniform bucket-level access off; the stack's prefix-limited "
+            "grant on it is an IAM Condition, which needs it on: `gcloud storage buckets update "
+            f"gs://{bucket} --uniform-bucket-level-access`")
+
+
+def uniform_access_checked(
+    grant: BucketGrant, key: str, provider: pulumi.ProviderResource | None, gate: pulumi.Input[str] | None = None
+) -> pulumi.Output[str]:
+    """``grant``'s bucket name, once its uniform bucket-level access is read and on (at preview as at `up`: the
+    bucket is the user's, it exists before the stack). Without ``prefix_only`` there is no condition to check.
+    ``gate``: an output the read waits for (the provider's services)."""
+    bucket = grant.location.bucket
+    if not grant.prefix_only:
+        return pulumi.Output.from_input(bucket)
+
+    def read(_: Any) -> str:
+        found = gcp.storage.get_bucket(name=bucket, opts=pulumi.InvokeOptions(provider=provider))
+        problem = uniform_access_problem(bucket, found.uniform_bucket_level_access, key)
+        if problem:
+            raise BucketAccessError(problem)
+        return bucket
+
+    return pulumi.Output.all(gate).apply(read)
 
 
 def workload_member(pool: str, namespace: str, ksa: str) -> str:
@@ -74,6 +119,9 @@ class IdentityArgs:
     workload_pool: pulumi.Input[str]
     component: str
     grants: tuple[BucketGrant, ...]
+    # Each grant's bucket name as the grant takes it: an output that fails when the bucket cannot take the
+    # grant's condition (``uniform_access_checked``); the plain name when not given.
+    checked_buckets: tuple[pulumi.Input[str], ...] = ()
 
 
 class WorkloadIdentity(pulumi.ComponentResource):
@@ -122,15 +170,16 @@ class WorkloadIdentity(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        self.grants = [self._grant(name, grant) for grant in args.grants]
+        buckets = args.checked_buckets or tuple(g.location.bucket for g in args.grants)
+        self.grants = [self._grant(name, grant, bucket) for grant, bucket in zip(args.grants, buckets, strict=True)]
         # Pods that start before the binding exists get 403s from the metadata server: wait for all of it.
         self.resources: list[pulumi.Resource] = [self.service_account, binding, *self.grants]
         self.register_outputs({"email": self.account.email, "ksa": self.ksa_name})
 
-    def _grant(self, name: str, grant: BucketGrant) -> gcp.storage.BucketIAMMember:
+    def _grant(self, name: str, grant: BucketGrant, bucket: pulumi.Input[str]) -> gcp.storage.BucketIAMMember:
         return gcp.storage.BucketIAMMember(
             f"{name}-{grant.role.rsplit('.', 1)[-1].lower()}",
-            bucket=grant.location.bucket,
+            bucket=bucket,
             role=grant.role,
             member=self.account.member,
             condition=grant.condition(),

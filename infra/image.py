@@ -1,4 +1,15 @@
-"""The training image: an Artifact Registry repository; ``workload/`` built and pushed on ``pulumi up``."""
+"""The training image: an Artifact Registry repository; ``workload/`` built and pushed on ``pulumi up``. And the
+stack's own Docker Hub proxy: an Artifact Registry remote repository that the Redis image is pulled through.
+
+Remote repository (cloud.google.com/artifact-registry/docs/repositories, "Remote repository": a read-only proxy of
+an upstream such as Docker Hub that caches the first pull of each version): pulumi_gcp 10.2
+``artifactregistry.Repository`` with ``mode="REMOTE_REPOSITORY"`` and ``remote_repository_config.docker_repository
+.public_repository="DOCKER_HUB"`` (the SDK's only allowed value; ``mode`` is ForceNew, infra/replacements.py).
+The image keeps its digest: a registry serves a manifest by its digest whichever host it is asked through, so the
+pin (``redisImage``'s ``@sha256:``) holds and a changed upstream tag changes nothing. Nodes pull with the
+repository's reader grant (no Docker Hub rate limit per node IP, no pull through NAT from the internet), and
+Artifact Analysis can scan the cached copy.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +27,24 @@ from infra.config import Site
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IMAGE_NAME = "trainer"
 CACHE_TAG = "buildcache"  # the registry build cache, next to the image in the same repository
+DOCKER_HUB = "docker.io"
+# Docker Hub's own image names: a name with no registry host is Docker Hub's, and one with no namespace is an
+# official image under "library/" (distribution/reference's normalisation: "redis" is docker.io/library/redis).
+OFFICIAL_NAMESPACE = "library"
+
+
+def docker_hub_path(image: str) -> str | None:
+    """``redis:7.4@sha256:..`` -> ``library/redis:7.4@sha256:..``: the path of a Docker Hub image inside a remote
+    repository of Docker Hub; ``None`` for an image of another registry (a first part with '.' or ':', or
+    ``localhost``), which is used as given."""
+    first, sep, rest = image.partition("/")
+    if sep and first == DOCKER_HUB:
+        first, sep, rest = rest.partition("/")
+        if not sep:
+            return f"{OFFICIAL_NAMESPACE}/{first}"
+    elif sep and ("." in first or ":" in first or first == "localhost"):
+        return None
+    return f"{first}/{rest}" if sep else f"{OFFICIAL_NAMESPACE}/{first}"
 
 
 def _from_cwd(path: str) -> str:
@@ -63,7 +92,9 @@ class TrainingImage(pulumi.ComponentResource):
         repo_id = f"{site.labels.app}-{site.slug}"  # stacks may share a project and region
         registry = f"{site.region}-docker.pkg.dev"
         self._repository(name, site, repo_id, args.reader_member)
+        self._docker_hub(name, site, f"{repo_id}-hub", args.reader_member)
         self.repository_url = f"{registry}/{site.project_id}/{repo_id}/{IMAGE_NAME}"
+        self.docker_hub_url = f"{registry}/{site.project_id}/{repo_id}-hub"
         self.cache_ref = f"{self.repository_url}:{CACHE_TAG}"
         # The deployer's short-lived OAuth token: no key file, no `gcloud auth configure-docker` needed.
         token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
@@ -92,6 +123,42 @@ class TrainingImage(pulumi.ComponentResource):
             lambda parts: f"{self.repository_url}@{parts[0]}"
         )
         self.register_outputs({"ref": self.ref})
+
+    def from_docker_hub(self, image: str) -> pulumi.Output[str]:
+        """``image`` (by digest) pulled through the stack's Docker Hub proxy, once nodes may read it; an image of
+        another registry as given."""
+        path = docker_hub_path(image)
+        if path is None:
+            return pulumi.Output.from_input(image)
+        return self.hub_reader_grant.id.apply(lambda _: f"{self.docker_hub_url}/{path}")
+
+    def _docker_hub(self, name: str, site: Site, repo_id: str, reader_member: pulumi.Input[str]) -> None:
+        child = pulumi.ResourceOptions(parent=self)
+        self.hub = gcp.artifactregistry.Repository(
+            f"{name}-docker-hub",
+            project=site.project_id,
+            location=site.region,
+            repository_id=repo_id,
+            format="DOCKER",
+            mode="REMOTE_REPOSITORY",
+            remote_repository_config=gcp.artifactregistry.RepositoryRemoteRepositoryConfigArgs(
+                description="Docker Hub",
+                docker_repository=gcp.artifactregistry.RepositoryRemoteRepositoryConfigDockerRepositoryArgs(
+                    public_repository="DOCKER_HUB"),
+            ),
+            description="Docker Hub images of spot-trainer (Redis), cached in the stack's project",
+            labels=site.labels.as_dict(),
+            opts=child,
+        )
+        self.hub_reader_grant = gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-docker-hub-node-reader",
+            project=site.project_id,
+            location=site.region,
+            repository=self.hub.repository_id,
+            role="roles/artifactregistry.reader",
+            member=reader_member,
+            opts=child,
+        )
 
     def _repository(self, name: str, site: Site, repo_id: str, reader_member: pulumi.Input[str]) -> None:
         child = pulumi.ResourceOptions(parent=self)

@@ -16,10 +16,17 @@ import pulumi_kubernetes as k8s
 
 from infra import contract
 from infra.cluster import Cluster, ClusterArgs
-from infra.config import StackConfig
+from infra.config import STACK_KEY, StackConfig
 from infra.filestore import FilestoreArgs, FilestoreShare
 from infra.gpu import GpuArgs, GpuCapacity
-from infra.identity import READ_OBJECTS, WRITE_OBJECTS, BucketGrant, IdentityArgs, WorkloadIdentity
+from infra.identity import (
+    READ_OBJECTS,
+    WRITE_OBJECTS,
+    BucketGrant,
+    IdentityArgs,
+    WorkloadIdentity,
+    uniform_access_checked,
+)
 from infra.image import ImageArgs, TrainingImage
 from infra.jobs import JobArgs, LoaderJob, ScoringArgs, ScoringJob, TrainingArgs, TrainingJob, one_off_pod
 from infra.kube import InCluster
@@ -68,8 +75,12 @@ def workload_namespace(cfg: StackConfig, provider: k8s.Provider) -> InCluster:
 def _identity(
     cfg: StackConfig, kube: InCluster, workload_pool: pulumi.Input[str], grant: BucketGrant, on_gcp: Any
 ) -> WorkloadIdentity:
-    component = contract.LOADER if grant.role == READ_OBJECTS else contract.WORKER
-    args = IdentityArgs(cfg.site, workload_pool, component, (grant,))
+    component, key = (contract.LOADER, "datasetUri") if grant.role == READ_OBJECTS else (contract.WORKER, "outputUri")
+    # The grant's bucket is read first: a conditional grant on a bucket without uniform bucket-level access
+    # fails the preview with one line, not the `up` halfway.
+    provider = (on_gcp.providers or {}).get("gcp") if isinstance(on_gcp.providers, dict) else None
+    bucket = uniform_access_checked(grant, key, provider, provider.urn if provider else None)
+    args = IdentityArgs(cfg.site, workload_pool, component, (grant,), checked_buckets=(bucket,))
     return WorkloadIdentity(f"{component}-identity", args, kube, opts=on_gcp)
 
 
@@ -80,14 +91,17 @@ def platform(
     network: Network,
     workload_pool: pulumi.Input[str],
     on_gcp: pulumi.ResourceOptions,
+    redis_image: pulumi.Input[str] | None = None,
 ) -> Platform:
-    """The share, the queue and the Google identities: what every workload is wired to."""
+    """The share, the queue and the Google identities: what every workload is wired to. ``redis_image``: the
+    Redis image as nodes pull it (through the stack's Docker Hub proxy); ``redisImage`` as given when not."""
     share = FilestoreShare("share", filestore_args(cfg), network, kube, opts=on_gcp)
-    queue = RedisQueue("redis", RedisArgs(cfg.redis_image), kube)
+    queue = RedisQueue("redis", RedisArgs(redis_image or cfg.redis_image), kube)
     # Only pods that need the bucket get a Google identity, and only with datasetUri / outputUri set.
     data = cfg.data
-    loader = _identity(cfg, kube, workload_pool, BucketGrant(READ_OBJECTS, data.dataset, prefix_only=False),
-                       on_gcp) if data.dataset else None  # fmt: skip
+    # The loader reads under datasetUri's prefix only (a whole bucket when it names none).
+    loader = _identity(cfg, kube, workload_pool, BucketGrant(READ_OBJECTS, data.dataset,
+                       prefix_only=bool(data.dataset.prefix)), on_gcp) if data.dataset else None  # fmt: skip
     worker = _identity(cfg, kube, workload_pool, BucketGrant(WRITE_OBJECTS, data.output, prefix_only=True),
                        on_gcp) if data.output else None  # fmt: skip
     return Platform(kube, image, Identities(loader=loader, worker=worker), share, queue)
@@ -150,7 +164,8 @@ def _warn_about_standbys(cfg: StackConfig) -> None:
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     _warn_about_standbys(cfg)
-    services = ProjectServices("services", cfg.project_id, apis(cfg.data, cfg.cluster.binary_authorization))
+    services = ProjectServices("services", cfg.project_id, apis(
+        cfg.data, cfg.cluster.binary_authorization, stack_key=cfg.cluster.secrets_kms_key == STACK_KEY))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
         "gcp",
@@ -163,7 +178,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     cluster = Cluster("cluster", cluster_args(cfg), network, opts=on_gcp)
     image = TrainingImage("image", ImageArgs(cfg.site, cluster.node_service_account.member), opts=on_gcp)
     kube = workload_namespace(cfg, cluster.provider)
-    shared = platform(cfg, kube, image.ref, network, cluster.workload_pool, on_gcp)
+    shared = platform(cfg, kube, image.ref, network, cluster.workload_pool, on_gcp,
+                      redis_image=image.from_docker_hub(cfg.redis_image))
     # Read before any GPU pod exists: the training Job waits on it, and a shortfall fails `pulumi up` here.
     quota = check_gpu_quota(
         cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,

@@ -22,12 +22,12 @@ REDIS_UID, REDIS_GID = 999, 1000
 
 @dataclass(frozen=True)
 class RedisArgs:
-    """The queue's slice of the stack: the Redis image, by digest."""
+    """The queue's slice of the stack: the Redis image, by digest (through the stack's Docker Hub proxy)."""
 
-    image: str
+    image: pulumi.Input[str]
 
 
-def _container(image: str, password_env: dict[str, Any]) -> dict[str, Any]:
+def _container(image: pulumi.Input[str], password_env: dict[str, Any]) -> dict[str, Any]:
     """The Redis container: the password from a config file (the Secret), never argv; AOF fsynced always."""
     return {
         "name": NAME,

@@ -32,6 +32,7 @@ from infra.program import build
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
 FAKE_PROJECT_ID = "spot-trainer-test"
+FAKE_PROJECT_NUMBER = "123456789012"
 
 # Fabricated provider outputs: tests compare program wiring against these.
 FILESTORE_IP = "10.99.0.2"
@@ -45,6 +46,9 @@ ACCESS_TOKEN = "fake-access-token"
 GPU_QUOTA_LIMIT = 16.0
 GPU_QUOTAS: dict[str, float | dict[str, float] | None] = {}
 GPU_QUOTA_CALLS: list[pulumi.runtime.MockCallArgs] = []  # every call to it, for tests of what was asked
+# Buckets the fake Cloud Storage reports with uniform bucket-level access off (tests add to it); any other
+# bucket exists with it on.
+NON_UNIFORM_BUCKETS: set[str] = set()
 
 MASK = "[secret]"
 # Values under such keys are credentials even where the engine would not mark them secret (a provider
@@ -237,6 +241,11 @@ class _FakeCloud(pulumi.runtime.Mocks):
             rows = [{"applicableLocations": [region or "global"], "details": [{"value": f"{v:g}"}],
                      "dimensions": {"region": region} if region else {}} for region, v in limits.items()]
             return {"quotaId": args.args["quotaId"], "dimensionsInfos": rows}
+        if args.token == "gcp:organizations/getProject:getProject":
+            return {"projectId": args.args.get("projectId"), "number": FAKE_PROJECT_NUMBER}
+        if args.token == "gcp:storage/getBucket:getBucket":
+            name = args.args["name"]
+            return {"name": name, "uniformBucketLevelAccess": name not in NON_UNIFORM_BUCKETS}
         return {}
 
 

@@ -37,6 +37,9 @@ PROJECT_SERVICE = "gcp:projects/service:Service"
 BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
 ACCOUNT_GRANT = "gcp:serviceaccount/iAMMember:IAMMember"
 PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
+KEY_RING = "gcp:kms/keyRing:KeyRing"
+CRYPTO_KEY = "gcp:kms/cryptoKey:CryptoKey"
+CRYPTO_KEY_GRANT = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
 JOB = "kubernetes:batch/v1:Job"
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 
@@ -56,6 +59,8 @@ _NAT = "google/services/compute/resource_compute_router_nat.go"
 _NETWORK = "google/services/compute/resource_compute_network.go"
 _REPO = "google/services/artifactregistry/resource_artifact_registry_repository.go"
 _IAM = "google/tpgiamresource/resource_iam_member.go"
+_KEY_RING = "google/services/kms/resource_kms_key_ring.go"
+_CRYPTO_KEY = "google/services/kms/resource_kms_crypto_key.go"
 _DIFF_GO = "provider/pkg/provider/diff.go"
 _JOB_VALIDATION = "pkg/apis/batch/validation/validation.go ValidateJobSpecUpdate"
 
@@ -130,7 +135,9 @@ FACTS: tuple[ReplaceOnChange, ...] = (
     ReplaceOnChange(ROUTER, _at(_ROUTER, name=166, network=295, region=323, project=336)),
     ReplaceOnChange(ROUTER_NAT, _at(_NAT, name=307, router=315, region=475, type=528, project=546)),
     ReplaceOnChange(
-        REPOSITORY, _at(_REPO, format=305, repositoryId=315, kmsKeyName=448, location=472, mode=511, project=930)
+        # remoteRepositoryConfig: the Docker Hub proxy's upstream (infra/image.py), ForceNew as a whole.
+        REPOSITORY, _at(_REPO, format=305, repositoryId=315, kmsKeyName=448, location=472, mode=511,
+                        remoteRepositoryConfig=519, project=930),
     ),
     ReplaceOnChange(
         REPOSITORY_GRANT,
@@ -157,6 +164,16 @@ FACTS: tuple[ReplaceOnChange, ...] = (
         ACCOUNT_GRANT,
         {**_at("google/services/resourcemanager/iam_service_account.go", serviceAccountId=40),
          **_at(_IAM, role=67, member=72, condition=80)},
+    ),
+    # secretsKmsKey "stack" (infra/cluster.py). A new key is a new key: Secrets written under the old one are
+    # unreadable once its versions are destroyed, so the key carries Pulumi's protect like the cluster.
+    ReplaceOnChange(KEY_RING, _at(_KEY_RING, location=144, name=151, project=158)),
+    ReplaceOnChange(CRYPTO_KEY, _at(_CRYPTO_KEY, keyRing=152, name=160, purpose=199),
+                    stateful="the key that encrypts the cluster's Secrets"),
+    ReplaceOnChange(
+        CRYPTO_KEY_GRANT,
+        {**_at("google/services/kms/iam_kms_crypto_key.go", cryptoKeyId=36), **_at(_IAM, role=67, member=72,
+                                                                                    condition=80)},
     ),
     ReplaceOnChange(
         PROJECT_GRANT,

@@ -28,10 +28,14 @@ DATA_APIS = ("storage.googleapis.com", "iamcredentials.googleapis.com")
 BINARY_AUTHORIZATION_API = "binaryauthorization.googleapis.com"
 
 
-def apis(data: DataConfig, binary_authorization: bool = False) -> tuple[str, ...]:
+# With secretsKmsKey "stack": the stack creates its key ring and key (infra/cluster.py).
+KMS_API = "cloudkms.googleapis.com"
+
+
+def apis(data: DataConfig, binary_authorization: bool = False, stack_key: bool = False) -> tuple[str, ...]:
     """The APIs a stack with this data configuration (and control-plane settings) calls."""
     return (APIS + (DATA_APIS if data.dataset or data.output else ())
-            + ((BINARY_AUTHORIZATION_API,) if binary_authorization else ()))
+            + ((BINARY_AUTHORIZATION_API,) if binary_authorization else ()) + ((KMS_API,) if stack_key else ()))
 
 
 class ProjectServices(pulumi.ComponentResource):

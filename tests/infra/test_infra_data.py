@@ -86,11 +86,15 @@ def test_dataset_uri_is_read_by_the_loader_through_workload_identity(rendered: R
         f"serviceAccount:{r.config.project_id}.svc.id.goog[{r.config.namespace}/{ksa.inputs['metadata']['name']}]"
     )
 
-    # Object read on exactly the configured bucket; nothing at project level; no key anywhere.
+    # Object read on exactly the configured bucket, under its prefix (reads and lists); nothing at project level;
+    # no key anywhere.
     (grant,) = r.of_type(BUCKET_GRANT)
     assert grant.inputs["bucket"] == "acme-fraud"
     assert grant.inputs["role"] == "roles/storage.objectViewer"
-    assert grant.inputs["member"] == f"serviceAccount:{email}" and "condition" not in grant.inputs
+    assert grant.inputs["member"] == f"serviceAccount:{email}"
+    assert grant.inputs["condition"]["expression"] == (
+        'resource.name.startsWith("projects/_/buckets/acme-fraud/objects/exports/v1/") || '
+        'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("exports/v1/")')
     assert {g.inputs["member"] for g in r.of_type(PROJECT_GRANT)} == {r.one(ACCOUNT, "cluster-nodes").outputs["member"]}
     assert not [res for res in r.resources if res.type.startswith("gcp:serviceaccount/key")]
     # The loader starts only once its identity works; the training pods get none of it.

@@ -98,15 +98,17 @@ def _actions(changes: list[diff.Change]) -> dict[tuple[str, str], str]:
 
 
 def test_a_new_region_replaces_what_lives_in_a_region(rendered: Render) -> None:
-    """Subnet, router and NAT (region ForceNew), the registry (location ForceNew), the cluster and the share
-    (location) are replaced; the network is global and stays."""
+    """Subnet, router and NAT (region ForceNew), the registries (the image's and the Docker Hub proxy: location
+    ForceNew), the cluster and the share (location) are replaced; the network is global and stays."""
     changes = diff.compare(rendered("dev"), rendered("dev", region="europe-west4", zone="europe-west4-a"))
     actions = _actions(changes)
     for type_, why in ((replacements.SUBNETWORK, "region"), (replacements.ROUTER, "region"),
                        (replacements.ROUTER_NAT, "region"), (replacements.REPOSITORY, "location"),
                        (replacements.CLUSTER, "location"), (FILESTORE, "location")):  # fmt: skip
-        (change,) = [c for c in changes if c.type == type_]
-        assert change.action == "replace" and change.why == why, change
+        found = [c for c in changes if c.type == type_]
+        assert len(found) == (2 if type_ == replacements.REPOSITORY else 1), found
+        for change in found:
+            assert change.action == "replace" and change.why == why, change
     assert (replacements.NETWORK, "network") not in actions
     assert {c.type for c in changes if c.loses} == {replacements.CLUSTER, FILESTORE}
 

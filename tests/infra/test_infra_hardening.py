@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from infra import render
 from infra.render import Rendered
 
 Render = Callable[..., Rendered]
@@ -76,3 +77,39 @@ def test_filestore_deletion_protection_only_where_the_tier_has_it(
     assert share.inputs.get("deletionProtectionEnabled") is api
     assert share.protect is protect
     assert r.one("gcp:container/cluster:Cluster").protect is protect
+
+
+def test_prod_encrypts_its_secrets_with_a_key_of_its_own_that_gke_may_use(rendered: Render) -> None:
+    """secretsKmsKey "stack" (prod's file): a key ring and key in the stack's region, protected like the cluster,
+    GKE's service agent granted encrypter/decrypter on it, and the cluster created only after that grant
+    (GKE's "Encrypt secrets at the application layer": the agent needs the role before the cluster uses the key)."""
+    r = rendered("prod")
+    ring = r.one("gcp:kms/keyRing:KeyRing")
+    assert ring.inputs == {"project": render.FAKE_PROJECT_ID, "location": "us-central1", "name": "spot-trainer-prod"}
+    key = r.one("gcp:kms/cryptoKey:CryptoKey")
+    assert (key.inputs["keyRing"], key.inputs["purpose"], key.inputs["rotationPeriod"]) == (
+        ring.id, "ENCRYPT_DECRYPT", "7776000s")
+    assert key.protect  # a destroyed key leaves the Secrets unreadable
+    grant = r.one("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    assert grant.inputs == {
+        "cryptoKeyId": key.id, "role": "roles/cloudkms.cryptoKeyEncrypterDecrypter",
+        "member": f"serviceAccount:service-{render.FAKE_PROJECT_NUMBER}@container-engine-robot.iam.gserviceaccount.com"}
+    cluster = r.one(CLUSTER)
+    assert cluster.inputs["databaseEncryption"] == {"state": "ENCRYPTED", "keyName": key.id}
+    assert grant.urn in cluster.dependencies
+    assert "cloudkms.googleapis.com" in {s.inputs["service"] for s in r.of_type("gcp:projects/service:Service")}
+    # A key named in config is used as it is: no key ring of the stack's.
+    own = rendered("prod", secretsKmsKey=KEY.format("etcd"))
+    assert not own.of_type("gcp:kms/keyRing:KeyRing")
+    assert not own.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    assert own.one(CLUSTER).inputs["databaseEncryption"]["keyName"] == KEY.format("etcd")
+
+
+def test_a_prod_control_plane_open_to_any_address_is_refused_at_preview() -> None:
+    with pytest.raises(Exception, match="authorizedNetworks") as err:
+        render.render("prod", {"authorizedNetworks": []})
+    assert ("config spot-trainer:authorizedNetworks=[] is not allowed: in a prod stack, the IPv4 ranges that may "
+            "reach the control plane") in str(err.value)
+    render.render("prod", {"authorizedNetworks": [], "privateEndpoint": True})  # no public endpoint: allowed
+    with pytest.raises(Exception, match="narrower than 0.0.0.0/0"):
+        render.render("dev", {"authorizedNetworks": ["0.0.0.0/0"]})

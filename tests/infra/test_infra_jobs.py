@@ -136,7 +136,7 @@ def test_a_parallelism_change_replaces_only_through_parallelism(rendered: Render
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_image_reference_depends_on_the_registry_grant(stack: str, rendered: Render) -> None:
     r = rendered(stack)
-    grant = r.one(GRANT)
+    grant = r.one(GRANT, "image-node-reader")
     nodes = r.one("gcp:serviceaccount/account:Account", "cluster-nodes")
     assert grant.inputs["member"] == nodes.outputs["member"] and grant.inputs["role"] == "roles/artifactregistry.reader"
     for job in r.of_type(JOB):

@@ -218,7 +218,11 @@ def test_each_identity_acts_as_its_own_account_with_a_bucket_role_only() -> None
         } <= set(urns)
         assert len(urns) == 3
     read = grants["loader-identity-objectviewer"]
-    assert read["bucket"] == "acme-fraud" and read["role"] == READ_OBJECTS and "condition" not in read
+    assert read["bucket"] == "acme-fraud" and read["role"] == READ_OBJECTS
+    # The loader reads and lists under datasetUri's prefix (gs://acme-fraud/exports) and nothing else there.
+    assert read["condition"]["expression"] == (
+        'resource.name.startsWith("projects/_/buckets/acme-fraud/objects/exports/") || '
+        'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("exports/")')
     assert read["member"] == accounts["loader-identity"].outputs["member"]
     write = grants["worker-identity-objectuser"]
     assert write["bucket"] == "acme-results" and write["role"] == WRITE_OBJECTS
@@ -237,6 +241,30 @@ def test_a_long_output_uri_keeps_the_condition_title_within_iams_limit() -> None
     assert condition is not None and len(condition.title) == 100 and condition.title.startswith("only gs://acme")
     assert condition.expression == f'resource.name.startsWith("{grant.location.objects}")'
     assert BucketGrant(READ_OBJECTS, grant.location, prefix_only=False).condition() is None
+
+
+def test_a_dataset_uri_without_a_prefix_reads_the_whole_bucket_as_declared() -> None:
+    b = build(_identities, "prod", datasetUri="gs://acme-fraud", outputUri=DATA["outputUri"])
+    grants = {g.name: g.inputs for g in b.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert "condition" not in grants["loader-identity-objectviewer"]
+    assert "condition" in grants["worker-identity-objectuser"]
+
+
+@pytest.mark.parametrize(("bucket", "key"), [("acme-fraud", "datasetUri"), ("acme-results", "outputUri")])
+def test_a_bucket_without_uniform_access_fails_the_preview_naming_it(
+    bucket: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix-limited grant is an IAM Condition, which a bucket takes only with uniform bucket-level access:
+    the program reads each such bucket (gcp.storage.get_bucket, the mock engine's here) and fails at preview."""
+    monkeypatch.setattr(render, "NON_UNIFORM_BUCKETS", {bucket})
+    with pytest.raises(Exception, match="uniform bucket-level access off") as err:
+        render.render("dev", DATA)
+    assert (f"bucket gs://{bucket} (config {key}) has uniform bucket-level access off; the stack's prefix-limited "
+            f"grant on it is an IAM Condition, which needs it on: `gcloud storage buckets update gs://{bucket} "
+            "--uniform-bucket-level-access`") in str(err.value)
+    # A whole-bucket dataset read carries no condition: nothing to check there.
+    if key == "datasetUri":
+        render.render("dev", {**DATA, "datasetUri": f"gs://{bucket}"})
 
 
 # --- the share preparation ---------------------------------------------------------------------------------

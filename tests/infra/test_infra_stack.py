@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from infra import contract, render, share_prep
+from infra.image import docker_hub_path
 from infra.render import Registered, Rendered
 from policy.rules import LABELLED, UNLABELLED  # one list of which GCP types take labels
 from tests.infra.pod_security import pod_security_violations
@@ -192,9 +193,17 @@ def test_autopilot_cluster_by_default(stack: str, rendered: Render) -> None:
         "accountId": f"spot-trainer-{stack}-nodes",
         "displayName": f"GKE nodes of spot-trainer ({stack})",
     }
-    # binaryAuthorization: on in prod's stack file (test_infra_hardening.py reads every control-plane setting).
+    # binaryAuthorization, authorizedNetworks and a key of the stack's own: on in prod's stack file
+    # (test_infra_hardening.py reads every control-plane setting).
+    settings = r.config.cluster
     enforced = {"binaryAuthorization": {"evaluationMode": "PROJECT_SINGLETON_POLICY_ENFORCE"}} if (
-        r.config.cluster.binary_authorization) else {}  # fmt: skip
+        settings.binary_authorization) else {}  # fmt: skip
+    if settings.authorized_networks:
+        enforced["masterAuthorizedNetworksConfig"] = {
+            "cidrBlocks": [{"cidrBlock": c, "displayName": c} for c in settings.authorized_networks]}
+    if settings.secrets_kms_key:
+        key = r.one("gcp:kms/cryptoKey:CryptoKey", "cluster-secrets")
+        enforced["databaseEncryption"] = {"state": "ENCRYPTED", "keyName": key.id}
     assert cluster.inputs == cluster_common(r) | enforced | {
         "enableAutopilot": True,
         # Nodes Autopilot creates run as the stack's node account, not the Compute Engine default one.
@@ -507,6 +516,27 @@ def test_both_jobs_run_the_pushed_image_by_digest(stack: str, rendered: Render) 
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_redis_comes_through_the_stacks_own_docker_hub_proxy_still_by_digest(stack: str, rendered: Render) -> None:
+    """Issue 36: Redis from the stack's own registry. An Artifact Registry remote repository of Docker Hub
+    (mode REMOTE_REPOSITORY, publicRepository DOCKER_HUB), which the nodes may read; the Redis pods name the
+    image through it with redisImage's digest, and wait for the read grant."""
+    r = rendered(stack)
+    hub = r.one("gcp:artifactregistry/repository:Repository", "image-docker-hub")
+    assert hub.inputs["mode"] == "REMOTE_REPOSITORY" and hub.inputs["format"] == "DOCKER"
+    assert hub.inputs["remoteRepositoryConfig"]["dockerRepository"] == {"publicRepository": "DOCKER_HUB"}
+    assert hub.inputs["repositoryId"] == f"spot-trainer-{stack}-hub"
+    grant = r.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember", "image-docker-hub-node-reader")
+    assert grant.inputs["member"] == r.one(ACCOUNT, "cluster-nodes").outputs["member"]
+    assert grant.inputs["role"] == "roles/artifactregistry.reader"
+    assert grant.property_dependencies["repository"] == [hub.urn]
+    (redis,) = r.of_type("kubernetes:apps/v1:Deployment")
+    name, digest = r.config.redis_image.split("@")
+    assert redis.inputs["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"us-central1-docker.pkg.dev/{render.FAKE_PROJECT_ID}/spot-trainer-{stack}-hub/library/{name}@{digest}")
+    assert grant.urn in redis.dependencies
+
+
+@pytest.mark.parametrize("stack", STACKS)
 def test_training_job_is_a_preemption_tolerant_work_queue(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     jobs = r.config.jobs
@@ -654,7 +684,8 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     services = r.of_type("gcp:projects/service:Service")
     # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
     apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas") + (
-        ("binaryauthorization",) if r.config.cluster.binary_authorization else ())  # fmt: skip
+        ("binaryauthorization",) if r.config.cluster.binary_authorization else ()) + (
+        ("cloudkms",) if r.config.cluster.secrets_kms_key == "stack" else ())  # fmt: skip
     # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
     assert {s.name: s.inputs for s in services} == {
         api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
@@ -676,6 +707,9 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     assert {c.token: c.provider for c in r.calls} == {
         "gcp:organizations/getClientConfig:getClientConfig": provider_ref,
         "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo": f"{billed.urn}::{billed.id}",
+        # secretsKmsKey "stack": the project number names GKE's service agent (infra/cluster.py).
+        **({"gcp:organizations/getProject:getProject": provider_ref} if (
+            r.config.cluster.secrets_kms_key == "stack") else {}),  # fmt: skip
     }
 
 
@@ -715,7 +749,7 @@ def test_stacks_can_share_a_project(rendered: Render) -> None:
 
     def names(r: Rendered) -> set[str]:
         return {
-            r.one("gcp:artifactregistry/repository:Repository").inputs["repositoryId"],
+            *(repo.inputs["repositoryId"] for repo in r.of_type("gcp:artifactregistry/repository:Repository")),
             r.one("gcp:serviceaccount/account:Account").inputs["accountId"],
         }
 
@@ -784,3 +818,18 @@ def test_the_quota_lookup_waits_for_the_project_apis(stack: str, rendered: Rende
     assert {s.urn for s in r.of_type("gcp:projects/service:Service")} <= set(training.property_dependencies["metadata"])
     unchecked = rendered(stack, checkGpuQuota=False).one(JOB, "training")
     assert not any(":projects/service:Service::" in urn for urn in unchecked.property_dependencies.get("metadata", []))
+
+
+@pytest.mark.parametrize(
+    ("image", "path"),
+    [
+        ("redis:7.4-alpine@sha256:" + "a" * 64, "library/redis:7.4-alpine@sha256:" + "a" * 64),
+        ("docker.io/redis@sha256:" + "a" * 64, "library/redis@sha256:" + "a" * 64),
+        ("docker.io/bitnami/redis@sha256:" + "a" * 64, "bitnami/redis@sha256:" + "a" * 64),
+        ("bitnami/redis@sha256:" + "a" * 64, "bitnami/redis@sha256:" + "a" * 64),
+        ("gcr.io/acme/redis@sha256:" + "a" * 64, None),  # another registry: used as given
+        ("localhost:5000/redis@sha256:" + "a" * 64, None),
+    ],
+)
+def test_a_docker_hub_image_is_found_by_its_path_in_the_proxy(image: str, path: str | None) -> None:
+    assert docker_hub_path(image) == path

@@ -17,7 +17,9 @@ from policy.rules import Resource
 NAMESPACE = "spot-trainer"
 PREP_NAMESPACE = "spot-trainer-share-prep"
 IMAGE = "us-central1-docker.pkg.dev/spot-trainer-test/spot-trainer-dev/trainer@sha256:" + "ab" * 32
-REDIS_IMAGE = "redis:7.4-alpine@sha256:858f009f9709ce576febc734aa78b8f6d624b82571f9ddb6bda4377c833b3499"
+# Redis through the stack's own Docker Hub proxy (an Artifact Registry remote repository), still by digest.
+REDIS_IMAGE = ("us-central1-docker.pkg.dev/spot-trainer-test/spot-trainer-dev-hub/library/redis:7.4-alpine"
+               "@sha256:858f009f9709ce576febc734aa78b8f6d624b82571f9ddb6bda4377c833b3499")
 COMPUTE_CLASS_NAME = "spot-trainer-gpu"
 # The mocks' stand-in for the RandomPassword: no real secret.
 MOCK_PASSWORD = "p" * 32

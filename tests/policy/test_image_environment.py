@@ -129,3 +129,38 @@ def test_the_images_pypi_packages_are_hash_locked_and_agree_with_requirements_tx
 def test_a_lock_entry_without_a_hash_is_caught() -> None:
     (version, hashes), = _pins("redis==8.1.0\n").values()
     assert version == "8.1.0" and hashes == []
+
+
+TORCH_INDEX = "https://download.pytorch.org/whl/"
+
+
+def unhashed_installs(text: str) -> list[str]:
+    """Each ``pip install`` of the Dockerfile's RUN instructions that is not hash-checked (``--require-hashes``),
+    except the one the lock cannot cover yet: torch alone, by version, from the PyTorch index
+    (download.pytorch.org was not reachable where the lock was written; docs/security.md, supply chain)."""
+    found = []
+    for line in _instructions(text):
+        keyword, _, rest = line.partition(" ")
+        if keyword.upper() != "RUN":
+            continue
+        for command in rest.replace(";", "&&").split("&&"):
+            words = shlex.split(command)
+            if words[:2] != ["pip", "install"] or "--require-hashes" in words:
+                continue
+            packages = [w for i, w in enumerate(words[2:], 2) if not w.startswith("-")
+                        and not words[i - 1].startswith("--index-url")]  # fmt: skip
+            torch_only = len(packages) == 1 and packages[0].startswith("torch==")
+            from_index = any(w.startswith(TORCH_INDEX) or w.startswith(f'"{TORCH_INDEX}') for w in words)
+            if not (torch_only and from_index):
+                found.append(" ".join(words))
+    return found
+
+
+def test_every_pip_install_of_the_image_checks_hashes_but_torchs() -> None:
+    assert unhashed_installs(DOCKERFILE.read_text()) == []
+    torch = 'RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" "torch==2.13.0"\n'
+    assert unhashed_installs(torch) == []
+    assert unhashed_installs("RUN pip install --no-cache-dir -r /app/requirements.txt\n") != []
+    assert unhashed_installs(torch.replace('"torch==2.13.0"', '"torch==2.13.0" numpy')) != []  # rides along
+    assert unhashed_installs('RUN pip install "torch==2.13.0"\n') != []  # torch from PyPI, by version only
+    assert unhashed_installs("RUN true && pip install requests\n") == ["pip install requests"]

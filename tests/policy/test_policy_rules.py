@@ -491,6 +491,8 @@ WORKER_SA = "st-dev-worker@p.iam.gserviceaccount.com"
 NODES_SA = "st-dev-nodes@p.iam.gserviceaccount.com"
 DATA_FACTS = StackFacts(stack="dev", dataset_uri="gs://acme-fraud/exports", output_uri="gs://acme-results/out")
 OUT_PREFIX = 'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
+EXPORTS_READ = ('resource.name.startsWith("projects/_/buckets/acme-fraud/objects/exports/") || '
+                'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("exports/")')
 
 
 def ksa(email: str, name: str) -> Resource:
@@ -515,7 +517,7 @@ IDENTITIES = [ksa(LOADER_SA, "spot-trainer-loader"), ksa(WORKER_SA, "spot-traine
 def test_workload_roles_on_the_configured_buckets_pass() -> None:
     resources = [
         *IDENTITIES,
-        bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer"),
+        bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer", EXPORTS_READ),
         # The provider reports a created grant's bucket as "b/<name>".
         bucket_grant(WORKER_SA, "b/acme-results", "roles/storage.objectUser", OUT_PREFIX),
         bucket_grant(WORKER_SA, "acme-results", "roles/storage.objectCreator", OUT_PREFIX, name="g2"),
@@ -590,7 +592,7 @@ def test_only_a_kubernetes_service_account_member_makes_an_account_a_workloads()
 def test_every_grant_is_judged_after_an_allowed_one() -> None:
     """The dataset read first, then a write grant naming both workloads without the prefix limit: each
     workload's write access is reported."""
-    read = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer", name="read")
+    read = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer", EXPORTS_READ, name="read")
     members = [f"serviceAccount:{LOADER_SA}", f"serviceAccount:{WORKER_SA}"]
     write = res(rules.BUCKET_IAM[1], {"bucket": "acme-results", "role": "roles/storage.objectUser", "members": members})
     limit = 'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
@@ -605,6 +607,20 @@ def test_without_data_settings_a_workload_may_hold_no_bucket_role() -> None:
     grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer")
     ((_, message),) = rules.workload_storage_scope([*IDENTITIES, grant], DEV)
     assert message.endswith("workloads hold no bucket roles unless datasetUri or outputUri is set")
+
+
+def test_a_dataset_read_beyond_its_prefix_is_refused() -> None:
+    """datasetUri gs://acme-fraud/exports: the loader reads and lists under exports/ only; a read of the whole
+    bucket, or a condition that forgets the listing or another prefix, is refused. gs://acme-fraud alone: the
+    whole bucket is what was declared."""
+    for expression in (None, 'resource.name.startsWith("projects/_/buckets/acme-fraud/objects/exports/")',
+                       EXPORTS_READ.replace("exports/", "")):  # fmt: skip
+        grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer", expression)
+        ((urn, message),) = rules.workload_storage_scope([*IDENTITIES, grant], DATA_FACTS)
+        assert urn == grant.urn and f"read access must be limited to {EXPORTS_READ}" in message
+    whole = StackFacts(stack="dev", dataset_uri="gs://acme-fraud", output_uri="gs://acme-results/out")
+    grant = bucket_grant(LOADER_SA, "acme-fraud", "roles/storage.objectViewer")
+    assert rules.workload_storage_scope([*IDENTITIES, grant], whole) == []
 
 
 def test_a_whole_bucket_write_grant_is_refused_when_the_output_uri_has_no_prefix() -> None:
@@ -763,8 +779,11 @@ HARDENED_SHARE = {"tier": "ZONAL", "kmsKeyName": "projects/p/locations/l/keyRing
 )  # fmt: skip
 def test_prod_refuses_an_unattested_image_or_unencrypted_data(type_: str, change: Any, says: str) -> None:
     props = copy.deepcopy(HARDENED_CLUSTER if type_ == rules.CLUSTER else HARDENED_SHARE)
-    assert rules.prod_admission_and_encryption(type_, props, PROD) == []
+    check = rules.prod_admission_and_encryption if type_ == rules.CLUSTER else rules.prod_card_data_at_rest
+    assert check(type_, props, PROD) == []
     change(props)
-    (message,) = rules.prod_admission_and_encryption(type_, props, PROD)
+    (message,) = check(type_, props, PROD)
     assert says in message and "stack 'prod'" in message
-    assert rules.prod_admission_and_encryption(type_, props, DEV) == []  # a cost dev does not pay
+    assert check(type_, props, DEV) == []  # a cost dev does not pay
+    other = rules.prod_card_data_at_rest if type_ == rules.CLUSTER else rules.prod_admission_and_encryption
+    assert other(type_, props, PROD) == []  # each rule judges its own resource

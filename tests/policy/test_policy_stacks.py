@@ -385,7 +385,9 @@ def test_make_render_shows_the_service_accounts_and_their_roles(
     assert offline.main(args) == 0
     out = capsys.readouterr().out
     loader = "spot-trainer-dev-loader@spot-trainer-test.iam.gserviceaccount.com"
-    assert f"serviceAccount:{loader}: roles/storage.objectViewer on bucket acme-fraud\n" in out
+    assert (f"serviceAccount:{loader}: roles/storage.objectViewer on bucket acme-fraud if "
+            'resource.name.startsWith("projects/_/buckets/acme-fraud/objects/exports/") || api.getAttribute('
+            '"storage.googleapis.com/objectListPrefix", "").startsWith("exports/")\n') in out
     assert (
         "roles/storage.objectUser on bucket acme-results if "
         'resource.name.startsWith("projects/_/buckets/acme-results/objects/out/")'
@@ -521,4 +523,14 @@ def test_the_hardening_rules_refuse_what_rendered_stacks_do_without_the_infra_se
     stripped = mutated(Rendered(prod.stack, prod.config, stripped), rules.FILESTORE, "share", lambda p: (
         p.pop("kmsKeyName", None), p["fileShares"].pop("nfsExportOptions", None)))
     found = _hardening(stripped, prod, "prod-admission-and-encryption")
-    assert {v.resource.split()[0] for v in found} == {rules.CLUSTER, rules.FILESTORE} and len(found) == 4
+    assert {v.resource.split()[0] for v in found} == {rules.CLUSTER} and len(found) == 2
+    found = _hardening(stripped, prod, "prod-card-data-at-rest")
+    assert {v.resource.split()[0] for v in found} == {rules.FILESTORE} and len(found) == 2
+
+
+@pytest.mark.parametrize("rule", ["prod-control-plane-not-public", "prod-admission-and-encryption"])
+def test_prod_complies_with_its_mandatory_hardening_rules(rule: str, rendered: Callable[[str], Rendered]) -> None:
+    """stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization and a key of the stack's own for the
+    Secrets: both rules are mandatory, prod passes them as rendered, and dev is not held to them."""
+    assert rule not in rules.AWAITING_INFRA and rules.level(rule) == rules.MANDATORY
+    assert _hardening([*rendered("prod").resources], rendered("prod"), rule) == []
