@@ -1,0 +1,98 @@
+"""A packed worker (`WorkerConfig.pack_runs`, runtime/packing.py) driven in the pytest process against a real Redis
+and a real share (inprocess.py): a sweep trained packed ends where the same sweep trained one item at a time ends
+(within `packed.SOLO_TOLERANCE`, per run's final weights); a run with bad hyperparameters is dead-lettered alone;
+a run whose lease another worker took stops alone and writes nothing, while the rest of its pack trains on."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from harness import poll_claim
+from inprocess import DAYS, Share, share_env
+
+from workload.core.errors import EXIT_DEAD_LETTERS, EXIT_DONE
+from workload.model import packed
+from workload.runtime.steps import Outcome
+from workload.runtime.worker import Worker
+from workload.share.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.timeout(120)
+
+BASE = {"epochs": 4, "batch_size": 16, "hidden": [8]}
+# A sweep: seeds, learning rates, weight decays; one run with more epochs a day (it trains on alone at the end).
+SWEEP = {"a": {**BASE, "seed": 1}, "b": {**BASE, "seed": 2, "lr": 5e-3},
+         "c": {**BASE, "seed": 3, "weight_decay": 1e-3, "epochs": 6}}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Share]:
+    yield from share_env(tmp_path)
+
+
+def sweep(env: Share, pack: int, runs: dict[str, dict] = SWEEP) -> dict[str, dict]:
+    queue = env.seed(runs)
+    assert Worker(env.config(pack_runs=pack), queue).run() == EXIT_DONE
+    return {run: env.state(run) for run in runs}
+
+
+def test_a_packed_workers_sweep_ends_where_the_sweep_trained_one_item_at_a_time_ends(
+        env: Share, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="workload.runtime.worker"):
+        together = sweep(env, pack=3)
+    assert sum("packed (token" in r.getMessage() for r in caplog.records) == 3 * len(DAYS)  # every item packed
+    (tmp_path / "solo").mkdir()
+    for solo_env in share_env(tmp_path / "solo"):
+        alone = sweep(solo_env, pack=1)
+    for run in SWEEP:
+        a, b = alone[run], together[run]
+        assert (b["applied"], b["steps"], b["progress"]) == (a["applied"], a["steps"], None) and a["applied"] == DAYS
+        for part in ("model", "averaged"):
+            for k in a[part]:
+                torch.testing.assert_close(b[part][k], a[part][k], **packed.SOLO_TOLERANCE, msg=f"{run} {part} {k}")
+        assert [h["shard"] for h in b["history"]] == DAYS
+    assert not torch.equal(together["a"]["model"]["net.0.weight"], together["b"]["model"]["net.0.weight"])
+
+
+def test_a_packed_run_with_bad_hyperparameters_is_dead_lettered_alone(env: Share) -> None:
+    queue = env.seed(SWEEP)
+    record = env.share / "runs" / "b.json"
+    spec = json.loads(record.read_text())
+    record.write_text(json.dumps({**spec, "hparams": {**spec["hparams"], "lr": 5.0}}))  # edited on the share
+    assert Worker(env.config(pack_runs=3), queue).run() == EXIT_DEAD_LETTERS
+    runs = queue.snapshot()["runs"]
+    assert sorted(runs["b"]["dead"]) == [f"b/{d}" for d in DAYS]
+    assert all("lr=5.0 is not allowed" in d["error"] for d in runs["b"]["dead"].values())
+    assert [runs[r]["done"] for r in ("a", "c")] == [3, 3] and not runs["a"]["dead"] and not runs["c"]["dead"]
+    assert env.state("a")["applied"] == env.state("c")["applied"] == DAYS
+    assert CheckpointStore(env.share / "output" / "b").load() is None
+
+
+def test_a_packed_run_whose_lease_another_worker_took_stops_alone_and_writes_nothing(
+        env: Share, caplog: pytest.LogCaptureFixture) -> None:
+    """Run b's lease lapses right after the packed claim and a peer takes it: b stops at its next step (its
+    heartbeat says the lease is lost), nothing of it is promoted, reported or acked; a and c train the day on."""
+    runs = {r: {**hp, "epochs": 40} for r, hp in SWEEP.items()}  # 200+ steps: b's heartbeat notices mid-day
+    queue = env.seed(runs)
+    worker = Worker(env.config(pack_runs=3, heartbeat_s=0.05), queue)
+    first = queue.claim("w1", 10)
+    assert first and first.item.run == "a"
+    more = queue.claim_also(first, 10, 2)
+    assert [m.item.run for m in more] == ["b", "c"]
+    assert queue.heartbeat(more[0], ttl_s=0.001)  # b's lease lapses ...
+    taken = poll_claim(queue, "peer", 30)  # ... and another worker takes it
+    assert taken.item.id == more[0].item.id
+    with caplog.at_level(logging.WARNING):
+        assert worker.process_pack([first, *more]) is Outcome.LOST
+    assert any(r.getMessage().startswith("b/training/2018-04-01.parquet stops, the other runs of its pack train on")
+               for r in caplog.records)
+    snap = queue.snapshot()["runs"]
+    assert (snap["a"]["done"], snap["b"]["done"], snap["c"]["done"]) == (1, 0, 1)
+    assert snap["b"]["lease"]["owner"] == "peer"
+    assert env.state("a")["applied"] == env.state("c")["applied"] == DAYS[:1]
+    assert CheckpointStore(env.share / "output" / "b").load() is None
+    assert not (env.share / "output" / "b" / "report.txt").exists()
