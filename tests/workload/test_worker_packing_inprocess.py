@@ -23,10 +23,10 @@ from workload.share.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.timeout(120)
 
-BASE = {"epochs": 4, "batch_size": 16, "hidden": [8]}
+BASE = {"epochs": 2, "batch_size": 32, "hidden": [8]}
 # A sweep: seeds, learning rates, weight decays; one run with more epochs a day (it trains on alone at the end).
 SWEEP = {"a": {**BASE, "seed": 1}, "b": {**BASE, "seed": 2, "lr": 5e-3},
-         "c": {**BASE, "seed": 3, "weight_decay": 1e-3, "epochs": 6}}
+         "c": {**BASE, "seed": 3, "weight_decay": 1e-3, "epochs": 3}}
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_packed_run_whose_lease_another_worker_took_stops_alone_and_writes_not
         env: Share, caplog: pytest.LogCaptureFixture) -> None:
     """Run b's lease lapses right after the packed claim and a peer takes it: b stops at its next step (its
     heartbeat says the lease is lost), nothing of it is promoted, reported or acked; a and c train the day on."""
-    runs = {r: {**hp, "epochs": 40} for r, hp in SWEEP.items()}  # 200+ steps: b's heartbeat notices mid-day
+    runs = {r: {**hp, "epochs": 12} for r, hp in SWEEP.items()}  # 36 steps (~50 ms each): b notices mid-day
     queue = env.seed(runs)
     worker = Worker(env.config(pack_runs=3, heartbeat_s=0.05), queue)
     first = queue.claim("w1", 10)
