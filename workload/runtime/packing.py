@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workload.model import packed
-from workload.model.trainer import _shard_seed
+from workload.model.trainer import shard_seed
 from workload.queue.workqueue import Lease
 from workload.runtime.heartbeat import LeaseLost
 from workload.runtime.steps import Attempt, Outcome, PeriodicCheckpoints, Ready
@@ -90,7 +90,7 @@ def train_group(group: list[Member]) -> None:
     for m in group:
         m.ready.run.begin_day(m.day, m.ready.examples, m.ready.window, f"{m.attempt.item.id} (packed, {len(group)})")
     window = group[0].ready.window
-    pack = packed.Pack([m.ready.run.trainer for m in group], _shard_seed)
+    pack = packed.Pack([m.ready.run.trainer for m in group], shard_seed)
     checkpoints = [PeriodicCheckpoints(m.attempt, m.ready.run, sync=lambda r=r: pack.trainer(r))
                    for r, m in enumerate(group)]
 
