@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,3 +98,28 @@ def test_a_packed_run_whose_lease_another_worker_took_stops_alone_and_writes_not
     assert env.state("a")["applied"] == env.state("c")["applied"] == DAYS[:1]
     assert CheckpointStore(env.share / "output" / "b").load() is None
     assert not (env.share / "output" / "b" / "report.txt").exists()
+
+
+def test_sigterm_stops_every_packed_run_at_one_step_each_with_its_own_final_checkpoint_released_at_no_cost(
+        env: Share) -> None:
+    runs = {r: {**hp, "epochs": 12} for r, hp in SWEEP.items()}
+    queue = env.seed(runs)
+    worker = Worker(env.config(pack_runs=3, checkpoint_interval_s=0.2), queue)
+    first = queue.claim("w1", 10)
+    assert first
+    leases = [first, *queue.claim_also(first, 10, 2)]
+
+    def stop_once_training_checkpointed() -> None:  # SIGTERM's flag, set mid-day
+        while CheckpointStore(env.share / "output" / "a").load() is None:
+            time.sleep(0.01)
+        worker.stop.set()
+
+    threading.Thread(target=stop_once_training_checkpointed, daemon=True).start()
+    assert worker.process_pack(leases) is Outcome.RELEASED
+    progress = [env.state(run)["progress"] for run in runs]
+    assert all(p and p["shard"] == DAYS[0] for p in progress), progress
+    steps = [p["epoch"] * 3 + p["batch"] for p in progress]  # 3 batches an epoch (80 rows, 32 a batch)
+    assert max(steps) - min(steps) <= 1  # each stopped at its next step after the flag (set between two runs' steps)
+    snap = queue.snapshot()["runs"]
+    assert all(snap[r]["pending"][0] == f"{r}/{DAYS[0]}" and snap[r]["attempts"] == {} and snap[r]["lease"] is None
+               for r in runs)
