@@ -87,6 +87,28 @@ def train_group(group: list[Member]) -> None:
     if len(group) == 1:
         train_alone(group[0])
         return
+    try:
+        finished, train_s = train_together(group)
+    except Exception as exc:  # noqa: BLE001 - the pack's own failure (making it, training it) is every member's
+        for m in group:
+            m.error = m.error or exc
+        return
+    for m, done in zip(group, finished, strict=True):
+        if m.error is not None:
+            continue
+        if not done:  # stopped by SIGTERM, its final checkpoint written: a peer resumes it
+            m.outcome = m.attempt.release_for_peer()
+            continue
+        try:
+            m.outcome = m.attempt.finish(m.ready, train_s)
+        except Exception as exc:  # noqa: BLE001 - classified by the worker, for this run alone
+            m.error = exc
+
+
+def train_together(group: list[Member]) -> tuple[list[bool], float]:
+    """Step 7 for the group as one `packed.Pack`, each run with its own mid-day checkpoints (its slice of the
+    stacked state written back first); whatever stops one run is kept as its `error`. Per run whether it
+    finished the day, and the seconds the pack trained."""
     for m in group:
         m.ready.run.begin_day(m.day, m.ready.examples, m.ready.window, f"{m.attempt.item.id} (packed, {len(group)})")
     window = group[0].ready.window
@@ -104,23 +126,8 @@ def train_group(group: list[Member]) -> None:
             return False
 
     started = time.monotonic()
-    try:
-        finished = pack.train_shard(window.x, window.y, after_step)
-    except Exception as exc:  # noqa: BLE001 - the pack's own failure is every member's
-        for m in group:
-            m.error = m.error or exc
-        return
-    train_s = time.monotonic() - started
-    for m, done in zip(group, finished, strict=True):
-        if m.error is not None:
-            continue
-        if not done:  # stopped by SIGTERM, its final checkpoint written: a peer resumes it
-            m.outcome = m.attempt.release_for_peer()
-            continue
-        try:
-            m.outcome = m.attempt.finish(m.ready, train_s)
-        except Exception as exc:  # noqa: BLE001 - classified by the worker, for this run alone
-            m.error = exc
+    finished = pack.train_shard(window.x, window.y, after_step)
+    return finished, time.monotonic() - started
 
 
 def train_alone(m: Member) -> None:
