@@ -29,6 +29,7 @@ BASE = {"epochs": 2, "batch_size": 32, "hidden": [8]}
 # A sweep: seeds, learning rates, weight decays; one run with more epochs a day (it trains on alone at the end).
 SWEEP = {"a": {**BASE, "seed": 1}, "b": {**BASE, "seed": 2, "lr": 5e-3},
          "c": {**BASE, "seed": 3, "weight_decay": 1e-3, "epochs": 3}}
+WIDER = {"d": {**BASE, "seed": 4, "hidden": [16]}}  # other widths: leased with the sweep, trains alone
 
 
 @pytest.fixture
@@ -45,11 +46,13 @@ def sweep(env: Share, pack: int, runs: dict[str, dict] = SWEEP) -> dict[str, dic
 def test_a_packed_workers_sweep_ends_where_the_sweep_trained_one_item_at_a_time_ends(
         env: Share, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="workload.runtime.worker"):
-        together = sweep(env, pack=3)
-    assert sum("packed (token" in r.getMessage() for r in caplog.records) == 3 * len(DAYS)  # every item packed
+        together = sweep(env, pack=4, runs={**SWEEP, **WIDER})
+    assert sum("packed (token" in r.getMessage() for r in caplog.records) == 4 * len(DAYS)  # every item leased so
     (tmp_path / "solo").mkdir()
     for solo_env in share_env(tmp_path / "solo"):
-        alone = sweep(solo_env, pack=1)
+        alone = sweep(solo_env, pack=1, runs={**SWEEP, **WIDER})
+    for part in ("model", "averaged"):  # the run that packs with none trains alone, as today: bit for bit
+        assert all(torch.equal(together["d"][part][k], v) for k, v in alone["d"][part].items())
     for run in SWEEP:
         a, b = alone[run], together[run]
         assert (b["applied"], b["steps"], b["progress"]) == (a["applied"], a["steps"], None) and a["applied"] == DAYS
