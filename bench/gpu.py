@@ -174,6 +174,26 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
         with log.phase(f"{dev}: packed sweep of {runs} runs"):
             samples, seconds = loops.packed_loop(x, y, HP, runs, device, size.budget_s)
             log.add(Figure(f"packed-{runs}", dev, runs, rows, samples, seconds), info)
+        with log.phase(f"{dev}: worker, packed sweep of {runs} runs"):
+            log.add(packed_worker(share, runs, rows, device, size, work, server), info)
+
+
+def packed_worker(share: Path, runs: int, rows: int, device: torch.device, size: Size, work: Path,
+                  server: RedisServer | None) -> Figure:
+    """The worker's packed path (`--pack runs`): one worker leases the sweep's runs of the day together, claim to
+    ack (or to the stop after the budget), on a share of its own that links the day's dataset."""
+    dev, path = device.type, f"worker-packed-{runs}"
+    if server is None:
+        return Figure(path, dev, runs, rows, 0, 0.0, "skipped: no Redis server could start")
+    from bench import inprocess  # the worker needs the redis client: imported only where one runs
+
+    own = work / f"share-{rows}-pack{runs}-{dev}"
+    own.mkdir()
+    (own / "datasets").symlink_to((share / "datasets").resolve())
+    sweep = {f"pack{runs}-{i}": h for i, h in enumerate(loops.sweep_hparams(HP, runs))}
+    samples, seconds = inprocess.run_sweep(server, own, f"gpu-{dev}-pack{runs}", sweep, device, rows, size.budget_s,
+                                           checkpoint_interval_s=10.0, lease_ttl_s=30.0)
+    return Figure(path, dev, runs, rows, samples, seconds)
 
 
 def model_samples(hp: HParams = HP) -> int:
@@ -204,7 +224,8 @@ def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: flo
                "(CUDA and the same run's CPU figures); `bash bench/gpu_visit.sh` runs it after the CUDA tests, in "
                "one visit.")
     out += ["", "| path | on the GPU | on the CPU (1 torch thread) |", "|---|---|---|"]
-    paths = [*PATHS, *((f"packed-{r}", f"packed sweep of {r} runs (aggregate)") for r in packs)]
+    paths = [*PATHS, *((f"packed-{r}", f"packed sweep of {r} runs (aggregate)") for r in packs),
+             *((f"worker-packed-{r}", f"worker, packed sweep of {r} runs (`--pack {r}`, aggregate)") for r in packs)]
     out += [f"| {label} | {figure_cell(figs, p, 'cuda')} | {figure_cell(figs, p, 'cpu')} |" for p, label in paths]
     worker, step = figs.get(("worker", "cuda")), figs.get(("step", "cuda"))
     ratio = (f"{worker.per_s / step.per_s:.2f}" if worker and step and worker.samples and step.samples
@@ -216,7 +237,10 @@ def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: flo
             "does not depend on the batch), on CPU the whole day; the product's step alone and the packed sweeps "
             "stop at the first step after the budget (`--budget-s`, 20 s) and count the rows they trained, the "
             "day's move to the device and the graph's capture included; the worker trains the whole day, claim to "
-            "ack. Packed runs differ in seed, learning rate and weight decay (`bench.loops.sweep_hparams`). CPU "
+            "ack; the worker's packed sweep (`--pack R`) leases the R runs' day together and trains it claim to ack, "
+            "or, past the budget, stops as SIGTERM stops it (each run's final checkpoint) and counts what each run's "
+            "checkpoint records. Packed runs differ in seed, learning rate and weight decay "
+            "(`bench.loops.sweep_hparams`). CPU "
             "figures use one torch thread, on a smaller day (`--cpu-rows`).", ""]
     out += cost_table(figs, packs)
     return "\n".join(out) + "\n" + END

@@ -9,6 +9,8 @@ counts as checkpointing, not training.
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -157,3 +159,34 @@ def run_items(server: RedisServer, share: Path, prefix: str, run: str, hp: HPara
     if code != 0 or len(queue.items) != len(items):
         raise RuntimeError(f"in-process worker exited {code} after {len(queue.items)}/{len(items)} items")
     return queue.items
+
+
+def run_sweep(server: RedisServer, share: Path, prefix: str, runs: dict[str, HParams], device: torch.device,
+              rows: int, budget_s: float = math.inf, dataset: str = "fraud", **config: Any) -> tuple[int, float]:
+    """(samples over all runs, seconds): the worker's packed path (`pack_runs` = the number of runs), claim to ack,
+    training `runs` (seeded as `seed` does) on `dataset`'s one `rows`-row day as one stacked model; stopped as
+    SIGTERM stops it (each run's final checkpoint, released) at the first step after `budget_s`. Samples are
+    what each run's newest checkpoint records as trained."""
+    queue = WorkQueue(connect(server.url, server.password), prefix)
+    seed(queue, share, dataset, runs)
+    cfg = WorkerConfig(share=share, redis_url=server.url, redis_password=server.password, prefix=prefix,
+                       worker_id=f"bench-{prefix}", pack_runs=len(runs), **config)
+    worker = Worker(cfg, queue)
+    timer = threading.Timer(budget_s, worker.stop.set) if math.isfinite(budget_s) else None
+    with instrumented(PhaseClock(), device):
+        started = time.perf_counter()
+        if timer:
+            timer.start()
+        code = worker.run()
+        seconds = time.perf_counter() - started
+    if timer:
+        timer.cancel()
+    if code not in (0, 143):
+        raise RuntimeError(f"in-process packed worker exited {code}")
+    samples = 0
+    for run, hp in runs.items():
+        found = CheckpointStore(share / "output" / run).load()
+        steps = int(found.state["steps"]) if found else 0
+        epochs, batch = divmod(steps, math.ceil(rows / hp.batch_size))
+        samples += epochs * rows + min(batch * hp.batch_size, rows)
+    return samples, seconds

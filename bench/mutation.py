@@ -108,7 +108,7 @@ GROUPS: tuple[Group, ...] = (
         "queue",
         ("workload/queue/workqueue.py",),
         ("tests/workload/test_queue.py", "tests/workload/test_queue_items.py", "tests/workload/test_queue_repair.py",
-         "tests/workload/test_queue_lost_reply.py"),
+         "tests/workload/test_queue_lost_reply.py", "tests/workload/test_queue_packing.py"),
         jobs_per_core=3,  # leases expire in real time: 10.6 s of tests use 5.4 s of CPU, most of it imports
         cpu_minutes=6.0,
     ),
@@ -126,9 +126,9 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "worker",
         ("workload/runtime/worker.py", "workload/runtime/steps.py", "workload/runtime/heartbeat.py",
-         "workload/runtime/config.py"),
+         "workload/runtime/config.py", "workload/runtime/packing.py"),
         ("tests/workload/test_worker_inprocess.py", "tests/workload/test_worker_leases_inprocess.py",
-         "tests/workload/test_worker_restore_inprocess.py"),
+         "tests/workload/test_worker_restore_inprocess.py", "tests/workload/test_worker_packing_inprocess.py"),
         do_not_mutate_patterns=(r"^\s*faults\.point\(",),
         jobs_per_core=2,
         cpu_minutes=29.0,

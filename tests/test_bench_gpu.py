@@ -36,21 +36,24 @@ def mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_phase_runs_and_logs_its_elapsed_time_to_the_file(mini: Path) -> None:
     log = (mini / "gpu-bench.log").read_text()
     for phase in ("data: simulate", "cpu: eager bare loop", "cpu: the product's step alone",
-                  "cpu: worker, claim to ack", "cpu: packed sweep of 2 runs", "cpu: packed sweep of 3 runs"):
+                  "cpu: worker, claim to ack", "cpu: packed sweep of 2 runs", "cpu: packed sweep of 3 runs",
+                  "cpu: worker, packed sweep of 2 runs", "cpu: worker, packed sweep of 3 runs"):
         assert f"{phase}" in log and any(line.split("] ", 1)[1].startswith(phase) and line.endswith("s")
                                          and ": started" not in line for line in log.splitlines()), phase
     figures = json.loads((mini / "gpu.json").read_text())["figures"]
     assert [(f["path"], f["device"]) for f in figures] == [
-        (p, "cpu") for p in ("eager", "step", "worker", "packed-2", "packed-3")]
+        (p, "cpu") for p in ("eager", "step", "worker", "packed-2", "worker-packed-2", "packed-3", "worker-packed-3")]
     assert all(f["samples"] > 0 and f["seconds"] > 0 for f in figures), figures
     assert [f["samples"] for f in figures if f["path"].startswith("packed")] == [2 * 4 * 600, 3 * 4 * 600]
+    # the worker's packed path trains each run's whole day within the budget here
+    assert [f["samples"] for f in figures if f["path"].startswith("worker-packed")] == [2 * 4 * 600, 3 * 4 * 600]
 
 
 def test_the_section_names_what_was_not_measured_and_estimates_nothing(mini: Path) -> None:
     text = (mini / "gpu.md").read_text()
     assert text.startswith(gpu.BEGIN) and text.rstrip().endswith(gpu.END)
     rows = [line for line in text.splitlines() if line.startswith("| ") and "samples/s (600 rows" in line]
-    assert len(rows) == 5
+    assert len(rows) == 7
     if not torch.cuda.is_available():
         assert all(f"| {gpu.NOT_MEASURED} |" in r for r in rows)
         assert "GPU worker / its own bare loop (the product's step alone): not yet measured on a GPU" in text

@@ -309,7 +309,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
             max_attempts=args.max_attempts, redis_retry_s=env_seconds("REDIS_RETRY_SECONDS", 300),
             plot_interval_s=env_seconds("PLOT_INTERVAL_SECONDS", 30),
             infra_give_up_s=env_seconds("INFRA_GIVE_UP_SECONDS", 300),
-            stall_s=env_seconds("STALL_SECONDS", 300),
+            stall_s=env_seconds("STALL_SECONDS", 300), pack_runs=args.pack,
             term_grace_s=env_seconds("TERM_GRACE_SECONDS", preemption.STOP_WITHIN_S))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -592,6 +592,10 @@ def add_worker(sub: Any) -> None:
                    default=FromEnv("CHECKPOINT_INTERVAL_SECONDS", "10"),
                    help="seconds of training between mid-shard checkpoints (env CHECKPOINT_INTERVAL_SECONDS; "
                         "default 10)")
+    w.add_argument("--pack", type=positive(int, "--pack"), default=FromEnv("PACK_RUNS", "1"),
+                   help="runs of one day of one dataset (a sweep) leased together and trained as one stacked "
+                        "model, each with its own lease, checkpoints, report and ack; 1 trains one item at a time "
+                        "(env PACK_RUNS; default 1; a GPU default is not yet measured)")
     w.add_argument("--threads", type=positive(int, "--threads"), default=FromEnv("TORCH_THREADS"),
                    help="torch CPU threads (env TORCH_THREADS; default: torch's choice)")
     w.set_defaults(fn=worker)

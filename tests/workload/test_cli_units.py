@@ -57,7 +57,7 @@ ENV = ("SHARE_DIR", "REDIS_URL", "REDIS_PASSWORD", "QUEUE_PREFIX", "MAX_ATTEMPTS
        "DATASET", "DATASET_PRESET", "DATASET_COLUMNS", "DATASET_DATETIME_FORMAT", "DATASET_TIMEZONE", "WORKER_ID",
        "LEASE_TTL_SECONDS",
        "CHECKPOINT_INTERVAL_SECONDS", "TORCH_THREADS", "OUTPUT_URI", "REDIS_RETRY_SECONDS", "PLOT_INTERVAL_SECONDS",
-       "INFRA_GIVE_UP_SECONDS", "STALL_SECONDS", "TERM_GRACE_SECONDS", "LOG_LEVEL")
+       "INFRA_GIVE_UP_SECONDS", "STALL_SECONDS", "TERM_GRACE_SECONDS", "LOG_LEVEL", "PACK_RUNS")
 SECONDS = {"REDIS_RETRY_SECONDS": "redis_retry_s", "PLOT_INTERVAL_SECONDS": "plot_interval_s",
            "INFRA_GIVE_UP_SECONDS": "infra_give_up_s", "STALL_SECONDS": "stall_s",
            "TERM_GRACE_SECONDS": "term_grace_s"}
@@ -144,6 +144,7 @@ def test_worker_config_defaults() -> None:
     assert (cfg.lease_ttl_s, cfg.checkpoint_interval_s, cfg.max_attempts) == (30.0, 10.0, 5)
     assert (cfg.redis_retry_s, cfg.plot_interval_s, cfg.infra_give_up_s, cfg.stall_s) == (300, 30, 300, 300)
     assert cfg.term_grace_s == preemption.STOP_WITHIN_S == 13
+    assert cfg.pack_runs == 1  # one item at a time: today's path
     assert parse("worker").threads is None
 
 
@@ -152,22 +153,23 @@ def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> 
               "MAX_ATTEMPTS": "9", "WORKER_ID": "pod-1", "LEASE_TTL_SECONDS": "12.5",
               "CHECKPOINT_INTERVAL_SECONDS": "4", "TORCH_THREADS": "3", "REDIS_RETRY_SECONDS": "11",
               "PLOT_INTERVAL_SECONDS": "12", "INFRA_GIVE_UP_SECONDS": "13", "STALL_SECONDS": "14",
-              "TERM_GRACE_SECONDS": "8"}
+              "TERM_GRACE_SECONDS": "8", "PACK_RUNS": "4"}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     args = parse("worker")
     cfg = cli.worker_config(args)
     assert cfg.share == Path("/data/share") and cfg.redis_url == "redis://r:1/2" and cfg.redis_password == "pw"
     assert (cfg.prefix, cfg.worker_id, cfg.max_attempts) == ("q", "pod-1", 9)
-    assert (cfg.lease_ttl_s, cfg.checkpoint_interval_s, args.threads) == (12.5, 4.0, 3)
+    assert (cfg.lease_ttl_s, cfg.checkpoint_interval_s, args.threads, cfg.pack_runs) == (12.5, 4.0, 3, 4)
     assert {var: getattr(cfg, field) for var, field in SECONDS.items()} == {
         "REDIS_RETRY_SECONDS": 11, "PLOT_INTERVAL_SECONDS": 12, "INFRA_GIVE_UP_SECONDS": 13, "STALL_SECONDS": 14,
         "TERM_GRACE_SECONDS": 8}
     flags = cli.worker_config(parse("worker", "--share", "/s", "--redis-url", "redis://x:3/0", "--queue-prefix", "p",
                                     "--max-attempts", "2", "--worker-id", "me", "--lease-ttl", "6",
-                                    "--checkpoint-interval", "1.5"))
+                                    "--checkpoint-interval", "1.5", "--pack", "2"))
     assert (flags.share, flags.redis_url, flags.prefix, flags.max_attempts, flags.worker_id, flags.lease_ttl_s,
-            flags.checkpoint_interval_s) == (Path("/s"), "redis://x:3/0", "p", 2, "me", 6.0, 1.5), "flags win"
+            flags.checkpoint_interval_s, flags.pack_runs) == (Path("/s"), "redis://x:3/0", "p", 2, "me", 6.0, 1.5,
+                                                              2), "flags win"
 
 
 @pytest.mark.parametrize("name", sorted(SECONDS))
@@ -196,6 +198,11 @@ def test_the_worker_refuses_bad_flags_and_variables(monkeypatch: pytest.MonkeyPa
     assert code == 2 and "--checkpoint-interval must be > 0, got '0'" in err
     code, _, err = run("worker", "--lease-ttl", "nan")
     assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got 'nan'" in err
+    code, _, err = run("worker", "--pack", "0")
+    assert code == 2 and "argument --pack: --pack must be > 0, got '0'" in err
+    monkeypatch.setenv("PACK_RUNS", "two")
+    code, _, err = run("worker")
+    assert code == 2 and "env PACK_RUNS must be an integer, got 'two'" in err
 
 
 @pytest.mark.parametrize(("name", "text", "flag", "rule"), [

@@ -378,6 +378,14 @@ class Lineage:
                   after_step: Callable[[], bool], label: str) -> float | None:
         """Train `day` from where the lineage stands on its `window`; seconds it took, or None when
         `after_step` stopped it."""
+        self.begin_day(day, examples, window, label)
+        started = time.monotonic()
+        if not self.trainer.train_shard(window.x, window.y, after_step):
+            return None
+        return time.monotonic() - started
+
+    def begin_day(self, day: str, examples: Examples, window: Examples, label: str) -> None:
+        """Where the day starts (said in the log): its own rows folded into the statistics once, or resumed."""
         t = self.trainer
         resumed = t.progress
         log.info("%s: training on %d rows (%d of the day's), %s", label, len(window.y), len(examples.y),
@@ -385,10 +393,6 @@ class Lineage:
                  if resumed and resumed["shard"] == day else
                  f"warm start after {len(t.applied)} shard(s)" if t.applied else "cold start")
         t.begin_shard(day, examples.x)
-        started = time.monotonic()
-        if not t.train_shard(window.x, window.y, after_step):
-            return None
-        return time.monotonic() - started
 
     def checkpoint(self, label: str) -> LineageState:
         """The state to checkpoint mid-day; NonFinite (nothing is promoted) when it holds NaN or infinity."""

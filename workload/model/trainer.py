@@ -114,6 +114,9 @@ def _shard_seed(seed: int, shard: str, epoch: int) -> int:
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
+shard_seed = _shard_seed  # what a pack of runs draws each run's batch order by (runtime/packing.py)
+
+
 class Trainer:
     """A run's model lineage: what it has learned, and where it is in the current shard."""
 

@@ -8,6 +8,10 @@ Every state transition is one Lua script, so each is atomic on the Redis server:
                                                   ... or dead         (attempts >= max_attempts)
                        leased --dead_letter(permanent error)--> dead
 
+A packed worker (`claim_also`, issue 33) holds several runs' leases at once: after its claim, the runs nobody
+holds whose next day is the same day of the same dataset, each lease made as `claim` makes one and living alone
+(its token, deadline, heartbeat, ack, release and expiry), so a sweep's runs train as one stacked model.
+
 Leases carry a fencing token (a global counter): only the holder of the current token can
 heartbeat, ack or release. The token is also written into what the holder puts on the share (see
 workload.share.checkpoint), so the share itself refuses a stale holder; `raise_token` keeps the counter
@@ -218,6 +222,48 @@ for _, run in ipairs(runs) do
   end
 end
 return false
+""")
+
+# -> {{item JSON, token, deadline, attempts, id, run}, ...}: up to `count` more leases for `owner`, each its own
+# (token, deadline, attempts), on runs nobody holds whose next pending item is of `dataset` and `shard` (the
+# runs of a sweep that can train packed with a lease the owner already holds; a run's next item only: its days
+# stay in order). Runs in name order, as claim. `claim`: as claim's, a resent call gets back the leases it made.
+_CLAIM_ALSO = _Lua(("owner", "ttl_ms", "max_attempts", "claim", "dataset", "shard", "count"), _HELPERS + """
+local now = now_ms()
+reap(now, tonumber(A.max_attempts))
+local out = {}
+for _, run in ipairs(redis.call('ZRANGE', K.leases, 0, -1)) do
+  local l = redis.call('HMGET', lease_key(run), 'owner', 'claim', 'item', 'token', 'deadline')
+  if l[1] == A.owner and l[2] == A.claim then
+    local attempts = tonumber(redis.call('HGET', K.attempts, l[3]) or '0')
+    table.insert(out, {redis.call('HGET', K.items, l[3]) or '', l[4], l[5], attempts, l[3], run})
+  end
+end
+if #out > 0 then return out end
+local runs = redis.call('SMEMBERS', K.runs)
+table.sort(runs)
+for _, run in ipairs(runs) do
+  if #out >= tonumber(A.count) then break end
+  if redis.call('EXISTS', lease_key(run)) == 0 then
+    local first = redis.call('ZRANGE', pending_key(run), 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      local id, seq = first[1], first[2]
+      local raw = redis.call('HGET', K.items, id) or ''
+      local ok, item = pcall(cjson.decode, raw)
+      if ok and type(item) == 'table' and item.dataset == A.dataset and item.shard == A.shard then
+        redis.call('ZREM', pending_key(run), id)
+        local token = redis.call('INCR', K.token)
+        local deadline = now + tonumber(A.ttl_ms)
+        redis.call('HSET', lease_key(run), 'item', id, 'owner', A.owner, 'token', token,
+                   'deadline', deadline, 'ttl', A.ttl_ms, 'claimed_at', now, 'seq', seq, 'claim', A.claim)
+        redis.call('ZADD', K.leases, deadline, run)
+        local attempts = tonumber(redis.call('HGET', K.attempts, id) or '0')
+        table.insert(out, {raw, token, deadline, attempts, id, run})
+      end
+    end
+  end
+end
+return out
 """)
 
 # -> new deadline, or 0 when the lease is not ours any more
@@ -526,6 +572,7 @@ class WorkQueue:
         self.interrupt = interrupt or threading.Event()  # set by SIGTERM: stop waiting for Redis
         self._enqueue = _Script(client, self.keys, _ENQUEUE)
         self._claim = _Script(client, self.keys, _CLAIM)
+        self._claim_also = _Script(client, self.keys, _CLAIM_ALSO)
         self._heartbeat = _Script(client, self.keys, _HEARTBEAT)
         self._ack = _Script(client, self.keys, _ACK)
         self._release = _Script(client, self.keys, _RELEASE)
@@ -607,6 +654,30 @@ class WorkQueue:
                 continue
             return Lease(item=item, token=int(token), owner=owner, deadline_ms=int(deadline),
                          attempts=int(attempts))
+
+    def claim_also(self, first: Lease, ttl_s: float, count: int) -> list[Lease]:
+        """Up to `count` more leases for `first`'s owner, in one atomic step: runs nobody holds whose next day
+        is `first`'s day of `first`'s dataset (a sweep's runs that may train packed with it). Each lease is a
+        lease as `claim` makes them (its own token, deadline and attempts; heartbeat, ack and release it
+        alone). Fewer, or none, when fewer such runs wait. A malformed item is dead-lettered, as at claim."""
+        if count < 1:
+            return []
+        claim_id = uuid.uuid4().hex
+        got = self._retrying("claim_also", lambda: self._claim_also(
+            owner=first.owner, ttl_ms=int(ttl_s * 1000), max_attempts=self.max_attempts, claim=claim_id,
+            dataset=first.item.dataset, shard=first.item.shard, count=int(count)))
+        leases = []
+        for raw, token, deadline, attempts, item_id, run in got:
+            item_id, run = item_id.decode(errors="replace"), run.decode(errors="replace")
+            try:
+                item = Item.parse(raw, item_id, run)
+            except MalformedItem as exc:
+                state = self._release_raw(run, int(token), first.owner, "dead", str(exc))
+                log.error("%s -> %s", exc, state or "refused")
+                continue
+            leases.append(Lease(item=item, token=int(token), owner=first.owner, deadline_ms=int(deadline),
+                                attempts=int(attempts)))
+        return leases
 
     def _release_raw(self, run: str, token: int, owner: str, mode: str, error: str) -> str:
         res = self._retrying("release", lambda: self._release(

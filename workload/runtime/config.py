@@ -34,12 +34,16 @@ class WorkerConfig:
     infra_give_up_s: float = 300.0  # an infrastructure fault persisting this long: exit EXIT_INFRA
     infra_backoff_s: float = 1.0  # first pause after an infrastructure fault; doubles up to 30 s
     stall_s: float = 300.0  # no progress (stuck in I/O) this long: give the lease up, exit EXIT_STALLED
+    # Runs of one day of one dataset a worker leases and trains as one stacked model (runtime/packing.py); 1 trains
+    # one item at a time, as before packing existed. The GPU default is to be chosen from measurements on a GPU.
+    pack_runs: int = 1
 
     def __post_init__(self) -> None:
         checks = [("lease_ttl_s", self.lease_ttl_s > 0), ("checkpoint_interval_s", self.checkpoint_interval_s > 0),
                   ("max_attempts", self.max_attempts >= 1), ("keep_checkpoints", self.keep_checkpoints >= 1),
                   ("term_grace_s", self.term_grace_s > 0), ("infra_give_up_s", self.infra_give_up_s > 0),
-                  ("infra_backoff_s", self.infra_backoff_s > 0), ("stall_s", self.stall_s > 0)]
+                  ("infra_backoff_s", self.infra_backoff_s > 0), ("stall_s", self.stall_s > 0),
+                  ("pack_runs", self.pack_runs >= 1)]
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: it must be positive")

@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
@@ -56,6 +57,15 @@ class Outcome(Enum):
     LOST = "lost"  # the lease was lost
 
 
+@dataclass(frozen=True)
+class Ready:
+    """An item ready to train (after steps 1-6): its lineage, the day's examples and its window's."""
+
+    run: Lineage
+    examples: Examples
+    window: Examples
+
+
 class Attempt:
     """One lease's work on its item. `touch` tells the watchdog the attempt made progress; `stop` is
     the SIGTERM flag, read at every batch boundary."""
@@ -70,7 +80,18 @@ class Attempt:
         self.store = CheckpointStore(self.run_dir, keep=cfg.keep_checkpoints)
 
     def run(self) -> Outcome:
-        """The protocol, one step a line (the module docstring numbers them)."""
+        """The protocol (the module docstring numbers its steps): up to the day's rows, training, the rest."""
+        ready = self.prepare()  # 1-6
+        if isinstance(ready, Outcome):
+            return ready
+        train_s = self.train(ready.run, ready.examples, ready.window)  # 7
+        if train_s is None:
+            return self.release_for_peer()
+        return self.finish(ready, train_s)  # 8-11
+
+    def prepare(self) -> Ready | Outcome:
+        """Steps 1-6, one a line: the lineage resumed and the day's rows read, ready to train; or the outcome
+        when there is nothing to train (applied already, a token to catch up, stopped)."""
         if not self.fence():  # 1
             return self.catch_up_token()
         found = self.load_checkpoint()  # 2
@@ -83,11 +104,12 @@ class Attempt:
         examples, window = self.read_day(run)  # 6
         if self.stop.is_set():
             return self.release_for_peer()
-        train_s = self.train(run, examples, window)  # 7
-        if train_s is None:
-            return self.release_for_peer()
-        closed = run.close_day(self.dataset, self.item.shard, examples, window, train_s, self.store,  # 8
-                               self.lease.token, self.touch)
+        return Ready(run, examples, window)
+
+    def finish(self, ready: Ready, train_s: float) -> Outcome:
+        """Steps 8-11, one a line, after the day trained (alone, or packed: runtime/packing.py)."""
+        closed = ready.run.close_day(self.dataset, self.item.shard, ready.examples, ready.window, train_s,  # 8
+                                     self.store, self.lease.token, self.touch)
         self.save_and_promote(closed)  # 9
         self.report(closed.checkpoint, closed.pr, draw=self.pictures_due())  # 10
         faults.point("before-ack")
@@ -208,8 +230,9 @@ class PeriodicCheckpoints:
     """Mid-day checkpoints every `checkpoint_interval_s` of training, so a hard kill loses little;
     after SIGTERM one last checkpoint if the last one's cost fits `term_budget_s`, then stop."""
 
-    def __init__(self, attempt: Attempt, run: Lineage) -> None:
+    def __init__(self, attempt: Attempt, run: Lineage, sync: Callable[[], object] = lambda: None) -> None:
         self.attempt, self.run = attempt, run
+        self.sync = sync  # writes the trainer's state back before a save (a packed run's: `Pack.trainer`)
         self.last_save = time.monotonic()
         self.save_cost = 1.0  # a guess until the first save is measured
 
@@ -232,6 +255,7 @@ class PeriodicCheckpoints:
     def save(self) -> None:
         a = self.attempt
         started = time.monotonic()
+        self.sync()
         state = self.run.checkpoint(a.item.id)
         path = a.store.next_path(a.lease.token)
         if a.store.save(state.to_checkpoint(), path=path, may_promote=a.beat.confirm,

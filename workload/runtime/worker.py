@@ -38,6 +38,7 @@ from workload.model import lineage
 from workload.model.hparams import HParams
 from workload.queue import plan
 from workload.queue.workqueue import Lease, QueueInterrupted, QueueUnavailable, WorkQueue
+from workload.runtime import packing
 from workload.runtime.config import WorkerConfig, default_worker_id
 from workload.runtime.heartbeat import Heartbeat, LeaseLost
 from workload.runtime.steps import Attempt, Outcome
@@ -97,7 +98,8 @@ class Worker:
             lease = self.queue.claim(self.cfg.worker_id, self.cfg.lease_ttl_s)
             if lease:
                 waiting_logged = False
-                outcome = self.process(lease)
+                more = self.queue.claim_also(lease, self.cfg.lease_ttl_s, self.cfg.pack_runs - 1)
+                outcome = self.process_pack([lease, *more]) if more else self.process(lease)
                 if outcome is Outcome.INFRA:
                     code = self._back_off()
                     if code is not None:
@@ -199,8 +201,42 @@ class Worker:
         finally:
             beat.stop()
 
+    def process_pack(self, leases: list[Lease]) -> Outcome:
+        """Items of one day of one dataset (a packed claim), each with its own heartbeat, trained packed
+        (runtime/packing.py); each one's failure is classified alone (`_settle`). INFRA when any met an
+        infrastructure fault (the loop backs off), DONE when all are done, else the first other outcome."""
+        beats: list[Heartbeat] = []
+        try:
+            attempts, outcomes = [], []
+            for lease in leases:
+                log.info("claimed %s packed (token %d, %d failed attempts before)", lease.item.id, lease.token,
+                         lease.attempts)
+                beats.append(Heartbeat(self.queue, lease, self.cfg.lease_ttl_s, self.cfg.heartbeat_interval,
+                                       progress=lambda: self._progress_at, stall_s=self.cfg.stall_s))
+                beats[-1].start()
+            faults.point("claimed")
+            self.touch()
+            for lease, beat in zip(leases, beats, strict=True):
+                try:
+                    attempts.append(self._attempt(lease, beat))
+                except QueueUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - classified: this item alone
+                    outcomes.append(self._settle(lease, exc))
+            outcomes += packing.train_packed(attempts, self._settle)
+        finally:
+            for beat in beats:
+                beat.stop()
+        if Outcome.INFRA in outcomes:
+            return Outcome.INFRA
+        return next((o for o in outcomes if o is not Outcome.DONE), Outcome.DONE)
+
     def _apply(self, lease: Lease, beat: Heartbeat) -> Outcome:
         """The item's inputs, checked before the share is touched, then the protocol's steps."""
+        return self._attempt(lease, beat).run()
+
+    def _attempt(self, lease: Lease, beat: Heartbeat) -> Attempt:
+        """The attempt at an item, its inputs checked before the share is touched."""
         item = lease.item
         try:  # validated at claim too: a run name becomes a folder on the share
             check_name(item.run, "run")
@@ -209,7 +245,7 @@ class Worker:
         dataset = self.dataset(item.dataset)
         dataset.resolve(item.shard)  # refuses paths outside the dataset and pickle files
         hp = self.hparams(lease)
-        return Attempt(self.cfg, self.queue, lease, beat, dataset, hp, touch=self.touch, stop=self.stop).run()
+        return Attempt(self.cfg, self.queue, lease, beat, dataset, hp, touch=self.touch, stop=self.stop)
 
     def _settle(self, lease: Lease, exc: Exception) -> Outcome:
         """What a failed attempt costs, by its class (workload.core.errors): a lost lease nothing (the
