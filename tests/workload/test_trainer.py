@@ -294,8 +294,8 @@ def test_scoring_in_batches_is_scoring_at_once() -> None:
 
 
 def test_scoring_on_a_cpu_in_passes_is_bit_for_bit_one_pass() -> None:
-    # The default run's shape: the passes that make scoring cheap (issue 33) must not change a logit's bits. With
-    # a last pass of one row (8193 rows in passes of 8192) they did not.
+    # The default run's shape: the passes that make scoring cheap (issue 33) must not change a logit's bits. A last
+    # pass of one row (8193 rows in passes of 8192) changed the last row's bits: the rest joins the pass before it.
     trainer = Trainer("r", HParams(), tuple(f"f{i}" for i in range(18)), torch.device("cpu"), feature_version="v")
     x = np.random.default_rng(3).normal(size=(3 * CPU_SCORING_ROWS + 2, 18)).astype(np.float32)
     trainer.norm.update(x)
