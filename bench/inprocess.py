@@ -9,6 +9,7 @@ counts as checkpointing, not training.
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from workload.data.dataset import Dataset
-from workload.model import metrics, report, trainer
+from workload.model import calibration, lineage, metrics, report, trainer
 from workload.model.trainer import HParams, Trainer
 from workload.queue import plan
 from workload.queue.workqueue import Item, Lease, WorkQueue, connect
@@ -39,6 +40,11 @@ PHASES: list[tuple[Any, str, str]] = [
     (Dataset, "test_examples", "test features"),  # includes its own `examples` call
     (Trainer, "train_shard", "training"),
     (Trainer, "score", "scoring"),
+    (Trainer, "logits", "scoring"),  # calibration's fit scores the days it fits on
+    (calibration, "refit", "calibration"),
+    (calibration, "assess", "calibration"),
+    (lineage.Lineage, "resume", "resume"),
+    (lineage.LineageState, "of", "state copy"),
     (metrics, "evaluate", "metrics"),
     (report, "write", "report"),
 ]
@@ -120,7 +126,8 @@ class TimedQueue(WorkQueue):
 @contextmanager
 def instrumented(clock: PhaseClock, device: torch.device) -> Iterator[None]:
     """Wrap the worker's collaborators with `clock`, and pin the trainer's device, for a while."""
-    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in PHASES]
+    # As defined (a classmethod stays one when put back), not as looked up (a bound method).
+    saved = [(owner, attr, inspect.getattr_static(owner, attr)) for owner, attr, _ in PHASES]
     saved.append((trainer, "default_device", trainer.default_device))
     try:
         for owner, attr, phase in PHASES:

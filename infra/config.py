@@ -66,6 +66,9 @@ CMEK_FILESTORE_TIERS = ("ZONAL", "REGIONAL", "ENTERPRISE")
 
 CLUSTER_MODES = ("autopilot", "standard")
 GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
+# Where the training pods train: spot GPU pods, or Autopilot Spot Pods on CPU (issue 33: a small run trains on one
+# CPU core about as fast as on a GPU at the default batch size; docs/benchmarks.md has the measured figures).
+TRAIN_ON_MODES = ("gpu", "cpu")
 JOB_AWAIT_MODES = ("wait", "skip")
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
 # The one setting that lifts the cluster's and the share's deletion protection, in any stack: its name
@@ -203,6 +206,12 @@ class GpuConfig:
     machine_type: str
     # Read the project's GPU quota at `pulumi up` and fail at once when it cannot run the training pods.
     check_quota: bool = True
+    # trainOn: "cpu" trains on Autopilot Spot Pods without a GPU (no GPU request, selector or quota check).
+    train_on: str = "gpu"
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.train_on == "cpu"
 
 
 @dataclass(frozen=True)
@@ -570,6 +579,7 @@ def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:
             "fall back from spot to on-demand; a hard gke-spot selector or a spot node pool cannot)",
         )
     machine_type = r.raw("gpuMachineType") or counts[count]
+    train_on = _train_on(r, cluster, fallback)
     return GpuConfig(
         type=gpu_type,
         count=count,
@@ -577,8 +587,21 @@ def _gpu(r: _Reader, cluster: ClusterConfig) -> GpuConfig:
         on_demand_fallback=fallback,
         max_nodes=r.int("gpuMaxNodes", 1, 100),
         machine_type=machine_type,
-        check_quota=r.bool("checkGpuQuota"),
+        check_quota=r.bool("checkGpuQuota") and train_on == "gpu",  # no GPU pod: no GPU quota to read
+        train_on=train_on,
     )
+
+
+def _train_on(r: _Reader, cluster: ClusterConfig, fallback: bool) -> str:
+    """trainOn: cpu only on Autopilot (a Standard cluster's only spot pool for training is its GPU pool) and without
+    onDemandFallback (a spot-to-on-demand fallback is a GPU compute class's)."""
+    train_on = r.str("trainOn", TRAIN_ON_MODES)
+    if train_on == "cpu" and not cluster.autopilot:
+        raise ConfigError("trainOn", train_on, "gpu unless clusterMode=autopilot (CPU training runs on Autopilot "
+                          "Spot Pods; a Standard cluster's spot pool for training is its GPU pool)")
+    if train_on == "cpu" and fallback:
+        raise ConfigError("onDemandFallback", True, "false with trainOn=cpu (the fallback is a GPU compute class's)")
+    return train_on
 
 
 def _network(r: _Reader) -> NetworkConfig:

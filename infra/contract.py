@@ -76,6 +76,8 @@ ENV_INFRA_GIVE_UP = "INFRA_GIVE_UP_SECONDS"
 # The training pods' GPU count, which the worker compares with what CUDA sees (workload/runtime/gpu.py;
 # the downward API cannot expose an nvidia.com/gpu limit).
 ENV_EXPECTED_GPUS = "EXPECTED_GPUS"
+# The worker's torch CPU threads (workload/cli.py `work --threads`): 1 on CPU training pods (trainOn=cpu).
+ENV_TORCH_THREADS = "TORCH_THREADS"
 
 # Dataset presets the image's simulator knows (workload/data/simulator.py PRESETS; tests/test_contract.py
 # checks they agree), so a wrong `datasetPreset` fails at preview, not in the loader pod.

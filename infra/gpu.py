@@ -5,6 +5,7 @@
   next to a compute class would defeat the fallback).
 - Autopilot + nodeSelector: pods select ``gke-spot``, the accelerator and the ``latest`` GPU driver directly.
 - Standard: the same selectors land pods on the spot GPU node pool; they tolerate its taint.
+- trainOn=cpu (Autopilot only): pods select ``gke-spot`` and nothing else: Spot Pods without a GPU.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ class GpuCapacity(pulumi.ComponentResource):
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
         ]
         self.resources = []
-        if autopilot and gpu.capacity == "computeClass":
+        if gpu.on_cpu:  # trainOn=cpu (Autopilot only, infra.config): Spot Pods on the general-purpose class
+            # A Spot Pod is asked for with this selector alone; GKE adds the toleration of its spot nodes' taint
+            # (cloud.google.com/kubernetes-engine/docs/how-to/autopilot-spot-pods: "Request Spot Pods").
+            self.tolerations = self.tolerations[:1]
+            self.node_selector = {SPOT_LABEL: "true"}
+        elif autopilot and gpu.capacity == "computeClass":
             class_name = f"{contract.APP}-gpu"
             priorities: list[dict[str, Any]] = [
                 {"gpu": {"type": gpu.type, "count": gpu.count, "driverVersion": "latest"}, "spot": True}

@@ -331,18 +331,22 @@ def training_spec(
     """The training Job's spec: the stack's training Job and the one the schedule starts share it."""
     jobs, identity = args.jobs, platform.identities.worker
     gpus = str(args.gpu_count)
+    on_gpu = {GPU_RESOURCE: gpus} if args.gpu_count else {}  # trainOn=cpu: no GPU asked for
     pod = PodArgs(
         contract.WORKER,
         contract.WORKER_ARGS,
         {
-            "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, GPU_RESOURCE: gpus},
-            "limits": {"memory": jobs.worker_memory, GPU_RESOURCE: gpus},
+            "requests": {"cpu": jobs.worker_cpu, "memory": jobs.worker_memory, **on_gpu},
+            "limits": {"memory": jobs.worker_memory, **on_gpu},
         },
         node_selector=capacity.node_selector,
         tolerations=capacity.tolerations,
         service_account=identity.ksa_name if identity else None,
         env=[
             {"name": contract.ENV_EXPECTED_GPUS, "value": gpus},
+            # On CPU, one torch thread: this model's matrices are too small for more (docs/benchmarks.md), and torch
+            # would otherwise start one per core of the node, not of the pod's request.
+            *([] if args.gpu_count else [{"name": contract.ENV_TORCH_THREADS, "value": "1"}]),
             *([{"name": contract.ENV_OUTPUT_URI, "value": args.data.output.uri}] if args.data.output else []),
         ],
         # Derived from what the loader seeds: a change there replaces this Job too (see seed_inputs).
@@ -353,7 +357,7 @@ def training_spec(
         "parallelism": jobs.parallelism,
         "backoffLimit": jobs.backoff_limit,
         "activeDeadlineSeconds": jobs.active_deadline_seconds,
-        "podFailurePolicy": failure_policy(contract.WORKER, gpu=True),
+        "podFailurePolicy": failure_policy(contract.WORKER, gpu=bool(args.gpu_count)),
         "template": _pod_template(pod, platform.image, args, platform),
     }
 

@@ -55,7 +55,8 @@ def filestore_args(cfg: StackConfig) -> FilestoreArgs:
 
 def job_args(cfg: StackConfig) -> JobArgs:
     zone = cfg.zone if cfg.filestore.pin_to_zone else None
-    return JobArgs(cfg.namespace, cfg.jobs, cfg.data, gpu_count=cfg.gpu.count, share_zone=zone)
+    gpus = 0 if cfg.gpu.on_cpu else cfg.gpu.count  # trainOn=cpu: training pods ask for no GPU
+    return JobArgs(cfg.namespace, cfg.jobs, cfg.data, gpu_count=gpus, share_zone=zone)
 
 
 def workload_namespace(cfg: StackConfig, provider: k8s.Provider) -> InCluster:

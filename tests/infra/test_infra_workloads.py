@@ -169,6 +169,26 @@ def test_workers_request_the_gpus_and_land_on_the_spot_capacity() -> None:
     assert "nodeSelector" not in pod(unpinned.one(JOB, "loader"))
 
 
+def test_on_cpu_workers_ask_for_no_gpu_and_land_on_spot_pods() -> None:
+    """trainOn=cpu (issue 33): Autopilot Spot Pods with one torch thread; no GPU request, compute class, GPU exit
+    rule or quota check."""
+    b = workloads(trainOn="cpu", filestoreTier="REGIONAL")
+    training = b.one(JOB, "training")
+    res = container(training)["resources"]
+    assert "nvidia.com/gpu" not in res["requests"] and "nvidia.com/gpu" not in res["limits"]
+    assert res["requests"]["cpu"] == b.cfg.jobs.worker_cpu
+    assert pod(training)["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
+    assert not b.made["capacity"].resources  # no compute class
+    variables = env(container(training))
+    assert variables[contract.ENV_EXPECTED_GPUS] == "0" and variables[contract.ENV_TORCH_THREADS] == "1"
+    rules = training.inputs["spec"]["podFailurePolicy"]["rules"]
+    assert not [r for r in rules if errors.EXIT_GPU_UNUSABLE in r.get("onExitCodes", {}).get("values", [])]
+    assert b.cfg.gpu.check_quota is False
+    on_gpu = workloads()
+    assert contract.ENV_TORCH_THREADS not in env(container(on_gpu.one(JOB, "training")))
+    assert on_gpu.cfg.gpu.check_quota
+
+
 def test_the_loader_reads_the_runs_from_an_immutable_config_map() -> None:
     b = workloads(runs={"main": {}, "wide": {"hidden": [128, 64]}}, **READING)
     cm = b.one("kubernetes:core/v1:ConfigMap")
@@ -294,8 +314,9 @@ def test_one_off_pods_run_like_the_loader_and_pass_the_namespaces_checks() -> No
         ("dev", {}),
         ("prod", {}),
         ("dev", {"clusterMode": "standard", "gpuCapacity": "nodeSelector", **DATA}),
+        ("dev", {"trainOn": "cpu"}),
     ],
-    ids=["dev", "prod", "standard-with-data"],
+    ids=["dev", "prod", "standard-with-data", "cpu"],
 )
 def test_every_workload_object_is_valid_and_admitted(stack: str, overrides: dict[str, Any]) -> None:
     b = workloads(stack, **overrides)

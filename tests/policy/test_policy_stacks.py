@@ -80,6 +80,12 @@ def test_every_stack_passes_the_pack(stack: str, rendered: Callable[[str], Rende
     assert {v.level for v in violations if v.policy in rules.AWAITING_INFRA} <= {rules.ADVISORY}
 
 
+def test_a_stack_that_trains_on_cpu_passes_the_pack() -> None:
+    """trainOn=cpu (issue 33): Spot Pods without a GPU still train on spot capacity, as the pack requires."""
+    violations = offline.check_rendered(render.render("dev", {"trainOn": "cpu"}))
+    assert offline.mandatory(violations) == [] and settled(violations) == []
+
+
 def _env_names(value: Any) -> set[str]:
     """Every container env variable named anywhere in ``value``, JSON Job bodies in ConfigMaps included."""
     if isinstance(value, str) and value.startswith("{"):

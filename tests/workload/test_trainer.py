@@ -9,7 +9,7 @@ import torch
 import workload
 from workload.model.hparams import default_seed, parse_runs
 from workload.model.lineage import checkpoint_of, trainer_from
-from workload.model.trainer import HParams, Normalizer, Trainer, _shard_seed
+from workload.model.trainer import CPU_SCORING_ROWS, HParams, Normalizer, Trainer, _shard_seed, scoring_passes
 
 
 def test_features_constant_so_far_are_left_unscaled() -> None:
@@ -291,6 +291,22 @@ def test_scoring_in_batches_is_scoring_at_once() -> None:
     np.testing.assert_allclose(trainer.score(x, batch=7), whole, rtol=1e-6)
     empty = trainer.score(x[:0])
     assert empty.shape == (0,) and empty.dtype == np.float32
+
+
+def test_scoring_on_a_cpu_in_passes_is_bit_for_bit_one_pass() -> None:
+    # The default run's shape: the passes that make scoring cheap (issue 33) must not change a logit's bits. A last
+    # pass of one row (8193 rows in passes of 8192) changed the last row's bits: the rest joins the pass before it.
+    trainer = Trainer("r", HParams(), tuple(f"f{i}" for i in range(18)), torch.device("cpu"), feature_version="v")
+    x = np.random.default_rng(3).normal(size=(3 * CPU_SCORING_ROWS + 2, 18)).astype(np.float32)
+    trainer.norm.update(x)
+    for n in (2 * CPU_SCORING_ROWS + 1, 2 * CPU_SCORING_ROWS + 3, len(x)):
+        assert len(scoring_passes(n, torch.device("cpu"))) > 1
+        assert np.array_equal(trainer.logits(x[:n]), trainer.logits(x[:n], batch=n))
+    c = CPU_SCORING_ROWS
+    assert scoring_passes(0, torch.device("cpu")) == [] and scoring_passes(5, torch.device("cpu")) == [(0, 5)]
+    assert scoring_passes(2 * c + 1, torch.device("cpu")) == [(0, c), (c, 2 * c + 1)]
+    assert scoring_passes(2 * c, torch.device("cpu")) == [(0, c), (c, 2 * c)]
+    assert scoring_passes(3 * c, torch.device("cuda")) == [(0, 3 * c)]
 
 
 def test_a_checkpoint_restores_the_whole_lineage_and_refuses_other_formats() -> None:

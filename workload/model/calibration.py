@@ -103,12 +103,14 @@ def refit(trainer: Any, data: ds.Dataset, shard: str) -> list[str]:
     return days
 
 
-def assess(trainer: Any, test: ds.Examples, scores: np.ndarray, days: list[str]) -> dict[str, Any]:
+def assess(trainer: Any, test: ds.Examples, scores: np.ndarray, days: list[str],
+           raw: np.ndarray | None = None) -> dict[str, Any]:
     """The history entry's calibration and alert figures on the test days (plain numbers and lists:
     checkpoint- and JSON-friendly): the days and the two numbers fitted, Brier score, expected
     calibration error and reliability table before (`_raw`) and after calibration, and the alert
-    thresholds of the calibrated `scores`."""
-    raw = trainer.score(test.x, calibrated=False)
+    thresholds of the calibrated `scores`. `raw`: the uncalibrated scores, when the caller has them
+    (scored here otherwise: a second pass over the test days)."""
+    raw = trainer.score(test.x, calibrated=False) if raw is None else raw
     return {
         "calibration_days": list(days),
         "calibration_scale": float(trainer.calibration["scale"]),

@@ -408,7 +408,8 @@ class Lineage:
         calibrated_on = calibration.refit(t, data, day)
         test = data.test_examples()
         touch()
-        test_scores = t.score(test.x)
+        test_logits = t.logits(test.x)  # one pass over the test days for both the calibrated and the raw scores
+        test_scores = t.probabilities(test_logits)
         label = f"{t.run}/{day}"
         self.check_finite(label, loss=t.last_epoch_loss(), scores=test_scores)
         entry: dict[str, Any] = {
@@ -419,7 +420,7 @@ class Lineage:
             "window_rows": int(len(window.y)), "train_accuracy": t.train_accuracy(len(window.y)),
             "train_seconds": round(train_s, 3), "test_window": data.test_window(),
             **metrics.evaluate(test_scores, test.y, test.day, test.card),
-            **calibration.assess(t, test, test_scores, calibrated_on),
+            **calibration.assess(t, test, test_scores, calibrated_on, raw=t.probabilities(test_logits, False)),
         }
         t.finish_shard(entry)
         log.info("%s applied: average precision %.3f (base rate %.4f), ROC AUC %.3f", label,

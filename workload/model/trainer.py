@@ -262,19 +262,44 @@ class Trainer:
         return None if self._loss_sum is None else float(self._loss_sum)
 
     @torch.no_grad()
-    def logits(self, x: np.ndarray, batch: int = 1 << 18) -> np.ndarray:
-        """Raw logits per row, from the averaged weights, on the device in large batches."""
+    def logits(self, x: np.ndarray, batch: int | None = None) -> np.ndarray:
+        """Raw logits per row, from the averaged weights, on the device in large passes (`scoring_passes`; `batch`:
+        passes of that many rows instead)."""
         xs = self.norm.apply(x, self.device)
-        out = [self.averaged(xs[i:i + batch]) for i in range(0, len(xs), batch)]
+        passes = [(i, i + batch) for i in range(0, len(xs), batch)] if batch else scoring_passes(len(xs), self.device)
+        out = [self.averaged(xs[start:end]) for start, end in passes]
         return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.float32)
 
-    def score(self, x: np.ndarray, batch: int = 1 << 18, calibrated: bool = True) -> np.ndarray:
+    def score(self, x: np.ndarray, batch: int | None = None, calibrated: bool = True) -> np.ndarray:
         """Fraud probability per row (float32); `calibrated=False`: the class-weighted network's own
         sigmoid, which ranks the same but overstates fraud."""
-        z = torch.from_numpy(self.logits(x, batch))
+        return self.probabilities(self.logits(x, batch), calibrated)
+
+    def probabilities(self, logits: np.ndarray, calibrated: bool = True) -> np.ndarray:
+        """`score` from logits already computed (`logits`): both kinds from one forward pass, bit for bit."""
+        z = torch.from_numpy(logits)
         if calibrated:  # in float32, as the network's sigmoid: identity calibration changes no bit
             z = z * self.calibration["scale"].float() + self.calibration["shift"].float()
         return torch.sigmoid(z).numpy()
+
+
+# Rows per forward pass when scoring on a CPU. A week of test or calibration days (~70,000 rows) in one pass
+# works through activations far larger than the CPU's caches and took twice as long as passes of this size: two
+# such passes a day were most of a ~10,000-row day's time outside training (issue 33: per-item overhead). A multiple
+# of 2^11 * 3, so every pass starts on a row that one pass over all rows would give to the same matrix kernel.
+CPU_SCORING_ROWS = 6144
+
+
+def scoring_passes(n: int, device: torch.device) -> list[tuple[int, int]]:
+    """The (start, end) rows of each forward pass that scores `n` rows. On a CPU, passes of CPU_SCORING_ROWS, the
+    last one taking the rest (a pass of a handful of rows goes through another kernel of the matrix library, and
+    its logits differ in their last bits): each row's logit is bit for bit that of one pass over all rows
+    (tests/workload/test_trainer.py). On a GPU, passes of 2^18 rows."""
+    size = CPU_SCORING_ROWS if device.type == "cpu" else 1 << 18
+    starts = list(range(0, n, size))
+    if device.type == "cpu" and len(starts) > 1 and n - starts[-1] < size:
+        starts.pop()  # the rest joins the pass before it
+    return list(zip(starts, [*starts[1:], n] if starts else [], strict=True))
 
 
 def decay_at(decay: float, step: int) -> float:
