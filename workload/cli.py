@@ -287,8 +287,8 @@ def seed(args: argparse.Namespace) -> int:
 
 
 def wait_drained(args: argparse.Namespace) -> int:
-    """The scoring pod's first step: the newest models are the ones trained from every queued day."""
-    drained = launch.wait_drained(make_queue(args), args.timeout, args.poll)
+    """The scoring pod's first step: the newest models are the ones trained from every day of the share's plan."""
+    drained = launch.wait_drained(make_queue(args), args.share, args.timeout, args.poll)
     return 0 if drained else EXIT_INFRA
 
 
@@ -357,8 +357,9 @@ def print_status(args: argparse.Namespace, password: str | None) -> int:
     out = [f"queue {args.queue_prefix}: {c.total} items: {c.pending} pending, {c.leased} leased, {c.done} done, "
            f"{c.dead} dead-lettered" + ("  (drained)" if c.drained else "")]
     _, output_dir = share_paths(args.share)
+    truth = _truth(queue, args.share)
     for run, r in snap["runs"].items():
-        out.append(f"run {run}: {r['done']}/{r['total']} shards applied, {len(r['pending'])} pending, "
+        out.append(f"run {run}: {_applied(run, r, truth, output_dir)}, {len(r['pending'])} pending, "
                    f"{len(r['dead'])} dead-lettered")
         if r["lease"]:
             left = (int(r["lease"]["deadline"]) - snap["now_ms"]) / 1000
@@ -378,11 +379,35 @@ def print_status(args: argparse.Namespace, password: str | None) -> int:
         out.append(plan.gap(queue, args.share).line())
     except (plan.PlanError, DatasetError) as exc:
         out.append(f"share vs queue: cannot read the share's plan: {exc}")
+    if truth is not None and truth.line():
+        out.append(truth.line())
     if c.drained and not queue.seeded():
         out.append("the queue was never seeded (or Redis lost its data): a worker restores it from the share's "
                    "run records, or run `python -m workload seed`")
     print("\n".join(out))
     return 0
+
+
+def _truth(queue: WorkQueue, share: Path) -> plan.Truth | None:
+    """Redis's done days against the share's newest checkpoints; None when the share's plan cannot be read
+    (the gap line says why)."""
+    from workload.model import lineage  # torch: status reads the checkpoints' applied lists
+
+    try:
+        return plan.truth(queue, share, lineage.applied_days)
+    except (plan.PlanError, DatasetError):
+        return None
+
+
+def _applied(run: str, r: dict[str, Any], truth: plan.Truth | None, output_dir: Path) -> str:
+    """A run's days applied as its newest checkpoint on the share records them (the truth), not Redis's done."""
+    if truth is not None and run in truth.applied:
+        applied, total = truth.applied[run], truth.planned[run]
+    else:  # no run record on the share: its checkpoint's days against the items Redis holds
+        from workload.model import lineage
+
+        applied, total = (len(lineage.applied_days(output_dir / run)) if NAME.match(run) else 0), r["total"]
+    return f"{applied}/{total} shards applied" + (f" (Redis calls {r['done']} done)" if r["done"] != applied else "")
 
 
 # -- requeue ----------------------------------------------------------------------------------------
@@ -536,9 +561,11 @@ def add_seed(sub: Any) -> None:
 
 def add_wait_drained(sub: Any) -> None:
     """`wait-drained`: the scoring pod's init step (infra/jobs.py scoring_spec)."""
-    w = _sub(sub, "wait-drained", "wait until the queue holds nothing pending or leased; exit 0 when drained, "
-             "3 when --timeout passed or Redis stayed unreachable",
+    w = _sub(sub, "wait-drained", "wait until the queue holds nothing pending or leased and the share's newest "
+             "checkpoints hold every day of its plan; exit 0 then, 3 when --timeout passed (a wiped Redis waits for "
+             "a worker to restore it) or Redis stayed unreachable",
              "python -m workload wait-drained --timeout 3600")
+    add_share(w)
     add_redis(w)
     w.add_argument("--timeout", type=positive(float, "--timeout"), default=3600.0,
                    help="seconds to wait before giving up with exit 3 (no env; default 3600; the scoring Job "
