@@ -362,9 +362,10 @@ def scoring_spec(args: JobArgs, platform: Platform, seed_inputs: pulumi.Input[st
     """The scoring Job's spec: the stack's scoring Job and the one the schedule starts share it.
 
     An init container (``wait-drained``, CPU) first waits until the queue holds nothing pending or leased and
-    the share's newest checkpoints hold every day of its plan, so every container scores with its run's newest model even when training still runs (a scheduled
-    load, or jobAwait=skip). It waits at most the training Job's own deadline and exits 3 past it; the
-    Job's deadline adds the scoring time (loaderTimeoutMinutes) to that wait."""
+    the share's newest checkpoints hold every day of its plan, so every container scores with its run's newest
+    model even when training still runs (a scheduled load, or jobAwait=skip). It waits at most the training
+    Job's own deadline and exits 3 past it; the Job's deadline adds the scoring time (loaderTimeoutMinutes)
+    to that wait."""
     jobs, output, identity = args.jobs, args.data.output, platform.identities.worker
     assert output is not None and identity is not None, "a scoring Job needs outputUri"
     resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}

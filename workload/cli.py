@@ -248,6 +248,33 @@ def store_features(root: Path) -> None:
              computed, time.monotonic() - started, kept)
 
 
+def _history_days(root: Path) -> set[str] | None:
+    """The history/ days of a published dataset; None before its first publish."""
+    if not (root / MANIFEST).exists():
+        return None
+    return {f["path"] for f in read_manifest(root)["files"] if f.get("role") == "history"}
+
+
+def late_history(share: Path, name: str, new: set[str]) -> None:
+    """History days published after a run trained days whose feature windows read them: those days' features
+    change (recomputed), the run's model does not (nothing retrains). Said in one line per run, with the fix."""
+    if not new:
+        return
+    from workload.model import lineage  # torch: only when history arrived late
+
+    dataset = ds.Dataset(share_paths(share)[0] / name)
+    affected = [d for d in dataset.training_shards() if any(f["path"] in new for f in dataset.feature_inputs(d))]
+    for run, spec in plan.live(share).items():
+        trained = set(lineage.applied_days(share_paths(share)[1] / run)) if spec.dataset == name else set()
+        days = [d for d in affected if d in trained]
+        if days:
+            log.warning("run %s trained %d day(s) (%s) before history day(s) %s that their feature windows read were "
+                        "published: those days' features changed, this run's model did not (nothing retrains). To "
+                        "train with them, seed the same hyperparameters under a new run name", run, len(days),
+                        ", ".join(days[:3]) + (f" and {len(days) - 3} more" if len(days) > 3 else ""),
+                        ", ".join(sorted(new)))
+
+
 def seed(args: argparse.Namespace) -> int:
     runs = load_runs(args)
     name = args.dataset
@@ -258,8 +285,11 @@ def seed(args: argparse.Namespace) -> int:
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(datasets_dir)  # a seeder killed mid-simulation left its temporary folder behind
+    history = _history_days(datasets_dir / name)
     new_scoring = place_dataset(args, datasets_dir / name)
     store_features(datasets_dir / name)
+    if history is not None:
+        late_history(args.share, name, _history_days(datasets_dir / name) - history)
     queue = make_queue(args)
     for run, hp in runs.items():
         try:
