@@ -214,7 +214,7 @@ class _Schedule:
     restart_at: int
     wipe_at: int
     backfill_at: int
-    share_old_at: int  # the share's output put back at this event or the next after its copy was taken
+    share_old_at: int  # the share's output put back at this event (or the last), copied at the first
 
 
 def _seed(cluster: Cluster, folder: Path, runs: dict[str, dict]) -> None:
@@ -246,20 +246,42 @@ def _one_off(fleet: _Fleet, event: int, schedule: _Schedule, rng: random.Random,
         result.backfills += 1
 
 
-def _share_old(fleet: _Fleet, event: int, share_old_at: int) -> None:
-    """The share's output copied once something is trained, and put back at `share_old_at` or later."""
+def _share_old(fleet: _Fleet, event: int, share_old_at: int, last: bool) -> None:
+    """The share's output copied once a day is trained (at the first event), and put back at `share_old_at` (or
+    the last event) once a run holds more days than the copy: a restore that always loses trained days."""
     cluster, result = fleet.cluster, fleet.result
     output, backup = cluster.share / "output", cluster.share.parent / "output-backup"
     if result.share_restores:
         return
-    if not backup.exists() and any(output.glob("*/checkpoints/*")):  # something trained: worth a backup
+    if not backup.exists():
+        _wait(lambda: any(_days_applied(output).values()))
         with fleet.frozen():  # a consistent copy, as a backup of a quiesced share would be
             shutil.copytree(output, backup)
-    elif backup.exists() and event >= share_old_at:  # at least one event later
+        if not last:
+            return
+    if event >= share_old_at or last:
+        copied = _days_applied(backup)
+        _wait(lambda: any(n > copied.get(run, 0) for run, n in _days_applied(output).items()))
         with fleet.frozen():
             shutil.rmtree(output)
             shutil.copytree(backup, output)
         result.share_restores += 1
+
+
+def _days_applied(output: Path) -> dict[str, int]:
+    """How many days each run's newest checkpoint under `output` records."""
+    found = {}
+    for run_dir in sorted(output.glob("*")) if output.is_dir() else []:
+        loaded = CheckpointStore(run_dir).load()
+        found[run_dir.name] = len(loaded.state["applied"]) if loaded else 0
+    return found
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll `predicate` until true or `timeout_s` passed (the fault then lands as things are)."""
+    end = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < end:
+        time.sleep(0.2)
 
 
 def _disturb(fleet: _Fleet, cfg: ChaosConfig, rng: random.Random, backup: Path, schedule: _Schedule,
@@ -272,8 +294,7 @@ def _disturb(fleet: _Fleet, cfg: ChaosConfig, rng: random.Random, backup: Path, 
         if queue.counts().drained and queue.seeded():
             break
         _one_off(fleet, event, schedule, rng, data)
-        last = event == cfg.events - 1  # the events ran out: the copy (if taken) is put back now
-        _share_old(fleet, max(event, schedule.share_old_at) if last else event, schedule.share_old_at)
+        _share_old(fleet, event, schedule.share_old_at, last=event == cfg.events - 1)
         kind = rng.choice(DISTURBANCES)
         if kind.startswith("redis-"):
             _disturb_redis(cluster, kind, backup, rng, cfg, result)
