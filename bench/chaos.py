@@ -17,9 +17,12 @@ instant (the schedule comes from one seed, printed, so a failure can be replayed
   for longer than the lease: the platform's fault, which must charge no attempt and lose no lease.
 
 On top, Redis is SIGKILLed and restarted once (keeping its data) and wiped once (restarted empty:
-the workers restore the queue from the share). At the end every run must hold every shard exactly
-once, in order, nothing may be leased or pending or dead, the surviving workers must exit 0, and
-each run's weights must equal an undisturbed run's, bit for bit.
+the workers restore the queue from the share); the dataset is published without its day ``BACKFILL``,
+which arrives early in the run (a backfill: a new manifest version while workers hold the old one, the
+runs that applied later days rewound); and the share's output folder is copied once and put back later
+(restored from an older backup, Redis current: the days Redis calls done that it lacks are trained again).
+At the end every run must hold every shard exactly once, in order, nothing may be leased or pending or
+dead, the surviving workers must exit 0, and each run's weights must equal an undisturbed run's, bit for bit.
 
 ``python -m bench.chaos [--workers N] [--runs M] [--events K] [--seed S]`` exits 1 on any violation.
 """
@@ -27,18 +30,22 @@ each run's weights must equal an undisturbed run's, bit for bit.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.workload.harness import HPARAMS, Cluster, make_dataset, same_weights
+from tests.workload.exports import copy_files
+from tests.workload.harness import HPARAMS, ROOT, Cluster, make_dataset, same_weights
 from workload.core.errors import EXIT_INFRA
 from workload.data.dataset import Dataset
 from workload.queue.workqueue import WorkQueue
@@ -46,6 +53,7 @@ from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
 DISTURBANCES = ("kill", "term", "stop", "full", "redis-old", "redis-oom", "redis-freeze")
+BACKFILL = "training/2018-04-05.parquet"  # published mid-run: later than most claims, so it is a backfill
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class ChaosResult:
     redis_old: int = 0
     redis_ooms: int = 0
     redis_freezes: int = 0
+    backfills: int = 0  # a day published mid-run: a new manifest version under the workers' feet
+    share_restores: int = 0  # the share's output put back from an older copy
     not_replaced: int = 0  # pods that ended after a peer exited 0: Kubernetes starts no replacement
     wall_s: float = 0.0
     lost_work_s: float = 0.0  # upper bound: per SIGKILL of a lease holder, time since its run's last promote
@@ -86,7 +96,7 @@ class ChaosResult:
                 f"{self.kills} SIGKILL, {self.terms} SIGTERM, {self.stops} SIGSTOP past the lease, "
                 f"{self.full_shares} full share, {self.redis_restarts} Redis restart, {self.redis_wipes} Redis wipe, "
                 f"{self.redis_old} Redis from an old backup, {self.redis_ooms} Redis OOM, {self.redis_freezes} Redis "
-                "freeze, "
+                f"freeze, {self.backfills} backfill, {self.share_restores} share output from an older backup, "
                 f"{self.not_replaced} pod(s) not replaced after a success; "
                 f"wall {self.wall_s:.1f}s; lost work <= {self.lost_work_s:.2f}s (sum over SIGKILLs): {verdict}")
 
@@ -173,17 +183,21 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
     cluster = _cluster(workdir / "chaos", dataset_src, cfg)
     try:
         specs = run_specs(cfg.runs)
-        cluster.seed(dict(list(specs.items())[:max(1, cfg.runs // 2)]))
+        export = copy_files(dataset_src, workdir / "export", keep=lambda rel: rel != BACKFILL)
+        _seed(cluster, export, dict(list(specs.items())[:max(1, cfg.runs // 2)]))
         backup = cluster.copy_redis(workdir / "chaos-redis-backup")  # half the runs: a queue behind the share
-        cluster.seed(specs)
+        _seed(cluster, export, specs)
         fleet = _Fleet(cluster, result)
         for _ in range(cfg.workers):
             fleet.spawn()
-        # The Redis restart and wipe come early, so that they always happen before the queue drains.
+        # The Redis restart and wipe, the backfill and the share's restore come early, so that they always
+        # happen before the queue drains; the share's output is copied one event before it is put back.
         restart_at = rng.randrange(min(cfg.events, 3))
         wipe_at = rng.choice([e for e in range(min(cfg.events, 4)) if e != restart_at] or [restart_at])
+        schedule = _Schedule(restart_at, wipe_at, backfill_at=rng.randrange(min(cfg.events, 2)),
+                             share_old_at=1 + rng.randrange(max(1, min(cfg.events, 4) - 1)))
         started = time.monotonic()
-        _disturb(fleet, cfg, rng, backup, restart_at, wipe_at)
+        _disturb(fleet, cfg, rng, backup, schedule, (dataset_src, export, specs))
         codes = fleet.wait(time.monotonic() + cfg.timeout_s)
         result.wall_s = time.monotonic() - started
         result.violations += verify(cluster, reference, codes)
@@ -193,8 +207,85 @@ def run_chaos(cfg: ChaosConfig, workdir: Path) -> ChaosResult:
         cluster.server.kill()
 
 
-def _disturb(fleet: _Fleet, cfg: ChaosConfig, rng: random.Random, backup: Path, restart_at: int,
-             wipe_at: int) -> None:
+@dataclass(frozen=True)
+class _Schedule:
+    """The events at which the one-off faults land."""
+
+    restart_at: int
+    wipe_at: int
+    backfill_at: int
+    share_old_at: int  # the share's output put back at this event (or the last), copied at the first
+
+
+def _seed(cluster: Cluster, folder: Path, runs: dict[str, dict]) -> None:
+    """`seed --datasets folder`: publish what the folder holds (new days only) and enqueue every run's days."""
+    runs_file = cluster.share.parent / "runs.json"
+    runs_file.write_text(json.dumps(runs))
+    out = subprocess.run([sys.executable, "-m", "workload", "seed", "--datasets", str(folder), "--runs-file",
+                          str(runs_file)], env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"seed exited {out.returncode}: {out.stderr[-2000:]}")
+
+
+def _one_off(fleet: _Fleet, event: int, schedule: _Schedule, rng: random.Random,
+             data: tuple[Path, Path, dict[str, dict]]) -> None:
+    """The faults that land once: Redis restarted and wiped, the backfill."""
+    cluster, result = fleet.cluster, fleet.result
+    if event == schedule.restart_at:
+        cluster.server.kill()
+        time.sleep(rng.uniform(0.5, 1.5))
+        cluster.server.start()
+        result.redis_restarts += 1
+    if event == schedule.wipe_at:
+        cluster.wipe_redis()
+        result.redis_wipes += 1
+    if event == schedule.backfill_at:
+        dataset_src, export, specs = data
+        copy_files(dataset_src, export, keep=lambda rel: rel == BACKFILL)
+        _seed(cluster, export, specs)
+        result.backfills += 1
+
+
+def _share_old(fleet: _Fleet, event: int, share_old_at: int, last: bool) -> None:
+    """The share's output copied once a day is trained (at the first event), and put back at `share_old_at` (or
+    the last event) once a run holds more days than the copy: a restore that always loses trained days."""
+    cluster, result = fleet.cluster, fleet.result
+    output, backup = cluster.share / "output", cluster.share.parent / "output-backup"
+    if result.share_restores:
+        return
+    if not backup.exists():
+        _wait(lambda: any(_days_applied(output).values()))
+        with fleet.frozen():  # a consistent copy, as a backup of a quiesced share would be
+            shutil.copytree(output, backup)
+        if not last:
+            return
+    if event >= share_old_at or last:
+        copied = _days_applied(backup)
+        _wait(lambda: any(n > copied.get(run, 0) for run, n in _days_applied(output).items()))
+        with fleet.frozen():
+            shutil.rmtree(output)
+            shutil.copytree(backup, output)
+        result.share_restores += 1
+
+
+def _days_applied(output: Path) -> dict[str, int]:
+    """How many days each run's newest checkpoint under `output` records."""
+    found = {}
+    for run_dir in sorted(output.glob("*")) if output.is_dir() else []:
+        loaded = CheckpointStore(run_dir).load()
+        found[run_dir.name] = len(loaded.state["applied"]) if loaded else 0
+    return found
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll `predicate` until true or `timeout_s` passed (the fault then lands as things are)."""
+    end = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < end:
+        time.sleep(0.2)
+
+
+def _disturb(fleet: _Fleet, cfg: ChaosConfig, rng: random.Random, backup: Path, schedule: _Schedule,
+             data: tuple[Path, Path, dict[str, dict]]) -> None:
     """The events, each after a random pause, until the queue drains or no pod is left to disturb."""
     cluster, result = fleet.cluster, fleet.result
     queue = cluster.queue()
@@ -202,14 +293,8 @@ def _disturb(fleet: _Fleet, cfg: ChaosConfig, rng: random.Random, backup: Path, 
         time.sleep(rng.uniform(*cfg.gap_s))
         if queue.counts().drained and queue.seeded():
             break
-        if event == restart_at:
-            cluster.server.kill()
-            time.sleep(rng.uniform(0.5, 1.5))
-            cluster.server.start()
-            result.redis_restarts += 1
-        if event == wipe_at:
-            cluster.wipe_redis()
-            result.redis_wipes += 1
+        _one_off(fleet, event, schedule, rng, data)
+        _share_old(fleet, event, schedule.share_old_at, last=event == cfg.events - 1)
         kind = rng.choice(DISTURBANCES)
         if kind.startswith("redis-"):
             _disturb_redis(cluster, kind, backup, rng, cfg, result)
@@ -252,6 +337,18 @@ class _Fleet:
         name = f"full{self.spawned}"
         self.spawned += 1
         self.full[name] = self.cluster.start_worker(name, preexec_fn=_limit_file_size, INFRA_GIVE_UP_SECONDS="2")
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every live pod SIGSTOPped for the duration (well inside a lease), then SIGCONT."""
+        procs = [p for p in [*self.live.values(), *self.full.values()] if p.poll() is None]
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGCONT)
 
     def freeze(self, name: str, for_s: Callable[[], float]) -> None:
         """SIGSTOP for `for_s()` seconds (drawn only when the pod is alive), then SIGCONT."""

@@ -137,7 +137,8 @@ def launch_args(stack_job: str, load_wait_s: int, drain_s: int, scoring: bool) -
 
 
 def wait_drained_args(timeout_s: int) -> list[str]:
-    """``python -m workload wait-drained``: exit 0 once nothing is pending or leased, 3 after ``timeout_s``."""
+    """``python -m workload wait-drained``: exit 0 once nothing is pending or leased and the share holds every day
+    of its plan, 3 after ``timeout_s``."""
     return [WAIT_DRAINED, "--timeout", str(timeout_s)]
 
 

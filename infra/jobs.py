@@ -365,10 +365,11 @@ def training_spec(
 def scoring_spec(args: JobArgs, platform: Platform, seed_inputs: pulumi.Input[str]) -> dict[str, Any]:
     """The scoring Job's spec: the stack's scoring Job and the one the schedule starts share it.
 
-    An init container (``wait-drained``, CPU) first waits until the queue holds nothing pending or leased,
-    so every container scores with its run's newest model even when training still runs (a scheduled
-    load, or jobAwait=skip). It waits at most the training Job's own deadline and exits 3 past it; the
-    Job's deadline adds the scoring time (loaderTimeoutMinutes) to that wait."""
+    An init container (``wait-drained``, CPU) first waits until the queue holds nothing pending or leased and
+    the share's newest checkpoints hold every day of its plan, so every container scores with its run's newest
+    model even when training still runs (a scheduled load, or jobAwait=skip). It waits at most the training
+    Job's own deadline and exits 3 past it; the Job's deadline adds the scoring time (loaderTimeoutMinutes)
+    to that wait."""
     jobs, output, identity = args.jobs, args.data.output, platform.identities.worker
     assert output is not None and identity is not None, "a scoring Job needs outputUri"
     resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
@@ -383,7 +384,11 @@ def scoring_spec(args: JobArgs, platform: Platform, seed_inputs: pulumi.Input[st
     ]
     template["spec"]["initContainers"] = [{
         **base, "name": contract.WAIT_DRAINED, "args": contract.wait_drained_args(jobs.active_deadline_seconds),
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}},
+        # 1Gi: wait-drained reads the share's plan and each run's newest checkpoint (torch, pandas: 310 MB
+        # resident before the first checkpoint is read, measured with ru_maxrss), not Redis's counts alone.
+        # 250m keeps CPU:memory within Autopilot's 1:1..1:6.5 for general-purpose Pods, which it would otherwise
+        # raise itself (cloud.google.com/kubernetes-engine/docs/concepts/autopilot-resource-requests).
+        "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
     }]  # fmt: skip
     return {
         # A bad input (exit 2) fails the Job on its first pod, as the loader's; infra exits retry.

@@ -248,6 +248,33 @@ def store_features(root: Path) -> None:
              computed, time.monotonic() - started, kept)
 
 
+def _history_days(root: Path) -> set[str] | None:
+    """The history/ days of a published dataset; None before its first publish."""
+    if not (root / MANIFEST).exists():
+        return None
+    return {f["path"] for f in read_manifest(root)["files"] if f.get("role") == "history"}
+
+
+def late_history(share: Path, name: str, new: set[str]) -> None:
+    """History days published after a run trained days whose feature windows read them: those days' features
+    change (recomputed), the run's model does not (nothing retrains). Said in one line per run, with the fix."""
+    if not new:
+        return
+    from workload.model import lineage  # torch: only when history arrived late
+
+    dataset = ds.Dataset(share_paths(share)[0] / name)
+    affected = [d for d in dataset.training_shards() if any(f["path"] in new for f in dataset.feature_inputs(d))]
+    for run, spec in plan.live(share).items():
+        trained = set(lineage.applied_days(share_paths(share)[1] / run)) if spec.dataset == name else set()
+        days = [d for d in affected if d in trained]
+        if days:
+            log.warning("run %s trained %d day(s) (%s) before history day(s) %s that their feature windows read were "
+                        "published: those days' features changed, this run's model did not (nothing retrains). To "
+                        "train with them, seed the same hyperparameters under a new run name", run, len(days),
+                        ", ".join(days[:3]) + (f" and {len(days) - 3} more" if len(days) > 3 else ""),
+                        ", ".join(sorted(new)))
+
+
 def seed(args: argparse.Namespace) -> int:
     runs = load_runs(args)
     name = args.dataset
@@ -258,8 +285,11 @@ def seed(args: argparse.Namespace) -> int:
     datasets_dir, _ = share_paths(args.share)
     datasets_dir.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(datasets_dir)  # a seeder killed mid-simulation left its temporary folder behind
+    history = _history_days(datasets_dir / name)
     new_scoring = place_dataset(args, datasets_dir / name)
     store_features(datasets_dir / name)
+    if history is not None:
+        late_history(args.share, name, _history_days(datasets_dir / name) - history)
     queue = make_queue(args)
     for run, hp in runs.items():
         try:
@@ -292,8 +322,8 @@ def launch_jobs(args: argparse.Namespace) -> int:
 
 
 def wait_drained(args: argparse.Namespace) -> int:
-    """The scoring pod's first step: the newest models are the ones trained from every queued day."""
-    drained = launch.wait_drained(make_queue(args), args.timeout, args.poll)
+    """The scoring pod's first step: the newest models are the ones trained from every day of the share's plan."""
+    drained = launch.wait_drained(make_queue(args), args.share, args.timeout, args.poll)
     return 0 if drained else EXIT_INFRA
 
 
@@ -362,8 +392,9 @@ def print_status(args: argparse.Namespace, password: str | None) -> int:
     out = [f"queue {args.queue_prefix}: {c.total} items: {c.pending} pending, {c.leased} leased, {c.done} done, "
            f"{c.dead} dead-lettered" + ("  (drained)" if c.drained else "")]
     _, output_dir = share_paths(args.share)
+    truth = _truth(queue, args.share)
     for run, r in snap["runs"].items():
-        out.append(f"run {run}: {r['done']}/{r['total']} shards applied, {len(r['pending'])} pending, "
+        out.append(f"run {run}: {_applied(run, r, truth, output_dir)}, {len(r['pending'])} pending, "
                    f"{len(r['dead'])} dead-lettered")
         if r["lease"]:
             left = (int(r["lease"]["deadline"]) - snap["now_ms"]) / 1000
@@ -383,11 +414,35 @@ def print_status(args: argparse.Namespace, password: str | None) -> int:
         out.append(plan.gap(queue, args.share).line())
     except (plan.PlanError, DatasetError) as exc:
         out.append(f"share vs queue: cannot read the share's plan: {exc}")
+    if truth is not None and truth.line():
+        out.append(truth.line())
     if c.drained and not queue.seeded():
         out.append("the queue was never seeded (or Redis lost its data): a worker restores it from the share's "
                    "run records, or run `python -m workload seed`")
     print("\n".join(out))
     return 0
+
+
+def _truth(queue: WorkQueue, share: Path) -> plan.Truth | None:
+    """Redis's done days against the share's newest checkpoints; None when the share's plan cannot be read
+    (the gap line says why)."""
+    from workload.model import lineage  # torch: status reads the checkpoints' applied lists
+
+    try:
+        return plan.truth(queue, share, lineage.applied_days)
+    except (plan.PlanError, DatasetError):
+        return None
+
+
+def _applied(run: str, r: dict[str, Any], truth: plan.Truth | None, output_dir: Path) -> str:
+    """A run's days applied as its newest checkpoint on the share records them (the truth), not Redis's done."""
+    if truth is not None and run in truth.applied:
+        applied, total = truth.applied[run], truth.planned[run]
+    else:  # no run record on the share: its checkpoint's days against the items Redis holds
+        from workload.model import lineage
+
+        applied, total = (len(lineage.applied_days(output_dir / run)) if NAME.match(run) else 0), r["total"]
+    return f"{applied}/{total} shards applied" + (f" (Redis calls {r['done']} done)" if r["done"] != applied else "")
 
 
 # -- requeue ----------------------------------------------------------------------------------------
@@ -562,9 +617,11 @@ def add_launch(sub: Any) -> None:
 
 def add_wait_drained(sub: Any) -> None:
     """`wait-drained`: the scoring pod's init step (infra/jobs.py scoring_spec)."""
-    w = _sub(sub, "wait-drained", "wait until the queue holds nothing pending or leased; exit 0 when drained, "
-             "3 when --timeout passed or Redis stayed unreachable",
+    w = _sub(sub, "wait-drained", "wait until the queue holds nothing pending or leased and the share's newest "
+             "checkpoints hold every day of its plan; exit 0 then, 3 when --timeout passed (a wiped Redis waits for "
+             "a worker to restore it) or Redis stayed unreachable",
              "python -m workload wait-drained --timeout 3600")
+    add_share(w)
     add_redis(w)
     w.add_argument("--timeout", type=positive(float, "--timeout"), default=3600.0,
                    help="seconds to wait before giving up with exit 3 (no env; default 3600; the scoring Job "

@@ -1,5 +1,6 @@
 """A short chaos run in every `make test`: random SIGKILL/SIGTERM/SIGSTOP of workers, a full share,
-a Redis restart and a Redis wipe.
+a Redis restart and a Redis wipe, a backfill (a worker's view of the dataset goes stale) and the share's
+output restored from an older backup.
 
 The long version is `make chaos`; this one is sized to stay under a minute on two cores and still
 fails when any shard is lost, applied twice, or left leased or pending, or when weights drift.
@@ -21,7 +22,8 @@ def test_short_chaos_run_applies_every_shard_exactly_once(tmp_path: Path) -> Non
     print(result.summary())
     disturbed = (result.kills + result.terms + result.stops + result.full_shares + result.redis_old
                  + result.redis_ooms + result.redis_freezes)
-    assert disturbed >= 3 and result.redis_restarts == 1 and result.redis_wipes == 1, \
+    assert disturbed >= 3 and result.redis_restarts == 1 and result.redis_wipes == 1 and result.backfills == 1 \
+        and result.share_restores == 1, \
         f"the run finished before it was disturbed: {result.summary()}"
     assert not result.violations, "\n".join(result.violations)
 

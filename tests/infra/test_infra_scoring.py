@@ -87,7 +87,7 @@ def test_the_scorer_waits_for_training_within_its_deadline_on_cpu_it_reserves(st
     assert wait["name"] == contract.WAIT_DRAINED and wait["image"] == pod["containers"][0]["image"]
     assert wait["args"] == [contract.WAIT_DRAINED, "--timeout", str(cfg.jobs.active_deadline_seconds)]
     assert parser().parse_args(wait["args"]).timeout == cfg.jobs.active_deadline_seconds  # the CLI's own flag
-    assert wait["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
+    assert wait["resources"] == {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
     assert {c["name"]: c["resources"] for c in pod["containers"]} == {
         f"{contract.SCORER}-{i}": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
         for i in range(len(SWEEP))}

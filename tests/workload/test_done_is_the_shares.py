@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from harness import Cluster, same_weights
+from test_share_truth import cli
+
+from workload.core.errors import EXIT_INFRA
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,11 +43,23 @@ def test_a_share_restored_from_an_older_backup_is_trained_up_to_redis_before_exi
     behind = cluster.final_state()["applied"]
     assert behind == days[:len(behind)] and len(behind) < len(days)
     assert cluster.counts().done == len(days), "Redis still calls every day done"
+    lost = days[len(behind):]
+    status = cli(cluster, "status")
+    assert f"run main: {len(behind)}/{len(days)} shards applied (Redis calls {len(days)} done)" in status.stdout, \
+        status.stdout
+    (line,) = [x for x in status.stdout.splitlines() if "DISAGREE" in x]
+    assert line.startswith(f"share vs queue: DISAGREE: Redis calls {len(lost)} day(s) done that their run's newest "
+                           f"checkpoint on the share does not record (main/{lost[0]}"), line
+    scorer = cli(cluster, "wait-drained", "--timeout", "0.2", "--poll", "0.1")  # the scorer waits for the share
+    assert scorer.returncode == EXIT_INFRA and f"but Redis calls {len(lost)} day(s) done that" in scorer.stderr, \
+        scorer.stderr
     cluster.new_job()
     cluster.start_worker("w2")
     assert cluster.wait_all() == [0, 0], cluster.log("w2")
     final = cluster.final_state()
     assert final["applied"] == days and same_weights(final, reference_state)
+    agreed = cli(cluster, "status").stdout
+    assert f"run main: {len(days)}/{len(days)} shards applied, 0 pending" in agreed and "DISAGREE" not in agreed, agreed
     log = cluster.log("w2")
     assert log.count("that their run's newest checkpoint on the share does not record") == 1, log
     assert f"Redis calls {len(days) - len(behind)} day(s) done" in log, log

@@ -263,6 +263,28 @@ def test_a_peer_claiming_the_last_day_between_an_ack_and_its_check_exports_nothi
     assert load_model_from(bucket, "a", cluster.share.parent).applied == cluster.final_state("a")["applied"]
 
 
+def test_a_run_whose_last_ack_reply_was_lost_is_still_exported_once(cluster: Cluster, tmp_path: Path) -> None:
+    """The worker's client reaches Redis through a proxy that swallows the reply to the run's last ack (Redis ran
+    it: nothing of the run left) and closes the connection. The client sends the ack again and hears "already
+    acked, by you": the run is still exported to OUTPUT_URI, once, from the share's complete newest checkpoint."""
+    from test_queue_lost_reply import ReplyDropper
+
+    out = tmp_path / "results"
+    cluster.env_extra.update(OUTPUT_URI=str(out))
+    cluster.seed({"a": {"epochs": 1, "hidden": [8], "window_days": 1}})
+    proxy = ReplyDropper(cluster.server.port)
+    try:
+        proxy.arm(match=b"*3\r\n:1\r\n$2\r\nw1\r\n:0\r\n")  # {acked, by w1, 0 of the run left}
+        cluster.start_worker("w1", REDIS_URL=f"redis://127.0.0.1:{proxy.port}/0")
+        assert cluster.wait_all() == [0], cluster.log("w1")
+    finally:
+        proxy.close()
+    log = cluster.log("w1")
+    assert proxy.dropped and "a/training/2018-04-06.parquet: the reply to our ack was lost" in log, log
+    assert re.findall(r"exported run a \((\d+) day\(s\) applied", log) == ["6"], log
+    assert load_model(out / "a" / MODEL_FILE).applied == cluster.final_state("a")["applied"]
+
+
 def load_model_from(bucket, run: str, folder: Path):
     path = folder / f"{run}.safetensors"
     bucket.blob(f"out/{run}/{MODEL_FILE}").download_to_filename(path)
@@ -509,7 +531,15 @@ def test_the_worker_hook_exports_to_OUTPUT_URI_only_when_set_and_only_warns_on_f
     assert caplog.records == [] and list(bucket.client.list_blobs(bucket)) == []
 
     monkeypatch.setenv("OUTPUT_URI", f"gs://{bucket.name}/out")
-    export_finished_run(share, "main")
+    days = list(CheckpointStore(share / "output" / "main").load().state["applied"])
+    export_finished_run(share, "main", [*days, "training/2018-04-09.parquet"])  # the share holds less than the plan
+    assert list(bucket.client.list_blobs(bucket)) == [], "a run short of a day of its plan was exported"
+    assert [r.getMessage() for r in caplog.records if r.name == "workload.model.export"] == [
+        f"run main: not exported to gs://{bucket.name}/out: the share's newest checkpoint records {len(days)} of the "
+        f"run's {len(days) + 1} day(s) (a rewind under way, or the output restored from an older backup?); the worker "
+        "that applies the last day exports it"]
+    caplog.clear()
+    export_finished_run(share, "main", days)
     assert sorted(b.name for b in bucket.client.list_blobs(bucket)) == sorted(f"out/main/{name}" for name in FILES)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 

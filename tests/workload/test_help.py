@@ -84,7 +84,7 @@ def test_the_share_and_redis_flags_say_where_the_password_and_the_volume_come_fr
                 assert sentence in text, f"{name}: {text}"
                 offered[flag].add(name)
     assert offered == {"--redis-url": {"seed", "launch", "worker", "status", "requeue", "wait-drained"},
-                       "--share": {"seed", "worker", "status", "export"}}
+                       "--share": {"seed", "worker", "status", "export", "wait-drained"}}
 
 
 # Every text `--help` prints, as reviewed: argparse's layout changes between Python versions, so the texts are kept,

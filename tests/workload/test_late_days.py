@@ -117,3 +117,26 @@ def test_a_dead_day_requeued_after_later_days_is_applied_in_date_order(cluster: 
     assert cluster.wait_all() == [0], cluster.log("w2")
     assert "rewinding run main to ckpt-" in cluster.log("w2")
     assert_in_order(cluster, reference_state)
+
+
+def test_a_history_day_published_after_the_run_trained_is_named_with_how_to_retrain(cluster: Cluster,
+                                                                                     tmp_path: Path) -> None:
+    """The run trains five days; then the day before them arrives as history/ (feature windows only). Nothing
+    retrains (a run is one lineage), but seed names, in one line, the run and the days trained without it, and
+    how to train with it."""
+    first = "training/2018-04-01.parquet"
+    folder = copy_files(cluster.dataset_src, tmp_path / "export", keep=lambda rel: rel != first)
+    runs_file = tmp_path / "runs.json"
+    runs_file.write_text(json.dumps({"main": {"epochs": 1, "batch_size": 256, "hidden": [8]}}))
+    assert cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file)).returncode == 0
+    cluster.start_worker("w1")
+    assert cluster.wait_all() == [0], cluster.log("w1")
+    copy_files(cluster.dataset_src, folder, keep=lambda rel: rel == first, role_of=lambda rel: "history")
+    out = cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file))
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if "before history day(s)" in x]
+    assert "run main trained " in line and " day(s) (training/2018-04-02.parquet" in line, line
+    assert "before history day(s) history/2018-04-01.parquet that their feature windows read were published" in line
+    assert line.endswith("To train with them, seed the same hyperparameters under a new run name"), line
+    again = cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file))
+    assert "before history day(s)" not in again.stderr, "said once, when the day arrives"

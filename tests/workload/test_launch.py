@@ -71,6 +71,9 @@ def test_new_scoring_days_are_in_the_request_and_never_enqueued(cluster: Cluster
 
 
 def _wait_drained(cluster: Cluster, timeout_s: float, **extra: str) -> subprocess.Popen[str]:
+    """`wait-drained` against the cluster's Redis; a share without run records unless SHARE_DIR is given (these
+    tests mark days done without training them: the share's side is test_share_truth's and test_launch_inprocess's)."""
+    extra.setdefault("SHARE_DIR", str(cluster.share.parent / "no-plan"))
     return subprocess.Popen(
         [sys.executable, "-m", "workload", "wait-drained", "--timeout", str(timeout_s), "--poll", "0.1"],
         env=cluster.env(**extra), cwd=ROOT, stderr=subprocess.PIPE, text=True,

@@ -267,15 +267,42 @@ def test_the_scorer_waits_for_a_drained_queue_within_its_deadline(cluster: Clust
     pending = queue.counts().pending
     caplog.set_level(logging.INFO, logger=launch.log.name)
     started = time.monotonic()
-    assert not launch.wait_drained(queue, 0.3, poll_s=5.0)  # waits its deadline, not a whole poll
+    assert not launch.wait_drained(queue, cluster.share, 0.3, poll_s=5.0)  # waits its deadline, not a whole poll
     assert time.monotonic() - started < 2.0
     assert f"waiting for training to finish: {pending} pending, 1 leased" in caplog.messages
     assert f"queue not drained after 0s: {pending} pending, 1 leased" in caplog.messages
     queue.mark_done(plan.items(cluster.share))
     caplog.clear()
-    assert not launch.wait_drained(queue, 0.0, poll_s=0.01)  # the leased one: still not drained
+    assert not launch.wait_drained(queue, cluster.share, 0.0, poll_s=0.01)  # the leased one: still not drained
     assert caplog.messages == ["queue not drained after 0s: 0 pending, 1 leased"]
     assert queue.ack(lease)
     caplog.clear()
-    assert launch.wait_drained(queue, 0.0)
+    assert launch.wait_drained(queue, cluster.share / "no-plan", 0.0)  # a share with no run records: Redis decides
     assert caplog.messages == []
+
+
+def test_the_scorer_waits_for_the_shares_plan_not_only_for_redis(cluster: Cluster,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Redis drained is not enough: days Redis calls done that no checkpoint on the share records, a wiped
+    (unseeded) Redis, and a Redis that lacks days of the share's plan each keep the scorer waiting, and its
+    deadline's line says which."""
+    cluster.seed()
+    queue = cluster.queue()
+    queue.mark_done(plan.items(cluster.share))  # "done" in Redis, nothing trained on the share
+    caplog.set_level(logging.ERROR, logger=launch.log.name)
+    assert not launch.wait_drained(queue, cluster.share, 0.0)
+    assert caplog.messages == [
+        "queue not drained after 0s: 0 pending, 0 leased, but Redis calls 6 day(s) done that their run's newest "
+        "checkpoint on the share does not record (main/training/2018-04-01.parquet, main/training/2018-04-02.parquet, "
+        "main/training/2018-04-03.parquet and 3 more): a worker trains them"]
+    cluster.wipe_redis()
+    caplog.clear()
+    assert not launch.wait_drained(queue, cluster.share, 0.0)
+    assert caplog.messages == ["queue not drained after 0s: 0 pending, 0 leased, but the queue is empty and unseeded "
+                               "while the share records 1 run(s) (Redis lost its data?): a worker restores it from "
+                               "the share"]
+    queue.mark_seeded()  # seeded, but empty: a Redis from before the seed that added the run
+    caplog.clear()
+    assert not launch.wait_drained(queue, cluster.share, 0.0)
+    assert caplog.messages[0].startswith("queue not drained after 0s: 0 pending, 0 leased, but the queue lacks 6 "
+                                         "item(s) of the share's plan (main/training/2018-04-01.parquet, ")

@@ -28,12 +28,15 @@ class ReplyDropper:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.armed = threading.Event()
+        self.match = b""
         self.dropped: list[bytes] = []
         self.lock = threading.Lock()
         self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self) -> None:
+    def arm(self, match: bytes = b"") -> None:
+        """Drop the next reply (that contains `match`: another, a heartbeat's, goes through)."""
+        self.match = match
         self.armed.set()
 
     def _accept(self) -> None:
@@ -51,7 +54,7 @@ class ReplyDropper:
     def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
-                if replies and self.armed.is_set():
+                if replies and self.armed.is_set() and self.match in data:
                     with self.lock:
                         if self.armed.is_set():
                             self.armed.clear()

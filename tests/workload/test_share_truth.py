@@ -6,6 +6,7 @@ Through the command line, against a real redis-server and real worker processes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -159,3 +160,32 @@ def test_a_redis_out_of_memory_for_good_ends_the_worker_with_exit_3_and_no_trace
     assert "Traceback" not in log and "ERROR workload [w]: Redis unable to serve for 2s during " in log, log
     c = cluster.counts()
     assert (c.pending, c.dead) == (6, 0) and admin.hlen(cluster.queue().keys.attempts) == 0
+
+
+def test_wait_drained_on_a_redis_wiped_mid_run_waits_for_the_share_and_says_why(cluster: Cluster) -> None:
+    """Redis is wiped while the only worker is frozen mid-run, and the scorer's `wait-drained` starts: an empty,
+    unseeded queue is not a drained one. With a short deadline it exits 3 saying why in one line; with a long
+    one it waits until the worker (thawed) restored the queue from the share and trained every day, and only then
+    exits 0, the share's newest checkpoint holding every day of the plan."""
+    cluster.seed({"main": QUICK})
+    w = cluster.start_worker("w")
+    cluster.wait_for(lambda: cluster.counts().done >= 2, timeout_s=120, what="two days done")
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        cluster.wipe_redis()
+        short = cli(cluster, "wait-drained", "--timeout", "0.3", "--poll", "0.1")
+        (line,) = [x for x in short.stderr.splitlines() if " ERROR " in x]
+        assert short.returncode == EXIT_INFRA and line.endswith(
+            "queue not drained after 0s: 0 pending, 0 leased, but the queue is empty and unseeded while the share "
+            "records 1 run(s) (Redis lost its data?): a worker restores it from the share"), short.stderr
+        err = cluster.share.parent / "scorer.log"
+        with err.open("w") as sink:
+            scorer = subprocess.Popen([sys.executable, "-m", "workload", "wait-drained", "--timeout", "150", "--poll",
+                                       "0.5"], env=cluster.env(), cwd=ROOT, stderr=sink, text=True)
+        cluster.wait_for(lambda: "but the queue is empty and unseeded" in err.read_text(), what="the scorer waiting")
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    assert scorer.wait(timeout=150) == 0, err.read_text()
+    shards = Dataset(cluster.share / "datasets" / "fraud").training_shards()
+    assert cluster.final_state()["applied"] == shards, "wait-drained exited 0 before the share held every day"
+    assert cluster.wait_all() == [0], cluster.log("w")

@@ -147,6 +147,7 @@ class RunExport:
     run: str
     files: dict[str, bytes]
     days_applied: int
+    applied: tuple[str, ...] = ()  # the days, in the order the exported model applied them
 
 
 def collect(share: Path, run: str) -> RunExport:
@@ -177,7 +178,7 @@ def collect(share: Path, run: str) -> RunExport:
     files[REPORT_HTML] = report_html.render(state.run, state.hparams, list(state.history),
                                             {p: files[p] for p in PICTURES if p in files},
                                             list(state.reapplied)).encode()
-    return RunExport(run=run, files=files, days_applied=len(state.applied))
+    return RunExport(run=run, files=files, days_applied=len(state.applied), applied=tuple(state.applied))
 
 
 # -- destinations -----------------------------------------------------------------------------------
@@ -261,19 +262,27 @@ def write_gs(export: RunExport, uri: str, client: Any | None = None) -> str:
     return f"gs://{bucket_name}/{folder}"
 
 
-def export_run(share: Path, run: str, to: str) -> str:
-    """Export `run` to a local folder or gs://bucket/prefix; returns where it went."""
+def export_run(share: Path, run: str, to: str, days: list[str] | None = None) -> str | None:
+    """Export `run` to a local folder or gs://bucket/prefix; returns where it went. With `days` (the run's plan,
+    in date order), only a newest checkpoint that records exactly them is exported: None, and one line, when the
+    share holds less (a rewind under way, an output folder restored from an older backup)."""
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", to) and not to.startswith("gs://"):
         raise ExportError(f"--to {to}: only gs://bucket/prefix or a local folder is supported")
     export = collect(share, run)
+    if days is not None and list(export.applied) != days:
+        log.warning("run %s: not exported to %s: the share's newest checkpoint records %d of the run's %d day(s) "
+                    "(a rewind under way, or the output restored from an older backup?); the worker that applies "
+                    "the last day exports it", run, to, len(set(export.applied) & set(days)), len(days))
+        return None
     where = write_gs(export, to) if to.startswith("gs://") else write_dir(export, Path(to))
     log.info("exported run %s (%d day(s) applied: %s) to %s", run, export.days_applied,
              ", ".join(export.files), where)
     return where
 
 
-def export_finished_run(share: Path, run: str) -> None:
-    """The worker's hook, called after it acked a run's last day: export to $OUTPUT_URI if set.
+def export_finished_run(share: Path, run: str, days: list[str] | None = None) -> None:
+    """The worker's hook, called after it acked a run's last day: export to $OUTPUT_URI if set, the share's
+    newest state, only when it records every one of `days` (the run's plan; `export_run`).
 
     A failure here is an infrastructure problem (bucket permissions, network), never the item's:
     the day is trained and acked already. It is logged with the command that retries it by hand."""
@@ -281,7 +290,7 @@ def export_finished_run(share: Path, run: str) -> None:
     if not uri:
         return
     try:
-        export_run(share, run, uri)
+        export_run(share, run, uri, days)
     except Exception as exc:  # noqa: BLE001 - whatever it is, training must not pay for it
         log.warning("run %s is trained, but exporting it to %s (%s) failed: %s. Retry by hand: "
                     "python -m workload export --run %s --to %s", run, uri, OUTPUT_URI_ENV, exc, run, uri)

@@ -279,3 +279,66 @@ def confirm_done(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> li
                     len(back), _some(back))
     return back
 
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Redis's done days against each run's newest valid checkpoint on the share: what `status` shows as
+    applied, and where the two disagree."""
+
+    applied: dict[str, int]  # run -> days of its plan that its newest checkpoint on the share records
+    planned: dict[str, int]  # run -> days of its plan
+    done_not_applied: list[str]  # item ids Redis calls done that the share does not record
+    applied_not_done: list[str]  # item ids the share records that Redis does not call done
+
+    def line(self) -> str | None:
+        """One line where Redis and the share disagree (which days, how many); None where they agree."""
+        parts = []
+        if self.done_not_applied:
+            parts.append(f"Redis calls {len(self.done_not_applied)} day(s) done that their run's newest checkpoint "
+                         f"on the share does not record ({_some(self.done_not_applied)}): a worker puts them back "
+                         "to pending and trains them")
+        if self.applied_not_done:
+            parts.append(f"the share records {len(self.applied_not_done)} day(s) applied that Redis does not call "
+                         f"done ({_some(self.applied_not_done)}): a worker acks them without training")
+        return "share vs queue: DISAGREE: " + "; ".join(parts) if parts else None
+
+
+def truth(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> Truth:
+    """Compare what Redis calls done with what the share's newest checkpoints record, run by run (`applied_days`
+    as in `restore`). The share is the truth: "applied" is what its checkpoints record."""
+    specs = live(share)
+    todo = items(share, specs)
+    done = queue.done_ids()
+    _, output_dir = share_paths(share)
+    on_share = {run: applied_days(output_dir / run) for run in specs}
+    applied = {run: 0 for run in specs}
+    planned = {run: 0 for run in specs}
+    for it in todo:
+        planned[it.run] += 1
+        applied[it.run] += it.shard in on_share[it.run]
+    return Truth(applied=applied, planned=planned,
+                 done_not_applied=[it.id for it in todo if it.id in done and it.shard not in on_share[it.run]],
+                 applied_not_done=[it.id for it in todo if it.id not in done and it.shard in on_share[it.run]])
+
+
+def not_done(queue: WorkQueue, share: Path, applied_days: AppliedDays) -> str | None:
+    """Why the share's plan is not done although Redis may say the queue is drained, in words; None when
+    every day of the share's plan is in its run's newest checkpoint (or Redis holds it pending, leased or
+    dead-lettered: the caller counts those). What `wait-drained` waits on, besides the queue's counts."""
+    specs = live(share)
+    if not specs:
+        return None
+    if not queue.seeded():
+        return (f"the queue is empty and unseeded while the share records {len(specs)} run(s) (Redis lost its "
+                "data?): a worker restores it from the share")
+    lacking = gap(queue, share)
+    if lacking.missing_items:  # a token counter behind alone leaves nothing untrained
+        return (f"the queue lacks {len(lacking.missing_items)} item(s) of the share's plan "
+                f"({_some(lacking.missing_items)}): a worker adds them")
+    missing = unconfirmed(queue, share, applied_days)
+    if missing:
+        ids = [it.id for it in missing]
+        return (f"Redis calls {len(ids)} day(s) done that their run's newest checkpoint on the share does not "
+                f"record ({_some(ids)}): a worker trains them")
+    return None

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workload.data.dayfile import DatasetError
+from workload.queue import plan
 from workload.queue.workqueue import Counts, LaunchRequest, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -65,22 +67,42 @@ def should_score(new_scoring_days: int, training_launched: bool) -> bool:
     return new_scoring_days > 0 or training_launched
 
 
-def wait_drained(queue: WorkQueue, deadline_s: float, poll_s: float = 5.0) -> bool:
-    """Wait until nothing is pending or leased (every item done or dead-lettered), so the scorer reads
-    the newest models; False when ``deadline_s`` passed first. The whole queue, not only the scored
-    runs: a run's newest model is final only when its days are applied, and the queue's counts are one
-    atomic read (WorkQueue.counts) where a per-run view would need its own script."""
+def wait_drained(queue: WorkQueue, share: Path | None, deadline_s: float, poll_s: float = 5.0) -> bool:
+    """Wait until nothing is pending or leased (every item done or dead-lettered) AND the share holds every
+    day of its plan in each run's newest checkpoint (`plan.not_done`), so the scorer reads the newest models;
+    False when ``deadline_s`` passed first, with why in one line. A wiped Redis (empty, unseeded) is not a
+    drained queue, nor is one that calls days done that the share lacks (restored from an older snapshot, or
+    the share from an older backup): the workers restore and train them, and this waits for it. The whole
+    queue, not only the scored runs: a run's newest model is final only when its days are applied, and the
+    queue's counts are one atomic read (WorkQueue.counts) where a per-run view would need its own script.
+    Without a share (the launcher, which mounts none) only Redis is asked: the scoring pod it posts checks the
+    share in its own first step."""
     end = time.monotonic() + deadline_s
     while True:
-        c = queue.counts()
-        if c.drained:
+        why = _waiting_for(queue, share)
+        if why is None:
             return True
         left = end - time.monotonic()
         if left <= 0:
-            log.error("queue not drained after %.0fs: %d pending, %d leased", deadline_s, c.pending, c.leased)
+            log.error("queue not drained after %.0fs: %s", deadline_s, why)
             return False
-        log.info("waiting for training to finish: %d pending, %d leased", c.pending, c.leased)
+        log.info("waiting for training to finish: %s", why)
         time.sleep(min(poll_s, left))
+
+
+def _waiting_for(queue: WorkQueue, share: Path | None) -> str | None:
+    """What the scorer still waits for, in words; None when the queue is drained and the share holds its plan."""
+    c = queue.counts()
+    counts = f"{c.pending} pending, {c.leased} leased"
+    if not c.drained or share is None:
+        return None if c.drained else counts
+    from workload.model import lineage  # torch: only once the queue looks drained
+
+    try:
+        why = plan.not_done(queue, share, lineage.applied_days)
+    except (plan.PlanError, DatasetError) as exc:
+        why = f"cannot read the share's plan: {exc}"
+    return None if why is None else f"{counts}, but {why}"
 
 
 def read_job(path: Path, what: str = "training") -> dict[str, Any]:
@@ -240,7 +262,7 @@ def launch_scoring(queue: WorkQueue, request: LaunchRequest, job: Path, training
     if not should_score(request.scoring_days + request.rescore, training_launched):
         return "nothing new to score: no scoring Job"
     body = read_job(job, "scoring")
-    if not wait_drained(queue, drain_s, poll_s):
+    if not wait_drained(queue, None, drain_s, poll_s):
         raise LaunchError(f"scoring Job: the queue was not drained within {drain_s:g}s; the next launch "
                           "tries again")
     name = body.get("metadata", {}).get("name")

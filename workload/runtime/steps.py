@@ -37,9 +37,11 @@ import numpy as np
 
 from workload.core import faults
 from workload.data.dataset import Dataset, Examples
+from workload.data.dayfile import DatasetError
 from workload.model import export, lineage, report
 from workload.model.hparams import HParams
 from workload.model.lineage import Checkpoint, ClosedDay, Lineage
+from workload.queue import plan
 from workload.queue.workqueue import Lease, WorkQueue
 from workload.runtime.config import WorkerConfig
 from workload.runtime.heartbeat import Heartbeat, LeaseLost
@@ -211,13 +213,32 @@ class Attempt:
             faults.point("acked")
             # We acked the run's last day: results to $OUTPUT_URI (a failure there only warns). Judged by
             # the ack itself: asked afterwards, a peer that just claimed the next day makes the run look done.
-            if os.environ.get(export.OUTPUT_URI_ENV) and res.finished_run:
-                export.export_finished_run(self.cfg.share, self.item.run)
+            if res.finished_run:
+                self.export()
+        elif res.state == "already-done" and res.by == self.lease.owner:
+            # Our own ack, sent again after its reply was lost (the connection died after Redis ran it): we never
+            # learnt whether it finished the run, so the share decides (`export` exports only a complete run).
+            log.warning("%s: the reply to our ack was lost; its retry found the item acked (by us)", self.item.id)
+            if self.queue.pending_in_run(self.item.run) == 0:
+                self.export()
         elif res.state == "already-done":
             log.warning("%s was already acked by %s: nothing to do", self.item.id, res.by)
         else:
             log.warning("ack of %s refused: token %d no longer holds the lease (a newer owner has it; its "
                         "checkpoint records our work if it was promoted)", self.item.id, self.lease.token)
+
+    def export(self) -> None:
+        """The run's results to $OUTPUT_URI, when set: the share's newest state, and only when it holds every day
+        of the run's plan (a rewind under way exports nothing; its last day's worker will)."""
+        if not os.environ.get(export.OUTPUT_URI_ENV):
+            return
+        try:
+            spec = plan.spec(self.cfg.share, self.item.run)
+            days = None if spec is None else [it.shard for it in plan.items(self.cfg.share, {spec.run: spec})]
+        except (plan.PlanError, DatasetError) as exc:  # acked already: nothing here may cost the item anything
+            log.warning("run %s: not exported: its plan on the share cannot be read: %s", self.item.run, exc)
+            return
+        export.export_finished_run(self.cfg.share, self.item.run, days)
 
     def release_for_peer(self) -> Outcome:
         """Stopped (SIGTERM): give the item back at no cost so a peer resumes it at once."""
