@@ -207,8 +207,11 @@ STOP_POINTS = ["claimed:2", "mid-write:4", "checkpoint-written:3", "promote:3", 
 @pytest.mark.parametrize("point", STOP_POINTS)
 def test_a_worker_frozen_past_its_lease_changes_nothing(cluster: Cluster, reference_state: dict, point: str) -> None:
     """SIGSTOP at `point` (a frozen VM): the lease expires, a peer takes over and makes progress, the
-    frozen worker is resumed, later the peer is SIGKILLed. Exactly once, bit for bit, one report block
-    per day, and the resumed worker wrote nothing under its stale token."""
+    frozen worker is resumed, later the peer is SIGKILLed and the resumed worker, alone, reaps the peer's lease
+    and finishes the run. Exactly once, bit for bit, one report block per day, and the resumed worker wrote
+    nothing under its stale token. (No third worker: each Python worker costs ~4 s of CPU to import torch, and
+    the once-stale worker finishing the run is the harder case; a fresh worker reaping a SIGKILLed one's lease
+    is what test_sigkill_at_a_dangerous_point proves.)"""
     cluster.seed()
     victim = cluster.start_worker("victim", WORKLOAD_FAULT=point, WORKLOAD_FAULT_ACTION="stop")
     cluster.wait_for(lambda: is_stopped(victim), timeout_s=120, what="the victim to freeze")
@@ -231,8 +234,7 @@ def test_a_worker_frozen_past_its_lease_changes_nothing(cluster: Cluster, refere
         peer.send_signal(signal.SIGKILL)
         peer.wait()
     cluster.procs.remove(peer)
-    cluster.start_worker("peer2")
-    assert cluster.wait_all() == [0, 0], cluster.log("victim") + cluster.log("peer2")
+    assert cluster.wait_all() == [0], cluster.log("victim")
     assert_exactly_once(cluster, reference_state)
     after = cluster.log("victim").split("lost the lease")[-1] if "lost the lease" in cluster.log("victim") else ""
     assert f"acked {stale_item}\n" not in after and f"{stale_item} applied" not in after
