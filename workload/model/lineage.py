@@ -275,14 +275,19 @@ class Rewind:
         return _boundary(raw) and tuple(raw["applied"]) == self.earlier
 
     def target(self, store: CheckpointStore, run: str) -> Checkpoint | None:
-        """The boundary to go back to; None for a cold start. ItemFault when it is gone from the store."""
+        """The boundary to go back to; None for a cold start. When retention pruned it (docs/architecture.md,
+        Checkpoints), the nearest kept boundary before it: its applied days a prefix of `earlier` (a cold start
+        when none is); the caller then trains the days missing from it first (`Start.detour`). Nothing is
+        refused: however far back the day is, the run can go back to a kept boundary or start cold."""
         found = load(store, accept=self.is_target)
-        if found is None and self.earlier:
-            raise ItemFault(f"run {run}: day {self.day} arrived after later days were applied "
-                            f"({self.later[0]} ...), and the boundary checkpoint before it is no longer in "
-                            f"{store.dir}: retrain from scratch by seeding a new run name with the same "
-                            "hyperparameters (seed --runs-file), which applies every day in date order")
-        return found
+        if found is not None or not self.earlier:
+            return found
+        return load(store, accept=self.is_prefix)
+
+    def is_prefix(self, raw: dict[str, Any]) -> bool:
+        """Whether a checkpoint is a boundary that holds the first days of `earlier`, in order (or none)."""
+        applied = tuple(raw["applied"])
+        return _boundary(raw) and applied == self.earlier[:len(applied)]
 
     def record(self, target: Checkpoint | None, order: list[str] | None = None) -> dict[str, Any]:
         """The lineage's record of this rewind (the report lists each); `order`: the dataset's, which names an
@@ -302,6 +307,10 @@ class Start:
     checkpoint: Checkpoint | None
     again: tuple[tuple[str, int], ...] = ()
     reapplied: tuple[dict[str, Any], ...] | None = None
+    # The rewind's own boundary was pruned: the kept boundary before it (`checkpoint`) lacks these earlier days,
+    # so they go back to pending (with `again`), that boundary is promoted again as the newest, and the day is
+    # released to be claimed after them, not trained now.
+    detour: tuple[tuple[str, int], ...] = ()
 
 
 def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order: Callable[[], list[str]],
@@ -318,6 +327,15 @@ def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order:
     if rewind is None:
         return Start(found)
     target = rewind.target(store, run)
+    held = len(target.state.applied) if target else 0
+    if held < len(rewind.earlier):
+        pos = {d: i for i, d in enumerate(days)}
+        missing = tuple((d, pos[d]) for d in rewind.earlier[held:])
+        record = rewind.record(target, days)
+        log.warning("%s/%s: the boundary holding %d day(s) before it was pruned; the nearest kept one is %s: "
+                    "it is promoted again, and %s and every day after it go back to pending and are applied "
+                    "again in date order", run, day, len(rewind.earlier), record["from"], missing[0][0])
+        return Start(target, (*missing, *rewind.again), (*found.state.reapplied, record), detour=missing)
     record = rewind.record(target, days)
     log.warning("%s/%s: %s; rewinding run %s to %s and applying %s again after it", run, day, record["why"], run,
                 record["from"], ", ".join(record["reapplied"]))
