@@ -9,7 +9,9 @@ mid-way, whether a checkpoint is a day boundary, which days a late day must re-a
 
 The rewind rule lives here too (`Rewind`): a day that arrives after later days were applied goes back to
 the boundary checkpoint that holds exactly the days before it, and the days after it are applied again in
-date order. The checkpoint store keeps every boundary (`LineageState.is_boundary`, handed to it at save),
+date order; where retention pruned that boundary, the nearest kept one before it is promoted again and the days
+it lacks are applied first (`Start.detour`). The checkpoint store keeps the newest boundaries and a ladder of
+older ones (`LineageState.is_boundary`, handed to it at save; `workload.share.checkpoint.ladder`),
 the queue puts the later days back (`WorkQueue.reapply`, called only by `Attempt.rewind`), and `restore`
 marks done only what a checkpoint records (`applied_days`).
 
@@ -161,7 +163,8 @@ class LineageState:
     # -- what the runtime asks ---------------------------------------------------------------------
     @property
     def is_boundary(self) -> bool:
-        """A day boundary: no day is half-trained (what a late day rewinds to; retention keeps every one)."""
+        """A day boundary: no day is half-trained (what a late day rewinds to; retention keeps the newest ones
+        and a ladder of older ones)."""
         return self.progress is None
 
     @property

@@ -15,8 +15,8 @@ written, and readers decide by it:
   late it lands) is never read while a higher one is readable;
 * a writer promotes only while no higher manifest exists, and after the lease check (`may_promote`);
 * retention deletes a file only if no manifest on the share names it and its token is not above
-  the writer's own: a stale writer can never delete what the current holder loads, and every
-  shard-boundary checkpoint of every kept manifest stays (a late day rewinds to the one before it).
+  the writer's own: a stale writer can never delete what the current holder loads. A manifest keeps the
+  newest checkpoints and the day boundaries `ladder` picks (a late day rewinds to the kept one before it).
 
 **What grows with the run stays out of the file.** A checkpoint's list-valued keys named in `SPILLED` (the
 run's history, one entry per applied day) are written in immutable segments of `SEGMENT` entries under
