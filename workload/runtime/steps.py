@@ -145,7 +145,7 @@ class Attempt:
         whose days the queue re-acks, and this day detours again."""
         state = run.checkpoint(self.item.id)
         if self.store.save(state.to_checkpoint(), path=self.store.next_path(self.lease.token),
-                           may_promote=self.beat.confirm, boundary=state.is_boundary) is None:
+                           boundary=state.is_boundary, may_promote=self.beat.confirm) is None:
             raise LeaseLost
         self.touch()
         return self.release_for_peer()
