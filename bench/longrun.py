@@ -40,6 +40,7 @@ from workload.share.paths import share_paths
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- longrun:begin -->", "<!-- longrun:end -->"
 TESTING_DAYS = 3
+HISTORY_DAYS = 40  # before the first training day: every day's features see their whole look-back from day 1
 ROWS_PER_DAY = 4
 EARLY, SPAN = 100, 100  # the early mark (day 100) and the acks each time figure covers
 TOLERANCE = 1.2  # day N's figures over day 100's, at most
@@ -48,22 +49,23 @@ HP = HParams(hidden=(8,), epochs=1, batch_size=64, window_days=2, full_window_da
 
 
 def tiny_days(folder: Path, days: int, rows: int = ROWS_PER_DAY) -> None:
-    """`days` daily exports of `rows` transactions each; the last `TESTING_DAYS` are testing days, one fraud a
-    day there and every fifth day before."""
+    """`days` daily exports of `rows` transactions each, after `HISTORY_DAYS` of history (the features' look-back:
+    so day 100 costs what any day does, not less for a shorter window); the last `TESTING_DAYS` are testing
+    days, one fraud a day there and every fifth day before."""
     start = pd.Timestamp("2015-01-01 09:30", tz="UTC")
-    for i in range(days):
-        role = "testing" if i >= days - TESTING_DAYS else "training"
+    for i in range(-HISTORY_DAYS, days):
+        role = "history" if i < 0 else "testing" if i >= days - TESTING_DAYS else "training"
         at = [start + pd.Timedelta(days=i, minutes=7 * r) for r in range(rows)]
         fraud = int(role == "testing" or i % 5 == 0)
-        ids = [float(10_000_000 + i * rows + r) for r in range(rows)]
+        ids = [float(10_000_000 + (i + HISTORY_DAYS) * rows + r) for r in range(rows)]
         frame = pd.DataFrame({
             schema.TRANSACTION_ID: ids, schema.TX_DATETIME: at,
             schema.CUSTOMER_ID: [float((i + r) % 13) for r in range(rows)],
             schema.TERMINAL_ID: [float((i * r) % 7) for r in range(rows)],
             schema.TX_AMOUNT: [12.5 + (i + 3 * r) % 50 for r in range(rows)],
             schema.TX_FRAUD: [fraud] + [0] * (rows - 1),
-            schema.TX_TIME_SECONDS: [i * 86400 + 34200 + 420 * r for r in range(rows)],
-            schema.TX_TIME_DAYS: [i] * rows, schema.TX_FRAUD_SCENARIO: [0] * rows})
+            schema.TX_TIME_SECONDS: [(i + HISTORY_DAYS) * 86400 + 34200 + 420 * r for r in range(rows)],
+            schema.TX_TIME_DAYS: [i + HISTORY_DAYS] * rows, schema.TX_FRAUD_SCENARIO: [0] * rows})
         (folder / role).mkdir(parents=True, exist_ok=True)
         frame.to_parquet(folder / role / f"{at[0]:%Y-%m-%d}.parquet", index=False)
 
