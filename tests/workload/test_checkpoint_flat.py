@@ -72,3 +72,18 @@ def test_retention_prunes_old_boundaries_by_the_ladder_never_the_newest(tmp_path
     kept = sorted(int(p.name[5:13]) for p in store.dir.glob("ckpt-*"))
     assert kept[-checkpoint.RECENT_BOUNDARIES:] == list(range(33, 41))
     assert len(kept) < 20 and 1 in kept
+
+
+def test_ladder_pruning_never_deletes_a_newer_lease_tokens_file(tmp_path: Path) -> None:
+    """A newer lease's checkpoint written but not promoted yet (no manifest of its own names it): the older
+    lease's pruning, however many boundaries it drops, leaves it, and every file its own manifest names."""
+    store = CheckpointStore(tmp_path, keep=1)
+    save(store, 1)
+    newer = store.dir / checkpoint.checkpoint_name(2, 9)
+    newer.write_bytes(b"lease 9's write, not promoted yet")
+    for days in range(2, 40):
+        save(store, days)
+    assert newer.exists()
+    named = store.retained()
+    assert {p.name for p in store.dir.glob("ckpt-*")} == named | {newer.name}
+    assert len(named) < 20
