@@ -271,6 +271,20 @@ def test_metrics_jsonl_is_appended_to_only_when_it_holds_exactly_the_days_before
     assert path.read_text() == report.metrics_jsonl(days[:3])
 
 
+def test_the_workers_report_shows_the_newest_days_and_the_exports_every_day(tmp_path: Path) -> None:
+    """What a worker rewrites each day must not grow with the days applied: report.txt and report.html show the
+    newest `REPORT_DAYS` (saying how many are left out and where they are); render without a limit (the
+    export's) shows every day."""
+    n = report.REPORT_DAYS + 5
+    days = [dict(NEWEST, checkpoint=f"ckpt-{i:08d}-t1.pt", shard=f"d{i}") for i in range(1, n + 1)]
+    report.write(tmp_path, view(_state(history=days, reapplied=[])), None, draw=False)
+    text = (tmp_path / "report.txt").read_text()
+    assert text.count("training dataset: ") == report.REPORT_DAYS and "training dataset: d6\n" in text
+    assert f"shards applied: {n}\n" in text and "5 earlier day(s) are not shown here" in text
+    assert "5 earlier day(s) are not shown here" in (tmp_path / "report.html").read_text()
+    assert report.render("r", {}, days, tmp_path).count("training dataset: ") == n
+
+
 def test_rendered_from_reads_the_stamp_and_is_zero_when_it_is_missing_or_unreadable(tmp_path: Path) -> None:
     source = tmp_path / ".report-source.json"
     assert report.rendered_from(tmp_path) == (0, 0)
