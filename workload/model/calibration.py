@@ -86,7 +86,7 @@ def eligible_days(data: ds.Dataset, applied: list[str]) -> list[str]:
     tests = [pd.Timestamp(f["first"]) for f in data.files if f["role"] == TESTING]
     cutoff = min(tests) - pd.Timedelta(seconds=features.LABEL_DELAY_SECONDS) if tests else None
     entries = [data.known_entry(rel) for rel in dict.fromkeys(applied)]
-    usable = [e for e in entries if cutoff is None or pd.Timestamp(e["last"]) <= cutoff]
+    usable = [e for e in entries if cutoff is None or data.last_time(e["path"]) <= cutoff]
     usable.sort(key=lambda e: (e["first"], e["path"]))
     return [e["path"] for e in usable[-CALIBRATION_DAYS:]]
 

@@ -18,13 +18,14 @@ written, and readers decide by it:
   the writer's own: a stale writer can never delete what the current holder loads. A manifest keeps the
   newest checkpoints and the day boundaries `ladder` picks (a late day rewinds to the kept one before it).
 
-**What grows with the run stays out of the file.** A checkpoint's list-valued keys named in `SPILLED` (the
-run's history, one entry per applied day) are written in immutable segments of `SEGMENT` entries under
-``history/seg-<sha256>.json``, named by their content; the file keeps the references (file, sha256, count)
-and the entries since the last full segment. A segment is written once, shared by every later checkpoint
-of the lineage, verified against its hash on read and parsed once per process (its name is its content), so
-neither a checkpoint's bytes nor the work to write or read it grows with the days applied. `load` gives the
-dict back whole, as it was saved. Segments are never pruned (their total is the history itself, once).
+**What grows with the run stays out of the file.** A checkpoint's list-valued keys named in `SPILLED`
+(the run's history and its applied days, an entry each per applied day) are written in immutable segments
+of `SEGMENT` entries under ``history/seg-<sha256>.json``, named by their content; the file keeps the
+references (file, sha256, count) and the entries since the last full segment. A segment is written once,
+shared by every later checkpoint of the lineage, verified against its hash on read and parsed once per
+process (its name is its content), so neither a checkpoint's bytes nor the work to write or read it grows
+with the days applied. `load` gives the dict back whole, as it was saved. Segments are never pruned
+(their total is the history itself, once).
 
 Loading walks the trusted manifest newest first and skips (with a warning) any file whose hash or
 contents do not check out, so a torn or corrupt checkpoint falls back to the previous one. Files are
@@ -55,7 +56,8 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d{8,})-t(\d+)\.pt$")
 _MANIFEST = re.compile(r"^manifest-t(\d{12,})\.json$")
 KEEP_MANIFESTS = 3  # the newest leases' manifests: a fallback if the newest is unreadable
-SPILLED = ("history",)  # list-valued keys kept in segment files, not in each checkpoint (see the docstring)
+# List-valued keys that grow by one entry a day, kept in segment files, not in each checkpoint (the docstring).
+SPILLED = ("history", "applied")
 SEGMENT = 64  # entries per history segment
 SEGMENTS_KEY = "{key}@segments"  # where a checkpoint dict keeps the references of `key`'s segments
 _SEGMENT_NAME = re.compile(r"^seg-([0-9a-f]{64})\.json$")
