@@ -60,7 +60,9 @@ def _now() -> str:
 @dataclass(frozen=True)
 class LineageState:
     """One checkpoint of a run's lineage. `read` takes the dict a checkpoint file holds (any readable
-    format), `to_checkpoint` gives the dict to write (always `FORMAT`)."""
+    format), `to_checkpoint` gives the dict to write (always `FORMAT`). History entries are shared, not copied,
+    between states, trainers and checkpoint dicts: an entry is never changed once its day is closed, and copying
+    thousands of them at every save made a day's cost grow with the days before it."""
 
     run: str
     hparams: dict[str, Any]
@@ -95,7 +97,7 @@ class LineageState:
                    feature_version=str(raw["feature_version"]), model=raw["model"], averaged=raw["averaged"],
                    optimizer=raw["optimizer"], norm=raw["norm"], rng=raw["rng"], steps=int(raw["steps"]),
                    applied=tuple(raw["applied"]), progress=dict(raw["progress"]) if raw["progress"] else None,
-                   history=tuple(dict(h) for h in raw["history"]),
+                   history=tuple(raw["history"]),
                    reapplied=tuple(dict(r) for r in raw.get("reapplied", [])),
                    calibration=raw.get("calibration"), code_version=str(raw.get("code_version", "")))
 
@@ -106,7 +108,7 @@ class LineageState:
             "feature_names": list(self.feature_names), "feature_version": self.feature_version,
             "model": self.model, "averaged": self.averaged, "optimizer": self.optimizer, "norm": self.norm,
             "rng": self.rng, "steps": self.steps, "applied": list(self.applied), "progress": self.progress,
-            "history": [dict(h) for h in self.history], "reapplied": [dict(r) for r in self.reapplied],
+            "history": list(self.history), "reapplied": [dict(r) for r in self.reapplied],
         }
         if self.calibration is not None:
             out["calibration"] = self.calibration
@@ -135,7 +137,7 @@ class LineageState:
             averaged={k: v.detach().cpu() for k, v in trainer.averaged.state_dict().items()},
             optimizer=trainer.optimizer.state_dict(), norm=trainer.norm.state(),
             rng={"torch": torch.get_rng_state()}, steps=trainer.steps, applied=tuple(trainer.applied),
-            progress=trainer._progress_state(), history=tuple(dict(h) for h in trainer.history),
+            progress=trainer._progress_state(), history=tuple(trainer.history),
             reapplied=tuple(dict(r) for r in trainer.reapplied),
             calibration={k: v.clone() for k, v in trainer.calibration.items()})
 
@@ -154,7 +156,7 @@ class LineageState:
         if progress and "correct" in progress:
             trainer._correct = torch.tensor(int(progress.pop("correct")), device=trainer.device)
         trainer.progress = progress
-        trainer.history = [dict(h) for h in self.history]
+        trainer.history = list(self.history)
         trainer.reapplied = [dict(r) for r in self.reapplied]
         if self.calibration is not None:
             trainer.set_calibration(float(self.calibration["scale"]), float(self.calibration["shift"]))
