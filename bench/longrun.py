@@ -174,8 +174,8 @@ def write(res: Result) -> None:
         "return, scaled).", "", *table(res), "", f"Verdict: {verdict(res)}.", "",
         "Flat because a checkpoint carries the run's history as references to immutable history segments on the "
         "share (plus the entries since the last one), superseded day-boundary checkpoints are pruned to the "
-        "newest few plus a ladder (docs/architecture.md, Checkpoints), and the report appends to metrics.jsonl "
-        "rather than rewriting it.", END])
+        "newest few plus a ladder (docs/architecture.md, 'Where each rule lives'), and the report appends to "
+        "metrics.jsonl rather than rewriting it.", END])
     text = DOCS.read_text()
     if BEGIN in text and END in text:
         text = text.partition(BEGIN)[0] + block + text.partition(END)[2]

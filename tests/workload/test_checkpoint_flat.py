@@ -1,5 +1,5 @@
 """Checkpoints that stay flat in the days applied: the history kept once in segments, boundaries pruned to a
-ladder (docs/architecture.md, Checkpoints). Unit-level, on real files."""
+ladder (docs/architecture.md, "Where each rule lives"). Unit-level, on real files."""
 
 from __future__ import annotations
 
