@@ -116,7 +116,8 @@ GROUPS: tuple[Group, ...] = (
         "checkpoint",
         ("workload/share/checkpoint.py", "workload/share/fsutil.py"),
         ("tests/workload/test_checkpoint.py", "tests/workload/test_checkpoint_rules.py",
-         "tests/workload/test_atomic_writes.py", "tests/workload/test_stale_tmp.py"),
+         "tests/workload/test_checkpoint_flat.py", "tests/workload/test_atomic_writes.py",
+         "tests/workload/test_stale_tmp.py"),
         cpu_minutes=2.1,
     ),
     # The fault tests run the worker as `python -m workload` subprocesses (mutmut cannot map those to

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import data, featurecost, inprocess, loops, mutation, queue_clients, recovery
+from bench import data, featurecost, inprocess, longrun, loops, mutation, queue_clients, recovery
 from bench import gpu as gpu_bench
 from bench.loops import bare_loop
 from workload.data.dataset import Dataset
@@ -384,11 +384,12 @@ def markdown(res: Results, command: str, wall_s: float) -> str:
 
 
 def mutation_block(path: Path) -> str:
-    """The figures `make mutation --write`, `python -m bench.featurecost --write` and `python -m bench.gpu --write`
-    recorded in the file, carried over: this run does not remeasure them."""
+    """The figures `make mutation --write`, `python -m bench.featurecost --write`, `python -m bench.longrun --write`
+    and `python -m bench.gpu --write` recorded in the file, carried over: this run does not remeasure them."""
     text = path.read_text() if path.exists() else ""
     out = ""
-    blocks = ((mutation.BEGIN, mutation.END), (featurecost.BEGIN, featurecost.END), (gpu_bench.BEGIN, gpu_bench.END))
+    blocks = ((mutation.BEGIN, mutation.END), (featurecost.BEGIN, featurecost.END), (longrun.BEGIN, longrun.END),
+              (gpu_bench.BEGIN, gpu_bench.END))
     for begin, end in blocks:
         if begin in text and end in text:
             out += "\n" + begin + text.partition(begin)[2].partition(end)[0] + end + "\n"

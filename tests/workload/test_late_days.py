@@ -80,10 +80,11 @@ def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp
     assert_in_order(cluster, reference_state)
 
 
-def test_a_backfill_whose_boundary_is_gone_is_refused_in_one_line(cluster: Cluster, tmp_path: Path) -> None:
-    """The boundary checkpoint before the late day is gone (pruned by an older retention, or deleted):
-    the day is dead-lettered with a one-line message that says how to retrain from scratch, and the
-    run's checkpoint is left as it was."""
+def test_a_backfill_whose_boundary_was_pruned_restarts_from_the_nearest_kept_one(cluster: Cluster, tmp_path: Path,
+                                                                                reference_state: dict) -> None:
+    """The boundary checkpoint before the late day is gone (pruned by retention's ladder, or deleted): the run
+    goes back to the nearest kept boundary before it, the days it lacks are applied again first, then the late
+    day and the later ones, in date order: nothing is refused, and the run ends as an in-order run."""
     train_all_but_one_day_then_backfill(cluster, tmp_path)
     before = cluster.final_state()["applied"]
     store = CheckpointStore(cluster.share / "output" / "main")
@@ -91,12 +92,9 @@ def test_a_backfill_whose_boundary_is_gone_is_refused_in_one_line(cluster: Clust
     assert boundary is not None
     boundary.path.unlink()
     cluster.start_worker("w2")
-    assert cluster.wait_all() == [EXIT_DEAD_LETTERS], cluster.log("w2")
-    error = cluster.queue().snapshot()["runs"]["main"]["dead"][f"main/{LATE}"]["error"]
-    assert "\n" not in error
-    assert error.startswith(f"run main: day {LATE} arrived after later days were applied "), error
-    assert "retrain from scratch by seeding a new run name" in error, error
-    assert cluster.final_state()["applied"] == before
+    assert cluster.wait_all() == [0], cluster.log("w2")
+    assert "was pruned; the nearest kept one is ckpt-" in cluster.log("w2")
+    assert_in_order(cluster, reference_state)
 
 
 def test_a_dead_day_requeued_after_later_days_is_applied_in_date_order(cluster: Cluster,

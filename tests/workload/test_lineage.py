@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from workload.core.errors import ItemFault, NonFinite
+from workload.core.errors import NonFinite
 from workload.data import features
 from workload.model import lineage
 from workload.model.hparams import HParams
@@ -139,17 +139,25 @@ def test_the_rewind_starts_from_the_boundary_before_the_late_day_and_records_its
     assert lineage.start_for(store, found, "d4", lambda: ORDER, "r") == lineage.Start(found)
 
 
-def test_a_late_day_whose_boundary_is_gone_is_an_item_fault_and_a_first_day_starts_cold(tmp_path: Path) -> None:
+def test_a_late_day_whose_boundary_was_pruned_detours_by_the_nearest_kept_one_and_a_first_day_starts_cold(
+        tmp_path: Path) -> None:
+    """The boundary holding (d1, d2) is gone, (d1,) is kept: the run goes back to (d1,), d2 and every day after
+    it go back to pending (d2 first), and the late day waits for them; with no boundary kept, a cold start."""
     store = CheckpointStore(tmp_path)
     assert store.fence(1)
-    _save(store, _state(("d1", "d3")))
-    found = lineage.newest(store, "d2")
-    with pytest.raises(ItemFault, match=r"^run r: day d2 arrived after later days were applied \(d3 \.\.\.\), and the "
-                                        r"boundary checkpoint before it is no longer in "):
-        lineage.start_for(store, found, "d2", lambda: ORDER, "r")
-    cold = lineage.start_for(store, found, "d0", lambda: ["d0", *ORDER], "r")
-    assert cold.checkpoint is None and cold.again == (("d1", 1), ("d2", 2), ("d3", 3), ("d4", 4))
+    kept = _save(store, _state(("d1",)))
+    _save(store, _state(("d1", "d2", "d4")))
+    found = lineage.newest(store, "d3")
+    start = lineage.start_for(store, found, "d3", lambda: ORDER, "r")
+    assert start.checkpoint.path == kept and start.detour == (("d2", 1),)
+    assert start.again == (("d2", 1), ("d4", 3)) and start.reapplied[-1]["from"] == kept.name
+    kept.unlink()
+    cold = lineage.start_for(store, lineage.newest(store, "d3"), "d3", lambda: ORDER, "r")
+    assert cold.checkpoint is None and cold.detour == (("d1", 0), ("d2", 1))
     assert cold.reapplied[-1]["from"] == "a cold start"
+    first = lineage.start_for(store, found, "d0", lambda: ["d0", *ORDER], "r")
+    assert first.checkpoint is None and first.again == (("d1", 1), ("d2", 2), ("d3", 3), ("d4", 4))
+    assert not first.detour and first.reapplied[-1]["from"] == "a cold start"
 
 
 def test_applied_days_are_the_newest_checkpoints(tmp_path: Path) -> None:

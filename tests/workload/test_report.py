@@ -252,6 +252,39 @@ def test_latest_metrics_is_the_last_line_or_none(tmp_path: Path) -> None:
     assert report.latest_metrics(tmp_path) == {"day": 3}
 
 
+def test_metrics_jsonl_is_appended_to_only_when_it_holds_exactly_the_days_before(tmp_path: Path) -> None:
+    """A day's write appends one line (the file is not rewritten: cost flat in the days applied); anything else
+    (a rewind to fewer days, a torn append, a write that left no stamp) rewrites it whole from the history."""
+    days = [dict(NEWEST, checkpoint=f"ckpt-{i:08d}-t1.pt", shard=f"d{i}") for i in range(1, 5)]
+    path = tmp_path / "metrics.jsonl"
+    for n in range(1, 4):
+        report.write(tmp_path, view(_state(history=days[:n], reapplied=[])), None, draw=False, stamp=(1, n))
+    inode = path.stat().st_ino
+    report.write(tmp_path, view(_state(history=days, reapplied=[])), None, draw=False, stamp=(1, 4))
+    assert path.stat().st_ino == inode, "appended, not replaced"
+    assert path.read_text() == report.metrics_jsonl(days)
+    report.write(tmp_path, view(_state(history=days[:2], reapplied=[])), None, draw=False, stamp=(2, 5))
+    assert path.read_text() == report.metrics_jsonl(days[:2])  # a rewind: whole again
+    with path.open("a") as f:
+        f.write('{"torn')
+    report.write(tmp_path, view(_state(history=days[:3], reapplied=[])), None, draw=False, stamp=(2, 6))
+    assert path.read_text() == report.metrics_jsonl(days[:3])
+
+
+def test_the_workers_report_shows_the_newest_days_and_the_exports_every_day(tmp_path: Path) -> None:
+    """What a worker rewrites each day must not grow with the days applied: report.txt and report.html show the
+    newest `REPORT_DAYS` (saying how many are left out and where they are); render without a limit (the
+    export's) shows every day."""
+    n = report.REPORT_DAYS + 5
+    days = [dict(NEWEST, checkpoint=f"ckpt-{i:08d}-t1.pt", shard=f"d{i}") for i in range(1, n + 1)]
+    report.write(tmp_path, view(_state(history=days, reapplied=[])), None, draw=False)
+    text = (tmp_path / "report.txt").read_text()
+    assert text.count("training dataset: ") == report.REPORT_DAYS and "training dataset: d6\n" in text
+    assert f"shards applied: {n}\n" in text and "5 earlier day(s) are not shown here" in text
+    assert "5 earlier day(s) are not shown here" in (tmp_path / "report.html").read_text()
+    assert report.render("r", {}, days, tmp_path).count("training dataset: ") == n
+
+
 def test_rendered_from_reads_the_stamp_and_is_zero_when_it_is_missing_or_unreadable(tmp_path: Path) -> None:
     source = tmp_path / ".report-source.json"
     assert report.rendered_from(tmp_path) == (0, 0)
@@ -265,7 +298,7 @@ def test_rendered_from_reads_the_stamp_and_is_zero_when_it_is_missing_or_unreada
 
 def test_a_stamped_write_records_its_source_and_an_older_one_writes_nothing(tmp_path: Path) -> None:
     assert report.write(tmp_path, view(_state()), None, draw=False, stamp=(2, 5)) == tmp_path / "report.txt"
-    assert (tmp_path / ".report-source.json").read_text() == '{"token": 2, "seq": 5}\n'
+    assert report.rendered_from(tmp_path) == (2, 5)
     files = {name: (tmp_path / name).read_text() for name in ("report.txt", "metrics.jsonl", ".report-source.json")}
     shorter = _state(history=[NEWEST], reapplied=[])
     for older in ((2, 4), (1, 9), (0, 0)):  # a worker that lost its lease, holding an older checkpoint
@@ -276,7 +309,7 @@ def test_a_stamped_write_records_its_source_and_an_older_one_writes_nothing(tmp_
     assert "shards applied: 1\n" in (tmp_path / "report.txt").read_text()
     assert (tmp_path / "metrics.jsonl").read_text() == report.metrics_jsonl([NEWEST])
     assert report.write(tmp_path, view(_state()), None, draw=False, stamp=(3, 0)) == tmp_path / "report.txt"
-    assert (tmp_path / ".report-source.json").read_text() == '{"token": 3, "seq": 0}\n'
+    assert report.rendered_from(tmp_path) == (3, 0)
     assert (tmp_path / "report.txt").read_text() == _expected_report(tmp_path).replace(" (pruned: only the newest "
                                                                                        "checkpoints are kept)", "")
 

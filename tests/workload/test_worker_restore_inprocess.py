@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from inprocess import DAYS, QUICK, SPEC, Share, dead, local_time_zone, share_env, withhold
+from inprocess import DAYS, QUICK, SPEC, Share, local_time_zone, share_env, withhold
 
 from workload.core.errors import EXIT_DONE, EXIT_INFRA, EXIT_TERMINATED
 from workload.data import dataset as ds
@@ -356,10 +356,11 @@ def test_every_rewind_of_a_lineage_is_recorded_in_utc_including_one_from_a_check
 DAYS4 = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3, 4)]
 
 
-def test_a_late_day_whose_boundary_checkpoint_is_gone_is_dead_lettered_with_what_to_do(env: Share) -> None:
+def test_a_late_day_whose_boundary_checkpoint_is_gone_goes_back_to_the_nearest_kept_one(env: Share) -> None:
     """Four days, day 2 published after days 1, 3 and 4 were applied, and the checkpoint that ends day 1 removed
-    from the share meanwhile (by hand, or by an older version's retention): the reports written since say it was
-    pruned, and day 2, which cannot rewind to it, is dead-lettered at once with what to do; the run is untouched."""
+    from the share meanwhile (pruned by retention, or by hand): the reports written since say it was pruned, and
+    day 2 goes back to the nearest kept boundary (none: a cold start, promoted), day 1 and the later days go back
+    to pending, day 2 is released at no cost, and the four days are then applied in date order."""
     publish = withhold(env, [DAYS4[1]], dataclasses.replace(SPEC, train_days=4))
     queue = env.seed()
     worker = Worker(env.config(), queue)
@@ -380,21 +381,19 @@ def test_a_late_day_whose_boundary_checkpoint_is_gone_is_dead_lettered_with_what
     assert lines == [f"model checkpoint: {store.dir / gone} (pruned: only the newest checkpoints are kept)",
                      *(f"model checkpoint: {store.dir / h['checkpoint']}" for h in state["history"][1:])]
 
-    newest = store.load().path
     publish(DAYS4[1])
     queue.enqueue(plan.items(env.share))
     lease = queue.claim("w1", 10)
     assert lease.item.shard == DAYS4[1]
-    assert worker.process(lease) is Outcome.FAILED
-    entry = dead(queue)[lease.item.id]
-    assert entry["attempts"] == 1
-    assert entry["error"] == (
-        f"run main: day {DAYS4[1]} arrived after later days were applied ({DAYS4[2]} ...), and the boundary "
-        f"checkpoint before it is no longer in {store.dir}: retrain from scratch by seeding a new run name with "
-        "the same hyperparameters (seed --runs-file), which applies every day in date order")
-    assert store.load().path == newest, "nothing promoted"
+    assert worker.process(lease) is Outcome.RELEASED
+    assert store.load().state["applied"] == [], "the cold start promoted as the newest"
     c = queue.counts()
-    assert (c.pending, c.leased, c.done, c.dead) == (0, 0, 3, 1), "days 3 and 4 stay done: nothing was rewound"
+    assert (c.pending, c.leased, c.done, c.dead) == (4, 0, 0, 0), "days 1, 3 and 4 back to pending with day 2"
+    for day in DAYS4:
+        lease = queue.claim("w1", 10)
+        assert lease.item.shard == day and lease.attempts == 0
+        assert worker.process(lease) is Outcome.DONE
+    assert env.state()["applied"] == DAYS4
 
 
 def test_keep_checkpoints_bounds_the_mid_day_checkpoints_kept_on_the_share(env: Share) -> None:

@@ -76,6 +76,7 @@ class Dataset:
         self.files: list[dict[str, Any]] = effective_roles(manifest["files"], self.cycle)
         self.reading = manifest_reading(manifest)
         self._by_path = {f["path"]: f for f in self.files}
+        self._last_times: dict[tuple[str, str], pd.Timestamp] = {}
         # Files by first day, for windows found by bisection: a day's cost must not grow with the days
         # before it (years of daily files).
         self._by_first = sorted(range(len(self.files)), key=lambda i: self.files[i]["first"])
@@ -190,6 +191,21 @@ class Dataset:
         """The manifest entry of dataset file `rel`."""
         self.resolve(rel)
         return self._by_path[rel]
+
+    def known_entry(self, rel: str) -> dict[str, Any]:
+        """The manifest entry of `rel` as `entry` gives it, without its path checks when the manifest names it
+        (the manifest's own paths): a run's applied days are asked for every day, and checking each path on the
+        share made a day's cost grow with the days before it."""
+        found = self._by_path.get(rel)
+        return found if found is not None else self.entry(rel)
+
+    def last_time(self, rel: str) -> pd.Timestamp:
+        """The last transaction time of dataset file `rel` (`known_entry`'s "last"), parsed once per manifest."""
+        entry = self.known_entry(rel)
+        key = (rel, entry["last"])
+        if key not in self._last_times:
+            self._last_times[key] = pd.Timestamp(entry["last"])
+        return self._last_times[key]
 
     def compute_features(self, rel: str) -> dict[str, np.ndarray]:
         """Features of one file's rows, computed from its window (``features.compute``'s columns)."""

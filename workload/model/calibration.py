@@ -85,8 +85,8 @@ def eligible_days(data: ds.Dataset, applied: list[str]) -> list[str]:
     The cutoff alone keeps every test day out: a test day ends after the first test transaction."""
     tests = [pd.Timestamp(f["first"]) for f in data.files if f["role"] == TESTING]
     cutoff = min(tests) - pd.Timedelta(seconds=features.LABEL_DELAY_SECONDS) if tests else None
-    entries = [data.entry(rel) for rel in dict.fromkeys(applied)]
-    usable = [e for e in entries if cutoff is None or pd.Timestamp(e["last"]) <= cutoff]
+    entries = [data.known_entry(rel) for rel in dict.fromkeys(applied)]
+    usable = [e for e in entries if cutoff is None or data.last_time(e["path"]) <= cutoff]
     usable.sort(key=lambda e: (e["first"], e["path"]))
     return [e["path"] for e in usable[-CALIBRATION_DAYS:]]
 

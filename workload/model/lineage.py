@@ -9,7 +9,9 @@ mid-way, whether a checkpoint is a day boundary, which days a late day must re-a
 
 The rewind rule lives here too (`Rewind`): a day that arrives after later days were applied goes back to
 the boundary checkpoint that holds exactly the days before it, and the days after it are applied again in
-date order. The checkpoint store keeps every boundary (`LineageState.is_boundary`, handed to it at save),
+date order; where retention pruned that boundary, the nearest kept one before it is promoted again and the days
+it lacks are applied first (`Start.detour`). The checkpoint store keeps the newest boundaries and a ladder of
+older ones (`LineageState.is_boundary`, handed to it at save; `workload.share.checkpoint.ladder`),
 the queue puts the later days back (`WorkQueue.reapply`, called only by `Attempt.rewind`), and `restore`
 marks done only what a checkpoint records (`applied_days`).
 
@@ -58,7 +60,9 @@ def _now() -> str:
 @dataclass(frozen=True)
 class LineageState:
     """One checkpoint of a run's lineage. `read` takes the dict a checkpoint file holds (any readable
-    format), `to_checkpoint` gives the dict to write (always `FORMAT`)."""
+    format), `to_checkpoint` gives the dict to write (always `FORMAT`). History entries are shared, not copied,
+    between states, trainers and checkpoint dicts: an entry is never changed once its day is closed, and copying
+    thousands of them at every save made a day's cost grow with the days before it."""
 
     run: str
     hparams: dict[str, Any]
@@ -93,7 +97,7 @@ class LineageState:
                    feature_version=str(raw["feature_version"]), model=raw["model"], averaged=raw["averaged"],
                    optimizer=raw["optimizer"], norm=raw["norm"], rng=raw["rng"], steps=int(raw["steps"]),
                    applied=tuple(raw["applied"]), progress=dict(raw["progress"]) if raw["progress"] else None,
-                   history=tuple(dict(h) for h in raw["history"]),
+                   history=tuple(raw["history"]),
                    reapplied=tuple(dict(r) for r in raw.get("reapplied", [])),
                    calibration=raw.get("calibration"), code_version=str(raw.get("code_version", "")))
 
@@ -104,7 +108,7 @@ class LineageState:
             "feature_names": list(self.feature_names), "feature_version": self.feature_version,
             "model": self.model, "averaged": self.averaged, "optimizer": self.optimizer, "norm": self.norm,
             "rng": self.rng, "steps": self.steps, "applied": list(self.applied), "progress": self.progress,
-            "history": [dict(h) for h in self.history], "reapplied": [dict(r) for r in self.reapplied],
+            "history": list(self.history), "reapplied": [dict(r) for r in self.reapplied],
         }
         if self.calibration is not None:
             out["calibration"] = self.calibration
@@ -133,7 +137,7 @@ class LineageState:
             averaged={k: v.detach().cpu() for k, v in trainer.averaged.state_dict().items()},
             optimizer=trainer.optimizer.state_dict(), norm=trainer.norm.state(),
             rng={"torch": torch.get_rng_state()}, steps=trainer.steps, applied=tuple(trainer.applied),
-            progress=trainer._progress_state(), history=tuple(dict(h) for h in trainer.history),
+            progress=trainer._progress_state(), history=tuple(trainer.history),
             reapplied=tuple(dict(r) for r in trainer.reapplied),
             calibration={k: v.clone() for k, v in trainer.calibration.items()})
 
@@ -152,7 +156,7 @@ class LineageState:
         if progress and "correct" in progress:
             trainer._correct = torch.tensor(int(progress.pop("correct")), device=trainer.device)
         trainer.progress = progress
-        trainer.history = [dict(h) for h in self.history]
+        trainer.history = list(self.history)
         trainer.reapplied = [dict(r) for r in self.reapplied]
         if self.calibration is not None:
             trainer.set_calibration(float(self.calibration["scale"]), float(self.calibration["shift"]))
@@ -161,7 +165,8 @@ class LineageState:
     # -- what the runtime asks ---------------------------------------------------------------------
     @property
     def is_boundary(self) -> bool:
-        """A day boundary: no day is half-trained (what a late day rewinds to; retention keeps every one)."""
+        """A day boundary: no day is half-trained (what a late day rewinds to; retention keeps the newest ones
+        and a ladder of older ones)."""
         return self.progress is None
 
     @property
@@ -275,14 +280,19 @@ class Rewind:
         return _boundary(raw) and tuple(raw["applied"]) == self.earlier
 
     def target(self, store: CheckpointStore, run: str) -> Checkpoint | None:
-        """The boundary to go back to; None for a cold start. ItemFault when it is gone from the store."""
+        """The boundary to go back to; None for a cold start. When retention pruned it (docs/architecture.md,
+        Checkpoints), the nearest kept boundary before it: its applied days a prefix of `earlier` (a cold start
+        when none is); the caller then trains the days missing from it first (`Start.detour`). Nothing is
+        refused: however far back the day is, the run can go back to a kept boundary or start cold."""
         found = load(store, accept=self.is_target)
-        if found is None and self.earlier:
-            raise ItemFault(f"run {run}: day {self.day} arrived after later days were applied "
-                            f"({self.later[0]} ...), and the boundary checkpoint before it is no longer in "
-                            f"{store.dir}: retrain from scratch by seeding a new run name with the same "
-                            "hyperparameters (seed --runs-file), which applies every day in date order")
-        return found
+        if found is not None or not self.earlier:
+            return found
+        return load(store, accept=self.is_prefix)
+
+    def is_prefix(self, raw: dict[str, Any]) -> bool:
+        """Whether a checkpoint is a boundary that holds the first days of `earlier`, in order (or none)."""
+        applied = tuple(raw["applied"])
+        return _boundary(raw) and applied == self.earlier[:len(applied)]
 
     def record(self, target: Checkpoint | None, order: list[str] | None = None) -> dict[str, Any]:
         """The lineage's record of this rewind (the report lists each); `order`: the dataset's, which names an
@@ -302,6 +312,10 @@ class Start:
     checkpoint: Checkpoint | None
     again: tuple[tuple[str, int], ...] = ()
     reapplied: tuple[dict[str, Any], ...] | None = None
+    # The rewind's own boundary was pruned: the kept boundary before it (`checkpoint`) lacks these earlier days,
+    # so they go back to pending (with `again`), that boundary is promoted again as the newest, and the day is
+    # released to be claimed after them, not trained now.
+    detour: tuple[tuple[str, int], ...] = ()
 
 
 def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order: Callable[[], list[str]],
@@ -318,6 +332,15 @@ def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order:
     if rewind is None:
         return Start(found)
     target = rewind.target(store, run)
+    held = len(target.state.applied) if target else 0
+    if held < len(rewind.earlier):
+        pos = {d: i for i, d in enumerate(days)}
+        missing = tuple((d, pos[d]) for d in rewind.earlier[held:])
+        record = rewind.record(target, days)
+        log.warning("%s/%s: the boundary holding %d day(s) before it was pruned; the nearest kept one is %s: "
+                    "it is promoted again, and %s and every day after it go back to pending and are applied "
+                    "again in date order", run, day, len(rewind.earlier), record["from"], missing[0][0])
+        return Start(target, (*missing, *rewind.again), (*found.state.reapplied, record), detour=missing)
     record = rewind.record(target, days)
     log.warning("%s/%s: %s; rewinding run %s to %s and applying %s again after it", run, day, record["why"], run,
                 record["from"], ", ".join(record["reapplied"]))

@@ -2,7 +2,9 @@
 
 ``report.txt`` keeps the shape of the original tutorial's report (one block per applied shard:
 time, training dataset, model checkpoint, accuracy on training and testing data) and adds the
-figures that mean something for rare fraud. ``metrics.jsonl`` has one JSON line per shard.
+figures that mean something for rare fraud. ``metrics.jsonl`` has one JSON line per shard. What a worker
+rewrites after each day costs the same whatever the days before it: the reports show the newest
+`REPORT_DAYS` days (the export's show every one), and metrics.jsonl is appended to.
 
 Writes are fenced like checkpoints: ``.report-source.json`` records the (lease token, seq) of the
 checkpoint the files were rendered from, and a writer whose source is older than that writes nothing
@@ -59,17 +61,23 @@ def lift_phrase(ap: float, base: float) -> str:
 
 
 def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], run_dir: Path,
-           kept: set[str] | None = None, reapplied: list[dict[str, Any]] | None = None) -> str:
+           kept: set[str] | None = None, reapplied: list[dict[str, Any]] | None = None,
+           newest_days: int | None = None) -> str:
     """The report text; `kept` names the checkpoint files that still exist (None: do not say);
-    `reapplied` lists the lineage's rewinds (a day that arrived after later days were applied)."""
+    `reapplied` lists the lineage's rewinds (a day that arrived after later days were applied); `newest_days`:
+    a block for only that many newest days (None: every day, as the export's report has)."""
     lines = [f"Training report: run {run!r}", f"hyperparameters: {json.dumps(hparams, sort_keys=True)}",
              f"shards applied: {len(history)}", "", *headline(history)]
+    shown = history if newest_days is None else history[-newest_days:] if newest_days else []
     for r in reapplied or []:
         lines.append(f"re-applied at {r['time']}: {', '.join(r['reapplied'])}, because {r['why']}; the run went "
                      f"back to {r['from']} and applied {r['day']} and every later day in date order")
     if reapplied:
         lines.append("")
-    for h in history:
+    if len(shown) < len(history):
+        lines += [f"{len(history) - len(shown)} earlier day(s) are not shown here: every day is in {METRICS_JSONL} "
+                  "and in the run's export (python -m workload export)", ""]
+    for h in shown:
         base = h.get("base_rate", float("nan"))
         ap = h.get("average_precision", float("nan"))
         lines += [
@@ -194,19 +202,24 @@ def rendered_from(run_dir: Path) -> tuple[int, int]:
         return 0, 0
 
 
+REPORT_DAYS = 100  # day blocks in the report a worker rewrites after each day; the export's report has every day
+
+
 def write(run_dir: Path, state: LineageState, pr: tuple[np.ndarray, np.ndarray] | None,
           draw: bool = True, kept: set[str] | None = None, stamp: tuple[int, int] | None = None) -> Path | None:
-    """Rewrite report.txt, report.html and metrics.jsonl from a checkpoint state, and the pictures when `draw`;
-    returns the report. With `stamp` (the source checkpoint's token and seq), nothing is written
-    when the report already comes from a newer checkpoint (None is returned)."""
+    """Rewrite report.txt and report.html (their newest `REPORT_DAYS` days) and metrics.jsonl (appended to when it
+    holds exactly the days before, else rewritten) from a checkpoint state, and the pictures when `draw`; returns
+    the report. So a day's report costs the same on day 2,000 as on day 100. With `stamp` (the source
+    checkpoint's token and seq), nothing is written when the report already comes from a newer checkpoint
+    (None is returned)."""
     run_dir = Path(run_dir)
     if stamp is not None and rendered_from(run_dir) > tuple(stamp):
         return None
     history = list(state.history)
     report = run_dir / REPORT_TXT
-    atomic_write_text(report, render(state.run, state.hparams, history, run_dir, kept, list(state.reapplied)),
-                      durable=False)
-    atomic_write_text(run_dir / METRICS_JSONL, metrics_jsonl(history), durable=False)
+    atomic_write_text(report, render(state.run, state.hparams, history, run_dir, kept, list(state.reapplied),
+                                     newest_days=REPORT_DAYS), durable=False)
+    written = write_metrics(run_dir, history)
     if history and draw:
         from workload.model import plots  # matplotlib: only writers pay for it
 
@@ -216,14 +229,40 @@ def write(run_dir: Path, state: LineageState, pr: tuple[np.ndarray, np.ndarray] 
         atomic_write_text(run_dir / PICTURES_COST, json.dumps(cost) + "\n", durable=False)
     write_html(run_dir, state)
     if stamp is not None:
-        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1]}) + "\n", durable=False)
+        atomic_write_text(run_dir / SOURCE, json.dumps({"token": stamp[0], "seq": stamp[1], **written}) + "\n",
+                          durable=False)
     return report
+
+
+def _last(history: list[dict[str, Any]]) -> Any:
+    return history[-1].get("checkpoint") if history else None
+
+
+def write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.jsonl for `history`: only the newest line appended when the file is, to the byte and the
+    nanosecond, what the last stamped write left (`SOURCE`) for the days before it; else rewritten whole (a
+    rewind, a first write, a torn append, anyone else's write). Returns what `SOURCE` records of it."""
+    path = Path(run_dir) / METRICS_JSONL
+    try:
+        before = json.loads((Path(run_dir) / SOURCE).read_text())
+        st = path.stat()
+        same = (before["metrics"] == [len(history) - 1, st.st_size, st.st_mtime_ns]
+                and before["last"] == _last(history[:-1]) and history)
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        same = False
+    if same:
+        with path.open("ab") as f:
+            f.write(metrics_jsonl(history[-1:]).encode())
+    else:
+        atomic_write_text(path, metrics_jsonl(history), durable=False)
+    st = path.stat()
+    return {"metrics": [len(history), st.st_size, st.st_mtime_ns], "last": _last(history)}
 
 
 def write_html(run_dir: Path, state: LineageState) -> Path:
     """report.html: the same history as one self-contained page, with the pictures on the share beside it."""
     page = report_html.render(state.run, state.hparams, list(state.history), report_html.read_pictures(run_dir),
-                              list(state.reapplied))
+                              list(state.reapplied), newest_days=REPORT_DAYS)
     path = Path(run_dir) / REPORT_HTML
     atomic_write_text(path, page, durable=False)
     return path

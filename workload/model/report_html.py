@@ -194,8 +194,9 @@ def settings(run: str, hparams: dict[str, Any], newest: dict[str, Any] | None,
 
 
 def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], pictures: dict[str, bytes],
-           reapplied: list[dict[str, Any]] | None = None) -> str:
-    """The whole page; `pictures` maps METRICS_PNG / PR_CURVE_PNG to their bytes (those missing are left out)."""
+           reapplied: list[dict[str, Any]] | None = None, newest_days: int | None = None) -> str:
+    """The whole page; `pictures` maps METRICS_PNG / PR_CURVE_PNG to their bytes (those missing are left out);
+    `newest_days`: the days table's rows for only that many newest days (None: every day)."""
     newest = history[-1] if history else None
     title = f"Fraud model report: run {html.escape(run)}"
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
@@ -211,7 +212,11 @@ def render(run: str, hparams: dict[str, Any], history: list[dict[str, Any]], pic
             parts += ["<h2 id='alerts'>Alert thresholds</h2>", alerts_table(newest["alerts"])]
     parts += ["<h2 id='pictures'>Pictures</h2>", figures(pictures, newest)]
     if history:
-        parts += ["<h2 id='days'>After each training day</h2>", days_table(history)]
+        shown = history if newest_days is None else history[-newest_days:]
+        parts += ["<h2 id='days'>After each training day</h2>", days_table(shown)]
+        if len(shown) < len(history):
+            parts.append(f"<p class='meta'>{len(history) - len(shown)} earlier day(s) are not shown here: every "
+                         "day is in metrics.jsonl and in the run's export</p>")
     if newest and newest.get("reliability"):
         parts += ["<h2 id='calibration'>Are the scores probabilities?</h2>", reliability_tables(newest)]
     parts += ["<h2 id='settings'>Settings</h2>", settings(run, hparams, newest, reapplied or []),

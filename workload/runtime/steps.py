@@ -103,6 +103,8 @@ class Attempt:
                                   self.item.run)
         self.put_back(start.again)  # 4
         run = Lineage.resume(self.item.run, self.hp, start)  # 5
+        if start.detour:  # the boundary before the day was pruned: the days it lacks first, then this day
+            return self.detour(run)
         examples, window = self.read_day(run)  # 6
         if self.stop.is_set():
             return self.release_for_peer()
@@ -159,6 +161,18 @@ class Attempt:
         when it is gone)."""
         if again and self.queue.reapply(self.lease, [(f"{self.item.run}/{d}", i) for d, i in again]) is None:
             raise LeaseLost
+
+    def detour(self, run: Lineage) -> Outcome:
+        """The rewind's own boundary was pruned: promote the nearest kept one again (its state, with this
+        rewind's record) so the days it lacks, put back to pending, are trained on it in date order; then give
+        this day back to be claimed after them. Dying before the promotion leaves the old newest checkpoint,
+        whose days the queue re-acks, and this day detours again."""
+        state = run.checkpoint(self.item.id)
+        if self.store.save(state.to_checkpoint(), path=self.store.next_path(self.lease.token),
+                           boundary=state.is_boundary, may_promote=self.beat.confirm) is None:
+            raise LeaseLost
+        self.touch()
+        return self.release_for_peer()
 
     # -- 6. read ------------------------------------------------------------------------------------
     def read_day(self, run: Lineage) -> tuple[Examples, Examples]:

@@ -15,8 +15,17 @@ written, and readers decide by it:
   late it lands) is never read while a higher one is readable;
 * a writer promotes only while no higher manifest exists, and after the lease check (`may_promote`);
 * retention deletes a file only if no manifest on the share names it and its token is not above
-  the writer's own: a stale writer can never delete what the current holder loads, and every
-  shard-boundary checkpoint of every kept manifest stays (a late day rewinds to the one before it).
+  the writer's own: a stale writer can never delete what the current holder loads. A manifest keeps the
+  newest checkpoints and the day boundaries `ladder` picks (a late day rewinds to the kept one before it).
+
+**What grows with the run stays out of the file.** A checkpoint's list-valued keys named in `SPILLED`
+(the run's history and its applied days, an entry each per applied day) are written in immutable segments
+of `SEGMENT` entries under ``history/seg-<sha256>.json``, named by their content; the file keeps the
+references (file, sha256, count) and the entries since the last full segment. A segment is written once,
+shared by every later checkpoint of the lineage, verified against its hash on read and parsed once per
+process (its name is its content), so neither a checkpoint's bytes nor the work to write or read it grows
+with the days applied. `load` gives the dict back whole, as it was saved. Segments are never pruned
+(their total is the history itself, once).
 
 Loading walks the trusted manifest newest first and skips (with a warning) any file whose hash or
 contents do not check out, so a torn or corrupt checkpoint falls back to the previous one. Files are
@@ -47,6 +56,13 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d{8,})-t(\d+)\.pt$")
 _MANIFEST = re.compile(r"^manifest-t(\d{12,})\.json$")
 KEEP_MANIFESTS = 3  # the newest leases' manifests: a fallback if the newest is unreadable
+# List-valued keys that grow by one entry a day, kept in segment files, not in each checkpoint (the docstring).
+SPILLED = ("history", "applied")
+SEGMENT = 64  # entries per history segment
+SEGMENTS_KEY = "{key}@segments"  # where a checkpoint dict keeps the references of `key`'s segments
+_SEGMENT_NAME = re.compile(r"^seg-([0-9a-f]{64})\.json$")
+_segment_cache: dict[str, list[Any]] = {}  # sha256 -> entries: content-addressed, so never stale
+_ref_cache: dict[tuple[Any, ...], dict[str, Any]] = {}  # a segment's identity (see `_identity`) -> its reference
 
 
 def checkpoint_name(seq: int, token: int) -> str:
@@ -81,6 +97,38 @@ class Loaded:
 
 def _order(entry: dict[str, Any]) -> tuple[int, int]:
     return int(entry.get("token", 0)), int(entry["seq"])
+
+
+def _identity(entries: list[Any]) -> tuple[Any, ...]:
+    """A cheap key for a segment's entries (history entries name the checkpoint they went into, a file name
+    no other entry has), so a save does not serialise every full segment again to learn its name."""
+    return tuple((e.get("checkpoint"), e.get("time"), e.get("shard")) if isinstance(e, dict) else repr(e)
+                 for e in entries)
+
+
+RECENT_BOUNDARIES = 8  # day boundaries kept whatever their age: a backfill of last week rewinds at no extra cost
+
+
+def ladder(seqs: list[int], top: int) -> set[int]:
+    """The boundary checkpoints (by seq) that retention keeps, `top` being the newest checkpoint's seq: the
+    newest `RECENT_BOUNDARIES`, and of the older ones, at each distance d from `top` in [2**j, 2**(j+1)), the
+    oldest in each stretch of 2**(j-1) seqs: about two a doubling, so a run of N checkpoints keeps
+    8 + 2 log2(N) boundaries, and a late day k checkpoints back retrains at most about k/2 days more than
+    with every boundary kept. The stretches double as `top` grows, and each keeps the oldest of the two it
+    merges, so a boundary the rule drops it never asks for again."""
+    ordered = sorted(set(seqs), reverse=True)
+    kept = set(ordered[:RECENT_BOUNDARIES])
+    stretches: dict[tuple[int, int], int] = {}
+    for seq in ordered[RECENT_BOUNDARIES:]:
+        level = max(top - seq, 1).bit_length() - 1
+        width = 1 << max(level - 1, 0)
+        key = (width, seq // width)
+        stretches[key] = min(seq, stretches.get(key, seq))
+    return kept | set(stretches.values())
+
+
+class SegmentError(ValueError):
+    """A history segment is missing, torn or not what its reference says."""
 
 
 class CheckpointStore:
@@ -150,6 +198,71 @@ class CheckpointStore:
         """File names of the checkpoints the trusted manifest keeps (the others are pruned)."""
         return {e["file"] for e in self._entries()}
 
+    # -- history segments ------------------------------------------------------------------------
+    @property
+    def segments_dir(self) -> Path:
+        return self.dir / "history"
+
+    def _spill(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` with each `SPILLED` list cut to its entries since the last full segment, the full segments
+        written (once: a segment already on the share is not written again) and referenced."""
+        out = dict(state)
+        for key in SPILLED:
+            entries = state.get(key)
+            if not isinstance(entries, list) or SEGMENTS_KEY.format(key=key) in state:
+                continue
+            full = len(entries) - len(entries) % SEGMENT
+            refs = [self._segment(entries[i:i + SEGMENT]) for i in range(0, full, SEGMENT)]
+            out[key], out[SEGMENTS_KEY.format(key=key)] = entries[full:], refs
+        return out
+
+    def _segment(self, entries: list[Any]) -> dict[str, Any]:
+        ident = (str(self.dir), *_identity(entries))
+        ref = _ref_cache.get(ident)
+        if ref is not None and (self.segments_dir / ref["file"]).exists():
+            return dict(ref)
+        data = json.dumps(entries, sort_keys=True).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        ref = {"file": f"seg-{digest}.json", "sha256": digest, "count": len(entries)}
+        path = self.segments_dir / ref["file"]
+        if not path.exists():
+            atomic_write_bytes(path, data)
+        _ref_cache[ident] = ref
+        _segment_cache.setdefault(digest, json.loads(data))
+        return dict(ref)
+
+    def _unspill(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The dict as it was saved: each spilled key's segments read back (SegmentError when one is not)."""
+        for key in SPILLED:
+            refs = state.pop(SEGMENTS_KEY.format(key=key), None)
+            if refs is None:
+                continue
+            whole: list[Any] = []
+            for ref in refs:
+                whole += self._read_segment(ref)
+            state[key] = whole + list(state.get(key, []))
+        return state
+
+    def _read_segment(self, ref: dict[str, Any]) -> list[Any]:
+        m = _SEGMENT_NAME.match(str(ref.get("file")))
+        if not m or m[1] != ref.get("sha256"):
+            raise SegmentError(f"history segment reference {ref!r} is not a segment name with its sha256")
+        cached = _segment_cache.get(m[1])
+        if cached is None:
+            try:
+                data = (self.segments_dir / ref["file"]).read_bytes()
+            except FileNotFoundError:
+                raise SegmentError(f"history segment {self.segments_dir / ref['file']} is missing") from None
+            if hashlib.sha256(data).hexdigest() != m[1]:
+                raise SegmentError(f"history segment {self.segments_dir / ref['file']} does not match its sha256")
+            cached = json.loads(data)
+            if not isinstance(cached, list) or len(cached) != ref.get("count"):
+                raise SegmentError(f"history segment {ref['file']} does not hold {ref.get('count')} entries")
+            if len(_segment_cache) > 4096:  # a long-lived process of many runs: start the cache again
+                _segment_cache.clear()
+            _segment_cache[m[1]] = cached
+        return list(cached)
+
     # -- reading ---------------------------------------------------------------------------------
     def load(self, accept: Callable[[dict[str, Any]], bool] = lambda state: True) -> Loaded | None:
         """The newest checkpoint that verifies and that `accept` takes; None when there is none."""
@@ -162,6 +275,7 @@ class CheckpointStore:
                 state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
                 if not isinstance(state, dict) or "model" not in state:
                     raise ValueError("not a training checkpoint (no 'model' entry)")
+                state = self._unspill(state)
             except Exception as exc:  # noqa: BLE001 - any unreadable file means: fall back
                 log.warning("checkpoint %s is unusable (%s); falling back to the previous one", path, exc)
                 continue
@@ -202,7 +316,7 @@ class CheckpointStore:
             raise ValueError(f"{path} is not a checkpoint path of {self.dir}; use next_path()")
         seq, token = parsed
         buf = io.BytesIO()
-        torch.save(state, buf)
+        torch.save(self._spill(state), buf)
         data = buf.getvalue()
         atomic_write_bytes(path, data)
         faults.point("checkpoint-written")
@@ -226,10 +340,12 @@ class CheckpointStore:
         return path
 
     def _retain(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The newest `keep`, plus every shard-boundary (end-of-day) checkpoint: mid-shard resume needs
-        the newest, and a day that arrives late (a backfill, a requeue) rewinds to the one before it.
-        One boundary per applied day is the cost (the model is small next to a day's data)."""
-        return entries[: self.keep] + [e for e in entries[self.keep:] if e.get("boundary")]
+        """The newest `keep`, plus the day-boundary (end-of-day) checkpoints `ladder` keeps: mid-shard resume
+        needs the newest, and a day that arrives late (a backfill, a requeue) rewinds to the boundary before it,
+        or, when that one was pruned, to the nearest kept one before it (`lineage.Rewind.target`)."""
+        top = max((int(e["seq"]) for e in entries), default=0)
+        rungs = ladder([int(e["seq"]) for e in entries[self.keep:] if e.get("boundary")], top)
+        return entries[: self.keep] + [e for e in entries[self.keep:] if e.get("boundary") and int(e["seq"]) in rungs]
 
     def _collect(self, token: int) -> None:
         """Prune what no manifest names, never above our own token; keep the newest manifests.
