@@ -63,3 +63,25 @@ def test_a_share_restored_from_an_older_backup_is_trained_up_to_redis_before_exi
     log = cluster.log("w2")
     assert log.count("that their run's newest checkpoint on the share does not record") == 1, log
     assert f"Redis calls {len(days) - len(behind)} day(s) done" in log, log
+
+
+def test_make_locals_summary_counts_what_the_share_records_not_what_redis_calls_done(
+        tmp_path: Path, dataset_src: Path, redis_server, capsys) -> None:
+    """`make local`'s closing summary is a status too: a Redis that calls every day done over a share whose run
+    has no checkpoint yet shows 0 applied and the one disagreement line (it showed Redis's 6/6)."""
+    from workload.model import lineage
+    from workload.queue import plan
+    from workload.queue.workqueue import WorkQueue, connect
+    from workload.runtime.local import summary
+
+    share = tmp_path / "share"
+    shutil.copytree(dataset_src, share / "datasets" / "fraud")
+    plan.record(share, plan.RunSpec(run="main", dataset="fraud", hparams={"epochs": 1}))
+    queue = WorkQueue(connect(redis_server.url, redis_server.password), retry_for_s=5)
+    plan.restore(queue, share, lineage.applied_days)
+    days = plan.items(share, plan.live(share))
+    assert queue.mark_done(days) == len(days) == 6
+    summary(queue, share)
+    out = capsys.readouterr().out
+    assert "  run main: 0/6 shards applied, 0 dead-lettered" in out, out
+    assert "share vs queue: DISAGREE: Redis calls 6 day(s) done that their run's newest checkpoint" in out, out

@@ -35,7 +35,9 @@ from pathlib import Path, PurePosixPath
 
 from workload.core import preemption
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DEAD_LETTERS, EXIT_DONE, EXIT_FAILED, EXIT_INFRA, EXIT_STALLED
+from workload.data.dayfile import DatasetError
 from workload.model import report
+from workload.queue import plan
 from workload.queue.workqueue import Counts, WorkQueue, connect
 from workload.runtime.redis_server import RedisServer, die_with_parent
 from workload.share.paths import METRICS_PNG, NAME, PR_CURVE_PNG, REPORT_HTML, REPORT_TXT, share_paths
@@ -342,12 +344,28 @@ def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
             w.kill()
 
 
+def share_truth(queue: WorkQueue, share: Path) -> plan.Truth | None:
+    """What the share's newest checkpoints record against Redis's done (as `status` shows it); None, with a
+    warning, where the share's plan cannot be read."""
+    from workload.model import lineage  # torch: only once the workers are done
+
+    try:
+        return plan.truth(queue, share, lineage.applied_days)
+    except (plan.PlanError, DatasetError) as exc:
+        log.warning("cannot compare the queue's done days with the share: %s", exc)
+        return None
+
+
 def summary(queue: WorkQueue, share: Path) -> None:
+    """Each run's days applied as the share records them (Redis's done where the share's plan cannot be read),
+    its dead letters, figures and where its report is."""
     _, output_dir = share_paths(share)
     snap = queue.snapshot()
+    truth = share_truth(queue, share)
     lines = ["", "Summary"]
     for run, r in snap["runs"].items():
-        lines.append(f"  run {run}: {r['done']}/{r['total']} shards applied, {len(r['dead'])} dead-lettered")
+        applied = truth.applied.get(run, r["done"]) if truth else r["done"]
+        lines.append(f"  run {run}: {applied}/{r['total']} shards applied, {len(r['dead'])} dead-lettered")
         for item, d in r["dead"].items():
             lines.append(f"    dead: {item}: {d['error']}")
         m = report.latest_metrics(output_dir / run) if NAME.match(run) else None  # a hostile name: no path
@@ -358,4 +376,6 @@ def summary(queue: WorkQueue, share: Path) -> None:
         lines.append(f"    report:  {output_dir / run / REPORT_TXT}")
         lines.append(f"    page:    {output_dir / run / REPORT_HTML}")
         lines.append(f"    plots:   {output_dir / run / METRICS_PNG}, {output_dir / run / PR_CURVE_PNG}")
+    if truth and truth.line():
+        lines.append(f"  {truth.line()}")
     print("\n".join(lines))
