@@ -63,8 +63,11 @@ def test_sigkill_of_a_packed_worker_mid_day_then_a_packed_peer_resumes_every_run
     cluster.seed(SWEEP)
     cluster.env_extra.update(PACK_RUNS="2")
     # The 4th checkpoint file written: each run's 2nd mid-day checkpoint of the first day (main's promoted,
-    # twin's complete, not promoted): twin loses one checkpoint interval, main less.
-    victim = cluster.start_worker("victim", WORKLOAD_FAULT="checkpoint-written:4")
+    # twin's complete, not promoted): twin loses one checkpoint interval, main less. A checkpoint after every
+    # step, so the count does not depend on how fast the machine trains (at the cluster's 0.3 s an idle
+    # machine trained a whole day between two checkpoints).
+    victim = cluster.start_worker("victim", WORKLOAD_FAULT="checkpoint-written:4",
+                                  CHECKPOINT_INTERVAL_SECONDS="0.001")
     assert victim.wait(120) == -signal.SIGKILL, cluster.log("victim")
     cluster.procs.remove(victim)
     for run in SWEEP:
