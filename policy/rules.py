@@ -71,6 +71,12 @@ UNLABELLED: frozenset[str] = frozenset(
         "gcp:storage/bucketIAMMember:BucketIAMMember",
         "gcp:kms/keyRing:KeyRing",
         "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember",
+        # Binary Authorization (infra/binauthz.py): pulumi_gcp 10.2 declares no labels on these.
+        "gcp:containeranalysis/note:Note",
+        "gcp:containeranalysis/noteIamMember:NoteIamMember",
+        "gcp:containeranalysis/occurence:Occurence",
+        "gcp:binaryauthorization/attestor:Attestor",
+        "gcp:binaryauthorization/policy:Policy",
     }
 )
 

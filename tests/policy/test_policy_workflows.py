@@ -213,7 +213,8 @@ def test_make_local_installs_no_pulumi_and_the_workflows_no_worker() -> None:
 # Import name -> distribution, for the third-party modules infra/ and policy/ import.
 DISTRIBUTIONS = {"yaml": "pyyaml", "pulumi_policy": "pulumi-policy", "pulumi_gcp": "pulumi-gcp",
                  "pulumi_kubernetes": "pulumi-kubernetes", "pulumi_random": "pulumi-random",
-                 "pulumi_docker_build": "pulumi-docker-build", "pulumi": "pulumi"}  # fmt: skip
+                 "pulumi_docker_build": "pulumi-docker-build", "pulumi": "pulumi",
+                 "google": "google-auth"}  # fmt: skip
 
 
 def _third_party_imports(folder: Path) -> set[str]:
