@@ -52,8 +52,6 @@ SIGNING_ALGORITHM = "EC_SIGN_P256_SHA256"  # Cloud KMS CryptoKeyVersionAlgorithm
 ATTESTOR_ALGORITHM = "ECDSA_P256_SHA256"  # Binary Authorization's name for the same (enum value 9)
 PAYLOAD_TYPE = "Google cloud binauthz container signature"
 KMS_KEY_ID = "//cloudkms.googleapis.com/v1/"
-KMS_API = "https://cloudkms.googleapis.com/v1/"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 ENFORCE = "ENFORCED_BLOCK_AND_AUDIT_LOG"
 # What the identity running `pulumi up` needs to attest, each on the one resource (docs/ci.md): sign with the
 # stack's attestation key, attach occurrences to the stack's note.
@@ -81,36 +79,48 @@ def public_key_id(key_version_name: str) -> str:
     return KMS_KEY_ID + key_version_name
 
 
-def sign_request(payload: bytes) -> dict[str, Any]:
-    """The body of Cloud KMS ``asymmetricSign`` for ``payload``: its SHA-256 digest (the key is P-256/SHA-256)."""
-    return {"digest": {"sha256": base64.b64encode(hashlib.sha256(payload).digest()).decode()}}
-
-
 def member_of(email: str) -> str:
     """The IAM member of the identity running `pulumi up`: a service account in CI, a person on a laptop."""
     return f"serviceAccount:{email}" if email.endswith(".gserviceaccount.com") else f"user:{email}"
 
 
-def kms_sign(key_version: str, payload: bytes) -> str:
-    """``payload`` signed by the Cloud KMS key version, as base64 (the deployer's application default
-    credentials: in CI the deploy identity, which holds SIGNER_ROLE on this key only)."""
-    import google.auth  # imported here: only `pulumi up` signs, renders and previews never do
-    from google.auth.transport.requests import AuthorizedSession
-
-    credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
-    reply = AuthorizedSession(credentials).post(
-        f"{KMS_API}{key_version}:asymmetricSign", json=sign_request(payload), timeout=60)
-    if reply.status_code != 200:
-        raise RuntimeError(f"Cloud KMS asymmetricSign with {key_version} failed: {reply.status_code} {reply.text}")
-    return str(reply.json()["signature"])
-
-
 class _KmsSigner(pulumi.dynamic.ResourceProvider):
-    """Signs ``payload`` (base64) with ``key_version`` on create; a new payload or key is a new signature."""
+    """Signs ``payload`` (base64) with ``key_version`` on create; a new payload or key is a new signature.
+
+    Self-contained: Pulumi pickles the provider into the state with dill, which pickles a class of an importable
+    module by reference, and the dynamic provider host that unpickles it need not import ``infra`` (pulumi/pulumi
+    #7453). So the class is marked ``__main__`` (pickled by value, pulumi/pulumi#7755's approach, which the SDK
+    3.272 here does not apply itself) and everything it calls lives in it (tests/infra/test_infra_binauthz.py
+    unpickles it in an interpreter where ``infra`` is not importable)."""
+
+    api = "https://cloudkms.googleapis.com/v1/"
+    scope = "https://www.googleapis.com/auth/cloud-platform"
+
+    @staticmethod
+    def request(payload: bytes) -> dict[str, Any]:
+        """The body of Cloud KMS ``asymmetricSign`` for ``payload``: its SHA-256 digest (a P-256/SHA-256 key)."""
+        import base64
+
+        return {"digest": {"sha256": base64.b64encode(hashlib.sha256(payload).digest()).decode()}}
+
+    def sign(self, key_version: str, payload: bytes) -> str:
+        """``payload`` signed by the key version, base64 (DER ECDSA), with the deployer's application default
+        credentials (in CI the deploy identity, granted SIGNER_ROLE on this key only)."""
+        import google.auth  # only `pulumi up` signs: renders and previews never import it
+        from google.auth.transport.requests import AuthorizedSession
+
+        credentials, _ = google.auth.default(scopes=[self.scope])
+        reply = AuthorizedSession(credentials).post(
+            f"{self.api}{key_version}:asymmetricSign", json=self.request(payload), timeout=60)
+        if reply.status_code != 200:
+            raise RuntimeError(f"Cloud KMS asymmetricSign with {key_version} failed: {reply.status_code} {reply.text}")
+        return str(reply.json()["signature"])
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        import base64
+
         payload = base64.b64decode(props["payload"])
-        signature = kms_sign(props["key_version"], payload)
+        signature = self.sign(props["key_version"], payload)
         return pulumi.dynamic.CreateResult(hashlib.sha256(payload).hexdigest(), {**props, "signature": signature})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
@@ -118,14 +128,26 @@ class _KmsSigner(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
 
+# Pickled by value, not as references into this module: dill does that for ``__main__``'s classes and functions only.
+_KmsSigner.__module__ = "__main__"
+for _method in vars(_KmsSigner).values():
+    if callable(getattr(_method, "__func__", _method)):
+        getattr(_method, "__func__", _method).__module__ = "__main__"
+sign_request = _KmsSigner.request
+
+
 class KmsSignature(pulumi.dynamic.Resource):
     """A Cloud KMS signature of a payload; ``signature`` is base64 (DER ECDSA)."""
 
     signature: pulumi.Output[str]
 
+    @staticmethod
+    def provider() -> pulumi.dynamic.ResourceProvider:
+        return _KmsSigner()
+
     def __init__(self, name: str, payload: pulumi.Input[str], key_version: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(_KmsSigner(), name,
+        super().__init__(self.provider(), name,
                          {"payload": payload, "key_version": key_version, "signature": None}, opts)
 
 

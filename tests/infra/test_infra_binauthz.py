@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
+from pulumi.dynamic.dynamic import serialize_provider
 
 from infra import binauthz, render
 from infra.render import Registered, Rendered
@@ -60,6 +63,19 @@ def test_a_kms_signature_of_the_payload_verifies_as_binary_authorization_checks_
     with pytest.raises(InvalidSignature):
         key.public_key().verify(signature, other, ec.ECDSA(hashes.SHA256()))
     assert digest == hashlib.sha256(payload).digest()
+
+
+def test_the_signer_unpickles_where_the_program_cannot_be_imported(tmp_path: Any) -> None:
+    """Pulumi stores the dynamic provider pickled (by value: pulumi/pulumi#7755) and its host unpickles it without
+    the program on sys.path: a fresh interpreter outside the repository, ``-I`` (no cwd, no PYTHONPATH), loads it
+    and builds the same KMS request; a signer that called a module function of ``infra`` would fail here."""
+    pickled = serialize_provider(binauthz.KmsSignature.provider())
+    script = ("import base64, dill, sys; signer = dill.loads(base64.b64decode(sys.stdin.read())); "
+              "print(signer.request(b'payload')['digest']['sha256'])")
+    done = subprocess.run([sys.executable, "-I", "-c", script], input=pickled, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == binauthz.sign_request(b"payload")["digest"]["sha256"]
 
 
 def _images(value: Any) -> Iterator[str]:
