@@ -222,6 +222,13 @@ GROUPS: tuple[Group, ...] = (
         ("infra/quota.py",),
         ("tests/infra/test_infra_quota.py",),
     ),
+    # binauthz: the stack's attestor, key, note and the project's policy, and the attestation of each image it runs.
+    Group(
+        "binauthz",
+        ("infra/binauthz.py",),
+        ("tests/infra/test_infra_binauthz.py",),
+        do_not_mutate_patterns=(REGISTER_OUTPUTS,),
+    ),
     # schedule: the loader's and the launcher's CronJobs, the training and scoring Jobs the launcher may post, the
     # rights it needs to post them and the admission policy that admits only those (infra/admission.py).
     Group(

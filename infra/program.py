@@ -15,6 +15,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import contract
+from infra.binauthz import BinaryAuthorization, BinauthzArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import STACK_KEY, StackConfig
 from infra.filestore import FilestoreArgs, FilestoreShare
@@ -162,6 +163,19 @@ def _warn_about_standbys(cfg: StackConfig) -> None:
             "Add runs (a sweep) or lower parallelism if that is not what you want to pay for.")
 
 
+def image_refs(
+    cfg: StackConfig, cluster: Cluster, image: TrainingImage, on_gcp: pulumi.ResourceOptions
+) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
+    """The training and Redis images as pods name them; with binaryAuthorization, each handed on only once the
+    stack's attestor has attested it and the project's policy requires that (infra/binauthz.py)."""
+    trainer, redis = image.ref, image.from_docker_hub(cfg.redis_image)
+    if not cfg.cluster.binary_authorization:
+        return trainer, redis
+    binauthz = BinaryAuthorization("binauthz", BinauthzArgs(
+        cfg.site, cluster.name, protected=cfg.cluster.deletion_protection), opts=on_gcp)
+    return binauthz.attested("trainer", trainer), binauthz.attested("redis", redis)
+
+
 def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     _warn_about_standbys(cfg)
@@ -179,8 +193,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     cluster = Cluster("cluster", cluster_args(cfg), network, opts=on_gcp)
     image = TrainingImage("image", ImageArgs(cfg.site, cluster.node_service_account.member), opts=on_gcp)
     kube = workload_namespace(cfg, cluster.provider)
-    shared = platform(cfg, kube, image.ref, network, cluster.workload_pool, on_gcp,
-                      redis_image=image.from_docker_hub(cfg.redis_image))
+    trainer, redis = image_refs(cfg, cluster, image, on_gcp)
+    shared = platform(cfg, kube, trainer, network, cluster.workload_pool, on_gcp, redis_image=redis)
     # Read before any GPU pod exists: the training Job waits on it, and a shortfall fails `pulumi up` here.
     quota = check_gpu_quota(
         cfg.project_id, cfg.gpu, cfg.region, cfg.jobs.parallelism,

@@ -40,6 +40,10 @@ CLUSTER_ENDPOINT = "203.0.113.10"
 CLUSTER_CA = "ZmFrZS1jYQ=="  # base64("fake-ca")
 IMAGE_DIGEST = "sha256:" + "ab" * 32
 ACCESS_TOKEN = "fake-access-token"
+# infra/binauthz.py under mocks: the attestation key's public key, the signature KMS returns, who runs `up`.
+KMS_PUBLIC_KEY = "-----BEGIN PUBLIC KEY-----\nfake\n-----END PUBLIC KEY-----\n"
+KMS_SIGNATURE = "ZmFrZS1zaWduYXR1cmU="
+DEPLOYER_EMAIL = "st-deploy@spot-trainer-test.iam.gserviceaccount.com"
 
 # The GPU quota limits the fake Cloud Quotas API reports (quota id -> limit); tests change them. A limit is one
 # row for every location, a dict one row per region it names, None no row at all (a quota the API does not know).
@@ -54,6 +58,8 @@ MASK = "[secret]"
 # Values under such keys are credentials even where the engine would not mark them secret (a provider
 # function's result, for instance): masked in anything written to disk.
 _CREDENTIAL_KEY = re.compile(r"password|token|kubeconfig|privatekey|credentials", re.IGNORECASE)
+# A dynamic resource's ``__provider``: its provider class pickled by the SDK (it changes with any edit of the module).
+_PICKLED_PROVIDER = "__provider"
 
 
 def stack_names() -> list[str]:
@@ -221,6 +227,8 @@ class _FakeCloud(pulumi.runtime.Mocks):
             out.update(email=email, member=f"serviceAccount:{email}", name=name_)
         elif typ == "random:index/randomPassword:RandomPassword":
             out["result"] = "p" * int(out.get("length", 16))
+        elif typ == "pulumi-python:dynamic:Resource" and "payload" in out:  # infra/binauthz.py's KMS signature
+            out["signature"] = KMS_SIGNATURE
         elif typ == "docker-build:index:Image":
             out.update(digest=IMAGE_DIGEST, ref=f"{out['tags'][0]}@{IMAGE_DIGEST}")
         elif typ.startswith("kubernetes:") and "metadata" in out:
@@ -243,6 +251,13 @@ class _FakeCloud(pulumi.runtime.Mocks):
             return {"quotaId": args.args["quotaId"], "dimensionsInfos": rows}
         if args.token == "gcp:organizations/getProject:getProject":
             return {"projectId": args.args.get("projectId"), "number": FAKE_PROJECT_NUMBER}
+        if args.token == "gcp:kms/getKMSCryptoKeyVersion:getKMSCryptoKeyVersion":
+            key = args.args["cryptoKey"]
+            return {"cryptoKey": key, "name": f"{key}/cryptoKeyVersions/1", "version": 1,
+                    "algorithm": "EC_SIGN_P256_SHA256",
+                    "publicKeys": [{"pem": KMS_PUBLIC_KEY, "algorithm": "EC_SIGN_P256_SHA256"}]}
+        if args.token == "gcp:organizations/getClientOpenIdUserInfo:getClientOpenIdUserInfo":
+            return {"email": DEPLOYER_EMAIL}
         if args.token == "gcp:storage/getBucket:getBucket":
             name = args.args["name"]
             return {"name": name, "uniformBucketLevelAccess": name not in NON_UNIFORM_BUCKETS}
@@ -320,7 +335,7 @@ async def _deserialize(struct: Any) -> dict[str, Any]:
 def mask_secrets(value: Any, key: str = "") -> Any:
     """Secret-marked values, and strings under credential-like keys, replaced by MASK. Keys and
     structure stay (a Secret's ``stringData`` keeps its keys), so masked manifests still validate."""
-    if isinstance(value, str) and value and _CREDENTIAL_KEY.search(key):
+    if isinstance(value, str) and value and (_CREDENTIAL_KEY.search(key) or key == _PICKLED_PROVIDER):
         return MASK
     if isinstance(value, dict):
         if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:

@@ -24,8 +24,10 @@ APIS = (
 DATA_APIS = ("storage.googleapis.com", "iamcredentials.googleapis.com")
 
 
-# With binaryAuthorization: GKE asks the Binary Authorization API to evaluate the project's policy.
+# With binaryAuthorization: GKE asks the Binary Authorization API to evaluate the project's policy; the stack's
+# attestations are Container Analysis occurrences signed by a Cloud KMS key (infra/binauthz.py).
 BINARY_AUTHORIZATION_API = "binaryauthorization.googleapis.com"
+CONTAINER_ANALYSIS_API = "containeranalysis.googleapis.com"
 
 
 # With secretsKmsKey "stack": the stack creates its key ring and key (infra/cluster.py).
@@ -35,7 +37,8 @@ KMS_API = "cloudkms.googleapis.com"
 def apis(data: DataConfig, binary_authorization: bool = False, stack_key: bool = False) -> tuple[str, ...]:
     """The APIs a stack with this data configuration (and control-plane settings) calls."""
     return (APIS + (DATA_APIS if data.dataset or data.output else ())
-            + ((BINARY_AUTHORIZATION_API,) if binary_authorization else ()) + ((KMS_API,) if stack_key else ()))
+            + ((BINARY_AUTHORIZATION_API, CONTAINER_ANALYSIS_API) if binary_authorization else ())
+            + ((KMS_API,) if stack_key or binary_authorization else ()))
 
 
 class ProjectServices(pulumi.ComponentResource):

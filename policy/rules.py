@@ -71,6 +71,12 @@ UNLABELLED: frozenset[str] = frozenset(
         "gcp:storage/bucketIAMMember:BucketIAMMember",
         "gcp:kms/keyRing:KeyRing",
         "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember",
+        # Binary Authorization (infra/binauthz.py): pulumi_gcp 10.2 declares no labels on these.
+        "gcp:containeranalysis/note:Note",
+        "gcp:containeranalysis/noteIamMember:NoteIamMember",
+        "gcp:containeranalysis/occurence:Occurence",
+        "gcp:binaryauthorization/attestor:Attestor",
+        "gcp:binaryauthorization/policy:Policy",
     }
 )
 
@@ -841,6 +847,66 @@ def prod_admission_and_encryption(type_: str, props: Mapping[str, Any], facts: S
     return [f"Cluster in stack {facts.stack!r}: {p}" for p in _prod_cluster_hardening(props)]
 
 
+BINAUTHZ_POLICY = "gcp:binaryauthorization/policy:Policy"
+BINAUTHZ_ATTESTOR = "gcp:binaryauthorization/attestor:Attestor"
+ENFORCED = "ENFORCED_BLOCK_AND_AUDIT_LOG"
+
+
+def _attestor_names(resources: Sequence[Resource]) -> set[str]:
+    """Every way a policy may name the stack's attestors: the ID, ``projects/<p>/attestors/<name>``."""
+    names: set[str] = set()
+    for a in _of_type(resources, BINAUTHZ_ATTESTOR):
+        names.update(str(v) for v in (a.props.get("id"), f"projects/{a.props.get('project')}/attestors/"
+                                      f"{a.props.get('name')}") if v)
+    return names
+
+
+def _admission_problems(rule: Any, what: str, attestors: set[str]) -> list[str]:
+    """An admission rule that admits more than the stack's attestations (ALWAYS_DENY passes)."""
+    mode, by = _get(rule, "evaluationMode"), [str(a) for a in _list(_get(rule, "requireAttestationsBies"))]
+    if mode == "ALWAYS_DENY":
+        return []
+    if mode != "REQUIRE_ATTESTATION" or not by or not set(by) <= attestors:
+        return [f"{what} is {mode or 'missing'} (by {by or 'no attestor'}), not REQUIRE_ATTESTATION by the stack's own "
+                "attestor: images it did not sign may run"]
+    if _get(rule, "enforcementMode") != ENFORCED:
+        return [f"{what} only logs (enforcementMode {_get(rule, 'enforcementMode')!r}, not {ENFORCED})"]
+    return []
+
+
+def _policy_problems(policy: Resource, clusters: list[Resource], attestors: set[str]) -> list[str]:
+    props = policy.props
+    problems = [] if props.get("globalPolicyEvaluationMode") == "ENABLE" else [
+        "globalPolicyEvaluationMode is not ENABLE: GKE's own system images would need attestations too"]
+    if _list(props.get("admissionWhitelistPatterns")):
+        problems.append("admissionWhitelistPatterns admit images by path, whatever is pushed there")
+    problems += _admission_problems(props.get("defaultAdmissionRule"), "the default rule", attestors)
+    rules_by_cluster = {str(_get(r, "cluster")): r for r in _list(props.get("clusterAdmissionRules"))}
+    for key, rule in rules_by_cluster.items():
+        problems += _admission_problems(rule, f"the rule for cluster {key}", attestors)
+    by_default = _get(props, "defaultAdmissionRule", "evaluationMode") == "REQUIRE_ATTESTATION"
+    for c in clusters:  # a cluster without a rule of its own is judged by the default rule
+        key = f"{c.props.get('location')}.{c.props.get('name')}"
+        if key not in rules_by_cluster and not by_default:
+            problems.append(f"no rule for cluster {key}: the default rule denies the stack's own images too")
+    return problems
+
+
+def binary_authorization_attested(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """A cluster that enforces the project's Binary Authorization policy (every prod cluster) comes with that
+    policy in the stack: nothing runs but images the stack's own attestor signed (and GKE's system images)."""
+    clusters = [c for c in _of_type(resources, CLUSTER) if is_prod(facts) or _get(
+        c.props, "binaryAuthorization", "evaluationMode") == "PROJECT_SINGLETON_POLICY_ENFORCE"]
+    policies = _of_type(resources, BINAUTHZ_POLICY)
+    if clusters and not policies:
+        return [(c.urn, f"Cluster in stack {facts.stack!r} enforces the project's Binary Authorization policy, but "
+                 "the stack declares no policy and no attestor: nothing says only its signed images run (CIS GKE "
+                 "5.10.5)") for c in clusters]
+    attestors = _attestor_names(resources)
+    return [(p.urn, f"Binary Authorization policy in stack {facts.stack!r}: {m}")
+            for p in (policies if clusters else []) for m in _policy_problems(p, clusters, attestors)]
+
+
 def prod_card_data_at_rest(type_: str, props: Mapping[str, Any], facts: StackFacts) -> list[str]:
     """In prod (a Filestore tier that takes a key costs more than BASIC), the share with the card data is under a
     customer key, exported to named ranges only, root squashed."""
@@ -944,6 +1010,13 @@ RULES: tuple[Rule, ...] = (
         "In prod: Binary Authorization enforced, Secrets under a Cloud KMS key",
         level("prod-admission-and-encryption"),
         check_resource=prod_admission_and_encryption,
+    ),
+    Rule(
+        "binary-authorization-attested",
+        "A cluster enforcing Binary Authorization (every prod cluster) runs only images the stack's own attestor "
+        "signed: the stack declares the project's policy, default deny, the cluster's rule requiring its attestor",
+        level("binary-authorization-attested"),
+        check_stack=binary_authorization_attested,
     ),
     Rule(
         "prod-card-data-at-rest",

@@ -84,13 +84,13 @@ def test_prod_encrypts_its_secrets_with_a_key_of_its_own_that_gke_may_use(render
     GKE's service agent granted encrypter/decrypter on it, and the cluster created only after that grant
     (GKE's "Encrypt secrets at the application layer": the agent needs the role before the cluster uses the key)."""
     r = rendered("prod")
-    ring = r.one("gcp:kms/keyRing:KeyRing")
+    ring = r.one("gcp:kms/keyRing:KeyRing", "cluster-secrets")
     assert ring.inputs == {"project": render.FAKE_PROJECT_ID, "location": "us-central1", "name": "spot-trainer-prod"}
-    key = r.one("gcp:kms/cryptoKey:CryptoKey")
+    key = r.one("gcp:kms/cryptoKey:CryptoKey", "cluster-secrets")
     assert (key.inputs["keyRing"], key.inputs["purpose"], key.inputs["rotationPeriod"]) == (
         ring.id, "ENCRYPT_DECRYPT", "7776000s")
     assert key.protect  # a destroyed key leaves the Secrets unreadable
-    grant = r.one("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    grant = r.one("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember", "cluster-secrets-gke-agent")
     assert grant.inputs == {
         "cryptoKeyId": key.id, "role": "roles/cloudkms.cryptoKeyEncrypterDecrypter",
         "member": f"serviceAccount:service-{render.FAKE_PROJECT_NUMBER}@container-engine-robot.iam.gserviceaccount.com"}
@@ -100,8 +100,8 @@ def test_prod_encrypts_its_secrets_with_a_key_of_its_own_that_gke_may_use(render
     assert "cloudkms.googleapis.com" in {s.inputs["service"] for s in r.of_type("gcp:projects/service:Service")}
     # A key named in config is used as it is: no key ring of the stack's.
     own = rendered("prod", secretsKmsKey=KEY.format("etcd"))
-    assert not own.of_type("gcp:kms/keyRing:KeyRing")
-    assert not own.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
+    assert not [k for k in own.of_type("gcp:kms/keyRing:KeyRing") if k.name == "cluster-secrets"]
+    assert not [g for g in own.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember") if "secrets" in g.name]
     assert own.one(CLUSTER).inputs["databaseEncryption"]["keyName"] == KEY.format("etcd")
 
 

@@ -534,7 +534,42 @@ def test_the_hardening_rules_refuse_what_rendered_stacks_do_without_the_infra_se
     assert {v.resource.split()[0] for v in found} == {rules.FILESTORE} and len(found) == 2
 
 
-@pytest.mark.parametrize("rule", ["prod-control-plane-not-public", "prod-admission-and-encryption"])
+POLICY_CHANGES = [
+    (lambda p: p["defaultAdmissionRule"].update(evaluationMode="ALWAYS_ALLOW"), "the default rule is ALWAYS_ALLOW"),
+    (lambda p: p["clusterAdmissionRules"][0].update(requireAttestationsBies=["projects/x/attestors/anyone"]),
+     "not REQUIRE_ATTESTATION by the stack's own attestor"),
+    (lambda p: p["clusterAdmissionRules"][0].update(enforcementMode="DRYRUN_AUDIT_LOG_ONLY"), "only logs"),
+    (lambda p: p.update(clusterAdmissionRules=[]), "no rule for cluster us-central1.cluster"),
+    (lambda p: p.update(globalPolicyEvaluationMode="DISABLE"), "GKE's own system images"),
+    (lambda p: p.update(admissionWhitelistPatterns=[{"namePattern": "docker.io/*"}]), "admit images by path"),
+]
+
+
+@pytest.mark.parametrize(("change", "says"), POLICY_CHANGES)
+def test_a_binary_authorization_policy_that_admits_more_than_the_stacks_signed_images_is_refused(
+    change: Any, says: str, rendered: Callable[[str], Rendered]
+) -> None:
+    """CIS GKE 5.10.5: prod enforces the project's policy, and that policy must be the stack's own: default deny,
+    the cluster's rule requiring the stack's attestor, enforced, GKE's system images by global evaluation."""
+    prod = rendered("prod")
+    (found,) = _hardening(mutated(prod, rules.BINAUTHZ_POLICY, "binauthz-policy", change), prod,
+                          "binary-authorization-attested")
+    assert says in found.message and found.resource.startswith(rules.BINAUTHZ_POLICY)
+
+
+def test_a_cluster_enforcing_binary_authorization_without_the_stacks_policy_is_refused(
+    rendered: Callable[[str], Rendered],
+) -> None:
+    prod = rendered("prod")
+    without = [x for x in prod.resources if x.type not in (rules.BINAUTHZ_POLICY, rules.BINAUTHZ_ATTESTOR)]
+    (found,) = _hardening(without, prod, "binary-authorization-attested")
+    assert found.resource == f"{rules.CLUSTER} cluster" and "declares no policy" in found.message
+    dev = rendered("dev")  # dev enforces nothing: nothing to back
+    assert _hardening([*dev.resources], dev, "binary-authorization-attested") == []
+
+
+@pytest.mark.parametrize("rule", ["prod-control-plane-not-public", "prod-admission-and-encryption",
+                                  "binary-authorization-attested"])
 def test_prod_complies_with_its_mandatory_hardening_rules(rule: str, rendered: Callable[[str], Rendered]) -> None:
     """stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization and a key of the stack's own for the
     Secrets: both rules are mandatory, prod passes them as rendered, and dev is not held to them."""

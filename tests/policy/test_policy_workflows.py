@@ -213,7 +213,8 @@ def test_make_local_installs_no_pulumi_and_the_workflows_no_worker() -> None:
 # Import name -> distribution, for the third-party modules infra/ and policy/ import.
 DISTRIBUTIONS = {"yaml": "pyyaml", "pulumi_policy": "pulumi-policy", "pulumi_gcp": "pulumi-gcp",
                  "pulumi_kubernetes": "pulumi-kubernetes", "pulumi_random": "pulumi-random",
-                 "pulumi_docker_build": "pulumi-docker-build", "pulumi": "pulumi"}  # fmt: skip
+                 "pulumi_docker_build": "pulumi-docker-build", "pulumi": "pulumi",
+                 "google": "google-auth"}  # fmt: skip
 
 
 def _third_party_imports(folder: Path) -> set[str]:
@@ -329,3 +330,17 @@ def test_the_readme_links_the_security_controls() -> None:
                for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}  # fmt: skip
     named = {n for n in re.findall(r"::(test_\w+)|`(test_\w+)`", table) for n in n if n}
     assert named and named <= defined, sorted(named - defined)
+
+
+def test_up_exports_the_sbom_of_the_digest_the_stack_outputs_after_pulumi_up() -> None:
+    """Issue 36, SBOM (docs/security.md route 2: pulumi-docker-build has no attestation argument): after `pulumi
+    up`, in the same job and identity, Artifact Analysis exports the SBOM of the image by the digest read from the
+    stack's own `imageRef` output, which the program outputs by digest."""
+    job = workflow("up.yml")["jobs"]["up"]
+    up = index(job, lambda s: s.get("uses", "").startswith("pulumi/actions@"))
+    sbom = index(job, lambda s: "gcloud artifacts sbom export" in s.get("run", ""))
+    assert sbom > up > index(job, lambda s: s.get("uses", "").startswith("google-github-actions/auth@"))
+    run = job["steps"][sbom]["run"]
+    assert 'image="$(pulumi stack output imageRef --stack "$STACK")"' in run
+    assert 'gcloud artifacts sbom export --uri="$image"' in run and "@sha256:[0-9a-f]{64}$" in run
+    assert re.fullmatch(r"[^@]+@sha256:[0-9a-f]{64}", render.render("dev").outputs["imageRef"])

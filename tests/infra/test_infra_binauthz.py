@@ -1,0 +1,169 @@
+"""Issue 36: Binary Authorization admits only this stack's signed images (infra/binauthz.py).
+
+The payload's bytes, the signature's verification with a real P-256 key (Cloud KMS itself cannot run here:
+its asymmetricSign signs the SHA-256 digest the request carries, as ``Prehashed`` does below), and, under the
+mock engine, that every pod-making object waits for its image's attestation and the project's policy."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
+from pulumi.dynamic.dynamic import serialize_provider
+
+from infra import binauthz, render
+from infra.render import Registered, Rendered
+
+Render = Callable[..., Rendered]
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+IMAGE = f"us-central1-docker.pkg.dev/p/spot-trainer-prod/trainer@{DIGEST}"
+OCCURRENCE = "gcp:containeranalysis/occurence:Occurence"
+WORKLOADS = ("kubernetes:batch/v1:Job", "kubernetes:batch/v1:CronJob", "kubernetes:apps/v1:Deployment")
+
+
+def test_the_signature_payload_is_gclouds_bytes() -> None:
+    """gcloud's MakeSignaturePayload: sorted keys, two-space indent, ': ' separators, a final newline."""
+    assert binauthz.signature_payload(IMAGE) == (
+        '{\n'
+        '  "critical": {\n'
+        '    "identity": {\n'
+        '      "docker-reference": "us-central1-docker.pkg.dev/p/spot-trainer-prod/trainer"\n'
+        '    },\n'
+        '    "image": {\n'
+        f'      "docker-manifest-digest": "{DIGEST}"\n'
+        '    },\n'
+        '    "type": "Google cloud binauthz container signature"\n'
+        '  }\n'
+        '}\n'
+    ).encode()
+    assert binauthz.resource_uri(IMAGE) == f"https://{IMAGE}"
+    for bad in ("redis:7.4", "https://gcr.io/a/b@sha256:00", "gcr.io/a/b@md5:00"):
+        with pytest.raises(ValueError, match="only a digest can be attested"):
+            binauthz.signature_payload(bad)
+
+
+def test_a_kms_signature_of_the_payload_verifies_as_binary_authorization_checks_it() -> None:
+    """The request carries the payload's SHA-256; a P-256 key's signature of that digest (what KMS returns) verifies
+    against the payload with the public key, ECDSA/SHA-256 (the attestor's algorithm); another image's does not."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    payload = binauthz.signature_payload(IMAGE)
+    digest = base64.b64decode(binauthz.sign_request(payload)["digest"]["sha256"])
+    signature = key.sign(digest, ec.ECDSA(Prehashed(hashes.SHA256())))  # Cloud KMS asymmetricSign's part
+    key.public_key().verify(signature, payload, ec.ECDSA(hashes.SHA256()))  # Binary Authorization's part
+    other = binauthz.signature_payload(IMAGE.replace("0123", "4567"))
+    with pytest.raises(InvalidSignature):
+        key.public_key().verify(signature, other, ec.ECDSA(hashes.SHA256()))
+    assert digest == hashlib.sha256(payload).digest()
+
+
+def test_the_signer_unpickles_where_the_program_cannot_be_imported(tmp_path: Any) -> None:
+    """Pulumi stores the dynamic provider pickled (by value: pulumi/pulumi#7755) and its host unpickles it without
+    the program on sys.path: a fresh interpreter outside the repository, ``-I`` (no cwd, no PYTHONPATH), loads it
+    and builds the same KMS request; a signer that called a module function of ``infra`` would fail here."""
+    pickled = serialize_provider(binauthz.KmsSignature.provider())
+    script = ("import base64, dill, sys; signer = dill.loads(base64.b64decode(sys.stdin.read())); "
+              "print(signer.request(b'payload')['digest']['sha256'])")
+    done = subprocess.run([sys.executable, "-I", "-c", script], input=pickled, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == binauthz.sign_request(b"payload")["digest"]["sha256"]
+
+
+def _images(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in ("containers", "initContainers"):
+                yield from (c["image"] for c in v)
+            else:
+                yield from _images(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _images(v)
+
+
+def _signature_of(r: Rendered, occurrence: Registered) -> Registered:
+    (urn,) = [u for u in occurrence.dependencies if "dynamic:Resource" in u]
+    return r.by_urn(urn)
+
+
+def test_prod_attests_every_image_it_runs_before_any_pod_runs_it(rendered: Render) -> None:
+    """Each image a Job, CronJob or Deployment names has an occurrence on its https digest URL, whose payload is
+    that image's and whose signature comes from the stack's key; the object depends on that occurrence and on
+    the policy (so no pod is created before its attestation exists)."""
+    r = rendered("prod", datasetUri="gs://acme-fraud/exports", outputUri="gs://acme-results/runs/v1",
+                 schedule="0 3 * * *")
+    occurrences = {o.inputs["resourceUri"]: o for o in r.of_type(OCCURRENCE)}
+    policy = r.one("gcp:binaryauthorization/policy:Policy")
+    attestor = r.one("gcp:binaryauthorization/attestor:Attestor")
+    (key_id,) = [k["id"] for k in attestor.inputs["attestationAuthorityNote"]["publicKeys"]]
+    workloads = [w for w in r.resources if w.type in WORKLOADS]
+    assert {w.type for w in workloads} == set(WORKLOADS)
+    for workload in workloads:
+        for image in _images(workload.inputs):
+            occurrence = occurrences[binauthz.resource_uri(image)]
+            assert occurrence.urn in workload.dependencies and policy.urn in workload.dependencies, workload.urn
+            attestation = occurrence.inputs["attestation"]
+            assert base64.b64decode(attestation["serializedPayload"]) == binauthz.signature_payload(image)
+            (signature,) = attestation["signatures"]
+            assert signature == {"publicKeyId": key_id, "signature": render.KMS_SIGNATURE}
+            signer = _signature_of(r, occurrence)
+            assert signer.inputs["payload"] == attestation["serializedPayload"]
+            assert key_id == binauthz.public_key_id(signer.inputs["key_version"])
+    assert len(occurrences) == 2  # the training image and Redis through the stack's Docker Hub proxy
+
+
+def test_the_projects_policy_denies_all_but_this_clusters_attested_images(rendered: Render) -> None:
+    r = rendered("prod")
+    policy = r.one("gcp:binaryauthorization/policy:Policy")
+    attestor = r.one("gcp:binaryauthorization/attestor:Attestor")
+    cluster = r.one("gcp:container/cluster:Cluster")
+    assert policy.inputs["globalPolicyEvaluationMode"] == "ENABLE"  # GKE's system images
+    assert policy.inputs["defaultAdmissionRule"] == {"evaluationMode": "ALWAYS_DENY",
+                                                     "enforcementMode": "ENFORCED_BLOCK_AND_AUDIT_LOG"}
+    (rule,) = policy.inputs["clusterAdmissionRules"]
+    assert rule == {"cluster": f"us-central1.{cluster.outputs['name']}", "evaluationMode": "REQUIRE_ATTESTATION",
+                    "enforcementMode": "ENFORCED_BLOCK_AND_AUDIT_LOG", "requireAttestationsBies": [attestor.id]}
+    assert "admissionWhitelistPatterns" not in policy.inputs  # Redis is attested, not allowlisted
+    assert policy.protect and r.one("gcp:kms/cryptoKey:CryptoKey", "binauthz-attestor").protect
+    key = r.one("gcp:kms/cryptoKey:CryptoKey", "binauthz-attestor")
+    assert key.inputs["purpose"] == "ASYMMETRIC_SIGN"
+    assert key.inputs["versionTemplate"]["algorithm"] == "EC_SIGN_P256_SHA256"
+    note = r.one("gcp:containeranalysis/note:Note")
+    assert attestor.inputs["attestationAuthorityNote"]["noteReference"] == note.inputs["name"]
+    (public_key,) = attestor.inputs["attestationAuthorityNote"]["publicKeys"]
+    assert public_key["pkixPublicKey"] == {"publicKeyPem": render.KMS_PUBLIC_KEY,
+                                           "signatureAlgorithm": "ECDSA_P256_SHA256"}
+    apis = {s.inputs["service"] for s in r.of_type("gcp:projects/service:Service")}
+    assert {"binaryauthorization.googleapis.com", "containeranalysis.googleapis.com",
+            "cloudkms.googleapis.com"} <= apis
+
+
+def test_the_deployer_may_sign_with_the_stacks_key_and_attach_to_its_note_only(rendered: Render) -> None:
+    r = rendered("prod")
+    member = f"serviceAccount:{render.DEPLOYER_EMAIL}"
+    signs = r.one("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember", "binauthz-deployer-signs")
+    key = r.one("gcp:kms/cryptoKey:CryptoKey", "binauthz-attestor")
+    assert (signs.inputs["role"], signs.inputs["member"]) == ("roles/cloudkms.signerVerifier", member)
+    assert signs.property_dependencies["cryptoKeyId"] == [key.urn]
+    attaches = r.one("gcp:containeranalysis/noteIamMember:NoteIamMember", "binauthz-deployer-attaches")
+    note = r.one("gcp:containeranalysis/note:Note")
+    assert (attaches.inputs["role"], attaches.inputs["member"]) == ("roles/containeranalysis.notes.attacher", member)
+    assert attaches.property_dependencies["note"] == [note.urn]
+    for occurrence in r.of_type(OCCURRENCE):  # signing waits for both grants
+        assert {signs.urn, attaches.urn} <= set(_signature_of(r, occurrence).dependencies)
+    assert binauthz.member_of("me@example.com") == "user:me@example.com"
+
+
+def test_a_stack_without_binary_authorization_declares_none_of_it(rendered: Render) -> None:
+    r = rendered("dev")
+    assert not [x for x in r.resources if "binaryauthorization" in x.type or "containeranalysis" in x.type
+                or x.type == "pulumi-python:dynamic:Resource"]
