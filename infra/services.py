@@ -28,7 +28,8 @@ DATA_APIS = ("storage.googleapis.com", "iamcredentials.googleapis.com")
 BINARY_AUTHORIZATION_API = "binaryauthorization.googleapis.com"
 
 
-# With secretsKmsKey "stack": the stack creates its key ring and key (infra/cluster.py).
+# With secretsKmsKey or filestoreKmsKey "stack": the stack creates its key rings and keys (infra/cluster.py,
+# infra/filestore.py).
 KMS_API = "cloudkms.googleapis.com"
 
 
