@@ -21,8 +21,11 @@ SHARE_KEY_ROTATION = "7776000s"  # 90 days, as the Secrets key (Cloud KMS rotate
 def filestore_service_agent(project_number: str) -> str:
     """Filestore's service agent, the identity that calls Cloud KMS for a CMEK instance (Filestore "Encrypt data with
     customer-managed encryption keys", cloud.google.com/filestore/docs/cmek, and IAM's service-agent list: Cloud
-    Filestore Service Agent, ``roles/file.serviceAgent``). It is Google's account, created with the API
-    (file.googleapis.com, enabled by the stack before any resource): the stack grants it, never creates it."""
+    Filestore Service Agent, ``roles/file.serviceAgent``). It is Google's account: the stack grants it, never creates
+    it. IAM's service-agent page says Google creates an agent "at some point after you activate and use the API"
+    (the stack enables file.googleapis.com first); that it exists before a project's first instance was not checked
+    here: if the grant fails with "does not exist", create the agent once (``gcloud beta services identity create
+    --service=file.googleapis.com``) and rerun (docs/cloud.md, "A new prod share")."""
     return f"serviceAccount:service-{project_number}@cloud-filestore.iam.gserviceaccount.com"
 
 
@@ -41,8 +44,8 @@ def _export_options(fs: FilestoreConfig) -> list[gcp.filestore.InstanceFileShare
     NO_ROOT_SQUASH, anon_uid/anon_gid to 65534 and only with ROOT_SQUASH; an update in place, infra/replacements.py).
 
     - filestoreRootSquash: only the clients' ranges (the nodes: the kubelet mounts the share from the node's address),
-      read-write, root squashed to 65534. Left at 65534 on purpose: "nobody" may read the share (the root is 755, the
-      files 644) but write nothing, where an anon_uid of 10001 would give root on a node the workloads' full rights.
+      read-write, root squashed to 65534. Left at 65534 on purpose: "nobody" may read what the modes let others read
+      but write nothing of uid 10001's, where an anon_uid of 10001 would give root on a node the workloads' rights.
     - a customer-managed key without root squash (the one `up` that creates a prod share, below): the same ranges with
       root not squashed, so that the share preparation can hand the new share's root to uid 10001.
     - neither (dev): None, Filestore's default export (every client of the VPC, root not squashed), as before.
