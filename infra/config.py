@@ -221,7 +221,8 @@ class FilestoreConfig:
     share: str
     # Loader and training pods are scheduled in the share's zone (no inter-zone NFS traffic).
     pin_to_zone: bool = False
-    # The share's data encrypted with this Cloud KMS key ('' = Google-managed); ZONAL, REGIONAL, ENTERPRISE.
+    # The share's data encrypted with this Cloud KMS key ('' = Google-managed; STACK_KEY = a key of the stack's
+    # own, infra/filestore.py); ZONAL, REGIONAL, ENTERPRISE.
     kms_key: str = ""
     # NFS export rules: only these client ranges may mount (empty: the whole VPC), and root on a client is
     # squashed to the anonymous user.
@@ -463,7 +464,7 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
     cluster = _cluster(r, region, prod=env == "prod")
     gpu = _gpu(r, cluster)
     network = _network(r)
-    filestore = _filestore(r, region, network)
+    filestore = _filestore(r, region, network, prod=env == "prod")
     jobs = _jobs(r)
     data = _data(r)
     if jobs.schedule and not data.dataset:
@@ -491,7 +492,8 @@ _KMS_KEY = re.compile(
 )
 
 
-# secretsKmsKey's value for a key ring and key of the stack's own (infra/cluster.py creates and grants them).
+# secretsKmsKey's and filestoreKmsKey's value for a key ring and key of the stack's own (infra/cluster.py and
+# infra/filestore.py create them and grant the service agent that uses each).
 STACK_KEY = "stack"
 
 
@@ -620,7 +622,9 @@ def _network(r: _Reader) -> NetworkConfig:
     )
 
 
-def _filestore(r: _Reader, region: str, network: NetworkConfig) -> FilestoreConfig:
+def _filestore(r: _Reader, region: str, network: NetworkConfig, prod: bool = False) -> FilestoreConfig:
+    """``prod``: the share holds card data, so it must be under a customer-managed key (rule prod-card-data-at-rest).
+    Root squash is not demanded here: the one `up` that creates a share runs without it (infra/filestore.py)."""
     tier = r.str("filestoreTier", tuple(FILESTORE_TIERS))
     low, high = FILESTORE_TIERS[tier]
     capacity = r.int("filestoreCapacityGb", 1)
@@ -642,15 +646,19 @@ def _filestore(r: _Reader, region: str, network: NetworkConfig) -> FilestoreConf
         raise ConfigError(
             "pinToShareZone", "true", f"auto or false for tier {tier}: a {tier} share spans the region's zones"
         )
-    kms_key = _kms_key(r, "filestoreKmsKey", region)
+    kms_key = _kms_key(r, "filestoreKmsKey", region, stack_key=True)
     if kms_key and tier not in CMEK_FILESTORE_TIERS:
         raise ConfigError("filestoreKmsKey", kms_key, "empty unless filestoreTier is one of "
                           + ", ".join(CMEK_FILESTORE_TIERS) + f" (a {tier} share takes no customer-managed key)")
+    if prod and not kms_key:
+        raise ConfigError("filestoreKmsKey", "", f"in a prod stack, {STACK_KEY!r} (a key of the stack's own) or a key "
+                          "name, with filestoreTier one of " + ", ".join(CMEK_FILESTORE_TIERS) + " (the card data at "
+                          "rest under a customer-managed key)")
     clients = _cidrs(r, "filestoreClientRanges") or ((network.subnet_cidr,) if network.create else ())
     root_squash = r.bool("filestoreRootSquash")
-    if root_squash and not clients:
-        raise ConfigError("filestoreClientRanges", [], "the nodes' IPv4 ranges when filestoreRootSquash is true on "
-                          "an existing VPC (a created VPC defaults to its subnet)")
+    if (root_squash or kms_key) and not clients:
+        raise ConfigError("filestoreClientRanges", [], "the nodes' IPv4 ranges when filestoreRootSquash is true or "
+                          "filestoreKmsKey is set on an existing VPC (a created VPC defaults to its subnet)")
     return FilestoreConfig(
         tier=tier, capacity_gb=capacity, share=share, pin_to_zone=zonal if pin == "auto" else pin == "true",
         kms_key=kms_key, client_ranges=clients, root_squash=root_squash,

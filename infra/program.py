@@ -140,7 +140,8 @@ def workloads(
     capacity = GpuCapacity("gpu", GpuArgs(cfg.gpu, cfg.cluster.autopilot), platform.provider)
     work = job_args(cfg)
     # The share starts root-owned: hand it to the workloads' uid before the loader writes to it. Not with
-    # filestoreRootSquash (root on a client is squashed and could not), which is turned on once that is done.
+    # filestoreRootSquash (root on a client is squashed and could not), which is turned on once that is done: the
+    # `up` that creates a share runs without it (infra/filestore.py _export_options, docs/cloud.md).
     prepared = None if cfg.filestore.root_squash else SharePreparation("share-prep", platform)
     loader = LoaderJob("loader", work, platform, after=[prepared.job] if prepared else [])
     training = TrainingJob("training", TrainingArgs(work, capacity, loader, quota), platform)
@@ -180,7 +181,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     """Declare every resource of the stack; returns the stack outputs (name -> value or Output)."""
     _warn_about_standbys(cfg)
     services = ProjectServices("services", cfg.project_id, apis(
-        cfg.data, cfg.cluster.binary_authorization, stack_key=cfg.cluster.secrets_kms_key == STACK_KEY))
+        cfg.data, cfg.cluster.binary_authorization,
+        stack_key=STACK_KEY in (cfg.cluster.secrets_kms_key, cfg.filestore.kms_key)))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
         "gcp",

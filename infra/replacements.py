@@ -165,11 +165,11 @@ FACTS: tuple[ReplaceOnChange, ...] = (
         {**_at("google/services/resourcemanager/iam_service_account.go", serviceAccountId=40),
          **_at(_IAM, role=67, member=72, condition=80)},
     ),
-    # secretsKmsKey "stack" (infra/cluster.py). A new key is a new key: Secrets written under the old one are
-    # unreadable once its versions are destroyed, so the key carries Pulumi's protect like the cluster.
+    # secretsKmsKey and filestoreKmsKey "stack" (infra/cluster.py, infra/filestore.py). A new key is a new key:
+    # data written under the old one is unreadable once its versions are destroyed, so each carries Pulumi's protect.
     ReplaceOnChange(KEY_RING, _at(_KEY_RING, location=144, name=151, project=158)),
     ReplaceOnChange(CRYPTO_KEY, _at(_CRYPTO_KEY, keyRing=152, name=160, purpose=199),
-                    stateful="the key that encrypts the cluster's Secrets"),
+                    stateful="a Cloud KMS key of the stack's (the cluster's Secrets, or the share's card data)"),
     ReplaceOnChange(
         CRYPTO_KEY_GRANT,
         {**_at("google/services/kms/iam_kms_crypto_key.go", cryptoKeyId=36), **_at(_IAM, role=67, member=72,

@@ -30,7 +30,8 @@ BINARY_AUTHORIZATION_API = "binaryauthorization.googleapis.com"
 CONTAINER_ANALYSIS_API = "containeranalysis.googleapis.com"
 
 
-# With secretsKmsKey "stack": the stack creates its key ring and key (infra/cluster.py).
+# With secretsKmsKey or filestoreKmsKey "stack": the stack creates its key rings and keys (infra/cluster.py,
+# infra/filestore.py).
 KMS_API = "cloudkms.googleapis.com"
 
 

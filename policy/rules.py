@@ -695,13 +695,10 @@ POD_CREATING = frozenset({("batch", "jobs"), ("batch", "cronjobs"), ("", "pods")
 # the rule leaves this set and is mandatory (tests/policy/test_policy_stacks.py then demands every stack pass it).
 # The launcher apart from the loader and the default-deny policies of every namespace are in every stack: those
 # two rules are mandatory.
-# prod-control-plane-not-public and prod-admission-and-encryption are mandatory: stacks/Pulumi.prod.yaml sets
-# authorizedNetworks, binaryAuthorization and secretsKmsKey (a key of the stack's own). prod-card-data-at-rest
-# waits: prod's BASIC_SSD share takes no key (a CMEK tier is a replacement of the share, and costs more), and
-# root squash can only come on once the share root has been handed to the workloads (docs/security.md).
-AWAITING_INFRA: frozenset[str] = frozenset({
-    "prod-card-data-at-rest",
-})
+# prod-control-plane-not-public, prod-admission-and-encryption and prod-card-data-at-rest are mandatory:
+# stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization, secretsKmsKey, and a ZONAL share under a key
+# of the stack's own, exported to the nodes' range with root squashed.
+AWAITING_INFRA: frozenset[str] = frozenset()
 
 
 def level(name: str) -> str:
@@ -836,6 +833,9 @@ def _prod_share_hardening(props: Mapping[str, Any]) -> list[str]:
     if not exports or any(e.get("squashMode") != "ROOT_SQUASH" or not _list(e.get("ipRanges")) for e in exports):
         problems.append("fileShares.nfsExportOptions do not limit the share to named ipRanges with squashMode "
                         "ROOT_SQUASH: any client of the VPC may mount it as root")
+    # Squashed to uid or gid 0 is root by another name (Filestore's anonUid/anonGid default to 65534).
+    if any(0 in (e.get("anonUid"), e.get("anonGid")) for e in exports):
+        problems.append("fileShares.nfsExportOptions squash root to anonUid/anonGid 0, which is root again")
     return problems
 
 

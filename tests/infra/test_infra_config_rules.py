@@ -423,6 +423,9 @@ KEY = "projects/acme-sec/locations/us-central1/keyRings/ring/cryptoKeys/{}"
     ({"filestoreKmsKey": KEY.format("k")}, "filestoreKmsKey", "empty unless filestoreTier is one of ZONAL"),
     ({"filestoreRootSquash": True, "network": "vpc", "subnetwork": "sub"}, "filestoreClientRanges",
      "the nodes' IPv4 ranges"),
+    ({"filestoreKmsKey": "stack"}, "filestoreKmsKey", "(a BASIC_HDD share takes no customer-managed key)"),
+    ({"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024, "filestoreKmsKey": "stack", "network": "vpc",
+      "subnetwork": "sub"}, "filestoreClientRanges", "filestoreKmsKey is set on an existing VPC"),
 ])  # fmt: skip
 def test_a_bad_security_setting_is_one_line_naming_it(overrides: dict[str, Any], key: str, allowed: str) -> None:
     line = refusal(**overrides)

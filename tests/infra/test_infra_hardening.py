@@ -56,8 +56,9 @@ def test_the_share_settings_reach_the_filestore_instance(rendered: Render) -> No
 @pytest.mark.parametrize(
     ("stack", "overrides", "api", "protect"),
     [
-        ("prod", {}, None, True),  # BASIC_SSD: no API protection; Pulumi's protect, as on every tier
-        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 1024}, True, True),
+        ("prod", {}, True, True),  # ZONAL: Filestore's own protection, and Pulumi's protect as on every tier
+        ("dev", {"filestoreTier": "BASIC_SSD", "filestoreCapacityGb": 2560}, None, True),  # no API protection
+        ("prod", {"filestoreTier": "ZONAL", "filestoreCapacityGb": 2048}, True, True),
         ("prod", {"filestoreTier": "REGIONAL", "filestoreCapacityGb": 1024}, True, True),
         ("dev", {}, None, True),
         ("dev", {"filestoreTier": "ENTERPRISE", "filestoreCapacityGb": 1024}, True, True),
@@ -102,7 +103,56 @@ def test_prod_encrypts_its_secrets_with_a_key_of_its_own_that_gke_may_use(render
     own = rendered("prod", secretsKmsKey=KEY.format("etcd"))
     assert not [k for k in own.of_type("gcp:kms/keyRing:KeyRing") if k.name == "cluster-secrets"]
     assert not [g for g in own.of_type("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember") if "secrets" in g.name]
+    assert "share-key" in [x.name for x in own.of_type("gcp:kms/keyRing:KeyRing")]  # the share's, below
     assert own.one(CLUSTER).inputs["databaseEncryption"]["keyName"] == KEY.format("etcd")
+
+
+def test_prod_keeps_its_card_data_under_a_key_of_its_own_that_filestore_may_use(rendered: Render) -> None:
+    """filestoreKmsKey "stack" (prod's file): a key ring and key of the share's own in the stack's region (a ZONAL
+    instance takes only a key of its region), protected like the share, Filestore's service agent granted
+    encrypter/decrypter on that key alone, and the instance created only after the grant; the share exported to
+    the nodes' range with root squashed (Filestore API NfsExportOptions; anon ids left at 65534)."""
+    r = rendered("prod")
+    ring = r.one("gcp:kms/keyRing:KeyRing", "share-key")
+    assert ring.inputs == {"project": render.FAKE_PROJECT_ID, "location": "us-central1",
+                           "name": "spot-trainer-prod-share"}
+    key = r.one("gcp:kms/cryptoKey:CryptoKey", "share-key")
+    assert (key.inputs["keyRing"], key.inputs["purpose"], key.inputs["rotationPeriod"]) == (
+        ring.id, "ENCRYPT_DECRYPT", "7776000s")
+    assert key.protect  # a destroyed key leaves the card data unreadable
+    grant = r.one("gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember", "share-key-filestore-agent")
+    assert grant.inputs == {
+        "cryptoKeyId": key.id, "role": "roles/cloudkms.cryptoKeyEncrypterDecrypter",
+        "member": f"serviceAccount:service-{render.FAKE_PROJECT_NUMBER}@cloud-filestore.iam.gserviceaccount.com"}
+    share = r.one(FILESTORE)
+    assert (share.inputs["tier"], share.inputs["kmsKeyName"]) == ("ZONAL", key.id)
+    assert grant.urn in share.dependencies and share.protect
+    assert share.inputs["fileShares"]["nfsExportOptions"] == [
+        {"ipRanges": [r.config.network.subnet_cidr], "accessMode": "READ_WRITE", "squashMode": "ROOT_SQUASH"}]
+    assert "cloudkms.googleapis.com" in {s.inputs["service"] for s in r.of_type("gcp:projects/service:Service")}
+    # Only the share's key (the Secrets' named): the KMS API is still enabled for it.
+    alone = rendered("dev", filestoreTier="ZONAL", filestoreCapacityGb=1024, filestoreKmsKey="stack")
+    assert alone.one(FILESTORE).inputs["kmsKeyName"] == alone.one("gcp:kms/cryptoKey:CryptoKey").id
+    assert "cloudkms.googleapis.com" in {s.inputs["service"] for s in alone.of_type("gcp:projects/service:Service")}
+
+
+def test_a_new_share_under_a_key_is_handed_over_by_unsquashed_root_limited_to_the_nodes(rendered: Render) -> None:
+    """The `up` that creates a prod share runs with filestoreRootSquash false: the share preparation (root, CHOWN)
+    is declared, the export is still the nodes' range alone, root not squashed; with root squash the preparation is
+    gone (a squashed root could not chown a root:root 755 share root)."""
+    bootstrap = rendered("prod", filestoreRootSquash=False)
+    assert bootstrap.one(FILESTORE).inputs["fileShares"]["nfsExportOptions"] == [{
+        "ipRanges": [bootstrap.config.network.subnet_cidr], "accessMode": "READ_WRITE", "squashMode": "NO_ROOT_SQUASH"}]
+    assert bootstrap.one("spot-trainer:storage:SharePreparation")
+    assert not rendered("prod").of_type("spot-trainer:storage:SharePreparation")
+
+
+def test_a_prod_share_without_a_customer_managed_key_is_refused_at_preview() -> None:
+    with pytest.raises(Exception, match="filestoreKmsKey") as err:
+        render.render("prod", {"filestoreKmsKey": "", "filestoreTier": "BASIC_SSD", "filestoreCapacityGb": 2560})
+    assert "config spot-trainer:filestoreKmsKey='' is not allowed: in a prod stack, 'stack'" in str(err.value)
+    with pytest.raises(Exception, match="a BASIC_SSD share takes no customer-managed key"):
+        render.render("prod", {"filestoreTier": "BASIC_SSD", "filestoreCapacityGb": 2560})
 
 
 def test_a_prod_control_plane_open_to_any_address_is_refused_at_preview() -> None:

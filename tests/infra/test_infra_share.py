@@ -21,6 +21,9 @@ from infra.render import Registered, Rendered
 from tests.infra.pod_security import pod_security_violations
 
 STACKS = render.stack_names()
+# Where the step is declared: a share without root squash. Prod squashes root, so its step runs only in the `up`
+# that creates its share, with filestoreRootSquash false (docs/cloud.md, "A new prod share").
+PREPARED = {"prod": {"filestoreRootSquash": False}}
 JOB = "kubernetes:batch/v1:Job"
 PV = "kubernetes:core/v1:PersistentVolume"
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
@@ -34,7 +37,7 @@ def _prep(r: Rendered) -> Registered:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_share_is_prepared_before_the_loader(stack: str, rendered: Render) -> None:
-    r = rendered(stack)
+    r = rendered(stack, **PREPARED.get(stack, {}))
     prep, loader = _prep(r), r.one(JOB, "loader")
     assert prep.urn in loader.dependencies  # the loader starts only after the step completed
     assert "annotations" not in prep.inputs["metadata"]  # awaited: completion is what the loader waits for
@@ -49,7 +52,7 @@ def test_the_share_is_prepared_before_the_loader(stack: str, rendered: Render) -
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_step_can_write_a_root_owned_share_and_only_it_may(stack: str, rendered: Render) -> None:
-    r = rendered(stack)
+    r = rendered(stack, **PREPARED.get(stack, {}))
     pod = _prep(r).inputs["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["securityContext"]["runAsUser"] == 0  # only root may chown a root-owned folder
@@ -72,7 +75,7 @@ def test_the_step_can_write_a_root_owned_share_and_only_it_may(stack: str, rende
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_step_mounts_the_same_share_as_the_workloads(stack: str, rendered: Render) -> None:
-    r = rendered(stack)
+    r = rendered(stack, **PREPARED.get(stack, {}))
     claims = {(c.inputs["metadata"]["namespace"], c.inputs["metadata"]["name"]): c.inputs for c in r.of_type(PVC)}
     volumes = {v.inputs["metadata"]["name"]: v.inputs for v in r.of_type(PV)}
 
@@ -161,9 +164,9 @@ def test_growing_the_share_leaves_both_claims_as_they_are(stack: str, rendered: 
     """A claim bound to a static PV cannot be resized (the API server refuses: "only dynamically
     provisioned pvc can be resized"), and pulumi-kubernetes replaces a claim whose request changes: a
     bigger ``filestoreCapacityGb`` must reach the instance and the PVs, never the claims (both of them)."""
-    before = rendered(stack)
+    before = rendered(stack, **PREPARED.get(stack, {}))
     size = before.config.filestore.capacity_gb
-    after = rendered(stack, filestoreCapacityGb=size + 1024)
+    after = rendered(stack, **PREPARED.get(stack, {}), filestoreCapacityGb=size + 1024)
     claims = {c.urn: c.inputs["spec"] for c in before.of_type(PVC) if "volumeName" in c.inputs["spec"]}
     assert len(claims) == 2  # the workloads' claim and the share preparation's (Redis has its own disk)
     assert {c.urn: c.inputs["spec"] for c in after.of_type(PVC) if c.urn in claims} == claims

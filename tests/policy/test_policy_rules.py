@@ -775,6 +775,8 @@ HARDENED_SHARE = {"tier": "ZONAL", "kmsKeyName": "projects/p/locations/l/keyRing
          "ROOT_SQUASH"),
         (rules.FILESTORE, lambda p: p["fileShares"]["nfsExportOptions"][0].pop("ipRanges"), "ipRanges"),
         (rules.FILESTORE, lambda p: p["fileShares"].pop("nfsExportOptions"), "ROOT_SQUASH"),
+        (rules.FILESTORE, lambda p: p["fileShares"]["nfsExportOptions"][0].update(anonUid=0), "anonUid/anonGid 0"),
+        (rules.FILESTORE, lambda p: p["fileShares"]["nfsExportOptions"][0].update(anonGid=0), "anonUid/anonGid 0"),
     ],
 )  # fmt: skip
 def test_prod_refuses_an_unattested_image_or_unencrypted_data(type_: str, change: Any, says: str) -> None:

@@ -416,13 +416,17 @@ def test_the_pack_refuses_an_unprotected_share_unless_data_loss_is_allowed(
     stack: str, rendered: Callable[..., Rendered]
 ) -> None:
     """Every stack's share and cluster outlive a mistaken destroy or a replacing change (a new zone); a
-    stack that set allowDataLoss is the only one whose unprotected share passes."""
+    stack that set allowDataLoss is the only one whose unprotected share passes. Unprotected: Pulumi's protect
+    off on a BASIC share (dev), Filestore's own deletionProtectionEnabled off on a ZONAL one (prod)."""
     r = rendered(stack)
     assert [v for v in offline.check_rendered(r) if v.policy == "stateful-protection"] == []
     fs = "gcp:filestore/instance:Instance"
+    api = r.config.filestore.api_deletion_protection
     stripped = [
         dataclasses.replace(res, protect=False) if res.type == fs else res
-        for res in mutated(r, rules.CLUSTER, "cluster", lambda p: p.update(deletionProtection=False))
+        for res in mutated(Rendered(r.stack, r.config, mutated(
+            r, rules.CLUSTER, "cluster", lambda p: p.update(deletionProtection=False))), fs, "share",
+            lambda p: p.update(deletionProtectionEnabled=False) if api else None)
     ]
     found = [v for v in offline.check(stripped, offline.facts_of(r)) if v.policy == "stateful-protection"]
     assert {v.resource.split()[0] for v in found} == {fs, rules.CLUSTER} and all(
@@ -569,9 +573,22 @@ def test_a_cluster_enforcing_binary_authorization_without_the_stacks_policy_is_r
 
 
 @pytest.mark.parametrize("rule", ["prod-control-plane-not-public", "prod-admission-and-encryption",
-                                  "binary-authorization-attested"])
+                                  "binary-authorization-attested", "prod-card-data-at-rest"])
 def test_prod_complies_with_its_mandatory_hardening_rules(rule: str, rendered: Callable[[str], Rendered]) -> None:
-    """stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization and a key of the stack's own for the
-    Secrets: both rules are mandatory, prod passes them as rendered, and dev is not held to them."""
+    """stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization, a key of the stack's own for the
+    Secrets and one for the ZONAL share, exported to the nodes' range with root squashed: the rules are mandatory,
+    prod passes them as rendered, and dev is not held to them."""
     assert rule not in rules.AWAITING_INFRA and rules.level(rule) == rules.MANDATORY
     assert _hardening([*rendered("prod").resources], rendered("prod"), rule) == []
+
+
+def test_the_up_that_creates_a_prod_share_without_root_squash_is_refused_by_the_pack() -> None:
+    """The bootstrap `up` of a new prod share (filestoreRootSquash false, docs/cloud.md "A new prod share") keeps the
+    key and the nodes' range but not root squash: the mandatory rule names it, so it cannot pass CI's policy gate
+    unnoticed; it is run once, by hand, as the docs say."""
+    bootstrap = render.render("prod", {"filestoreRootSquash": False})
+    share = bootstrap.one(rules.FILESTORE)
+    assert share.inputs["fileShares"]["nfsExportOptions"] == [{
+        "ipRanges": [bootstrap.config.network.subnet_cidr], "accessMode": "READ_WRITE", "squashMode": "NO_ROOT_SQUASH"}]
+    (found,) = _hardening([*bootstrap.resources], bootstrap, "prod-card-data-at-rest")
+    assert found.level == rules.MANDATORY and "ROOT_SQUASH" in found.message and "kmsKeyName" not in found.message
