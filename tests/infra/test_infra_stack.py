@@ -685,7 +685,8 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
     apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas") + (
         ("binaryauthorization",) if r.config.cluster.binary_authorization else ()) + (
-        ("cloudkms",) if r.config.cluster.secrets_kms_key == "stack" else ())  # fmt: skip
+        ("cloudkms",) if r.config.cluster.secrets_kms_key == "stack" else ()) + (
+        ("accesscontextmanager",) if r.config.perimeter.on else ())  # fmt: skip
     # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
     assert {s.name: s.inputs for s in services} == {
         api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
@@ -727,14 +728,15 @@ def test_components_own_their_children(stack: str, rendered: Render) -> None:
     r = rendered(stack)
     components = {res.urn for res in r.resources if res.type.startswith("spot-trainer:")}
     # By type and name: the names are in every child's URN (a renamed component is replaced with its children).
-    assert sorted((res.type, res.name) for res in r.resources if res.urn in components) == [
+    assert sorted((res.type, res.name) for res in r.resources if res.urn in components) == sorted([
         ("spot-trainer:build:TrainingImage", "image"), ("spot-trainer:gcp:Cluster", "cluster"),
         ("spot-trainer:gcp:Network", "network"), ("spot-trainer:gcp:ProjectServices", "services"),
         ("spot-trainer:k8s:GpuCapacity", "gpu"), ("spot-trainer:k8s:LoaderJob", "loader"),
         ("spot-trainer:k8s:NamespacePolicies", "network-policy"),
         ("spot-trainer:k8s:RedisQueue", "redis"), ("spot-trainer:k8s:TrainingJob", "training"),
         ("spot-trainer:storage:FilestoreShare", "share"), ("spot-trainer:storage:SharePreparation", "share-prep"),
-    ]  # fmt: skip
+        *([("spot-trainer:gcp:ServicePerimeter", "perimeter")] if r.config.perimeter.on else []),
+    ])  # fmt: skip
     loose = {
         res.type
         for res in r.resources
