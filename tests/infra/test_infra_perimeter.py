@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infra import perimeter, render
+from infra import diff, perimeter, render, replacements
 from infra.render import FAKE_PROJECT_NUMBER, Rendered
 from tests.infra.test_infra_config_rules import refusal
 
@@ -78,3 +78,15 @@ def test_prod_is_in_a_dry_run_perimeter_of_a_policy_the_operator_replaces() -> N
     p = r.one(PERIMETER).inputs
     assert r.config.perimeter.mode == "dryRun" and p["parent"] == "accessPolicies/000000000000"
     assert p["spec"]["resources"] == [f"projects/{FAKE_PROJECT_NUMBER}"]
+
+
+def test_make_diff_says_a_new_access_policy_replaces_the_perimeter_and_a_new_mode_updates_it(
+        rendered: Render) -> None:
+    """infra/replacements.py: name and parent are ForceNew in the provider; spec, status and the dry-run flag are
+    not. Nothing is stored in a perimeter, so neither is data loss."""
+    before = rendered("prod")
+    moved = {(c.type, c.name): c for c in diff.compare(before, rendered("prod", vpcAccessPolicy=POLICY))}
+    change = moved[(replacements.PERIMETER, "perimeter")]
+    assert change.action == "replace" and "parent" in change.why and "name" in change.why and not change.loses
+    enforced = diff.compare(before, rendered("prod", vpcServiceControls="enforced", vpcIngressIdentities=[DEPLOY]))
+    assert {(c.type, c.action) for c in enforced} == {(replacements.PERIMETER, "update")}
