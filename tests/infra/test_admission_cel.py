@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from infra import contract, render, schedule
+from infra import contract, schedule
+from infra.render import Rendered
 
 celpy = pytest.importorskip("celpy")
 
@@ -59,9 +61,9 @@ def changed(job: dict[str, Any], edit: Any) -> dict[str, Any]:
     return job
 
 
-def _rendered() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
+def _rendered(rendered: Callable[..., Rendered]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
     """The policy, the two bodies the launcher posts (as admission sees them) and the launcher's user name."""
-    r = render.render("dev", SCORED)
+    r = rendered("dev", **SCORED)
     policy = r.one(POLICY).inputs["spec"]
     data = r.one("kubernetes:core/v1:ConfigMap", "schedule-job").inputs["data"]
     training, scoring = json.loads(data[contract.LAUNCH_KEY]), json.loads(data[contract.SCORING_LAUNCH_KEY])
@@ -69,8 +71,8 @@ def _rendered() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
     return policy, defaulted(training), defaulted(scoring), launcher
 
 
-def test_the_policy_admits_the_launchers_two_jobs_and_nothing_else_from_it() -> None:
-    policy, training, scoring, launcher = _rendered()
+def test_the_policy_admits_the_launchers_two_jobs_and_nothing_else_from_it(rendered: Callable[..., Rendered]) -> None:
+    policy, training, scoring, launcher = _rendered(rendered)
     assert verdict(policy, training, launcher) == verdict(policy, scoring, launcher) == "admitted"
     loader = launcher.replace(contract.LAUNCHER, contract.LOADER)
     assert verdict(policy, {**training, "metadata": {"name": "x"}}, loader) == "not matched"
@@ -97,12 +99,12 @@ def _env(value: str) -> Any:
     return lambda j, p: p["containers"][0]["env"].append({"name": "PYTHONSTARTUP", "value": value})
 
 
-def test_each_scheduled_name_admits_only_its_own_body() -> None:
+def test_each_scheduled_name_admits_only_its_own_body(rendered: Callable[..., Rendered]) -> None:
     """A stolen launcher token posts the stack's image as the stack's account under a name it may use, but with
     another body: the scorer's under the trainer's name (or the reverse), other args, a command, another or an
     extra variable, another mount or volume, more GPUs. Each is refused by the body check alone (the names,
     image and account checks pass: both bodies run the workers' account), so removing that check fails this."""
-    policy, training, scoring, launcher = _rendered()
+    policy, training, scoring, launcher = _rendered(rendered)
     body = policy["validations"][3]["message"]
     worker = lambda edit: changed(training, edit)  # noqa: E731
     first = "containers"
