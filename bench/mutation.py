@@ -208,10 +208,10 @@ GROUPS: tuple[Group, ...] = (
     # which composes the components. Whole-stack renders: seconds per mutant.
     Group(
         "stack",
-        tuple(f"infra/{m}.py" for m in ("cluster", "services", "image", "program")),
+        tuple(f"infra/{m}.py" for m in ("cluster", "services", "image", "program", "perimeter")),
         ("tests/infra/test_infra_stack.py", "tests/infra/test_infra_data.py", "tests/infra/test_infra_share.py",
          "tests/infra/test_infra_schedule.py", "tests/infra/test_infra_hardening.py",
-         "tests/infra/test_infra_network_policy.py"),
+         "tests/infra/test_infra_network_policy.py", "tests/infra/test_infra_perimeter.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
         cpu_minutes=40.0,  # a guess until its first whole run
     ),
@@ -234,7 +234,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "schedule",
         ("infra/schedule.py", "infra/admission.py"),
-        ("tests/infra/test_infra_schedule.py",),
+        ("tests/infra/test_infra_schedule.py", "tests/infra/test_admission_cel.py"),
         do_not_mutate_patterns=(REGISTER_OUTPUTS,),
     ),
     Group(

@@ -71,6 +71,12 @@ GPU_CAPACITY_MODES = ("computeClass", "nodeSelector")
 TRAIN_ON_MODES = ("gpu", "cpu")
 JOB_AWAIT_MODES = ("wait", "skip")
 RELEASE_CHANNELS = ("RAPID", "REGULAR", "STABLE")
+# vpcServiceControls: no perimeter, a dry-run one (violations logged, nothing denied), an enforced one.
+PERIMETER_MODES = ("off", "dryRun", "enforced")
+_ACCESS_POLICY = re.compile(r"^accessPolicies/[0-9]+$")
+# Principals an ingress rule takes (Access Context Manager v1 IngressFrom.identities: "the v1 identities that have
+# the prefix user, group, serviceAccount, and principal", googleapis.dev Google.Apis.AccessContextManager.v1).
+_INGRESS_IDENTITY = re.compile(r"^(serviceAccount|user|group):[^@\s:]+@[^@\s]+$|^principal://\S+$")
 # The one setting that lifts the cluster's and the share's deletion protection, in any stack: its name
 # says what a destroy or a replacing change then costs (docs/cloud.md, "Day two").
 DATA_LOSS_KEY = "allowDataLoss"
@@ -354,6 +360,24 @@ class JobConfig:
 
 
 @dataclass(frozen=True)
+class PerimeterConfig:
+    """VPC Service Controls (infra/perimeter.py): ``mode`` one of PERIMETER_MODES, the access policy the perimeter
+    lives in, and who may call the restricted services from outside it."""
+
+    mode: str = "off"
+    access_policy: str = ""
+    ingress_identities: tuple[str, ...] = ()
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def dry_run(self) -> bool:
+        return self.mode == "dryRun"
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Everything the program needs, validated."""
 
@@ -370,6 +394,7 @@ class StackConfig:
     jobs: JobConfig
     data: DataConfig
     redis_image: str
+    perimeter: PerimeterConfig = PerimeterConfig()
 
     @property
     def slug(self) -> str:
@@ -484,7 +509,38 @@ def load(config: Mapping[str, str] | None = None, stack: str | None = None) -> S
         jobs=jobs,
         data=data,
         redis_image=r.matching("redisImage", _IMAGE_BY_DIGEST, "an image by digest: name@sha256:<64 hex>"),
+        perimeter=_perimeter(r),
     )
+
+
+def _perimeter(r: _Reader) -> PerimeterConfig:
+    """vpcServiceControls and its two companions; the policy and identities are refused when the mode is off (a
+    value that does nothing would look like protection)."""
+    mode = r.str("vpcServiceControls", PERIMETER_MODES)
+    policy = r.raw("vpcAccessPolicy").strip()
+    raw = r.raw("vpcIngressIdentities")
+    try:
+        identities = json.loads(raw) if raw.strip() else []
+    except json.JSONDecodeError:
+        identities = raw
+    if not isinstance(identities, list):
+        raise ConfigError("vpcIngressIdentities", identities,
+                          "a list such as [serviceAccount:deploy@p.iam.gserviceaccount.com]")
+    for identity in identities:
+        if not isinstance(identity, str) or not _INGRESS_IDENTITY.match(identity):
+            raise ConfigError("vpcIngressIdentities", identity, "serviceAccount:<email>, user:<email>, group:<email> "
+                              "or principal://... (one identity each)")
+    if mode == "off" and (policy or identities):
+        key, value = ("vpcAccessPolicy", policy) if policy else ("vpcIngressIdentities", identities)
+        raise ConfigError(key, value, "empty while vpcServiceControls is off (set vpcServiceControls: dryRun first)")
+    if mode != "off" and not _ACCESS_POLICY.match(policy):
+        raise ConfigError("vpcAccessPolicy", policy, f"accessPolicies/<number> with vpcServiceControls={mode} (the "
+                          "scoped policy the organisation's admin made for this project: `gcloud "
+                          "access-context-manager policies list --organization <org>`)")
+    if mode == "enforced" and not identities:
+        raise ConfigError("vpcIngressIdentities", [], "at least the deploy identity with vpcServiceControls=enforced: "
+                          "an enforced perimeter refuses `pulumi up` from CI otherwise (dryRun logs it instead)")
+    return PerimeterConfig(mode, policy, tuple(identities))
 
 
 _KMS_KEY = re.compile(

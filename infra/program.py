@@ -33,6 +33,7 @@ from infra.jobs import JobArgs, LoaderJob, ScoringArgs, ScoringJob, TrainingArgs
 from infra.kube import InCluster
 from infra.network import Network, NetworkArgs
 from infra.network_policy import NamespacePolicies, PolicyArgs
+from infra.perimeter import PerimeterArgs, ServicePerimeter
 from infra.platform import Identities, Platform
 from infra.quota import check as check_gpu_quota
 from infra.redis import RedisArgs, RedisQueue
@@ -182,7 +183,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     _warn_about_standbys(cfg)
     services = ProjectServices("services", cfg.project_id, apis(
         cfg.data, cfg.cluster.binary_authorization,
-        stack_key=STACK_KEY in (cfg.cluster.secrets_kms_key, cfg.filestore.kms_key)))
+        stack_key=STACK_KEY in (cfg.cluster.secrets_kms_key, cfg.filestore.kms_key),
+        perimeter=cfg.perimeter.on))
     # Every other GCP resource goes through this provider, and the provider waits for the APIs.
     gcp_provider = gcp.Provider(
         "gcp",
@@ -192,6 +194,8 @@ def build(cfg: StackConfig) -> dict[str, Any]:
     )
     on_gcp = pulumi.ResourceOptions(providers={"gcp": gcp_provider})
     network = Network("network", network_args(cfg), opts=on_gcp)
+    if cfg.perimeter.on:  # vpcServiceControls: the project inside a perimeter (infra/perimeter.py)
+        ServicePerimeter("perimeter", PerimeterArgs(cfg.site, cfg.perimeter), opts=on_gcp)
     cluster = Cluster("cluster", cluster_args(cfg), network, opts=on_gcp)
     image = TrainingImage("image", ImageArgs(cfg.site, cluster.node_service_account.member), opts=on_gcp)
     kube = workload_namespace(cfg, cluster.provider)

@@ -37,6 +37,7 @@ PROJECT_SERVICE = "gcp:projects/service:Service"
 BUCKET_GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
 ACCOUNT_GRANT = "gcp:serviceaccount/iAMMember:IAMMember"
 PROJECT_GRANT = "gcp:projects/iAMMember:IAMMember"
+PERIMETER = "gcp:accesscontextmanager/servicePerimeter:ServicePerimeter"
 KEY_RING = "gcp:kms/keyRing:KeyRing"
 CRYPTO_KEY = "gcp:kms/cryptoKey:CryptoKey"
 CRYPTO_KEY_GRANT = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
@@ -47,7 +48,9 @@ CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 TPG = "hashicorp/terraform-provider-google@e03b7622a26c"
 K8S_PROVIDER = "pulumi/pulumi-kubernetes@94977969d641"
 KUBERNETES = "kubernetes/kubernetes@3989b1858620"
-SOURCES = (TPG, K8S_PROVIDER, KUBERNETES)
+# The service perimeter's lines were read at another commit of the same provider (the one the search tool holds).
+TPG_PERIMETER = "hashicorp/terraform-provider-google@0937ec5ba25b"
+SOURCES = (TPG, K8S_PROVIDER, KUBERNETES, TPG_PERIMETER)
 
 _SUBNET = "google/services/compute/resource_compute_subnetwork.go"
 _CLUSTER = "google/services/container/resource_container_cluster.go"
@@ -152,6 +155,12 @@ FACTS: tuple[ReplaceOnChange, ...] = (
     ReplaceOnChange(
         PROJECT_SERVICE, _at("google/services/resourcemanager/resource_google_project_service.go", service=135,
                              project=142)
+    ),
+    # vpcServiceControls (infra/perimeter.py), at TPG_PERIMETER: a new vpcAccessPolicy moves the perimeter to
+    # another policy (a new one is made, the old one deleted); nothing is stored in it. Its spec and status update.
+    ReplaceOnChange(
+        PERIMETER, _at("google/services/accesscontextmanager/resource_access_context_manager_service_perimeter.go",
+                       name=55, parent=63, perimeterType=81)
     ),
     # A grant's replacement moves access; it destroys no data (Pulumi creates the new grant before it
     # deletes the old one), so it is not stateful.

@@ -186,11 +186,10 @@ class ScheduledLoad(pulumi.ComponentResource):
         assert identity is not None, "a schedule needs datasetUri (infra.config), which gives the loader its identity"
         self.name = f"{contract.APP}-{contract.LOADER}-scheduled"
         self.launcher_name = f"{contract.APP}-{contract.LAUNCHER}"
-        launch, scoring = self._launch_bodies(name, args, platform)
+        launch, posted = self._launch_bodies(name, args, platform)
         account, binding = self._launcher_identity(name, platform, args.stack_job)
-        admission = LaunchAdmission(f"{name}-admission", AdmissionArgs(
-            self.launcher_name, self._posted_accounts(platform, scoring), platform.image), platform.kube,
-            opts=pulumi.ResourceOptions(parent=self))  # fmt: skip
+        admission = LaunchAdmission(f"{name}-admission", AdmissionArgs(self.launcher_name, posted, platform.image),
+                                    platform.kube, opts=pulumi.ResourceOptions(parent=self))  # fmt: skip
         template = loader_template(
             work, platform, loader.runs.metadata.name, loader.seed_inputs, extra_args=[contract.REQUEST_LAUNCH]
         )
@@ -205,8 +204,8 @@ class ScheduledLoad(pulumi.ComponentResource):
                 depends_on=[loader.job, *identity.resources],
             ),
         )
-        launcher = launcher_template(work, platform, launch.metadata.name, account.metadata.name, scoring,
-                                     args.stack_job)  # fmt: skip
+        launcher = launcher_template(work, platform, launch.metadata.name, account.metadata.name,
+                                     SCHEDULED_SCORING_JOB in posted, args.stack_job)  # fmt: skip
         self.launcher_job = k8s.batch.v1.CronJob(
             f"{name}-launcher",
             metadata={"name": f"{self.launcher_name}-scheduled", **self._meta(platform, contract.LAUNCHER)},
@@ -224,23 +223,16 @@ class ScheduledLoad(pulumi.ComponentResource):
     def _meta(platform: Platform, component: str) -> dict[str, Any]:
         return {"namespace": platform.namespace, "labels": contract.labels(component)}
 
-    @staticmethod
-    def _posted_accounts(platform: Platform, scoring: bool) -> dict[str, str]:
-        """The Jobs the launcher may post and the account each runs as (the stack's own Jobs' accounts)."""
-        worker = platform.identities.worker
-        accounts = {SCHEDULED_JOB: worker.ksa_name if worker else "default"}
-        if scoring and worker:
-            accounts[SCHEDULED_SCORING_JOB] = worker.ksa_name
-        return accounts
-
-    def _launch_bodies(self, name: str, args: ScheduleArgs, platform: Platform) -> tuple[k8s.core.v1.ConfigMap, bool]:
-        """The ConfigMap of the Jobs the launcher may post, and whether it holds a scoring Job."""
+    def _launch_bodies(
+        self, name: str, args: ScheduleArgs, platform: Platform
+    ) -> tuple[k8s.core.v1.ConfigMap, dict[str, dict[str, Any]]]:
+        """The ConfigMap of the Jobs the launcher may post, and those Jobs by name (what admission pins)."""
         work, seed = args.work, args.loader.seed_inputs
-        body = scheduled_training_job(work, platform, args.capacity, seed)
-        bodies = {contract.LAUNCH_KEY: pulumi.Output.json_dumps(body)}
-        scoring = bool(work.data.output and platform.identities.worker)  # the stack scores: so does the schedule
-        if scoring:
-            bodies[contract.SCORING_LAUNCH_KEY] = pulumi.Output.json_dumps(scheduled_scoring_job(work, platform, seed))
+        posted = {SCHEDULED_JOB: scheduled_training_job(work, platform, args.capacity, seed)}
+        bodies = {contract.LAUNCH_KEY: pulumi.Output.json_dumps(posted[SCHEDULED_JOB])}
+        if work.data.output and platform.identities.worker:  # the stack scores: so does the schedule
+            posted[SCHEDULED_SCORING_JOB] = scheduled_scoring_job(work, platform, seed)
+            bodies[contract.SCORING_LAUNCH_KEY] = pulumi.Output.json_dumps(posted[SCHEDULED_SCORING_JOB])
         launch = k8s.core.v1.ConfigMap(
             f"{name}-job",
             metadata={"name": f"{contract.APP}-launch", **self._meta(platform, contract.LAUNCHER)},
@@ -252,7 +244,7 @@ class ScheduledLoad(pulumi.ComponentResource):
             immutable=True,
             opts=pulumi.ResourceOptions(parent=self, provider=platform.provider, delete_before_replace=True),
         )
-        return launch, scoring
+        return launch, posted
 
     def _launcher_identity(
         self, name: str, platform: Platform, stack_job: str

@@ -35,11 +35,18 @@ CONTAINER_ANALYSIS_API = "containeranalysis.googleapis.com"
 KMS_API = "cloudkms.googleapis.com"
 
 
-def apis(data: DataConfig, binary_authorization: bool = False, stack_key: bool = False) -> tuple[str, ...]:
+# With vpcServiceControls: the perimeter is written through Access Context Manager, and Artifact Registry asks for
+# it on a project whose registry is in a perimeter ("Create remote repositories", Before you begin).
+PERIMETER_API = "accesscontextmanager.googleapis.com"
+
+
+def apis(data: DataConfig, binary_authorization: bool = False, stack_key: bool = False,
+         perimeter: bool = False) -> tuple[str, ...]:
     """The APIs a stack with this data configuration (and control-plane settings) calls."""
     return (APIS + (DATA_APIS if data.dataset or data.output else ())
             + ((BINARY_AUTHORIZATION_API, CONTAINER_ANALYSIS_API) if binary_authorization else ())
-            + ((KMS_API,) if stack_key or binary_authorization else ()))
+            + ((KMS_API,) if stack_key or binary_authorization else ())
+            + ((PERIMETER_API,) if perimeter else ()))
 
 
 class ProjectServices(pulumi.ComponentResource):

@@ -36,6 +36,9 @@ SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
 SA_IAM_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 PROJECT_IAM = ("gcp:projects/iAMMember:IAMMember", "gcp:projects/iAMBinding:IAMBinding")
 BUCKET_IAM = ("gcp:storage/bucketIAMMember:BucketIAMMember", "gcp:storage/bucketIAMBinding:BucketIAMBinding")
+PERIMETER = "gcp:accesscontextmanager/servicePerimeter:ServicePerimeter"
+# What a prod perimeter must at least restrict: the APIs the card data is read and written through.
+PERIMETER_DATA_SERVICES = ("storage.googleapis.com", "file.googleapis.com")
 
 # Where each workload kind keeps its pod template (the pod spec is its "spec").
 POD_TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
@@ -77,6 +80,8 @@ UNLABELLED: frozenset[str] = frozenset(
         "gcp:containeranalysis/occurence:Occurence",
         "gcp:binaryauthorization/attestor:Attestor",
         "gcp:binaryauthorization/policy:Policy",
+        PERIMETER,
+        "gcp:artifactregistry/vpcscConfig:VpcscConfig",
     }
 )
 
@@ -697,7 +702,8 @@ POD_CREATING = frozenset({("batch", "jobs"), ("batch", "cronjobs"), ("", "pods")
 # two rules are mandatory.
 # prod-control-plane-not-public, prod-admission-and-encryption and prod-card-data-at-rest are mandatory:
 # stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization, secretsKmsKey, and a ZONAL share under a key
-# of the stack's own, exported to the nodes' range with root squashed.
+# of the stack's own, exported to the nodes' range with root squashed; prod-service-perimeter too: it sets
+# vpcServiceControls (dryRun) with an access policy the operator replaces.
 AWAITING_INFRA: frozenset[str] = frozenset()
 
 
@@ -915,6 +921,33 @@ def prod_card_data_at_rest(type_: str, props: Mapping[str, Any], facts: StackFac
     return [f"Filestore instance in stack {facts.stack!r}: {p}" for p in _prod_share_hardening(props)]
 
 
+def _perimeter_gaps(props: Mapping[str, Any]) -> list[str]:
+    """What a perimeter leaves out of the prod ask: a project inside, the data services restricted (in its dry-run
+    ``spec`` when ``useExplicitDryRunSpec``, else in its enforced ``status``)."""
+    config = _map(_get(props, "spec" if _get(props, "useExplicitDryRunSpec") is True else "status"))
+    gaps = [] if any(str(r).startswith("projects/") for r in _list(_get(config, "resources"))) else [
+        "no project inside"]
+    restricted = {str(s) for s in _list(_get(config, "restrictedServices"))}
+    missing = [s for s in PERIMETER_DATA_SERVICES if s not in restricted]
+    return gaps + ([f"{', '.join(missing)} not restricted"] if missing else [])
+
+
+def prod_service_perimeter(resources: Sequence[Resource], facts: StackFacts) -> list[tuple[str, str]]:
+    """In prod (VPC Service Controls cost nothing but need an organisation), the project sits in a perimeter that
+    restricts the APIs the card data goes through, so a stolen key cannot read it from outside the project. Dry run
+    counts: Google's rollout is dry run first, enforced once its logs show no legitimate caller refused."""
+    if not is_prod(facts):
+        return []
+    perimeters = _of_type(resources, PERIMETER)
+    gaps = {p.urn: _perimeter_gaps(p.props) for p in perimeters}
+    if perimeters and any(not g for g in gaps.values()):
+        return []
+    if not perimeters:
+        return [("", f"stack {facts.stack!r} declares no VPC Service Controls perimeter; set vpcServiceControls "
+                 "(dryRun or enforced) and vpcAccessPolicy")]
+    return [(urn, f"ServicePerimeter in stack {facts.stack!r}: {'; '.join(g)}") for urn, g in gaps.items()]
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "training-on-spot",
@@ -1023,6 +1056,13 @@ RULES: tuple[Rule, ...] = (
         "In prod: the share under a customer key, exported to named ranges with root squash",
         level("prod-card-data-at-rest"),
         check_resource=prod_card_data_at_rest,
+    ),
+    Rule(
+        "prod-service-perimeter",
+        "In prod: the project in a VPC Service Controls perimeter (dry run or enforced) restricting Storage and "
+        "Filestore",
+        level("prod-service-perimeter"),
+        check_stack=prod_service_perimeter,
     ),
     Rule("private-nodes", "Cluster nodes have no public IPs", ADVISORY, check_resource=private_nodes),
     Rule(

@@ -369,7 +369,7 @@ def test_the_admission_policy_admits_from_the_launcher_only_the_stacks_scheduled
     assert spec["matchConstraints"]["resourceRules"] == [{"apiGroups": ["batch"], "apiVersions": ["v1"],
                                                           "operations": ["CREATE", "UPDATE"], "resources": ["jobs"]}]
     bodies = [_posted(r)] + ([_posted_scoring(r)] if "outputUri" in overrides else [])
-    names, image, account = (v["expression"] for v in spec["validations"])
+    names, image, account, _bodies = (v["expression"] for v in spec["validations"])
     assert names == f"object.metadata.name in {json.dumps(sorted(accounts))}"
     for body in bodies:
         pod = body["spec"]["template"]["spec"]

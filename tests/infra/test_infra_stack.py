@@ -691,8 +691,9 @@ def test_gcp_resources_wait_for_the_project_apis(stack: str, rendered: Render) -
     # Without a bucket (datasetUri, outputUri) no Cloud Storage nor IAM Credentials (test_infra_data.py).
     apis = ("container", "file", "artifactregistry", "compute", "iam", "cloudresourcemanager", "cloudquotas") + (
         ("binaryauthorization", "containeranalysis") if r.config.cluster.binary_authorization else ()) + (
-        ("cloudkms",) if r.config.cluster.secrets_kms_key == "stack" or r.config.cluster.binary_authorization
-        else ())  # fmt: skip
+        ("cloudkms",) if "stack" in (r.config.cluster.secrets_kms_key, r.config.filestore.kms_key)
+        or r.config.cluster.binary_authorization else ()) + (
+        ("accesscontextmanager",) if r.config.perimeter.on else ())  # fmt: skip
     # disableOnDestroy: the provider's default (true) would turn an API off for the whole project on destroy.
     assert {s.name: s.inputs for s in services} == {
         api: {"project": render.FAKE_PROJECT_ID, "service": f"{api}.googleapis.com", "disableOnDestroy": False}
@@ -747,6 +748,7 @@ def test_components_own_their_children(stack: str, rendered: Render) -> None:
         ("spot-trainer:storage:FilestoreShare", "share"),
         *([("spot-trainer:storage:SharePreparation", "share-prep")] if not r.config.filestore.root_squash else []),
         *((("spot-trainer:gcp:BinaryAuthorization", "binauthz"),) if r.config.cluster.binary_authorization else ()),
+        *([("spot-trainer:gcp:ServicePerimeter", "perimeter")] if r.config.perimeter.on else []),
     ], key=str)  # fmt: skip
     loose = {
         res.type

@@ -789,3 +789,27 @@ def test_prod_refuses_an_unattested_image_or_unencrypted_data(type_: str, change
     assert check(type_, props, DEV) == []  # a cost dev does not pay
     other = rules.prod_card_data_at_rest if type_ == rules.CLUSTER else rules.prod_admission_and_encryption
     assert other(type_, props, PROD) == []  # each rule judges its own resource
+
+
+PERIMETER_SPEC = {"resources": ["projects/123456789012"],
+                  "restrictedServices": ["storage.googleapis.com", "file.googleapis.com"]}
+
+
+@pytest.mark.parametrize(("props", "says"), [
+    ({"useExplicitDryRunSpec": True, "spec": PERIMETER_SPEC}, None),
+    ({"useExplicitDryRunSpec": False, "status": PERIMETER_SPEC}, None),
+    (None, "declares no VPC Service Controls perimeter"),
+    ({"useExplicitDryRunSpec": False, "spec": PERIMETER_SPEC}, "no project inside"),  # spec unused unless dry run
+    ({"useExplicitDryRunSpec": True, "status": PERIMETER_SPEC}, "no project inside"),
+    ({"status": {**PERIMETER_SPEC, "resources": []}}, "no project inside"),
+    ({"status": {**PERIMETER_SPEC, "restrictedServices": ["container.googleapis.com"]}},
+     "storage.googleapis.com, file.googleapis.com not restricted"),
+    ({"status": {**PERIMETER_SPEC, "restrictedServices": ["storage.googleapis.com"]}},
+     "file.googleapis.com not restricted"),
+])  # fmt: skip
+def test_prod_outside_a_perimeter_restricting_its_data_services_is_refused(props: dict | None, says: str | None
+                                                                          ) -> None:
+    resources = [Resource(rules.PERIMETER, "perimeter", "urn:perimeter", props)] if props is not None else []
+    found = [message for _, message in rules.prod_service_perimeter(resources, PROD)]
+    assert (found == []) if says is None else (len(found) == 1 and says in found[0]), found
+    assert rules.prod_service_perimeter(resources, DEV) == []  # dev: off by default (it needs an organisation)

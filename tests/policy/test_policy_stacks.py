@@ -536,6 +536,12 @@ def test_the_hardening_rules_refuse_what_rendered_stacks_do_without_the_infra_se
     assert {v.resource.split()[0] for v in found} == {rules.CLUSTER} and len(found) == 2
     found = _hardening(stripped, prod, "prod-card-data-at-rest")
     assert {v.resource.split()[0] for v in found} == {rules.FILESTORE} and len(found) == 2
+    outside = mutated(prod, rules.PERIMETER, "perimeter", lambda p: p["spec"].update(
+        restrictedServices=["container.googleapis.com"]))
+    (found,) = _hardening(outside, prod, "prod-service-perimeter")
+    assert "storage.googleapis.com, file.googleapis.com not restricted" in found.message
+    assert len(_hardening([x for x in prod.resources if x.type != rules.PERIMETER], prod,
+                          "prod-service-perimeter")) == 1
 
 
 POLICY_CHANGES = [
@@ -573,7 +579,8 @@ def test_a_cluster_enforcing_binary_authorization_without_the_stacks_policy_is_r
 
 
 @pytest.mark.parametrize("rule", ["prod-control-plane-not-public", "prod-admission-and-encryption",
-                                  "binary-authorization-attested", "prod-card-data-at-rest"])
+                                  "binary-authorization-attested", "prod-card-data-at-rest",
+                                  "prod-service-perimeter"])
 def test_prod_complies_with_its_mandatory_hardening_rules(rule: str, rendered: Callable[[str], Rendered]) -> None:
     """stacks/Pulumi.prod.yaml sets authorizedNetworks, binaryAuthorization, a key of the stack's own for the
     Secrets and one for the ZONAL share, exported to the nodes' range with root squashed: the rules are mandatory,
