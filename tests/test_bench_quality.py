@@ -28,8 +28,8 @@ def days(n: int = 3, rows: int = 160) -> list[tuple[str, ds.Examples]]:
 def test_one_member_is_the_default_run_and_k_members_are_the_mean_of_their_seeds_solo_runs() -> None:
     parts, x_test = days(), days(1, 200)[0][1].x
     assert np.array_equal(quality.ensemble_run(parts, x_test, 1, 1, HP), quality.default_run(parts, x_test, 1, HP))
-    got = quality.ensemble_run(parts, x_test, 1, 3, HP)  # members of seeds 3, 4, 5, trained packed
-    solo = [quality.default_run(parts, x_test, s, HP) for s in (3, 4, 5)]
+    got = quality.ensemble_run(parts, x_test, 1, 2, HP)  # members of seeds 2 and 3, trained packed
+    solo = [quality.default_run(parts, x_test, s, HP) for s in (2, 3)]
     np.testing.assert_allclose(got, np.mean(solo, axis=0), rtol=0, atol=1e-5)  # packed within its tolerance
     assert np.abs(solo[0] - solo[1]).max() > 1e-3  # the members differ: their mean is not one of them
 
