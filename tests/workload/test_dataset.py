@@ -1121,6 +1121,11 @@ def test_shared_reads_read_each_window_once_and_again_under_a_new_manifest(tmp_p
         assert data.day_and_window(window) is first and data.examples(window[-1:]) is first[0]
         assert dict(data.reads) == dict.fromkeys(window, 1)
         np.testing.assert_array_equal(first[1].x[-len(first[0].x):], first[0].x)  # the day last in its window
+        shorter, two = data.day_and_window(window[1:]), data.examples(window[:2])  # overlapping: no file read again
+        assert dict(data.reads) == dict.fromkeys(window, 1)
+        n1 = len(data.examples(window[:1]).x)
+        np.testing.assert_array_equal(shorter[1].x, first[1].x[n1:])
+        np.testing.assert_array_equal(two.x, first[1].x[:len(two.x)])
         (root / MANIFEST).write_text((root / MANIFEST).read_text() + "\n")  # replaced: another manifest
         assert data.refresh()
         assert data.day_and_window(window) is not first and dict(data.reads) == dict.fromkeys(window, 2)

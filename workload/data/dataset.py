@@ -273,9 +273,10 @@ class Dataset:
     @contextmanager
     def shared_reads(self) -> Iterator[None]:
         """While it lasts, equal reads are one: `examples` and `day_and_window` of the same days (under the same
-        manifest and feature set) return the same arrays, read once: a pack's runs of one day (runtime/packing.py)
-        read their common window once, not once a run. Nothing outside it is kept; a nested use keeps the
-        outer one's reads. The arrays are shared: a reader must not write into them (none does)."""
+        manifest and feature set) return the same arrays, and each file is read once whatever reads it (a window,
+        the calibration days): a pack's runs of one day (runtime/packing.py) read their common window once, not once
+        a run. Nothing outside it is kept; a nested use keeps the outer one's reads. The arrays are shared: a reader
+        must not write into them (none does)."""
         if self._shared is not None:
             yield
             return
@@ -301,14 +302,13 @@ class Dataset:
         return self._once("examples", targets, lambda: self._examples(targets))
 
     def _examples(self, targets: list[str]) -> Examples:
-        parts = []
-        for rel in targets:
-            self.reads[rel] += 1
-            if self.entry(rel)["role"] in featurestore.STORED_ROLES:
-                parts.append(self.day_features(rel))
-            else:
-                parts.append(self.compute_features(rel))
-        return Examples.concat(parts)
+        return Examples.concat([self._once("file", [rel], lambda rel=rel: self._file_examples(rel)) for rel in targets])
+
+    def _file_examples(self, rel: str) -> dict[str, np.ndarray]:
+        self.reads[rel] += 1
+        if self.entry(rel)["role"] in featurestore.STORED_ROLES:
+            return self.day_features(rel)
+        return self.compute_features(rel)
 
     def day_and_window(self, window: list[str]) -> tuple[Examples, Examples]:
         """The examples of `window`'s last day, and those of the whole window (its days in order, the day last)."""
