@@ -160,27 +160,33 @@ def test_after_a_real_sigterm_a_packs_final_checkpoints_fit_one_budget_together_
     assert first
     leases = [first, *queue.claim_also(first, 10, 2)]
 
+    done = threading.Event()
+
     def sigterm_once_training() -> None:
-        while not any("(packed, 3): training on" in r.getMessage() for r in list(caplog.records)):
+        while not done.is_set() and not any("(packed, 3): training on" in r.getMessage() for r in list(caplog.records)):
             time.sleep(0.005)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if not done.is_set():  # never after the handler is put back: the default one would end pytest
+            os.kill(os.getpid(), signal.SIGTERM)
 
     old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     before = set(threading.enumerate())
+    signaller = threading.Thread(target=sigterm_once_training, daemon=True)
     try:
         worker.install_signal_handlers()
         with caplog.at_level(logging.INFO):
-            threading.Thread(target=sigterm_once_training, daemon=True).start()
+            signaller.start()
             started = time.monotonic()
-            assert worker.process_pack(leases) is Outcome.RELEASED
+            outcome = worker.process_pack(leases)
             stopped_in = time.monotonic() - started
     finally:
+        done.set()
+        signaller.join(5)
         signal.signal(signal.SIGTERM, old[0])
         signal.signal(signal.SIGINT, old[1])
         for t in threading.enumerate():
             if t not in before and isinstance(t, threading.Timer):
                 t.cancel()  # the hour-long grace timer: not left behind in the test process
-    assert worker.stop.is_set() and stopped_in < 30
+    assert outcome is Outcome.RELEASED and worker.stop.is_set() and stopped_in < 30
     for run in ("a", "b"):
         progress = env.state(run)["progress"]
         assert progress and progress["shard"] == DAYS[0] and (progress["epoch"], progress["batch"]) > (0, 0), run
