@@ -20,11 +20,16 @@ started, each day on its window); logistic regression (``baselines.logistic_regr
 XGBoost (100 trees, ``hist``). Each with seeds 0, 1, 2 (the mean and the range are shown); the
 logistic regression and the boosted trees (no subsampling) use no randomness: fitted once (``SEEDLESS``).
 
+The ensemble under trial (issue 33; a preset only if it lifts CP@100 at the three sizes): ``--ensemble K`` trains
+the default run as K members (seeds), packed as a packed worker trains them, each calibrated on the calibration days
+as the worker calibrates, scored as their calibrated mean (``ensemble_run``); recorded as the variant "ensemble of K".
+
 Every figure is kept in ``build/bench/quality/<size>.json`` as it is measured, so a size, a model or a
 variant of the default run can be run alone (``--size``, ``--models``, ``--variant``/``--hparams``)
 and the table is printed from everything measured so far:
 
     nice -n 10 python -m bench.quality --size 4days
+    nice -n 10 python -m bench.quality --models mlp --ensemble 4   # K members, packed, their calibrated mean
     nice -n 10 python -m bench.quality --size week --models mlp --seeds 0,1 --variant wide \\
         --hparams '{"hidden": [128, 64]}'
 """
@@ -50,8 +55,8 @@ from bench import data as bench_data
 from workload.data import dataset as ds
 from workload.data import features, simulator
 from workload.data.manifest import MANIFEST, write_manifest
-from workload.model import metrics
-from workload.model.trainer import HParams, Trainer
+from workload.model import calibration, metrics, packed
+from workload.model.trainer import HParams, Trainer, shard_seed
 
 TEST = ("2018-08-08", "2018-08-14")
 SIZES = {
@@ -138,6 +143,33 @@ def default_run(parts: list[tuple[str, ds.Examples]], x_test: np.ndarray, seed: 
     return trainer.score(x_test)
 
 
+def ensemble_run(parts: list[tuple[str, ds.Examples]], x_test: np.ndarray, seed: int, members: int,
+                 hp: HParams | None = None, calibrate_on: ds.Examples | None = None) -> np.ndarray:
+    """The ensemble under trial (issue 33, not a preset until it pays): `members` runs of seeds `seed * members`
+    onwards, trained packed as a packed worker trains them (`packed.Pack`, day by day, each day on its window), each
+    calibrated on `calibrate_on` (the calibration days' rows: Platt, as the worker's `calibration.refit`), scored as
+    the mean of their calibrated probabilities. One member is the default run, bit for bit."""
+    hp = hp or HParams()
+    trainers = [Trainer(f"quality-{i}", dataclasses.replace(hp, seed=seed * members + i), features.FEATURE_NAMES,
+                        torch.device("cpu"), feature_version=features.FEATURE_VERSION) for i in range(members)]
+    days = dict(parts)
+    for rel, ex in parts:
+        window = [days[d] for d in trainers[0].window(rel)]  # every member applied the same days: one window
+        x, y = np.concatenate([w.x for w in window]), np.concatenate([w.y for w in window])
+        for t in trainers:
+            t.begin_shard(rel, ex.x)
+        if members == 1:
+            trainers[0].train_shard(x, y, lambda: True)
+        else:
+            packed.Pack(trainers, shard_seed).train_shard(x, y, lambda r: True)
+        for t in trainers:
+            t.finish_shard({})
+    if calibrate_on is not None:
+        for t in trainers:
+            t.set_calibration(*calibration.fit_platt(t.logits(calibrate_on.x), calibrate_on.y))
+    return np.mean([t.score(x_test) for t in trainers], axis=0, dtype=np.float64).astype(np.float32)
+
+
 def baseline(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, seed: int) -> np.ndarray:
     """One baseline fitted on all the period's rows at once."""
     if name == "logistic regression":
@@ -179,20 +211,22 @@ def _record(size: str, model: str, seed: int, figures: dict, where: Where) -> No
 
 
 def measure(size: str, models: list[str], seeds: tuple[int, ...] = SEEDS, variant: str = DEFAULT,
-            hp: HParams | None = None, redo: bool = False, where: Where = Where()) -> None:
-    """Fit each of `models` (names of MODELS' values; the default run as `variant` with `hp`) with each
-    seed on `size` not measured yet (all of them with `redo`), and keep every figure in its results file as soon
-    as it is measured."""
+            hp: HParams | None = None, redo: bool = False, where: Where = Where(), ensemble: int = 1) -> None:
+    """Fit each of `models` (names of MODELS' values; the default run as `variant` with `hp`, as an `ensemble` of
+    that many members when more than 1: `ensemble_run`) with each seed on `size` not measured yet (all of them with
+    `redo`), and keep every figure in its results file as soon as it is measured."""
     data = ds.Dataset(cluster_dataset(where.cache, where.mini))
     data.ensure_features()
     test = data.examples(_days(data, *where.test))
     parts = [(rel, data.examples([rel])) for rel in _days(data, *where.sizes[size][1:])]
     x = np.concatenate([ex.x for _, ex in parts])
     y = np.concatenate([ex.y for _, ex in parts])
+    calibrate_on = data.examples(calibration.eligible_days(data, [rel for rel, _ in parts])) if ensemble > 1 else None
     for model in models:
         name = variant if model == DEFAULT else model
         fit: Callable[[int], np.ndarray] = (
-            (lambda s: default_run(parts, test.x, s, hp)) if model == DEFAULT else
+            (lambda s: ensemble_run(parts, test.x, s, ensemble, hp, calibrate_on)) if model == DEFAULT and ensemble > 1
+            else (lambda s: default_run(parts, test.x, s, hp)) if model == DEFAULT else
             (lambda s, model=model: baseline(model, x, y, test.x, s)))
         for seed in seeds:
             if str(seed) in _load(size, where).get(name, {}) and not redo:
@@ -206,7 +240,8 @@ def measure(size: str, models: list[str], seeds: tuple[int, ...] = SEEDS, varian
             m = metrics.evaluate(scores, test.y, test.day, test.card, test.known)
             _record(size, name, seed, {
                 "auc": m["roc_auc"], "ap": m["average_precision"], "cp100": m["card_precision_top100"],
-                "seconds": seconds, "hparams": (hp or HParams()).to_dict() if model == DEFAULT else None}, where)
+                "seconds": seconds, "hparams": (hp or HParams()).to_dict() if model == DEFAULT else None,
+                **({"ensemble": ensemble} if model == DEFAULT and ensemble > 1 else {})}, where)
             print(f"  {size}: {name} seed {seed}: AP {m['average_precision']:.3f} "
                   f"CP@100 {m['card_precision_top100']:.3f} ({seconds:.0f}s)", flush=True)
 
@@ -262,15 +297,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
     parser.add_argument("--variant", default=DEFAULT, help="name a variant of the default run (with --hparams)")
     parser.add_argument("--hparams", default="{}", help="the variant's hyperparameters, JSON")
+    parser.add_argument("--ensemble", type=int, default=1, help="the default run as K members (seeds) trained packed, "
+                        "scored as their calibrated mean (a variant under trial; name it with --variant)")
     parser.add_argument("--table", action="store_true", help="only print what was measured so far")
     parser.add_argument("--redo", action="store_true", help="measure again what was measured already")
     args = parser.parse_args(argv)
     sizes = list(SIZES) if args.size == "every" else [args.size]
+    if args.ensemble < 1:
+        parser.error(f"--ensemble {args.ensemble}: members must be a whole number >= 1")
+    variant = f"ensemble of {args.ensemble}" if args.ensemble > 1 and args.variant == DEFAULT else args.variant
     if not args.table:
         hp = HParams.from_dict(json.loads(args.hparams), where="--hparams")
         models = [MODELS[m] for m in args.models.split(",")]
         for size in sizes:
-            measure(size, models, tuple(int(x) for x in args.seeds.split(",")), args.variant, hp, args.redo)
+            measure(size, models, tuple(int(x) for x in args.seeds.split(",")), variant, hp, args.redo,
+                    ensemble=args.ensemble)
     print(table(sizes))
     return 0
 

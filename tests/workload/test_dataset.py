@@ -1107,3 +1107,28 @@ def test_a_symbolic_link_named_like_a_day_is_refused_not_followed(tmp_path: Path
         read_transactions(link, "bank/d.parquet")
     assert str(err.value) == ("bank/d.parquet: a symbolic link; links are never followed, put the file itself in the "
                               "dataset")
+
+
+def test_shared_reads_read_each_window_once_and_again_under_a_new_manifest(tmp_path: Path, dataset_src: Path) -> None:
+    """A pack's runs of one window (runtime/packing.py) read it once: inside `shared_reads` equal reads give the same
+    arrays, each file's features read once; outside it, and under a replaced manifest, every read reads."""
+    root = _copy(dataset_src, tmp_path / "d")
+    write_manifest(root)
+    data = Dataset(root)
+    window = [f"training/2018-04-0{d}.parquet" for d in (1, 2, 3)]
+    with data.shared_reads():
+        first = data.day_and_window(window)
+        assert data.day_and_window(window) is first and data.examples(window[-1:]) is first[0]
+        assert dict(data.reads) == dict.fromkeys(window, 1)
+        np.testing.assert_array_equal(first[1].x[-len(first[0].x):], first[0].x)  # the day last in its window
+        shorter, two = data.day_and_window(window[1:]), data.examples(window[:2])  # overlapping: no file read again
+        assert dict(data.reads) == dict.fromkeys(window, 1)
+        n1 = len(data.examples(window[:1]).x)
+        np.testing.assert_array_equal(shorter[1].x, first[1].x[n1:])
+        np.testing.assert_array_equal(two.x, first[1].x[:len(two.x)])
+        (root / MANIFEST).write_text((root / MANIFEST).read_text() + "\n")  # replaced: another manifest
+        assert data.refresh()
+        assert data.day_and_window(window) is not first and dict(data.reads) == dict.fromkeys(window, 2)
+    data.examples(window[:1])
+    data.examples(window[:1])
+    assert data.reads[window[0]] == 4 and data._shared is None

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,13 +60,16 @@ class Examples:
 
 class Dataset:
     """A validated dataset folder. Reads are cached per process (consecutive shards share history),
-    up to `cache_rows` transactions (~80 bytes each in memory)."""
+    up to `cache_rows` transactions (~80 bytes each in memory). `reads` counts each file's features loaded
+    from the feature store or computed (what `examples` costs: the file read, its checksum, its arrays)."""
 
     def __init__(self, root: Path, cache_rows: int = 10_000_000) -> None:
         self.root = Path(root)
         self._cache: OrderedDict[str, pd.DataFrame] = OrderedDict()
         self._cache_rows = cache_rows
         self._cached_rows = 0
+        self.reads: Counter[str] = Counter()
+        self._shared: dict[tuple, Any] | None = None  # `shared_reads`' examples while it lasts
         self._load()
 
     def _load(self) -> None:
@@ -265,16 +270,53 @@ class Dataset:
                 computed += 1
         return computed, kept
 
+    @contextmanager
+    def shared_reads(self) -> Iterator[None]:
+        """While it lasts, equal reads are one: `examples` and `day_and_window` of the same days (under the same
+        manifest and feature set) return the same arrays, and each file is read once whatever reads it (a window,
+        the calibration days): a pack's runs of one day (runtime/packing.py) read their common window once, not once
+        a run. Nothing outside it is kept; a nested use keeps the outer one's reads. The arrays are shared: a reader
+        must not write into them (none does)."""
+        if self._shared is not None:
+            yield
+            return
+        self._shared = {}
+        try:
+            yield
+        finally:
+            self._shared = None
+
+    def _once(self, kind: str, days: list[str], read: Any) -> Any:
+        """`read()`, or while `shared_reads` lasts what it gave for the same days: keyed by what makes two reads
+        equal (this dataset's manifest as it is now, the days, the feature set)."""
+        if self._shared is None:
+            return read()
+        key = (kind, self._seen, tuple(days), features.FEATURE_VERSION, tuple(features.FEATURE_NAMES))
+        if key not in self._shared:
+            self._shared[key] = read()
+        return self._shared[key]
+
     def examples(self, targets: list[str]) -> Examples:
         """The target files' examples, each file's features from the feature store (computed and
         stored there first if no valid ones are)."""
-        parts = []
-        for rel in targets:
-            if self.entry(rel)["role"] in featurestore.STORED_ROLES:
-                parts.append(self.day_features(rel))
-            else:
-                parts.append(self.compute_features(rel))
-        return Examples.concat(parts)
+        return self._once("examples", targets, lambda: self._examples(targets))
+
+    def _examples(self, targets: list[str]) -> Examples:
+        return Examples.concat([self._once("file", [rel], lambda rel=rel: self._file_examples(rel)) for rel in targets])
+
+    def _file_examples(self, rel: str) -> dict[str, np.ndarray]:
+        self.reads[rel] += 1
+        if self.entry(rel)["role"] in featurestore.STORED_ROLES:
+            return self.day_features(rel)
+        return self.compute_features(rel)
+
+    def day_and_window(self, window: list[str]) -> tuple[Examples, Examples]:
+        """The examples of `window`'s last day, and those of the whole window (its days in order, the day last)."""
+        def read() -> tuple[Examples, Examples]:
+            examples = self.examples(window[-1:])
+            earlier = window[:-1]
+            return examples, (Examples.concat([vars(self.examples(earlier)), vars(examples)]) if earlier else examples)
+        return self._once("window", window, read)
 
     def test_files(self) -> list[dict[str, Any]]:
         """The testing files' manifest entries, oldest first (with the daily cycle: tonight's test window)."""

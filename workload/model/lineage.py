@@ -392,10 +392,7 @@ class Lineage:
     def read(self, data: Dataset, day: str) -> tuple[Examples, Examples]:
         """The day's examples, and those of the window it trains on (`Trainer.window`: the run's newest applied
         days before it, then the day itself)."""
-        examples = data.examples([day])
-        earlier = self.trainer.window(day)[:-1]
-        window = Examples.concat([vars(data.examples(earlier)), vars(examples)]) if earlier else examples
-        return examples, window
+        return data.day_and_window(self.trainer.window(day))
 
     def train_day(self, day: str, examples: Examples, window: Examples,
                   after_step: Callable[[], bool], label: str) -> float | None:

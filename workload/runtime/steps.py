@@ -183,9 +183,11 @@ class Attempt:
         return examples, window
 
     # -- 7. train with periodic checkpoints ---------------------------------------------------------
-    def train(self, run: Lineage, examples: Examples, window: Examples) -> float | None:
-        """Train the day from where the lineage stands; seconds it took, or None when stopped (SIGTERM)."""
-        checkpoints = PeriodicCheckpoints(self, run)
+    def train(self, run: Lineage, examples: Examples, window: Examples,
+              budget: StopBudget | None = None) -> float | None:
+        """Train the day from where the lineage stands; seconds it took, or None when stopped (SIGTERM); its final
+        checkpoint within `budget` (shared with a packed claim's other runs), or a budget of its own."""
+        checkpoints = PeriodicCheckpoints(self, run, budget=budget)
         return run.train_day(self.item.shard, examples, window, checkpoints.after_step, self.item.id)
 
     # -- 9. save and promote ------------------------------------------------------------------------
@@ -261,13 +263,39 @@ class Attempt:
         return Outcome.RELEASED
 
 
+class StopBudget:
+    """The seconds after SIGTERM for final checkpoints (`term_budget_s`), shared by the runs that stop together: a
+    pack's K runs must all fit the grace period, not each one (K saves that each fit would not). A final checkpoint
+    starts only if it is expected to end within the budget: the time spent so far (since the first run stopped, or
+    the expected costs of the final checkpoints started, whichever is more) plus its own expected cost (its last
+    save's). One run alone: its last save's cost against the budget, as ever."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self.since: float | None = None  # when the first run stopped
+        self.planned = 0.0  # seconds after `since` the final checkpoints started are expected to end by
+
+    def take(self, cost: float) -> bool:
+        """Whether a final checkpoint expected to take `cost` seconds fits what is left; counted if it does."""
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        spent = max(now - self.since, self.planned)
+        if spent + cost >= self.budget_s:
+            return False
+        self.planned = spent + cost
+        return True
+
+
 class PeriodicCheckpoints:
     """Mid-day checkpoints every `checkpoint_interval_s` of training, so a hard kill loses little;
-    after SIGTERM one last checkpoint if the last one's cost fits `term_budget_s`, then stop."""
+    after SIGTERM one last checkpoint if its expected cost (the last one's) fits what is left of the `budget`
+    (`StopBudget`: a pack's runs share one), then stop."""
 
-    def __init__(self, attempt: Attempt, run: Lineage, sync: Callable[[], object] = lambda: None) -> None:
+    def __init__(self, attempt: Attempt, run: Lineage, sync: Callable[[], object] = lambda: None,
+                 budget: StopBudget | None = None) -> None:
         self.attempt, self.run = attempt, run
         self.sync = sync  # writes the trainer's state back before a save (a packed run's: `Pack.trainer`)
+        self.budget = budget or StopBudget(attempt.cfg.term_budget_s)
         self.last_save = time.monotonic()
         self.save_cost = 1.0  # a guess until the first save is measured
 
@@ -278,10 +306,12 @@ class PeriodicCheckpoints:
         if a.beat.lost.is_set():
             raise LeaseLost
         if a.stop.is_set():
-            if self.save_cost < cfg.term_budget_s:
+            if self.budget.take(self.save_cost):
                 self.save()
             else:
-                log.warning("no time for a final checkpoint (last took %.1fs)", self.save_cost)
+                log.warning("%s: no time for a final checkpoint (the last took %.1fs; what is left of the %.1fs "
+                            "after SIGTERM is spent or promised to its pack's other runs)", a.item.id, self.save_cost,
+                            self.budget.budget_s)
             return False
         if time.monotonic() - self.last_save >= cfg.checkpoint_interval_s:
             self.save()
