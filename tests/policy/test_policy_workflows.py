@@ -344,3 +344,27 @@ def test_up_exports_the_sbom_of_the_digest_the_stack_outputs_after_pulumi_up() -
     assert 'image="$(pulumi stack output imageRef --stack "$STACK")"' in run
     assert 'gcloud artifacts sbom export --uri="$image"' in run and "@sha256:[0-9a-f]{64}$" in run
     assert re.fullmatch(r"[^@]+@sha256:[0-9a-f]{64}", render.render("dev").outputs["imageRef"])
+
+
+def test_up_attests_the_build_provenance_of_that_digest_in_its_registry() -> None:
+    """Issue 36, provenance: after the SBOM, the same job (which built and pushed the image in `pulumi up`) signs
+    SLSA build provenance for the digest the stack outputs, split into the name without tag or digest and the digest
+    (actions/attest-build-provenance v3.2.0 README, "Container Image"), pushed to the image's own registry."""
+    job = workflow("up.yml")["jobs"]["up"]
+    assert job["permissions"] == {"contents": "read", "id-token": "write", "attestations": "write"}
+    sbom = index(job, lambda s: "gcloud artifacts sbom export" in s.get("run", ""))
+    subject = index(job, lambda s: s.get("id") == "subject")
+    attest = index(job, lambda s: s.get("uses", "").startswith("actions/attest-build-provenance@"))
+    assert attest == subject + 1 and subject > sbom
+    run, step = job["steps"][subject]["run"], job["steps"][attest]
+    assert 'image="$(pulumi stack output imageRef --stack "$STACK")"' in run
+    assert "docker login -u oauth2accesstoken" in run
+    assert step["with"] == {"subject-name": "${{ steps.subject.outputs.name }}",
+                            "subject-digest": "${{ steps.subject.outputs.digest }}", "push-to-registry": True}
+    assert job["steps"][subject]["if"] == step["if"] == "vars.BUILD_PROVENANCE != 'off'"
+    # The split the step's regular expression makes, on what the program outputs.
+    pattern = re.search(r"=~ (\S+) \]\]", run).group(1)
+    ref = render.render("dev").outputs["imageRef"]
+    found = subprocess.run(["bash", "-c", f'[[ "$0" =~ {pattern} ]] && echo "${{BASH_REMATCH[1]}}/${{BASH_REMATCH[2]}} '
+                            '${BASH_REMATCH[3]}"', ref], capture_output=True, text=True, check=True).stdout.split()
+    assert found == ref.split("@") and "/" in found[0].split("/", 1)[1]
