@@ -18,6 +18,7 @@ from harness import HPARAMS, ROOT, Cluster, same_weights
 
 from workload.core.errors import EXIT_DEAD_LETTERS
 from workload.data.dataset import Dataset
+from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 from workload.share.paths import REPORT_TXT
 
@@ -57,19 +58,41 @@ def train_all_but_one_day_then_backfill(cluster: Cluster, tmp_path: Path) -> Non
     copy_files(cluster.dataset_src, folder, keep=lambda rel: rel == LATE)
     out = cli(cluster, "seed", "--datasets", str(folder), "--runs-file", str(runs_file))
     assert out.returncode == 0 and cluster.counts().pending == 1, out.stderr
-    cluster.procs.clear()
-    cluster.new_job()
+
+
+@pytest.fixture(scope="module")
+def backfilled(tmp_path_factory: pytest.TempPathFactory, dataset_src: Path) -> Path:
+    """The share and Redis's data after train_all_but_one_day_then_backfill, built once for the module: its
+    two seeds and five days of training cost ~13 s of CPU, paid by each of five tests before."""
+    base = tmp_path_factory.mktemp("backfilled")
+    server = RedisServer(base / "redis").start()
+    cluster = Cluster(server=server, share=base / "share", dataset_src=dataset_src)
+    cluster.share.mkdir()
+    try:
+        train_all_but_one_day_then_backfill(cluster, base)
+        cluster.copy_redis(base / "aof")
+    finally:
+        cluster.stop()
+        server.kill()
+    return base
+
+
+def backfilled_into(cluster: Cluster, backfilled: Path) -> None:
+    """This test's cluster as `backfilled` left its own: the same share and the same Redis data."""
+    shutil.copytree(backfilled / "share", cluster.share, dirs_exist_ok=True)
+    cluster.restore_redis(backfilled / "aof")
+    assert LATE not in cluster.final_state()["applied"] and cluster.counts().pending == 1
 
 
 # Where the worker that rewinds is killed: not at all; after the later days were put back, before the
 # late day is read; mid-way through the late day; with the late day promoted but not acked.
 @pytest.mark.parametrize("kill", [None, "read:1", "checkpoint-written:2", "before-ack:1"])
-def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp_path: Path,
+def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, backfilled: Path,
                                                            reference_state: dict, kill: str | None) -> None:
     """Five days trained, then the missing earlier day is published and seeded: the run goes back to the
     end of the day before it, applies it and the three later days again, and ends as an in-order run,
     also when the worker doing so is killed mid-rewind and another one finishes."""
-    train_all_but_one_day_then_backfill(cluster, tmp_path)
+    backfilled_into(cluster, backfilled)
     if kill:
         cluster.start_worker("victim", WORKLOAD_FAULT=kill)
         assert cluster.wait_all() == [-9], cluster.log("victim")
@@ -80,12 +103,12 @@ def test_a_backfilled_earlier_day_is_applied_in_date_order(cluster: Cluster, tmp
     assert_in_order(cluster, reference_state)
 
 
-def test_a_backfill_whose_boundary_was_pruned_restarts_from_the_nearest_kept_one(cluster: Cluster, tmp_path: Path,
+def test_a_backfill_whose_boundary_was_pruned_restarts_from_the_nearest_kept_one(cluster: Cluster, backfilled: Path,
                                                                                 reference_state: dict) -> None:
     """The boundary checkpoint before the late day is gone (pruned by retention's ladder, or deleted): the run
     goes back to the nearest kept boundary before it, the days it lacks are applied again first, then the late
     day and the later ones, in date order: nothing is refused, and the run ends as an in-order run."""
-    train_all_but_one_day_then_backfill(cluster, tmp_path)
+    backfilled_into(cluster, backfilled)
     before = cluster.final_state()["applied"]
     store = CheckpointStore(cluster.share / "output" / "main")
     boundary = store.load(accept=lambda s: s["applied"] == before[:2] and s["progress"] is None)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import pytest
@@ -200,44 +201,100 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     assert cluster.counts().dead == 4
 
 
-STOP_POINTS = ["claimed:2", "mid-write:4", "checkpoint-written:3", "promote:3", "after-promote:1", "report:2",
-               "before-ack:2"]
+# The SIGSTOP points, in pairs: the second victim is the first one's peer, and the first one, resumed, is the
+# second one's peer, so one seed and two workers serve two points (each Python worker costs ~4 s of CPU to import
+# torch: seven separate runs of three processes cost the suite ~40 s more CPU). A pair's second point must fire
+# only after its worker acked a day (the test waits for the peer's progress before it may freeze): claimed:2,
+# report:2 and before-ack:2 do; the others may fire within the peer's first day (the checkpoint interval is a
+# time), so each of them starts a chain, and after-promote:1 fires before any ack.
+STOP_CHAINS = [("mid-write:4", "claimed:2"), ("checkpoint-written:3", "report:2"), ("promote:3", "before-ack:2"),
+               ("after-promote:1",)]
+STALE = ("lost the lease", "already acked by", "refused: token")
 
 
-@pytest.mark.parametrize("point", STOP_POINTS)
-def test_a_worker_frozen_past_its_lease_changes_nothing(cluster: Cluster, reference_state: dict, point: str) -> None:
-    """SIGSTOP at `point` (a frozen VM): the lease expires, a peer takes over and makes progress, the
-    frozen worker is resumed, later the peer is SIGKILLed and the resumed worker, alone, reaps the peer's lease
-    and finishes the run. Exactly once, bit for bit, one report block per day, and the resumed worker wrote
-    nothing under its stale token. (No third worker: each Python worker costs ~4 s of CPU to import torch, and
-    the once-stale worker finishing the run is the harder case; a fresh worker reaping a SIGKILLed one's lease
-    is what test_sigkill_at_a_dangerous_point proves.)"""
-    cluster.seed()
-    victim = cluster.start_worker("victim", WORKLOAD_FAULT=point, WORKLOAD_FAULT_ACTION="stop")
-    cluster.wait_for(lambda: is_stopped(victim), timeout_s=120, what="the victim to freeze")
-    peer = cluster.start_worker("peer")
-    stale_token = int(re.findall(r"\(token (\d+),", cluster.log("victim"))[-1])
-    stale_item = re.findall(r"claimed (\S+) \(token", cluster.log("victim"))[-1]
-    done_at_freeze = cluster.counts().done
-    cluster.wait_for(lambda: cluster.counts().done >= min(done_at_freeze + 1, 6), timeout_s=120,
-                     what="the peer to take over and make progress")
-    resumed_at = time.time()
-    victim.send_signal(signal.SIGCONT)
-    cluster.wait_for(lambda: any(m in cluster.log("victim") for m in ("lost the lease", "already acked by",
-                                                                       "refused: token")),
-                     timeout_s=60, what="the resumed victim to notice it is stale")
+@dataclass
+class Frozen:
+    """A victim frozen at its point: its name, the token and item it held, the days done at that moment."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    token: int
+    item: str
+    done: int
+    resumed_at: float = 0.0
+
+
+def frozen(cluster: Cluster, name: str, proc: subprocess.Popen[bytes]) -> Frozen:
+    cluster.wait_for(lambda: is_stopped(proc), timeout_s=120, what=f"{name} to freeze")
+    log = cluster.log(name)
+    return Frozen(name, proc, int(re.findall(r"\(token (\d+),", log)[-1]),
+                  re.findall(r"claimed (\S+) \(token", log)[-1], cluster.counts().done)
+
+
+def peer_progresses(cluster: Cluster, victim: Frozen) -> None:
+    cluster.wait_for(lambda: cluster.counts().done >= min(victim.done + 1, 6), timeout_s=120,
+                     what=f"a peer to take over from {victim.name} and make progress")
+
+
+def assert_nothing_late(cluster: Cluster, victim: Frozen) -> None:
     run_dir = cluster.share / "output" / "main"
-    late = [p.name for p in run_dir.rglob("*") if p.is_file() and re.search(rf"-t0*{stale_token}\.", p.name)
-            and p.stat().st_mtime >= resumed_at]
-    assert not late, f"the stale worker (token {stale_token}) wrote {late} after it was resumed"
+    late = [p.name for p in run_dir.rglob("*") if p.is_file() and re.search(rf"-t0*{victim.token}\.", p.name)
+            and p.stat().st_mtime >= victim.resumed_at]
+    assert not late, f"the stale {victim.name} (token {victim.token}) wrote {late} after it was resumed"
+
+
+def resume(cluster: Cluster, victim: Frozen) -> None:
+    """SIGCONT, and the resumed victim notices it is stale and writes nothing under its stale token."""
+    seen = len(cluster.log(victim.name))
+    victim.resumed_at = time.time()
+    victim.proc.send_signal(signal.SIGCONT)
+    cluster.wait_for(lambda: any(m in cluster.log(victim.name)[seen:] for m in STALE), timeout_s=60,
+                     what=f"the resumed {victim.name} to notice it is stale")
+    assert_nothing_late(cluster, victim)
+
+
+@pytest.mark.parametrize("points", STOP_CHAINS, ids="+".join)
+def test_a_worker_frozen_past_its_lease_changes_nothing(cluster: Cluster, reference_state: dict,
+                                                       points: tuple[str, ...]) -> None:
+    """SIGSTOP at each point (a frozen VM): the lease expires, a peer takes over and makes progress, the
+    frozen worker is resumed and notices it is stale. Alone: the peer is then SIGKILLed and the resumed worker
+    reaps its lease and finishes the run. In a pair, the peer is the second victim, frozen at its own point once
+    it made progress; the resumed first victim takes over from it and makes progress, the second one is
+    resumed, the first one SIGKILLed, and the second finishes the run alone. Exactly once, bit for bit, one
+    report block per day, and no victim wrote anything under its stale token after it was resumed. (No third
+    worker: the once-stale worker finishing the run is the harder case; a fresh worker reaping a SIGKILLed
+    one's lease is what test_sigkill_at_a_dangerous_point proves.)"""
+    cluster.seed()
+    first = frozen(cluster, "victim0", cluster.start_worker("victim0", WORKLOAD_FAULT=points[0],
+                                                            WORKLOAD_FAULT_ACTION="stop"))
+    victims = [first]
+    if len(points) == 1:
+        peer = cluster.start_worker("peer")
+        peer_progresses(cluster, first)
+        resume(cluster, first)
+        finisher = first.proc
+    else:
+        second = cluster.start_worker("victim1", WORKLOAD_FAULT=points[1], WORKLOAD_FAULT_ACTION="stop")
+        peer_progresses(cluster, first)
+        victims.append(frozen(cluster, "victim1", second))
+        assert victims[1].done > first.done, f"{points[1]} fired before the peer made progress"
+        resume(cluster, first)
+        peer_progresses(cluster, victims[1])  # the resumed first victim is the second one's peer
+        resume(cluster, victims[1])
+        peer, finisher = first.proc, second
     if peer.poll() is None:
         peer.send_signal(signal.SIGKILL)
         peer.wait()
     cluster.procs.remove(peer)
-    assert cluster.wait_all() == [0], cluster.log("victim")
+    assert cluster.procs == [finisher]
+    assert cluster.wait_all() == [0], cluster.log(victims[-1].name)
     assert_exactly_once(cluster, reference_state)
-    after = cluster.log("victim").split("lost the lease")[-1] if "lost the lease" in cluster.log("victim") else ""
-    assert f"acked {stale_item}\n" not in after and f"{stale_item} applied" not in after
+    run_dir = cluster.share / "output" / "main"
+    for v in victims:
+        assert_nothing_late(cluster, v)  # again: the first victim worked on after it was resumed
+        log = cluster.log(v.name)
+        after = log.split("lost the lease")[-1] if "lost the lease" in log else ""
+        assert f"acked {v.item}\n" not in after and f"{v.item} applied" not in after, v.name
     store = CheckpointStore(run_dir)
     final = store.load()
     assert report_source(run_dir) == (final.token, final.seq), "the report comes from the newest checkpoint"
