@@ -814,9 +814,15 @@ class WorkQueue:
 
     def counts(self) -> Counts:
         pending, leased = self._retrying("counts", lambda: self._counts())
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.scard(self.keys.done).hlen(self.keys.dead).hlen(self.keys.items)
-        done, dead, total = self._retrying("counts", pipe.execute)
+
+        def read() -> list[Any]:
+            # The pipeline is built inside the retried call: redis-py empties a pipeline whose execute failed, so
+            # retrying the same pipeline's execute after a Redis restart sent nothing and returned [].
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.scard(self.keys.done).hlen(self.keys.dead).hlen(self.keys.items)
+            return pipe.execute()
+
+        done, dead, total = self._retrying("counts", read)
         return Counts(pending=int(pending), leased=int(leased), done=int(done), dead=int(dead),
                       total=int(total))
 
