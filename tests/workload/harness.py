@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import zygote
 
 from workload.data import simulator
 from workload.data.manifest import MANIFEST, write_manifest
@@ -22,6 +23,8 @@ from workload.runtime.redis_server import RedisServer
 from workload.share.checkpoint import CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[2]
+# A worker: a child of the test's zygote (zygote.py), or of the test itself under ZYGOTE=0.
+Proc = subprocess.Popen[bytes] | zygote.ForkedProcess
 TINY = simulator.SimulationSpec(customers=400, terminals=300, train_days=6, test_days=2,
                                 start_date="2018-04-01", seed=7)
 # Enough epochs that a shard takes ~1 s: kills land mid-training and mid-shard checkpoints happen. Each day
@@ -92,10 +95,10 @@ class Cluster:
     share: Path
     dataset_src: Path
     env_extra: dict[str, str] = field(default_factory=dict)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
     # Every pod of the current work-queue Job, removed from `procs` or not: once one exited 0,
     # Kubernetes starts no new pod (the Job is complete when the others end), so neither may a test.
-    job: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    job: list[Proc] = field(default_factory=list)
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "REDIS_URL": self.server.url, "REDIS_PASSWORD": self.server.password,
@@ -112,9 +115,16 @@ class Cluster:
             shutil.copytree(self.dataset_src, target)
         runs_file = self.share.parent / "runs.json"
         runs_file.write_text(json.dumps(runs or {"main": HPARAMS}))
-        out = subprocess.run([sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file)],
-                             env=self.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
+        argv = ["workload", "seed", "--runs-file", str(runs_file)]
+        if not zygote.enabled():
+            out = subprocess.run([sys.executable, "-m", *argv], env=self.env(), cwd=ROOT, capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            return
+        log = self.share.parent / "seed.log"
+        log.unlink(missing_ok=True)
+        code = zygote.Zygote.get().start(argv, self.env(), ROOT, log, None).wait(120)
+        assert code == 0, log.read_text(errors="replace")
 
     def job_succeeded(self) -> bool:
         """Whether a pod of the current Job exited 0: then Kubernetes replaces no pod, preempted or not."""
@@ -124,14 +134,17 @@ class Cluster:
         """A new Job is applied (after a fix and `requeue`): its pods may start again."""
         self.job.clear()
 
-    def start_worker(self, name: str, preexec_fn=None, **extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, preexec_fn=None, **extra: str) -> Proc:
         if self.job_succeeded():
             raise JobSucceeded(f"cannot start {name}: a pod of this work-queue Job exited 0, and Kubernetes "
                                "then starts no new pod (call new_job() for a new Job)")
-        log = open(self.share.parent / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen([sys.executable, "-m", "workload", "worker", "--worker-id", name],
-                                env=self.env(**extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=preexec_fn)
+        argv, log_path = ["workload", "worker", "--worker-id", name], self.share.parent / f"{name}.log"
+        if zygote.enabled() and preexec_fn is None:
+            proc = zygote.Zygote.get().start(argv, self.env(**extra), ROOT, log_path, None)
+        else:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", *argv], env=self.env(**extra), cwd=ROOT, stdout=log,
+                                        stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
         self.procs.append(proc)
         self.job.append(proc)
         return proc
@@ -216,7 +229,7 @@ def poll_claim(q: WorkQueue, owner: str, ttl_s: float, timeout_s: float = 10) ->
     return lease
 
 
-def is_stopped(proc: subprocess.Popen[bytes]) -> bool:
+def is_stopped(proc: Proc) -> bool:
     """Whether `proc` is frozen by SIGSTOP (state T in /proc)."""
     try:
         return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import zygote
 from exports import BANK_COLUMNS, BANK_NAMES, EXTRA, bank_export, copy_files, one_error_line, write_mapping
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
@@ -36,8 +36,7 @@ def published_or_staged(cluster: Cluster) -> list[Path]:
 def seed(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     runs = cluster.share.parent / "runs.json"
     runs.write_text(json.dumps({"main": HPARAMS}))
-    return subprocess.run([sys.executable, "-m", "workload", "seed", "--runs-file", str(runs), *args],
-                          env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return zygote.run(["workload", "seed", "--runs-file", str(runs), *args], cluster.env(), ROOT, 120)
 
 
 def test_a_bank_export_reads_as_the_canonical_files(tmp_path: Path, dataset_src: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import zygote
 from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
@@ -64,9 +65,8 @@ def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Bucket]:
 def seed(cluster: Cluster, bucket: Bucket, tmp_path: Path, runs: dict, *args: str) -> subprocess.CompletedProcess[str]:
     runs_file = tmp_path / f"runs-{len(list(tmp_path.glob('runs-*')))}.json"
     runs_file.write_text(json.dumps(runs))
-    return subprocess.run([sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file), *args],
-                          env=cluster.env(STORAGE_EMULATOR_HOST=bucket.host), cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return zygote.run(["workload", "seed", "--runs-file", str(runs_file), *args],
+                      cluster.env(STORAGE_EMULATOR_HOST=bucket.host), ROOT, 120)
 
 
 def train(cluster: Cluster, *names: str) -> None:
@@ -183,8 +183,7 @@ def test_missing_credentials_fail_at_once_on_a_laptop_and_are_waited_out_in_a_po
         env["KUBERNETES_SERVICE_HOST"] = "127.0.0.1"
     else:
         del env["SOURCE_ACCESS_RETRY_SECONDS"]
-    out = subprocess.run([sys.executable, "-m", "workload", "seed", "--datasets", "gs://data/real"], env=env,
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = zygote.run(["workload", "seed", "--datasets", "gs://data/real"], env, ROOT, 120)
     assert out.returncode == 2, out.stderr
     assert "gs://data/real: no Google credentials" in one_error_line(out.stderr)
     retries = out.stderr.count("can take minutes to take effect: retrying")

@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import zygote
 from harness import ROOT, Cluster, built_once, is_stopped
 from safetensors import safe_open
 
@@ -54,8 +54,7 @@ FILES = ("report.txt", "metrics.jsonl", "metrics.png", "pr_curve.png", MODEL_FIL
 
 
 def workload_cmd(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "workload", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return zygote.run(["workload", *args], {**os.environ, **(env or {})}, ROOT, timeout)
 
 
 def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

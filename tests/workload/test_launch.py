@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import zygote
 from exports import BANK_COLUMNS, bank_export
 from harness import HPARAMS, ROOT, Cluster
 
@@ -28,10 +29,7 @@ def _scheduled_seed(cluster: Cluster, *extra: str) -> subprocess.CompletedProces
     runs_file.write_text(json.dumps({"main": HPARAMS}))
     env = cluster.env()
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run(
-        [sys.executable, "-m", "workload", "seed", "--runs-file", str(runs_file), "--request-launch", *extra],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+    return zygote.run(["workload", "seed", "--runs-file", str(runs_file), "--request-launch", *extra], env, ROOT, 120)
 
 
 def test_each_load_adds_what_it_enqueued_to_the_launch_request_and_posts_nothing(cluster: Cluster) -> None:

@@ -18,6 +18,7 @@ import google_crc32c
 import numpy as np
 import pandas as pd
 import pytest
+import zygote
 from exports import BAD_FILES, DAY3, copy_files, one_error_line, plant, real_export, shuffled
 from harness import HPARAMS, ROOT, Cluster, is_stopped, same_weights
 
@@ -212,8 +213,7 @@ def test_a_zero_row_day_on_the_share_is_an_item_error(tmp_path: Path, dataset_sr
 
 # -- seed: errors name the user's file, in one line, and publish nothing ---------------------------
 def seed(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workload", "seed", *args], env=cluster.env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return zygote.run(["workload", "seed", *args], cluster.env(), ROOT, 120)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
@@ -288,8 +288,8 @@ def test_racing_loaders_never_unpublish_a_day(cluster: Cluster, tmp_path: Path) 
 
 def test_the_next_seed_removes_a_killed_loaders_staging_copy(cluster: Cluster, tmp_path: Path) -> None:
     folder = copy_files(cluster.dataset_src, tmp_path / "export")
-    killed = subprocess.run([sys.executable, "-m", "workload", "seed", "--datasets", str(folder)],
-                            env=cluster.env(WORKLOAD_FAULT="mid-write:1"), cwd=ROOT, capture_output=True, timeout=120)
+    killed = zygote.run(["workload", "seed", "--datasets", str(folder)], cluster.env(WORKLOAD_FAULT="mid-write:1"),
+                        ROOT, 120)
     assert killed.returncode == -signal.SIGKILL
     datasets = cluster.share / "datasets"
     left = list(datasets.glob(".fraud.staging-*"))

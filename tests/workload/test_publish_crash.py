@@ -10,11 +10,11 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import zygote
 from harness import HPARAMS, ROOT, Cluster
 
 from workload.data import dataset as ds
@@ -41,8 +41,7 @@ def seed(cluster: Cluster, folder: Path, fault: str = "") -> subprocess.Complete
     runs = cluster.share.parent / "runs.json"
     runs.write_text(json.dumps({"main": HPARAMS}))
     env = cluster.env(**({"WORKLOAD_FAULT": fault} if fault else {}))
-    return subprocess.run([sys.executable, "-m", "workload", "seed", "--runs-file", str(runs), "--datasets",
-                           str(folder)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return zygote.run(["workload", "seed", "--runs-file", str(runs), "--datasets", str(folder)], env, ROOT, 120)
 
 
 def staging(cluster: Cluster) -> list[Path]:
