@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import resource
 import shutil
@@ -442,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="replay a schedule (default: random, printed)")
     p.add_argument("--dir", type=Path, help="keep the clusters' files here (default: a temp folder)")
     args = p.parse_args(argv)
+    # Worker processes started through the tests' harness are fresh interpreters here, as a pod's are (the
+    # harness forks them from a zygote that imported torch, to spare the test suite's CPU: tests/workload/zygote.py).
+    os.environ.setdefault("ZYGOTE", "0")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"chaos seed {seed} (replay with --seed {seed}): {args.workers} workers, {args.runs} runs, "
           f"{args.events} disturbances (worker and Redis faults) + 1 Redis restart + 1 Redis wipe", flush=True)

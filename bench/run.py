@@ -653,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="write benchmarks.md and benchmarks.png here instead of docs/ "
                    "(for --only and --mini too)")
     args = p.parse_args(argv)
+    # Worker processes started through the tests' harness are fresh interpreters here, as a pod's are (the
+    # harness forks them from a zygote that imported torch, to spare the test suite's CPU: tests/workload/zygote.py).
+    os.environ.setdefault("ZYGOTE", "0")
     chosen = args.only or list(BENCHES)
     scale = MINI if args.mini else Scale()
     given = sys.argv[1:] if argv is None else argv

@@ -9,6 +9,7 @@ tree instead (tests/test_mutation_scope.py, tests/test_planted_table.py) and `--
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,9 @@ def mini(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     out = tmp_path_factory.mktemp("bench-mini")
     docs = ROOT / "docs" / "benchmarks.md"
     before = docs.read_bytes()
+    # ZYGOTE=1: a miniature's figures mean nothing, so its workers may be forked (tests/workload/zygote.py)
     proc = subprocess.run([sys.executable, "-m", "bench.run", "--mini", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=540)
+                          capture_output=True, text=True, timeout=540, env={**os.environ, "ZYGOTE": "1"})
     assert proc.returncode == 0, \
         f"bench.run --mini exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert docs.read_bytes() == before, "a miniature rewrote docs/benchmarks.md: its figures mean nothing"

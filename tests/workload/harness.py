@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import zygote
+
+if __package__:  # imported as tests.workload.harness (bench/recovery.py), not from tests/workload on sys.path
+    from . import zygote
+else:
+    import zygote
 
 from workload.data import simulator
 from workload.data.manifest import MANIFEST, write_manifest
