@@ -11,13 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+import zygote
 from harness import ROOT, Cluster
 from test_worker_faults import assert_exactly_once
 
@@ -176,8 +176,7 @@ def test_malformed_items_are_dead_lettered_at_first_claim(cluster: Cluster, refe
     for item_id, (_, _, message) in hostile.items():
         assert dead[item_id]["attempts"] == 1, item_id
         assert message in dead[item_id]["error"], (item_id, dead[item_id]["error"])
-    out = subprocess.run([sys.executable, "-m", "workload", "status"], env=cluster.env(), cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = zygote.run(["workload", "status"], cluster.env(), ROOT, 60)
     assert out.returncode == 0, out.stderr
     assert "dead: main/bad-json after 1 attempt(s): queue item 'main/bad-json': not valid JSON" in out.stdout
     assert "escape" in out.stdout and "/tmp/abs" in out.stdout

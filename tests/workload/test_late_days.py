@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import zygote
 from exports import copy_files
 from harness import HPARAMS, ROOT, Cluster, same_weights
 
@@ -29,8 +29,7 @@ LATER = ["training/2018-04-04.parquet", "training/2018-04-05.parquet", "training
 
 
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workload", *args], env=cluster.env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return zygote.run(["workload", *args], cluster.env(), ROOT, 120)
 
 
 def assert_in_order(cluster: Cluster, reference: dict) -> None:

@@ -12,13 +12,13 @@ import io
 import json
 import socket
 import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import zygote
 from exports import real_export
 from harness import HPARAMS, ROOT, Cluster
 
@@ -60,8 +60,7 @@ def _upload(client: object, folder: Path, prefix: str, keep: Callable[[str], boo
 
 def _run(cluster: Cluster, host: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     local = [a.replace(contract.SHARE_DIR, str(cluster.share)) for a in argv]
-    return subprocess.run([sys.executable, "-m", "workload", *local], env=cluster.env(STORAGE_EMULATOR_HOST=host),
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return zygote.run(["workload", *local], cluster.env(STORAGE_EMULATOR_HOST=host), ROOT, 300)
 
 
 def _load_and_train(cluster: Cluster, host: str, runs_file: Path) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zygote
 from exports import copy_files
 from harness import HPARAMS, ROOT, Cluster, same_weights
 from test_worker_faults import assert_exactly_once
@@ -28,8 +29,7 @@ QUICK = {"epochs": 2, "batch_size": 256, "hidden": [8]}  # a second run: its day
 
 
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workload", *args], env=cluster.env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return zygote.run(["workload", *args], cluster.env(), ROOT, 120)
 
 
 def test_a_stale_run_record_is_named_and_the_healthy_run_trains(cluster: Cluster, tmp_path: Path,

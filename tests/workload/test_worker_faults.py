@@ -12,12 +12,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
 import pandas as pd
 import pytest
+import zygote
 from harness import ROOT, Cluster, is_stopped, same_weights
 
 from workload.core.errors import EXIT_DEAD_LETTERS
@@ -188,8 +188,7 @@ def test_poison_and_hostile_items_are_dead_lettered(cluster: Cluster, tmp_path) 
     # After the fix, `requeue` brings the day back and it trains in date order: the run goes back to the
     # end of 04-02 and applies the later days again (04-05 stays dead); nothing is lost.
     shutil.copyfile(cluster.dataset_src / "training" / "2018-04-03.parquet", poison)
-    out = subprocess.run([sys.executable, "-m", "workload", "requeue", "--item", "main/training/2018-04-03.parquet"],
-                         env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = zygote.run(["workload", "requeue", "--item", "main/training/2018-04-03.parquet"], cluster.env(), ROOT, 60)
     assert out.returncode == 0 and "requeued 1 dead-lettered item(s)" in out.stdout, out.stdout + out.stderr
     assert "main/training/2018-04-03.parquet (was: " in out.stdout
     cluster.procs.clear()
