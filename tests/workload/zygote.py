@@ -220,7 +220,10 @@ class Zygote:
     @classmethod
     def get(cls) -> Zygote:
         with cls._lock:
-            if cls._one is None or cls._one._proc.poll() is not None:
+            # A process forked from one that had a zygote (mutmut forks a pytest process per mutant) starts its
+            # own: the pipes it inherited are its parent's conversation.
+            one = cls._one
+            if one is None or one._owner != os.getpid() or one._proc.poll() is not None:
                 cls._one = cls()
             return cls._one
 
@@ -229,6 +232,7 @@ class Zygote:
         env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, **NATIVE_THREADS_OFF}
         self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, cwd=root, env=env)
+        self._owner = os.getpid()
         self._buffer = b""
         self._next_id = 0
         self._started: dict[int, int] = {}
