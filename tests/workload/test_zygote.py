@@ -35,6 +35,13 @@ def test_a_child_runs_in_its_own_folder_and_environment_and_exits_with_its_code(
     assert (again.returncode, again.stdout) == (0, f"cwd={ROOT} probe=other argv=['exit', '0']\n")
 
 
+def test_a_child_reads_an_empty_stdin_and_a_message_exits_1(tmp_path: Path) -> None:
+    out = zygote.run([PROBE, "stdin"], env(), tmp_path, 60)
+    assert (out.returncode, out.stdout.splitlines()[-1]) == (0, "stdin=''"), out.stderr
+    out = zygote.run([PROBE, "message"], env(), tmp_path, 60)
+    assert (out.returncode, out.stderr) == (1, "to stderr\na message\n")
+
+
 def test_an_uncaught_exception_is_exit_1_with_its_traceback(tmp_path: Path) -> None:
     out = zygote.run([PROBE, "raise"], env(), tmp_path, 60)
     assert out.returncode == 1

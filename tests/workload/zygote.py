@@ -118,7 +118,7 @@ def _child(request: dict[str, Any], zygote_fds: tuple[int, ...]) -> None:
         os.dup2(stdin, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        for fd in {*zygote_fds, out, err, stdin}:
+        for fd in {*zygote_fds, out, err, stdin} - {0, 1, 2}:  # the zygote's requests came on 0: now /dev/null
             os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -134,8 +134,10 @@ def _child(request: dict[str, Any], zygote_fds: tuple[int, ...]) -> None:
         sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)  # workload/__main__.py ends in os._exit
         code = 0
-    except SystemExit as exc:
+    except SystemExit as exc:  # as the interpreter: None is 0, a message is printed and is 1
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
     except KeyboardInterrupt:  # as the interpreter does: the traceback, then death by SIGINT
         import traceback
 

@@ -11,6 +11,10 @@ print("to stderr", file=sys.stderr, flush=True)
 what = sys.argv[1]
 if what == "exit":
     sys.exit(int(sys.argv[2]))
+if what == "stdin":
+    print(f"stdin={sys.stdin.read()!r}")
+if what == "message":
+    sys.exit("a message")
 if what == "raise":
     raise ValueError("uncaught")
 if what == "sleep":
