@@ -55,8 +55,8 @@ local: $(LOCAL_STAMP)
 # with 3 (28.6 min of CPU: both cores busy, so more processes would not help); the next round (2,371 tests):
 # 16 min 32 s, 28.1 min of CPU; the round after (2,417 tests): 15 min 27 s of pytest, 17 min 37 s with the .venv
 # made from scratch, 31.2 min of CPU in all. Since the tests fork their worker processes from a zygote that imported
-# torch once (tests/workload/zygote.py; ~4-5 s of CPU a worker saved): 10 min 45 s of pytest, 20.2 min of CPU, both
-# cores busy 94 % of the time. TEST_JOBS=0 runs it in this process.
+# torch once (tests/workload/zygote.py; ~4-5 s of CPU a worker saved): 10 min 45 s to 11 min 26 s of pytest in three
+# runs, 20-21.6 min of CPU, both cores busy ~94 % of the time (TEST_JOBS=4: 11 min 8 s, more CPU). TEST_JOBS=0 runs it in this process.
 # tests/conftest.py puts the files that take minutes first (loadfile hands files out in collection order), and the
 # simulated dataset and reference run of tests/workload are built once for all processes. --dist loadgroup or load
 # would pay each module fixture (make local's run, the benchmarks' miniature: over a minute each) in every process.
