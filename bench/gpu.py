@@ -34,6 +34,7 @@ import shlex
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -101,6 +102,8 @@ class Log:
     out: Path
     figures: list[Figure] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    keep_going: bool = False  # a phase that fails is logged with its traceback and the next one runs
+    failed: list[str] = field(default_factory=list)
 
     def line(self, text: str) -> None:
         stamped = f"[{time.monotonic() - self.started:7.1f}s] {text}"
@@ -114,6 +117,11 @@ class Log:
         begun = time.monotonic()
         try:
             yield
+        except Exception:
+            if not self.keep_going:
+                raise
+            self.failed.append(name)
+            self.line(f"{name}: FAILED\n{traceback.format_exc()}")
         finally:
             self.line(f"{name}: {time.monotonic() - begun:.1f}s")
 
@@ -303,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 20)")
     p.add_argument("--out", type=Path, default=OUT, help=f"log and figures go here (default {OUT})")
     p.add_argument("--write", action="store_true", help="record the GPU section in docs/benchmarks.md")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a phase that fails is logged with its traceback and the others still run (one short visit)")
     args = p.parse_args(argv)
     size = MINI if args.mini else Size()
     size = replace(size, rows=args.rows or size.rows, cpu_rows=args.cpu_rows or size.cpu_rows,
@@ -313,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = "python -m bench.gpu" + (" " + shlex.join(given) if given else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    log, info = Log(args.out), machine()
+    log, info = Log(args.out, keep_going=args.keep_going), machine()
     torch.set_num_threads(1)
     log.line(f"{command}: " + "; ".join(f"{k}: {v}" for k, v in info.items()))
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
@@ -324,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for dev, rows in (("cuda", size.rows), ("cpu", size.cpu_rows)):
                 if where in (dev, "both"):
-                    measure(torch.device(dev), rows, size, work, log, server, info)
+                    with log.phase(f"{dev}: every path"):
+                        measure(torch.device(dev), rows, size, work, log, server, info)
         finally:
             if server is not None:
                 server.stop()
@@ -334,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_docs(text)
         log.line(f"recorded in {DOCS}")
-    return 0
+    if log.failed:
+        log.line(f"{len(log.failed)} phase(s) failed: {', '.join(log.failed)}")
+    return 1 if log.failed else 0
 
 
 if __name__ == "__main__":

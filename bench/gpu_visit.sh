@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# One short visit to a GPU machine (shared/GPU.md has the recipe and its pitfalls), as one command:
+# One short visit to a GPU machine (shared/GPU.md has the recipe and its pitfalls), as one command of ~8 minutes:
 #   bash bench/gpu_visit.sh            # from the checkout's root; logs and figures under $OUT (or build/gpu-visit)
 # 1. the redis/pandas wheels carried in .whl/ (if any) into the machine's own Python;
-# 2. the CUDA tests of the GPU-shaped step and the packed sweep (they skip without a GPU), at most 150 s;
-# 3. python -m bench.gpu (CUDA, then the CPU section), at most 360 s.
-# Every part writes its log as it goes, so a visit cut short keeps what it saw. Add --write by hand to
-# record the figures in docs/benchmarks.md once they are back.
+# 2. at once, side by side (correctness only, nothing timed): the CUDA unit tests (the GPU-shaped step, the packed
+#    sweep, the trainer, the GPU pod) and the kill-and-resume tests on CUDA (test_worker_faults.py,
+#    test_late_days.py, test_packing_faults.py, the short chaos run; each worker a fresh interpreter, as in a pod);
+# 3. then alone on the machine: python -m bench.gpu --keep-going --write (CUDA, then the CPU section).
+# Every part writes its log as it goes, so a visit cut short keeps what it saw; docs/benchmarks.md comes back
+# under $OUT with the GPU section written.
 set -u
 OUT=${OUT:-build/gpu-visit}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD CUBLAS_WORKSPACE_CONFIG=:4096:8
+export PYTHONPATH=$PWD CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1
 PY=${PY:-python3}
+JOBS=${JOBS:-12}
 started=$(date +%s)
 say() { echo "[$(( $(date +%s) - started ))s] $*" | tee -a "$OUT/visit.log"; }
 
 say "visit: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$OUT/visit.log" 2>&1
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
+  >>"$OUT/visit.log" 2>&1
 if compgen -G ".whl/*.whl" >/dev/null; then
   say "installing the carried wheels"
   "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl >>"$OUT/visit.log" 2>&1
+  say "wheels: exit $?"
 fi
-say "CUDA tests: started"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -k cuda tests/model/test_gpustep.py tests/model/test_packed.py \
-  >"$OUT/tests.log" 2>&1
-say "CUDA tests: exit $? ($(tail -n 1 "$OUT/tests.log"))"
-say "bench.gpu: started"
-timeout 360 "$PY" -m bench.gpu --out "$OUT/bench" >"$OUT/bench.log" 2>&1
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider --durations=15)
+
+say "kill-and-resume tests on CUDA: started (background, at most ${FAULTS_S:-200}s)"
+( ZYGOTE=0 timeout "${FAULTS_S:-200}" "${PYTEST[@]}" -n "$JOBS" tests/workload/test_worker_faults.py \
+    tests/workload/test_late_days.py tests/workload/test_packing_faults.py tests/chaos/test_chaos_short.py \
+    >"$OUT/faults.log" 2>&1; echo "exit $?" >>"$OUT/faults.log" ) &
+faults=$!
+say "CUDA unit tests: started"
+timeout "${UNIT_S:-150}" "${PYTEST[@]}" -n 4 tests/model/test_gpustep.py tests/model/test_packed.py tests/workload/test_gpu.py \
+  tests/workload/test_trainer.py tests/workload/test_checkpoint_rules.py >"$OUT/unit.log" 2>&1
+say "CUDA unit tests: exit $? ($(grep -E 'passed|failed|error' "$OUT/unit.log" | tail -n 1))"
+wait "$faults"
+say "kill-and-resume tests: $(tail -n 1 "$OUT/faults.log") ($(grep -E 'passed|failed|error' "$OUT/faults.log" | tail -n 1))"
+
+say "bench.gpu: started (at most ${BENCH_S:-280}s)"
+timeout "${BENCH_S:-280}" "$PY" -m bench.gpu --keep-going --write --budget-s "${BUDGET_S:-12}" ${BENCH_ARGS:-} --out "$OUT/bench" \
+  >"$OUT/bench.log" 2>&1
 say "bench.gpu: exit $?"
+cp docs/benchmarks.md "$OUT/benchmarks.md"
+say "done"
