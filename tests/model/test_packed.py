@@ -26,6 +26,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 # Every run stopped at once (SIGTERM) mid-epoch, after an epoch's last batch, and in its last epoch; run b alone
 # (its lease lost).
 STOPS = (lambda r, n: n == 5, lambda r, n: n == 11, lambda r, n: n == 15, lambda r, n: r == 1 and n == 7)
+ALL_AT_ONCE = (0, 1, 2)  # the STOPS that stop every run of the pack
 
 
 @pytest.fixture(autouse=True)
@@ -68,9 +69,10 @@ def reload(t: Trainer) -> Trainer:
 
 
 def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.device = CPU,
-             capture: bool | None = None) -> list[Trainer]:
+             capture: bool | None = None, rejoin: bool = False) -> list[Trainer]:
     """Two days packed; on the second, `stop(run, its step)` True stops that run: each stopped run is reloaded
-    from its own checkpoint and finishes the day in a pack of its own. `capture`: replay a CUDA graph (default:
+    from its own checkpoint and finishes the day in a pack of its own, or with `rejoin` the stopped runs finish
+    it together in one pack (a packed peer that leases them again). `capture`: replay a CUDA graph (default:
     on CUDA)."""
     trainers = fresh(device)
     for i in range(2):
@@ -88,12 +90,13 @@ def pack_run(stop: Callable[[int, int], bool] | None = None, device: torch.devic
             return True
 
         done = pack.train_shard(x, y, after_step)
-        for r, finished in enumerate(done):
-            if not finished:
-                trainers[r] = reload(pack.trainer(r))
-                trainers[r].begin_shard(f"d{i}", x)
-                alone = packed.Pack([trainers[r]], _shard_seed, capture=capture)
-                assert alone.train_shard(x, y, lambda r: True) == [True]
+        stopped = [r for r, finished in enumerate(done) if not finished]
+        for r in stopped:
+            trainers[r] = reload(pack.trainer(r))
+            trainers[r].begin_shard(f"d{i}", x)
+        for group in [stopped] if rejoin and stopped else [[r] for r in stopped]:
+            again = packed.Pack([trainers[r] for r in group], _shard_seed, capture=capture)
+            assert again.train_shard(x, y, lambda r: True) == [True] * len(group)
         for t in trainers:
             t.finish_shard({"shard": f"d{i}", "train_accuracy": t.train_accuracy(len(y))})
     return trainers
@@ -130,10 +133,11 @@ def test_each_packed_run_ends_where_its_solo_training_ends_within_the_stated_tol
 
 def test_a_packed_run_stopped_and_resumed_from_its_checkpoint_ends_bit_for_bit() -> None:
     """All runs stopped at once (SIGTERM) mid-epoch and in their last epoch; run b alone (its lease lost) while
-    the others train on: every run ends bit for bit where the undisturbed pack ends it."""
+    the others train on: every run, resumed alone or with its pack, ends bit for bit where the undisturbed pack
+    ends it (on CPU a pack's size does not change a run's bits; on CUDA see the test below)."""
     whole = undisturbed()
-    for stop in STOPS:
-        resumed = pack_run(stop)
+    for stop, rejoin in [*((stop, False) for stop in STOPS), (STOPS[0], True)]:
+        resumed = pack_run(stop, rejoin=rejoin)
         for r, (a, b) in enumerate(zip(whole, resumed, strict=True)):
             ta, tb = tensors(a), tensors(b)
             assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], f"run {r}"
@@ -174,9 +178,17 @@ def test_on_cuda_the_replayed_pack_equals_the_same_step_run_eagerly_and_its_solo
 
 @CUDA
 @pytest.mark.parametrize("stop", range(len(STOPS)))
-def test_on_cuda_a_packed_run_stopped_and_resumed_ends_bit_for_bit(stop: int) -> None:
+def test_on_cuda_a_packed_run_resumed_with_its_pack_ends_bit_for_bit_and_alone_within_the_tolerance(stop: int) -> None:
+    """On CUDA the stacked products' kernels depend on how many runs a pack holds (an H200 rounded a 3-run pack
+    and a 1-run pack differently, 2026-11-28): runs stopped together and resumed together end bit for bit where
+    the undisturbed pack ends them; a run resumed in a pack of another size ends within SOLO_TOLERANCE of it."""
     cuda = torch.device("cuda")
     whole = [tensors(t) for t in pack_run(device=cuda)]
-    resumed = [tensors(t) for t in pack_run(STOPS[stop], device=cuda)]
-    for r, (a, b) in enumerate(zip(whole, resumed, strict=True)):
-        assert [k for k in a if not torch.equal(a[k], b[k])] == [], f"run {r}"
+    if stop in ALL_AT_ONCE:
+        together = [tensors(t) for t in pack_run(STOPS[stop], device=cuda, rejoin=True)]
+        for r, (a, b) in enumerate(zip(whole, together, strict=True)):
+            assert [k for k in a if not torch.equal(a[k], b[k])] == [], f"run {r}"
+    alone = [tensors(t) for t in pack_run(STOPS[stop], device=cuda)]
+    for r, (a, b) in enumerate(zip(whole, alone, strict=True)):
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], **packed.SOLO_TOLERANCE, msg=f"run {r}: {key}")

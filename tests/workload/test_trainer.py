@@ -293,15 +293,20 @@ def test_scoring_in_batches_is_scoring_at_once() -> None:
     assert empty.shape == (0,) and empty.dtype == np.float32
 
 
-def test_scoring_on_a_cpu_in_passes_is_bit_for_bit_one_pass() -> None:
-    # The default run's shape: the passes that make scoring cheap (issue 33) must not change a logit's bits. A last
-    # pass of one row (8193 rows in passes of 8192) changed the last row's bits: the rest joins the pass before it.
+def test_scoring_on_a_cpu_in_passes_is_one_pass_within_rounding_and_the_same_bits_every_time() -> None:
+    # The default run's shape: the passes that make scoring cheap (issue 33) change no score beyond float32
+    # rounding, and the same rows are scored to the same bits every time (the passes depend on the row count only).
+    # Bit for bit one pass on the CI machine's AMD CPU, not on the GPU machine's Intel Xeon (torch 2.11, 2026-11-28):
+    # there a matrix product's rounding depends on how many rows it holds. A last pass of one row (8193 rows in
+    # passes of 8192) is never made: the rest joins the pass before it.
     trainer = Trainer("r", HParams(), tuple(f"f{i}" for i in range(18)), torch.device("cpu"), feature_version="v")
     x = np.random.default_rng(3).normal(size=(3 * CPU_SCORING_ROWS + 2, 18)).astype(np.float32)
     trainer.norm.update(x)
     for n in (2 * CPU_SCORING_ROWS + 1, 2 * CPU_SCORING_ROWS + 3, len(x)):
         assert len(scoring_passes(n, torch.device("cpu"))) > 1
-        assert np.array_equal(trainer.logits(x[:n]), trainer.logits(x[:n], batch=n))
+        passes = trainer.logits(x[:n])
+        np.testing.assert_allclose(passes, trainer.logits(x[:n], batch=n), rtol=1e-5, atol=1e-6)
+        assert np.array_equal(passes, trainer.logits(x[:n]))
     c = CPU_SCORING_ROWS
     assert scoring_passes(0, torch.device("cpu")) == [] and scoring_passes(5, torch.device("cpu")) == [(0, 5)]
     assert scoring_passes(2 * c + 1, torch.device("cpu")) == [(0, c), (c, 2 * c + 1)]

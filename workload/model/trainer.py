@@ -293,8 +293,10 @@ CPU_SCORING_ROWS = 6144
 def scoring_passes(n: int, device: torch.device) -> list[tuple[int, int]]:
     """The (start, end) rows of each forward pass that scores `n` rows. On a CPU, passes of CPU_SCORING_ROWS, the
     last one taking the rest (a pass of a handful of rows goes through another kernel of the matrix library, and
-    its logits differ in their last bits): each row's logit is bit for bit that of one pass over all rows
-    (tests/workload/test_trainer.py). On a GPU, passes of 2^18 rows."""
+    its logits differ in their last bits): on the CI machine's CPU each row's logit is bit for bit that of one pass
+    over all rows, on others within float32 rounding (an Intel Xeon's matrix library rounds by the rows a product
+    holds), and always the same bits for the same rows (tests/workload/test_trainer.py). On a GPU, passes of 2^18
+    rows."""
     size = CPU_SCORING_ROWS if device.type == "cpu" else 1 << 18
     starts = list(range(0, n, size))
     if device.type == "cpu" and len(starts) > 1 and n - starts[-1] < size:
