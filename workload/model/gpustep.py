@@ -4,9 +4,14 @@ On CUDA the eager step (trainer.py) is bound by kernel launches and Python, not 
 the default run at 61,438 samples/s, slower than one CPU core, and every batch size cost the same ~2 ms a step
 (issue 33). Here the whole step (gather the batch, forward, class-weighted loss, backward, Adam, the weight
 average, the last epoch's accuracy and loss sums) is one function of tensors kept at fixed addresses, captured
-once and replayed, so a step is one launch. Nothing in the loop waits for the GPU: the weight average's step
-count, the batch's offset and the sums live on the device; the host keeps its own count of steps and progress
-(it knows them without asking), and reads the device only when a checkpoint is written.
+once and replayed, so a step is one launch. Nothing in the loop waits for the GPU: the weight average's place in
+the day's table of weights, the batch's offset and the sums live on the device; the host keeps its own count of
+steps and progress (it knows them without asking), and reads the device only when a checkpoint is written.
+
+On an H200 (2026-11-28) the replayed step was bound by its count of kernels (~3 us each), not by the host: the
+step costs what it launches. So the day's averaging weights are computed once on the host (one lookup a step
+instead of six kernels of arithmetic) and the last epoch's accuracy and loss sums are taken only in the last
+epoch (a second graph, with them).
 
 The meaning is the eager step's:
 - the same batches in the same order: each epoch's permutation is drawn by the same CPU generator as today
@@ -19,8 +24,8 @@ The meaning is the eager step's:
   the replayed graph equals the same function run eagerly, and a run killed and resumed equals an undisturbed
   one bit for bit (tests skipped without a GPU).
 
-A day's full batches replay the graph; its last, shorter batch runs the same function eagerly (one step an
-epoch). The graph is captured on first use and again only when a day outgrows the buffers or the optimizer's
+A day's full batches replay a graph; its last, shorter batch runs the same function eagerly (one step an
+epoch). A graph is captured on first use and again only when a day outgrows the buffers or the optimizer's
 tensors were replaced (a checkpoint loaded into the same trainer). A torch or GPU that cannot record the step
 runs it eagerly, with the same meaning, and the log says so (`capture_or_none`).
 """
@@ -75,7 +80,10 @@ class Step:
         device = self.params[0].device
         self.arange = torch.arange(batch_size, device=device)
         self.base = torch.zeros((), dtype=torch.int64, device=device)  # the batch's first position in the order
-        self.ema_step = torch.zeros((), dtype=torch.float64, device=device)  # the run's optimizer steps so far
+        # The weight average's weight at each of the day's steps (computed on the host, as the eager step computes
+        # it) and the step's place in that table: one lookup a step instead of the decay's arithmetic on the device.
+        self.weights = torch.zeros(0, device=device)
+        self.k = torch.zeros((), dtype=torch.int64, device=device)
         self.pos_weight = torch.ones((), device=device)
         self.hits = torch.zeros((), dtype=torch.int64, device=device)  # last epoch: rows classified right
         self.loss_sum = torch.zeros((), device=device)  # last epoch: batch losses, summed
@@ -83,26 +91,33 @@ class Step:
         self.xs = torch.zeros((0, n_features), device=device)
         self.ys = torch.zeros(0, device=device)
         self.order = torch.zeros(0, dtype=torch.int64, device=device)
-        self.graph: Any = None  # torch.cuda.CUDAGraph once captured
+        self.graphs: dict[bool, Any] = {}  # torch.cuda.CUDAGraph per `sums` (the last epoch's step sums), as captured
         self.captured_on: tuple[int, ...] = ()
 
     # -- what the host hands the device: once a day, once an epoch ----------------------------------------
-    def load_day(self, xs: torch.Tensor, ys: torch.Tensor, pos_weight: float, steps: int) -> None:
+    def load_day(self, xs: torch.Tensor, ys: torch.Tensor, pos_weight: float, steps: int, ahead: int) -> None:
+        """The day's rows, its class weight, and the weight average's weights for the `ahead` steps that follow
+        the run's `steps` so far."""
         self.pos_weight.fill_(pos_weight)
-        self.ema_step.fill_(steps)
+        weights = average_weights(self.ema_decay, steps, ahead).to(xs.device)
+        self.k.zero_()
         if not self.capture:
-            self.xs, self.ys = xs, ys
+            self.xs, self.ys, self.weights = xs, ys, weights
             return
         n = len(ys)
         if n > len(self.ys):  # grow (and capture again): a graph reads the buffers it was captured with
             self.xs = torch.zeros((n, xs.shape[1]), device=xs.device)
             self.ys = torch.zeros(n, device=ys.device)
             self.order = torch.zeros(n, dtype=torch.int64, device=ys.device)  # zeros: valid rows, always
-            self.graph = None
+            self.graphs = {}
+        if ahead > len(self.weights):
+            self.weights = torch.zeros(ahead, device=xs.device)
+            self.graphs = {}
         self.xs[:n].copy_(xs)
         self.ys[:n].copy_(ys)
+        self.weights[:ahead].copy_(weights)
         if self.captured_on != self._addresses():  # a checkpoint loaded into the trainer replaced its tensors
-            self.graph = None
+            self.graphs = {}
 
     def load_order(self, order: torch.Tensor, first_batch: int) -> None:
         if self.capture:
@@ -117,35 +132,38 @@ class Step:
         self.loss_sum.copy_(loss_sum) if loss_sum is not None else self.loss_sum.zero_()
 
     # -- the step ---------------------------------------------------------------------------------------
-    def run(self, size: int) -> None:
-        """One step over the next `size` rows of the order: replayed when it is a full batch on CUDA."""
+    def run(self, size: int, sums: bool) -> None:
+        """One step over the next `size` rows of the order, adding to the step sums when `sums` (the last epoch's):
+        replayed when it is a full batch on CUDA (one graph with the sums, one without)."""
         if not self.capture or size != self.batch_size:
-            step(self, size)
+            step(self, size, sums)
             return
-        if self.graph is None:
-            self.graph = capture_or_none("the training step", self._capture)
-            if self.graph is None:
+        graph = self.graphs.get(sums)
+        if graph is None:
+            graph = self.graphs[sums] = capture_or_none("the training step", lambda: self._capture(sums))
+            if graph is None:
                 self.capture = False  # the buffers stay where they are: the eager step reads them alike
-                step(self, size)
+                step(self, size, sums)
                 return
-        self.graph.replay()
+        graph.replay()
 
     def _tensors(self) -> list[torch.Tensor]:
         state = [v for p in self.params for v in self.optimizer.state[p].values() if isinstance(v, torch.Tensor)]
-        return [*self.params, *self.averages, *state, self.base, self.ema_step, self.hits, self.loss_sum]
+        return [*self.params, *self.averages, *state, self.base, self.k, self.weights, self.hits, self.loss_sum]
 
     def _addresses(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for t in self._tensors())
 
-    def _capture(self) -> Any:
+    def _capture(self, sums: bool) -> Any:
         prepare_state(self.optimizer, self.params)
 
         def warm_step() -> None:
             self.base.zero_()
-            step(self, self.batch_size)
+            self.k.zero_()
+            step(self, self.batch_size, sums)
 
         self.optimizer.zero_grad(set_to_none=True)
-        graph = capture(lambda: step(self, self.batch_size), warm_step, self._tensors())
+        graph = capture(lambda: step(self, self.batch_size, sums), warm_step, self._tensors())
         self.captured_on = self._addresses()
         return graph
 
@@ -202,9 +220,10 @@ def prepare_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) 
             st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
 
 
-def step(s: Step, size: int) -> None:
+def step(s: Step, size: int, sums: bool) -> None:
     """The trainer's step as a function of device tensors: the same batch (positions `base` .. `base + size`
-    of the order), loss, backward, Adam step, weight average (decay warmed up as `trainer.decay_at`) and sums."""
+    of the order), loss, backward, Adam step, weight average (its weight from the day's table, `average_weights`)
+    and, when `sums`, the last epoch's sums."""
     idx = s.order[s.base + s.arange[:size]]
     s.optimizer.zero_grad(set_to_none=True)
     logits = s.model(s.xs[idx])
@@ -213,14 +232,21 @@ def step(s: Step, size: int) -> None:
     loss.backward()
     s.optimizer.step()
     with torch.no_grad():
-        decay = torch.clamp((1 + s.ema_step) / (10 + s.ema_step), max=s.ema_decay)
-        weight = (1.0 - decay).float()  # the eager step's `1.0 - decay`, rounded to float32 as lerp rounds it
+        weight = s.weights.index_select(0, s.k.view(1)).view(())  # not weights[k]: the host may read a 0-dim index
         for a, p in zip(s.averages, s.params, strict=True):
             a.lerp_(p, weight)
-        s.ema_step.add_(1)
+        s.k.add_(1)
         s.base.add_(size)
-        s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
-        s.loss_sum.add_(loss.detach())
+        if sums:
+            s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
+            s.loss_sum.add_(loss.detach())
+
+
+def average_weights(ema_decay: float, steps: int, ahead: int) -> torch.Tensor:
+    """The weight average's weight (`1 - trainer.decay_at`) at steps `steps` .. `steps + ahead - 1`, computed in
+    float64 as the eager step computes it and rounded to float32 as lerp rounds it."""
+    k = np.arange(steps, steps + ahead, dtype=np.float64)
+    return torch.from_numpy(1.0 - np.minimum(ema_decay, (1 + k) / (10 + k))).float()
 
 
 _STEPS: weakref.WeakKeyDictionary[Any, Step] = weakref.WeakKeyDictionary()
@@ -253,12 +279,12 @@ def train_shard(trainer: Any, x: np.ndarray, y: np.ndarray, after_step: Callable
     ys = torch.from_numpy(np.asarray(y, dtype=np.float32)).to(device)
     n = len(ys)
     positives = float(ys.sum())
-    s.load_day(xs, ys, min(max((n - positives) / positives, 1.0), hp.pos_weight_cap) if positives else 1.0,
-               trainer.steps)
     batches = math.ceil(n / hp.batch_size)
-    trainer.model.train()
     epochs = int(trainer.progress.get("epochs", hp.epochs))  # a format-2 checkpoint's progress has none
     start = trainer.progress["epoch"]
+    s.load_day(xs, ys, min(max((n - positives) / positives, 1.0), hp.pos_weight_cap) if positives else 1.0,
+               trainer.steps, max(epochs - start, 0) * batches)
+    trainer.model.train()
     perms = epoch_orders(n, lambda e: shard_seed(hp.seed, shard, e), start, epochs, ahead=s.requested)
     with contextlib.closing(perms):
         for epoch, perm in zip(range(start, epochs), perms, strict=False):
@@ -267,7 +293,7 @@ def train_shard(trainer: Any, x: np.ndarray, y: np.ndarray, after_step: Callable
             if last_epoch and first < batches:
                 s.begin_sums(trainer._correct, trainer._loss_sum)
             for b in range(first, batches):
-                s.run(min(hp.batch_size, n - b * hp.batch_size))
+                s.run(min(hp.batch_size, n - b * hp.batch_size), last_epoch)
                 trainer.steps += 1
                 if last_epoch:  # the device's running sums: read only when a checkpoint or the report asks
                     trainer._correct, trainer._loss_sum = s.hits, s.loss_sum

@@ -38,8 +38,10 @@ from workload.model import gpustep
 from workload.model.trainer import Trainer
 
 # A packed run's weights, averaged weights and Adam moments against its solo training: after 44-66 steps on CPU
-# at most 6e-8 apart (tests/model/test_packed.py); not yet measured on a GPU. Not bit for bit even on CPU: vmap's
-# batched products round differently from one run's (gradients ~1e-9 apart after one step).
+# at most 6e-8 apart (tests/model/test_packed.py); within this tolerance on an H200 too (the CUDA tests, 2026-11-28).
+# Not bit for bit even on CPU: vmap's batched products round differently from one run's (gradients ~1e-9 apart
+# after one step). On CUDA they also round by the pack's size: a run resumed in a pack of another size (alone, say)
+# ends within this tolerance of its undisturbed pack, and bit for bit when its pack resumes together.
 SOLO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
@@ -91,10 +93,14 @@ class Pack:
             st = t.optimizer.state.get(p)
             return st[key] if st else torch.zeros_like(p)
 
-        self.w = stacked(lambda t, k: dict(t.model.named_parameters())[k])
-        self.avg = stacked(lambda t, k: dict(t.averaged.named_parameters())[k])
-        self.m = stacked(lambda t, k: moment(t, k, "exp_avg"))
-        self.v = stacked(lambda t, k: moment(t, k, "exp_avg_sq"))
+        # Each kind of state in one flat buffer, every parameter's [R, ...] block a view of it: Adam and the weight
+        # average run as a few kernels over all parameters (on CUDA a step's cost is its count of kernels).
+        self.flat_w, self.w = flat(stacked(lambda t, k: dict(t.model.named_parameters())[k]))
+        self.flat_avg, self.avg = flat(stacked(lambda t, k: dict(t.averaged.named_parameters())[k]))
+        self.flat_m, self.m = flat(stacked(lambda t, k: moment(t, k, "exp_avg")))
+        self.flat_v, self.v = flat(stacked(lambda t, k: moment(t, k, "exp_avg_sq")))
+        per_run = [self.w[k][0].numel() for k in self.names]
+        self.run_of = torch.cat([torch.arange(self.r, device=dev).repeat_interleave(n) for n in per_run])
         p0 = [dict(t.model.named_parameters())[self.names[0]] for t in ts]
         self.adam_steps = torch.tensor([float(t.optimizer.state[p]["step"]) if t.optimizer.state.get(p) else 0.0
                                         for t, p in zip(ts, p0, strict=True)], dtype=torch.float64, device=dev)
@@ -231,8 +237,8 @@ class Pack:
             packed_step(self)
             return
         if self.graph is None:
-            state = [*self.w.values(), *self.avg.values(), *self.m.values(), *self.v.values(), self.adam_steps,
-                     self.ema_step, self.hits, self.loss_sum, self.base]
+            state = [self.flat_w, self.flat_avg, self.flat_m, self.flat_v, self.adam_steps, self.ema_step, self.hits,
+                     self.loss_sum, self.base]
             self.graph = gpustep.capture_or_none(
                 "the packed step", lambda: gpustep.capture(lambda: packed_step(self), lambda: packed_step(self), state))
             if self.graph is None:
@@ -262,10 +268,8 @@ def packed_step(p: Pack) -> None:
     with torch.no_grad():
         adam(p, grads)
         decay = torch.minimum((1 + p.ema_step) / (10 + p.ema_step), p.ema_decay)
-        for k in p.names:
-            shape = (p.r,) + (1,) * (p.w[k].dim() - 1)
-            weight = torch.where(p.active, 1.0 - decay, 0.0).float().view(shape)
-            p.avg[k].lerp_(p.w[k], weight)
+        weight = torch.where(p.active, 1.0 - decay, 0.0).float()
+        p.flat_avg.lerp_(p.flat_w, weight[p.run_of])
         p.ema_step.add_(p.active.double())
         p.base.add_(p.active.long() * p.bs)
         hits = (((logits >= 0) == (yb >= 0.5)) & valid).sum(1)
@@ -274,22 +278,31 @@ def packed_step(p: Pack) -> None:
 
 
 def adam(p: Pack, grads: dict[str, torch.Tensor]) -> None:
-    """torch's single-tensor Adam (L2 weight decay in the gradient), over the stacked runs: each run its own
-    learning rate, weight decay and step count; a run sitting the step out keeps its tensors."""
+    """torch's single-tensor Adam (L2 weight decay in the gradient), over the stacked runs' flat buffers, element
+    by element as it runs over each tensor: each run its own learning rate, weight decay and step count (gathered
+    to its elements by `run_of`); a run sitting the step out keeps its tensors."""
     beta1, beta2 = p.betas
     steps = p.adam_steps + p.active.double()
     step_size = (p.lr / (1 - beta1 ** steps)).float()
     bc2_sqrt = torch.sqrt(1 - beta2 ** steps).float()
-    for k in p.names:
-        shape = (p.r,) + (1,) * (p.w[k].dim() - 1)
-        active = p.active.view(shape)
-        w = p.w[k]
-        g = grads[k] + p.wd.view(shape) * w
-        m = p.m[k].lerp(g, 1 - beta1)
-        v = p.v[k].mul(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v.sqrt() / bc2_sqrt.view(shape)).add_(p.eps)
-        new_w = w + (-step_size.view(shape) * m) / denom
-        p.w[k].copy_(torch.where(active, new_w, w))
-        p.m[k].copy_(torch.where(active, m, p.m[k]))
-        p.v[k].copy_(torch.where(active, v, p.v[k]))
+    ix, w = p.run_of, p.flat_w
+    g = torch.cat([grads[k].reshape(-1) for k in p.names]) + p.wd[ix] * w
+    m = p.flat_m.lerp(g, 1 - beta1)
+    v = p.flat_v.mul(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = (v.sqrt() / bc2_sqrt[ix]).add_(p.eps)
+    new_w = w + (-step_size[ix] * m) / denom
+    active = p.active[ix]
+    p.flat_w.copy_(torch.where(active, new_w, w))
+    p.flat_m.copy_(torch.where(active, m, p.flat_m))
+    p.flat_v.copy_(torch.where(active, v, p.flat_v))
     p.adam_steps.copy_(steps)
+
+
+def flat(blocks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One buffer holding every block, and each block as a view of it (same shapes, written through)."""
+    buffer = torch.cat([b.reshape(-1) for b in blocks.values()])
+    views, at = {}, 0
+    for k, b in blocks.items():
+        views[k] = buffer[at:at + b.numel()].view(b.shape)
+        at += b.numel()
+    return buffer, views
