@@ -99,3 +99,18 @@ def test_on_a_gpu_the_worker_trains_on_cuda(cluster: Cluster) -> None:
     proc = cluster.start_worker("gpu-pod", **{contract.ENV_EXPECTED_GPUS: "1"})
     assert proc.wait(300) == 0, cluster.log("gpu-pod")
     assert cluster.final_state()["applied"]
+
+
+def test_a_gpu_pod_imports_the_pictures_library_while_it_trains_and_a_cpu_pod_leaves_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from workload.runtime.worker import preload_pictures
+
+    monkeypatch.delitem(sys.modules, "workload.model.plots", raising=False)
+    assert preload_pictures(torch.device("cpu")) is None
+    assert "workload.model.plots" not in sys.modules
+    thread = preload_pictures(torch.device("cuda"))  # a device named, not used: nothing here touches CUDA
+    assert thread is not None and thread.daemon
+    thread.join(120)
+    assert not thread.is_alive() and "workload.model.plots" in sys.modules
