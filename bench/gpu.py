@@ -71,6 +71,7 @@ class Size:
     budget_s: float = 20.0  # a 6-minute visit: data ~1 min, the eager epoch ~16 s, the worker's day, 4 budgeted phases
     eager_epochs: int = 1  # the eager loop on CUDA: ~2 ms a step whatever the batch, so one epoch shows its pace
     population: data.Population = data.HANDBOOK
+    batch_sizes: tuple[int, ...] = ()  # the step alone again at these batch sizes (`--batch-sizes`), half the budget
 
 
 MINI = Size(rows=600, cpu_rows=600, packs=(2, 3), budget_s=60.0, population=data.Population(customers=200,
@@ -168,6 +169,10 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
     with log.phase(f"{dev}: the product's step alone"):
         samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s)
         log.add(Figure("step", dev, 1, rows, samples, seconds), info)
+    for batch in size.batch_sizes:  # what a larger batch would buy (a GPU preset's question): the pace only
+        with log.phase(f"{dev}: the product's step alone, batches of {batch}"):
+            samples, seconds = loops.trainer_loop(x, y, replace(HP, batch_size=batch), device, size.budget_s / 2)
+            log.add(Figure(f"step-b{batch}", dev, 1, rows, samples, seconds), info)
     with log.phase(f"{dev}: worker, claim to ack"):
         if server is None:
             log.add(Figure("worker", dev, 1, rows, 0, 0.0, "skipped: no Redis server could start"), info)
@@ -313,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, help="rows of the GPU's day (default 1,000,000)")
     p.add_argument("--cpu-rows", type=int, help="rows of the CPU section's day (default 100,000)")
     p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 20)")
+    p.add_argument("--batch-sizes", default="", help="also time the step alone at these batch sizes, e.g. 1024,8192 "
+                   "(logged and kept in gpu.json, not in the table)")
     p.add_argument("--out", type=Path, default=OUT, help=f"log and figures go here (default {OUT})")
     p.add_argument("--write", action="store_true", help="record the GPU section in docs/benchmarks.md")
     p.add_argument("--keep-going", action="store_true",
@@ -320,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     size = MINI if args.mini else Size()
     size = replace(size, rows=args.rows or size.rows, cpu_rows=args.cpu_rows or size.cpu_rows,
-                   budget_s=args.budget_s or size.budget_s)
+                   budget_s=args.budget_s or size.budget_s,
+                   batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()))
     where = args.device or ("both" if torch.cuda.is_available() else "cpu")
     if where in ("cuda", "both") and not torch.cuda.is_available():
         p.error(f"--device {where}: no CUDA device here ({gpu_check.driver_version()})")

@@ -6,8 +6,9 @@
 #    sweep, the trainer, the GPU pod) and the kill-and-resume tests on CUDA (test_worker_faults.py,
 #    test_late_days.py, test_packing_faults.py, the short chaos run; each worker a fresh interpreter, as in a pod);
 # 3. then alone on the machine: python -m bench.gpu --keep-going --write (CUDA, then the CPU section).
-# Every part writes its log as it goes, so a visit cut short keeps what it saw; docs/benchmarks.md comes back
-# under $OUT with the GPU section written.
+# Every part writes its log as it goes, so a visit cut short keeps what it saw; the GPU section comes back as
+# $OUT/bench/gpu.md (`python -m bench.gpu --write` writes the same block into docs/benchmarks.md there).
+# BENCH_ARGS adds bench.gpu options (e.g. "--batch-sizes 1024,8192"); FAULTS_S, UNIT_S, BENCH_S bound each part.
 set -u
 OUT=${OUT:-build/gpu-visit}
 mkdir -p "$OUT"
@@ -44,5 +45,4 @@ say "bench.gpu: started (at most ${BENCH_S:-280}s)"
 timeout "${BENCH_S:-280}" "$PY" -m bench.gpu --keep-going --write --budget-s "${BUDGET_S:-12}" ${BENCH_ARGS:-} --out "$OUT/bench" \
   >"$OUT/bench.log" 2>&1
 say "bench.gpu: exit $?"
-cp docs/benchmarks.md "$OUT/benchmarks.md"
-say "done"
+say "done (the GPU section: $OUT/bench/gpu.md, written into docs/benchmarks.md here)"
