@@ -230,12 +230,39 @@ def figure_cell(figs: dict[tuple[str, str], Figure], path: str, dev: str) -> str
     return f"{f.per_s:,.0f} samples/s ({f.rows:,} rows, {f.seconds:.1f}s{', ' + f.note if f.note else ''})"
 
 
-def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: float, packs: tuple[int, ...]) -> str:
+@dataclass(frozen=True)
+class Measured:
+    """How a set of figures was measured: kept in gpu.json beside them, so a visit's figures can be written into
+    the docs later, elsewhere (`--from-json`)."""
+
+    command: str
+    at: str  # UTC, "YYYY-MM-DD HH:MM"
+    wall_s: float
+    budget_s: float
+    packs: tuple[int, ...]
+
+
+def pace_table(figures: list[Figure]) -> list[str]:
+    """The step alone at each batch size measured (`--batch-sizes`): its pace and its cost a step, which shows
+    whether a step is bound by its launches (the same microseconds at every batch) or by its arithmetic."""
+    paces = [(HP.batch_size if f.path == "step" else int(f.path.removeprefix("step-b")), f) for f in figures
+             if f.samples and (f.path == "step" or f.path.startswith("step-b"))]
+    if len({b for b, _ in paces}) < 2:
+        return []
+    out = ["The product's step alone by batch size (a pace, not a preset: a larger batch changes the model; see "
+           "the quality table):", "", "| device | batch | samples/s | microseconds a step (capture included) |",
+           "|---|---|---|---|"]
+    out += [f"| {f.device} | {b:,} | {f.per_s:,.0f} | {f.seconds / (f.samples / b) * 1e6:,.0f} |"
+            for b, f in sorted(paces, key=lambda bf: (bf[1].device != "cuda", bf[0]))]
+    return [*out, ""]
+
+
+def block(figures: list[Figure], info: dict[str, str], how: Measured) -> str:
     """docs/benchmarks.md's GPU section: the figures (GPU rows not measured say so) and the cost table."""
-    figs = {(f.path, f.device): f for f in figures}
+    figs, packs = {(f.path, f.device): f for f in figures}, how.packs
     measured = any(f.device == "cuda" for f in figures)
     out = [BEGIN, "## GPU", ""]
-    out.append(f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `{command}` in {wall_s / 60:.1f} min; "
+    out.append(f"Measured {how.at} UTC by `{how.command}` in {how.wall_s / 60:.1f} min; "
                + "; ".join(f"{k}: {v}" for k, v in info.items()) + "." if figures else
                "Not yet measured on a GPU: `python -m bench.gpu --write` on a GPU machine fills this section "
                "(CUDA and the same run's CPU figures); `bash bench/gpu_visit.sh` runs it after the CUDA tests, in "
@@ -252,40 +279,49 @@ def block(figures: list[Figure], info: dict[str, str], command: str, wall_s: flo
             "samples/s (issue 33)." + ("" if measured else " No GPU figure here is estimated."), ""]
     out += ["How each path is timed: the eager bare loop on CUDA trains one epoch of the day (its ~2 ms a step "
             "does not depend on the batch), on CPU the whole day; the product's step alone and the packed sweeps "
-            "stop at the first step after the budget (`--budget-s`, 20 s) and count the rows they trained, the "
-            "day's move to the device and the graph's capture included; the worker trains the whole day, claim to "
-            "ack; the worker's packed sweep (`--pack R`) leases the R runs' day together and trains it claim to ack, "
-            "or, past the budget, stops as SIGTERM stops it (each run's final checkpoint) and counts what each run's "
-            "checkpoint records. Packed runs differ in seed, learning rate and weight decay "
-            "(`bench.loops.sweep_hparams`). CPU "
-            "figures use one torch thread, on a smaller day (`--cpu-rows`).", ""]
-    out += cost_table(figs, packs)
+            f"stop at the first step after the budget (`--budget-s`, {how.budget_s:g} s) and count the rows they "
+            "trained, the day's move to the device and the graph's capture included; the worker trains the whole "
+            "day, claim to ack (its slowest phases besides training are named); the worker's packed sweep "
+            "(`--pack R`) leases the R runs' day together and trains it claim to ack, or, past the budget, stops as "
+            "SIGTERM stops it (each run's final checkpoint) and counts what each run's checkpoint records. Packed "
+            "runs differ in seed, learning rate and weight decay (`bench.loops.sweep_hparams`). CPU figures use one "
+            "torch thread, on a smaller day (`--cpu-rows`).", ""]
+    out += pace_table(figures)
+    out += cost_table(figs, packs, info.get("GPU", ""))
     return "\n".join(out) + "\n" + END
 
 
-def cost_table(figs: dict[tuple[str, str], Figure], packs: tuple[int, ...]) -> list[str]:
+def cost_table(figs: dict[tuple[str, str], Figure], packs: tuple[int, ...], gpu_name: str = "") -> list[str]:
+    """What a trained model costs on each pool: the device-seconds its samples take (a pack's R models share them)."""
     samples = model_samples()
     out = ["### Cost per trained model", "",
            f"A trained model: the Handbook's 12 weeks ({MODEL_DAYS} days of ~{ROWS_A_DAY:,} rows, the handbook's "
-           f"5,000 customers) with the default run, each day trained over its window: {samples:,} samples. Hours "
-           "per model = samples / (samples/s per model); $ per model = spot price per hour x hours. An L4 is not "
-           "an H100: the L4 rows stay unmeasured until the benchmark runs on one.", "",
-           "| pool | spot price per hour | samples/s per model | hours per model | $ per trained model |",
+           f"5,000 customers) with the default run, each day trained over its window: {samples:,} samples. A pool "
+           "training R runs at once (a packed sweep) trains R models in the time of its samples / its samples/s: "
+           "device-seconds per model = samples / samples/s of all its runs; $ per model = spot price per hour x "
+           "device-seconds / 3600. Each rate comes from the day it was measured on (named in its row): a model's "
+           f"{MODEL_DAYS} small days also pay each day's work outside training (claim, features, scoring, report: "
+           "the worker's phases above), which these rates spread over far more rows. The measured GPU is not an L4: "
+           "the L4 rows stay unmeasured until the benchmark runs on one.",
+           "", "| pool | spot price per hour | samples/s (all its runs) | device-seconds per trained model | "
+           "$ per trained model |",
            "|---|---|---|---|---|"]
     price = "to be filled from the pricing page on the measuring date"
-    rows = [("spot L4 pod (the stack's default GPU), one run", None, 1),
-            *((f"spot L4 pod, packed sweep of {r}", None, r) for r in packs)]
-    cpu = figs.get(("worker", "cpu"))
-    rows.append(("spot CPU pod, 1 vCPU (1 torch thread), one run (the worker's figure)",
-                 cpu if cpu and cpu.samples else None, 1))
-    for label, fig, runs in rows:
-        if fig is None:
-            cell = NOT_MEASURED if "L4" in label else "not measured in this run" if figs else "not yet measured"
+    rows: list[tuple[str, Figure | None]] = [("spot L4 pod (the stack's default GPU), one run", None),
+                                             *((f"spot L4 pod, packed sweep of {r}", None) for r in packs)]
+    if gpu_name:
+        rows += [(f"{gpu_name} (measured here), one run (the worker's figure)", figs.get(("worker", "cuda"))),
+                 *((f"{gpu_name} (measured here), packed sweep of {r} (the worker's figure)",
+                    figs.get((f"worker-packed-{r}", "cuda"))) for r in packs)]
+    rows.append(("spot CPU pod, 1 vCPU (1 torch thread), one run (the worker's figure)", figs.get(("worker", "cpu"))))
+    for label, fig in rows:
+        if fig is None or not fig.samples:
+            cell = ("not yet measured on an L4" if "L4" in label else "not measured in this run" if figs
+                    else "not yet measured")
             out.append(f"| {label} | {price} | {cell} | | |")
             continue
-        per_model = fig.per_s / runs
-        out.append(f"| {label} | {price} | {per_model:,.0f} (measured on a {fig.rows:,}-row day) | "
-                   f"{samples / per_model / 3600:.2f} | price x hours |")
+        out.append(f"| {label} | {price} | {fig.per_s:,.0f} (measured on a {fig.rows:,}-row day) | "
+                   f"{samples / fig.per_s:,.1f} | price x seconds / 3600 |")
     out += ["", f"Prices: {PRICES}, as listed on the measuring date (spot prices change: cite the date)."]
     return out
 
@@ -310,6 +346,25 @@ def redis(work: Path, log: Log) -> RedisServer | None:
         return None
 
 
+def from_json(path: Path, write: bool) -> int:
+    """The section from a visit's gpu.json (figures measured on a GPU machine, brought back here)."""
+    try:
+        data = json.loads(path.read_text())
+        how = data["measured"]
+        how = Measured(how["command"], how["at"], float(how["wall_s"]), float(how["budget_s"]),
+                       tuple(int(r) for r in how["packs"]))
+        figures = [Figure(**f) for f in data["figures"]]
+        info = {str(k): str(v) for k, v in data["machine"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--from-json {path}: not a gpu.json written by this benchmark ({exc!r})") from exc
+    text = block(figures, info, how)
+    print(text)
+    if write:
+        write_docs(text)
+        print(f"recorded in {DOCS}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--device", choices=("cuda", "cpu", "both"), default=None,
@@ -324,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="record the GPU section in docs/benchmarks.md")
     p.add_argument("--keep-going", action="store_true",
                    help="a phase that fails is logged with its traceback and the others still run (one short visit)")
+    p.add_argument("--from-json", type=Path, metavar="GPU_JSON",
+                   help="measure nothing: render the section from a visit's gpu.json (with --write, into the docs)")
     args = p.parse_args(argv)
+    if args.from_json:
+        return from_json(args.from_json, args.write)
     size = MINI if args.mini else Size()
     size = replace(size, rows=args.rows or size.rows, cpu_rows=args.cpu_rows or size.cpu_rows,
                    budget_s=args.budget_s or size.budget_s,
@@ -351,7 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if server is not None:
                 server.stop()
-    text = block(log.figures, info, command, time.monotonic() - log.started, size.packs)
+    how = Measured(command, f"{datetime.now(UTC):%Y-%m-%d %H:%M}", round(time.monotonic() - log.started, 1),
+                   size.budget_s, size.packs)
+    (args.out / "gpu.json").write_text(json.dumps(
+        {"machine": info, "measured": asdict(how), "figures": [asdict(f) for f in log.figures]}, indent=1))
+    text = block(log.figures, info, how)
     (args.out / "gpu.md").write_text(text + "\n")
     log.line(f"wrote {args.out / 'gpu.md'}, {args.out / 'gpu.json'}, {args.out / 'gpu-bench.log'}")
     if args.write:

@@ -62,11 +62,12 @@ def test_the_section_names_what_was_not_measured_and_estimates_nothing(mini: Pat
 def test_write_records_the_section_and_make_bench_carries_it(tmp_path: Path) -> None:
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\nfigures\n")
-    first = gpu.block([], {"CPU": "x"}, "python -m bench.gpu", 1.0, (8, 32))
+    how = gpu.Measured("python -m bench.gpu", "2026-11-28 06:23", 60.0, 12.0, (8, 32))
+    first = gpu.block([], {"CPU": "x"}, how)
     gpu.write_docs(first, docs)
     assert docs.read_text() == "# Benchmarks\n\nfigures\n\n" + first + "\n"
     fig = gpu.Figure("worker", "cpu", 1, 1000, 4000, 2.0)
-    second = gpu.block([fig], {"CPU": "x"}, "python -m bench.gpu", 1.0, (8, 32))
+    second = gpu.block([fig], {"CPU": "x"}, how)
     gpu.write_docs(second, docs)  # replaces the block, keeps the rest
     assert docs.read_text() == "# Benchmarks\n\nfigures\n\n" + second + "\n"
     assert "2,000 samples/s (1,000 rows, 2.0s)" in second and "| spot CPU pod" in second
@@ -87,3 +88,27 @@ def test_a_trained_model_costs_the_windowed_days_samples() -> None:
     # ceil(28 / L) epochs; from day 14 on, 14 days x 2 epochs.
     expected = sum(d * 4 for d in range(1, 8)) + sum(d * -(-28 // d) for d in range(8, 15)) + 70 * 14 * 2
     assert gpu.model_samples() == expected * gpu.ROWS_A_DAY
+
+
+def test_a_visits_json_renders_the_same_section_here_with_its_pace_by_batch_size(mini: Path, tmp_path: Path) -> None:
+    """A GPU visit's figures come back as gpu.json: `--from-json` renders them here as the visit did (its date,
+    command and budget, not today's), with the step's cost a step at each batch size measured."""
+    data = json.loads((mini / "gpu.json").read_text())
+    assert data["measured"]["command"].startswith("python -m bench.gpu --device cpu --mini")
+    step = next(f for f in data["figures"] if f["path"] == "step")
+    data["figures"].append({**step, "path": "step-b1024", "samples": 4000, "seconds": 0.5})
+    saved = tmp_path / "gpu.json"
+    saved.write_text(json.dumps(data))
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--from-json", str(saved)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert f"Measured {data['measured']['at']} UTC by `{data['measured']['command']}`" in text
+    assert f"(`--budget-s`, {data['measured']['budget_s']:g} s)" in text
+    assert "| cpu | 1,024 | 8,000 | 128,000 |" in text  # 4 steps of 1,024 in 0.5 s
+    assert f"| cpu | {HParams().batch_size:,} | {step['samples'] / step['seconds']:,.0f} |" in text
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"figures": []}')
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--from-json", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and f"--from-json {bad}: not a gpu.json written by this benchmark" in proc.stderr
