@@ -28,9 +28,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   say "wheels: exit $?"
 fi
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider --durations=15)
+# The fault tests name each test as it passes (-v): a run the visit's time cuts short still says which ran.
 
 say "kill-and-resume tests on CUDA: started (background, at most ${FAULTS_S:-200}s)"
-( ZYGOTE=0 timeout "${FAULTS_S:-200}" "${PYTEST[@]}" -n "$JOBS" tests/workload/test_worker_faults.py \
+( ZYGOTE=0 timeout "${FAULTS_S:-200}" "${PYTEST[@]}" -v -n "$JOBS" tests/workload/test_worker_faults.py \
     tests/workload/test_late_days.py tests/workload/test_packing_faults.py tests/chaos/test_chaos_short.py \
     >"$OUT/faults.log" 2>&1; echo "exit $?" >>"$OUT/faults.log" ) &
 faults=$!
@@ -39,7 +40,7 @@ timeout "${UNIT_S:-150}" "${PYTEST[@]}" -n 4 tests/model/test_gpustep.py tests/m
   tests/workload/test_trainer.py tests/workload/test_checkpoint_rules.py >"$OUT/unit.log" 2>&1
 say "CUDA unit tests: exit $? ($(grep -E 'passed|failed|error' "$OUT/unit.log" | tail -n 1))"
 wait "$faults"
-say "kill-and-resume tests: $(tail -n 1 "$OUT/faults.log") ($(grep -E 'passed|failed|error' "$OUT/faults.log" | tail -n 1))"
+say "kill-and-resume tests: $(tail -n 1 "$OUT/faults.log") ($(grep -c ' PASSED ' "$OUT/faults.log") PASSED, $(grep -c ' FAILED ' "$OUT/faults.log") FAILED; $(grep -E '(passed|failed|error).* in ' "$OUT/faults.log" | tail -n 1))"
 
 say "bench.gpu: started (at most ${BENCH_S:-280}s)"
 timeout "${BENCH_S:-280}" "$PY" -m bench.gpu --keep-going --write --budget-s "${BUDGET_S:-12}" ${BENCH_ARGS:-} --out "$OUT/bench" \
