@@ -72,6 +72,7 @@ class Size:
     eager_epochs: int = 1  # the eager loop on CUDA: ~2 ms a step whatever the batch, so one epoch shows its pace
     population: data.Population = data.HANDBOOK
     batch_sizes: tuple[int, ...] = ()  # the step alone again at these batch sizes (`--batch-sizes`), half the budget
+    profile: bool = False  # log what a step launches, alone and in the largest pack (`--profile`)
 
 
 MINI = Size(rows=600, cpu_rows=600, packs=(2, 3), budget_s=60.0, population=data.Population(customers=200,
@@ -169,6 +170,10 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
     with log.phase(f"{dev}: the product's step alone"):
         samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s)
         log.add(Figure("step", dev, 1, rows, samples, seconds), info)
+    for runs in (1, max(size.packs)) if size.profile else ():  # where a step's time goes (`--profile`)
+        with log.phase(f"{dev}: profile of the step, {runs} run(s)"):
+            for line in loops.step_profile(x, y, HP, device, runs=runs).lines():
+                log.line("  " + line)
     for batch in size.batch_sizes:  # what a larger batch would buy (a GPU preset's question): the pace only
         with log.phase(f"{dev}: the product's step alone, batches of {batch}"):
             samples, seconds = loops.trainer_loop(x, y, replace(HP, batch_size=batch), device, size.budget_s / 2)
@@ -375,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 20)")
     p.add_argument("--batch-sizes", default="", help="also time the step alone at these batch sizes, e.g. 1024,8192 "
                    "(logged and kept in gpu.json, not in the table)")
+    p.add_argument("--profile", action="store_true", help="also log what one step launches (kernels on CUDA, "
+                   "operators on CPU) and their time, alone and in the largest pack")
     p.add_argument("--out", type=Path, default=OUT, help=f"log and figures go here (default {OUT})")
     p.add_argument("--write", action="store_true", help="record the GPU section in docs/benchmarks.md")
     p.add_argument("--keep-going", action="store_true",
@@ -387,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     size = MINI if args.mini else Size()
     size = replace(size, rows=args.rows or size.rows, cpu_rows=args.cpu_rows or size.cpu_rows,
                    budget_s=args.budget_s or size.budget_s,
-                   batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()))
+                   batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()), profile=args.profile)
     where = args.device or ("both" if torch.cuda.is_available() else "cpu")
     if where in ("cuda", "both") and not torch.cuda.is_available():
         p.error(f"--device {where}: no CUDA device here ({gpu_check.driver_version()})")

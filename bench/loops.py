@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from workload.model import packed
+from workload.model import gpustep, packed
 from workload.model.trainer import FraudMLP, HParams, Normalizer, Trainer, average, decay_at
 
 SHARD = "training/shard.parquet"
@@ -119,3 +119,61 @@ def packed_loop(x: np.ndarray, y: np.ndarray, hp: HParams, runs: int, device: to
     sync(device)
     seconds = time.perf_counter() - started
     return sum(trained(t, len(y)) for t in trainers), seconds
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What one step launches, from torch's profiler over `steps` eager steps (the graph replays the same kernels):
+    on CUDA its kernels and their GPU time, on CPU its operators and their CPU time."""
+
+    runs: int
+    steps: int
+    kinds: str  # "kernels" (CUDA) or "operators" (CPU)
+    per_step: float  # kernels (operators) a step
+    us_per_step: float  # their time a step, microseconds
+    top: list[tuple[str, float, float]]  # (name, count a step, microseconds a step), the costliest first
+
+    def lines(self) -> list[str]:
+        head = (f"{self.runs} run(s), {self.steps} eager steps: {self.per_step:.1f} {self.kinds} a step, "
+                f"{self.us_per_step:,.0f} us of their time a step")
+        return [head, *(f"    {us:8.1f} us {count:5.1f}x  {name[:100]}" for name, count, us in self.top)]
+
+
+def step_profile(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device, runs: int = 1,
+                 steps: int = 20, warm: int = 5) -> StepProfile:
+    """Profile `steps` steps of the product's step run eagerly (`capture=False`: a graph's replay hides its kernels
+    from the profiler, but replays the same ones) after `warm` steps, for one run or a pack of `runs`."""
+    names = tuple(f"f{i}" for i in range(x.shape[1]))
+    trainers = [Trainer(f"run{r}", h, names, device) for r, h in enumerate(sweep_hparams(hp, runs))]
+    for t in trainers:
+        t.begin_shard(SHARD, x)
+
+    def train(n: int) -> None:
+        count = [0] * runs
+
+        def more(r: int = 0) -> bool:
+            count[r] += 1
+            return count[r] < n
+
+        if runs == 1:
+            gpustep.train_shard(trainers[0], x, y, more, bench_seed, capture=False, fused=device.type == "cuda")
+        else:
+            packed.Pack(trainers, bench_seed, capture=False).train_shard(x, y, more)
+        sync(device)
+
+    train(warm)
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]
+    before = trainers[0].steps
+    with torch.profiler.profile(activities=activities) as prof:
+        train(steps)
+    steps = max(trainers[0].steps - before, 1)  # fewer when the day ends first
+    events = [e for e in prof.key_averages()
+              if (e.device_type == torch.autograd.DeviceType.CUDA) == cuda and (cuda or e.key.startswith("aten::"))]
+
+    def us(e: object) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0) if cuda else getattr(e, "self_cpu_time_total", 0.0))
+
+    events.sort(key=us, reverse=True)
+    return StepProfile(runs, steps, "kernels" if cuda else "operators", sum(e.count for e in events) / steps,
+                       sum(map(us, events)) / steps, [(e.key, e.count / steps, us(e) / steps) for e in events[:12]])

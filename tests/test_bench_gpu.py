@@ -25,8 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 def mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bench-gpu")
     docs = gpu.DOCS.read_bytes()
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--mini", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--mini", "--profile", "--out",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, \
         f"bench.gpu --mini exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert gpu.DOCS.read_bytes() == docs, "without --write the docs are not touched"
@@ -40,6 +40,9 @@ def test_every_phase_runs_and_logs_its_elapsed_time_to_the_file(mini: Path) -> N
                   "cpu: worker, packed sweep of 2 runs", "cpu: worker, packed sweep of 3 runs"):
         assert f"{phase}" in log and any(line.split("] ", 1)[1].startswith(phase) and line.endswith("s")
                                          and ": started" not in line for line in log.splitlines()), phase
+    for runs in (1, 3):  # --profile: what a step launches, alone and in the largest pack
+        line = next(line for line in log.splitlines() if f"  {runs} run(s), " in line)
+        assert "operators a step" in line and "us of their time a step" in line, line
     figures = json.loads((mini / "gpu.json").read_text())["figures"]
     assert [(f["path"], f["device"]) for f in figures] == [
         (p, "cpu") for p in ("eager", "step", "worker", "packed-2", "worker-packed-2", "packed-3", "worker-packed-3")]
