@@ -21,6 +21,8 @@ per trained model, in docs/benchmarks.md (a block `make bench` carries over).
     python -m bench.gpu                          # on a GPU machine: CUDA, then the CPU section
     python -m bench.gpu --device cpu --mini      # every phase in miniature on CPU (tests/test_bench_gpu.py)
     python -m bench.gpu --write                  # also record the figures in docs/benchmarks.md
+    python -m bench.gpu --profile --batch-sizes 1024,8192   # also: what a step launches; the step at larger batches
+    python -m bench.gpu --from-json bench/visits/2026-11-28-h200-gpu.json --write   # a visit's figures, here
 """
 
 from __future__ import annotations
