@@ -9,9 +9,9 @@ the day's table of weights, the batch's offset and the sums live on the device; 
 steps and progress (it knows them without asking), and reads the device only when a checkpoint is written.
 
 On an H200 (2026-11-28) the replayed step cost the same ~150-170 us at batches of 128 and 1,024 rows (bench.gpu):
-it is bound by what it launches, kernel after small kernel, not by its arithmetic or the host. So the day's averaging weights are computed once on the host (one lookup a step
-instead of six kernels of arithmetic) and the last epoch's accuracy and loss sums are taken only in the last
-epoch (a second graph, with them).
+it is bound by what it launches, kernel after small kernel, not by its arithmetic or the host. So the day's
+averaging weights are computed once on the host (one lookup a step instead of six kernels of arithmetic) and the
+last epoch's accuracy and loss sums are taken only in the last epoch (a second graph, with them).
 
 The meaning is the eager step's:
 - the same batches in the same order: each epoch's permutation is drawn by the same CPU generator as today
