@@ -111,6 +111,6 @@ def test_a_gpu_pod_imports_the_pictures_library_while_it_trains_and_a_cpu_pod_le
     assert preload_pictures(torch.device("cpu")) is None
     assert "workload.model.plots" not in sys.modules
     thread = preload_pictures(torch.device("cuda"))  # a device named, not used: nothing here touches CUDA
-    assert thread is not None and thread.daemon
+    assert thread is not None and not thread.daemon  # an exit waits for the import, never tears it down
     thread.join(120)
     assert not thread.is_alive() and "workload.model.plots" in sys.modules

@@ -57,8 +57,8 @@ def preload_pictures(device: torch.device) -> threading.Thread | None:
     (issue 33). A CPU pod's one core trains: it imports when it first draws, as before."""
     if device.type != "cuda":
         return None
-    thread = threading.Thread(target=importlib.import_module, args=("workload.model.plots",), name="preload-plots",
-                              daemon=True)
+    # Not a daemon: an exit while it imports waits for it (well under a second) rather than tearing an import down.
+    thread = threading.Thread(target=importlib.import_module, args=("workload.model.plots",), name="preload-plots")
     thread.start()
     return thread
 
