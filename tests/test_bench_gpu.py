@@ -115,3 +115,14 @@ def test_a_visits_json_renders_the_same_section_here_with_its_pace_by_batch_size
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--from-json", str(bad)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and f"--from-json {bad}: not a gpu.json written by this benchmark" in proc.stderr
+
+
+@pytest.mark.parametrize("visit", sorted((ROOT / "bench" / "visits").glob("*.json")), ids=lambda p: p.stem)
+def test_the_kept_visits_still_render(visit: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/visits/ keeps each GPU visit's gpu.json (docs/benchmarks.md's GPU section came from one): each must
+    still render with this code, naming its GPU and its own figures."""
+    assert gpu.main(["--from-json", str(visit)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(visit.read_text())
+    step = next(f for f in data["figures"] if (f["path"], f["device"]) == ("step", "cuda"))
+    assert data["machine"]["GPU"] in text and f"{step['samples'] / step['seconds']:,.0f} samples/s" in text
