@@ -124,7 +124,9 @@ def test_a_packed_run_whose_lease_another_worker_took_stops_alone_and_writes_not
 
 def test_sigterm_stops_every_packed_run_at_one_step_each_with_its_own_final_checkpoint_released_at_no_cost(
         env: Share) -> None:
-    runs = {r: {**hp, "epochs": 12} for r, hp in SWEEP.items()}
+    # 1,200 steps (a few ms each): the day outlasts the 0.2-s interval on an idle machine too, so a mid-day checkpoint
+    # comes first and the flag is set mid-day (with 12 epochs the day ended in ~0.2 s and the flag came too late)
+    runs = {r: {**hp, "epochs": 400} for r, hp in SWEEP.items()}
     queue = env.seed(runs)
     worker = Worker(env.config(pack_runs=3, checkpoint_interval_s=0.2), queue)
     first = queue.claim("w1", 10)
