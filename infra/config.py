@@ -8,7 +8,9 @@ Defaults live in ``Pulumi.yaml`` (one place; the CLI applies them, and so does `
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import ipaddress
 import json
 import re
@@ -113,9 +115,21 @@ class ConfigError(ValueError):
         super().__init__(f"{where}: {text}" if where else text)
 
 
+def project_file() -> dict[str, Any]:
+    """``Pulumi.yaml``, parsed: read each time (an edit is seen at once), parsed once per content (a render of
+    the stack checked its keys against it several times, and the YAML parser was a twentieth of the test
+    suite's CPU). A copy: the caller may change it."""
+    return copy.deepcopy(_parsed_project_file(PROJECT_FILE.read_text()))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_project_file(text: str) -> dict[str, Any]:
+    return yaml.safe_load(text)
+
+
 def declared_keys() -> tuple[str, ...]:
     """The project's setting names, as ``Pulumi.yaml`` declares them (the one list of keys)."""
-    return tuple((yaml.safe_load(PROJECT_FILE.read_text()).get("config") or {}).keys())
+    return tuple((_parsed_project_file(PROJECT_FILE.read_text()).get("config") or {}).keys())
 
 
 def check_keys(keys: Iterable[str], where: str = "") -> None:
@@ -127,6 +141,8 @@ def check_keys(keys: Iterable[str], where: str = "") -> None:
         namespace, sep, name = key.rpartition(":")
         if sep and namespace != PROJECT:
             continue  # another package's setting (gcp:project, kubernetes:...): not ours to judge
+        if sep and name in declared:
+            continue
         guess = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
         if not sep:
             fix = f"{PROJECT}:{guess[0] if guess else name}"

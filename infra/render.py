@@ -115,7 +115,7 @@ def stack_config(stack: str, overrides: Mapping[str, Any] | None = None) -> dict
 
     A stack without a file gets the ``Pulumi.yaml`` defaults alone, as ``pulumi stack init`` would.
     Keys in the stack file are checked here, so a mistake names the file."""
-    project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    project = config.project_file()
     name = project["name"]
     values: dict[str, Any] = {"gcp:project": FAKE_PROJECT_ID}
     for key, spec in (project.get("config") or {}).items():
