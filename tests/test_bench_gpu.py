@@ -6,6 +6,7 @@ that `--write` records (GPU rows say they were not measured, never a number)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,28 +94,27 @@ def test_a_trained_model_costs_the_windowed_days_samples() -> None:
     assert gpu.model_samples() == expected * gpu.ROWS_A_DAY
 
 
-def test_a_visits_json_renders_the_same_section_here_with_its_pace_by_batch_size(mini: Path, tmp_path: Path) -> None:
+def test_a_visits_json_renders_the_same_section_here_with_its_pace_by_batch_size(
+        mini: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A GPU visit's figures come back as gpu.json: `--from-json` renders them here as the visit did (its date,
-    command and budget, not today's), with the step's cost a step at each batch size measured."""
+    command and budget, not today's), with the step's cost a step at each batch size measured. (In this process:
+    `python -m bench.gpu` is run for real by the `mini` fixture; a second interpreter would only import torch again.)"""
     data = json.loads((mini / "gpu.json").read_text())
     assert data["measured"]["command"].startswith("python -m bench.gpu --device cpu --mini")
     step = next(f for f in data["figures"] if f["path"] == "step")
     data["figures"].append({**step, "path": "step-b1024", "samples": 4000, "seconds": 0.5})
     saved = tmp_path / "gpu.json"
     saved.write_text(json.dumps(data))
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--from-json", str(saved)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    text = proc.stdout
+    assert gpu.main(["--from-json", str(saved)]) == 0
+    text = capsys.readouterr().out
     assert f"Measured {data['measured']['at']} UTC by `{data['measured']['command']}`" in text
     assert f"(`--budget-s`, {data['measured']['budget_s']:g} s)" in text
     assert "| cpu | 1,024 | 8,000 | 128,000 |" in text  # 4 steps of 1,024 in 0.5 s
     assert f"| cpu | {HParams().batch_size:,} | {step['samples'] / step['seconds']:,.0f} |" in text
     bad = tmp_path / "bad.json"
     bad.write_text('{"figures": []}')
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--from-json", str(bad)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and f"--from-json {bad}: not a gpu.json written by this benchmark" in proc.stderr
+    with pytest.raises(SystemExit, match=re.escape(f"--from-json {bad}: not a gpu.json written by this benchmark")):
+        gpu.main(["--from-json", str(bad)])
 
 
 @pytest.mark.parametrize("visit", sorted((ROOT / "bench" / "visits").glob("*.json")), ids=lambda p: p.stem)

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 # What `python -m workload worker` and `seed` import that costs: the libraries, never this repository's modules.
+# matplotlib's figure and Agg canvas (and PIL's PNG writer) are what a worker drawing its pictures imports: ~0.8 s
+# of CPU in each such child, a tenth of a fault test file's CPU before they were here (py-spy, test_late_days.py).
 PRELOAD = ("torch", "torch._dynamo", "torch.optim", "torch.nn", "numpy", "pandas", "pyarrow", "pyarrow.parquet",
-           "redis")
+           "pyarrow.dataset", "redis", "matplotlib.figure", "matplotlib.backends.backend_agg", "PIL.PngImagePlugin")
 
 
 # Read by the native libraries when they load, so in the zygote and for every child: without them numpy's OpenBLAS
