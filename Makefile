@@ -60,9 +60,14 @@ local: $(LOCAL_STAMP)
 # tests/conftest.py puts the files that take minutes first (loadfile hands files out in collection order), and the
 # simulated dataset and reference run of tests/workload are built once for all processes. --dist loadgroup or load
 # would pay each module fixture (make local's run, the benchmarks' miniature: over a minute each) in every process.
+# PYTHONDONTWRITEBYTECODE emptied: where the environment sets it (this project's machines do), every process the
+# tests start compiled this repository's modules from source again (the zygote's forks, `workload local`'s workers,
+# each CLI run: ~50 s of CPU in a suite, py-spy); emptied, each module is compiled once into __pycache__ (ignored by
+# git). With it, the Pulumi.yaml parse cached and the zygote preloading matplotlib: 691 s -> 620 s of pytest before
+# this line, idle, here (2,425 tests).
 TEST_JOBS ?= 3
 test: $(ALL_STAMP) $(if $(filter true,$(CI)),chromium)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The HTML report's browser test (tests/workload/test_report_page.py) opens report.html in a real headless
 # Chromium. Under CI=true `make test` installs it from Debian's packages when it is missing (CI runs as root
