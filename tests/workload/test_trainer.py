@@ -96,6 +96,31 @@ def test_resuming_mid_epoch_on_cpu_is_bit_for_bit_averaged_weights_and_accuracy_
     np.testing.assert_array_equal(whole.score(x), _train(3).score(x))
 
 
+def test_on_cpu_adam_steps_tensor_by_tensor_with_the_bits_of_torchs_single_tensor_loop_resumed_or_not() -> None:
+    """The CPU trainer's Adam runs torch's foreach loop (less Python a step); its weights, averaged weights and
+    optimizer state equal the single-tensor loop's (torch's CPU default, what CPU runs trained with before) bit
+    for bit, and a trainer restored from a checkpoint that recorded the default loop steps with foreach again."""
+    x, y = _day(0, n=2000)
+
+    def day(foreach: bool) -> Trainer:
+        trainer = Trainer("r", HParams(epochs=3, batch_size=64, weight_decay=1e-4), ("a", "b", "c", "d"),
+                          torch.device("cpu"), feature_version="v")
+        trainer.optimizer.param_groups[0]["foreach"] = foreach
+        trainer.begin_shard("d1", x)
+        assert trainer.train_shard(x, y, lambda: True)
+        return trainer
+
+    fast, single = day(True), day(False)
+    assert Trainer("r", HParams(), ("a",), torch.device("cpu")).optimizer.param_groups[0]["foreach"] is True
+    a, b = checkpoint_of(fast), checkpoint_of(single)
+    for part in ("model", "averaged"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part]), part
+    for i, state in a["optimizer"]["state"].items():
+        assert all(torch.equal(v, b["optimizer"]["state"][i][k]) for k, v in state.items()), i
+    restored = trainer_from(b, torch.device("cpu"))  # its checkpoint says foreach=False
+    assert restored.optimizer.param_groups[0]["foreach"] is True
+
+
 def test_the_averaged_weights_score_and_differ_from_the_raw_ones() -> None:
     trainer = _train(None)
     raw = {k: v for k, v in trainer.model.state_dict().items()}

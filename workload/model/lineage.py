@@ -147,7 +147,7 @@ class LineageState:
         trainer = Trainer(self.run, hp, self.feature_names, device, self.feature_version)
         trainer.model.load_state_dict(self.model)
         trainer.averaged.load_state_dict(self.averaged)
-        trainer.optimizer.load_state_dict(self.optimizer)
+        trainer.load_optimizer(self.optimizer)
         trainer.norm.load(self.norm)
         torch.set_rng_state(self.rng["torch"])
         trainer.applied = list(self.applied)
