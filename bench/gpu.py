@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench import data, loops
+from bench import data, loops, prices
 from workload.model.trainer import HParams, Trainer
 from workload.runtime import gpu as gpu_check
 
@@ -61,8 +61,6 @@ HP = HParams()  # the default run
 NOT_MEASURED = "not yet measured on a GPU"
 # A trained model, for its cost: the Handbook's 12 weeks of the handbook's population (~9,700 rows a day).
 MODEL_DAYS, ROWS_A_DAY = 84, 9_700
-PRICES = ("https://cloud.google.com/spot-vms/pricing (spot VMs and GPUs, GKE Standard nodes) and "
-          "https://cloud.google.com/kubernetes-engine/pricing (Autopilot Spot Pods)")
 
 
 @dataclass(frozen=True)
@@ -313,24 +311,39 @@ def cost_table(figs: dict[tuple[str, str], Figure], packs: tuple[int, ...], gpu_
            "", "| pool | spot price per hour | samples/s (all its runs) | device-seconds per trained model | "
            "$ per trained model |",
            "|---|---|---|---|---|"]
-    price = "to be filled from the pricing page on the measuring date"
-    rows: list[tuple[str, Figure | None]] = [("spot L4 pod (the stack's default GPU), one run", None),
-                                             *((f"spot L4 pod, packed sweep of {r}", None) for r in packs)]
+    rows: list[tuple[str, Figure | None, prices.Price | None]] = [
+        ("spot L4 pod (the stack's default GPU), one run", None, prices.L4_POD),
+        *((f"spot L4 pod, packed sweep of {r}", None, prices.L4_POD) for r in packs)]
     if gpu_name:
-        rows += [(f"{gpu_name} (measured here), one run (the worker's figure)", figs.get(("worker", "cuda"))),
+        rows += [(f"{gpu_name} (measured here), one run (the worker's figure)", figs.get(("worker", "cuda")), None),
                  *((f"{gpu_name} (measured here), packed sweep of {r} (the worker's figure)",
-                    figs.get((f"worker-packed-{r}", "cuda"))) for r in packs)]
-    rows.append(("spot CPU pod, 1 vCPU (1 torch thread), one run (the worker's figure)", figs.get(("worker", "cpu"))))
-    for label, fig in rows:
+                    figs.get((f"worker-packed-{r}", "cuda")), None) for r in packs)]
+    cpu = figs.get(("worker", "cpu"))
+    rows.append(("spot CPU pod, 1 vCPU (1 torch thread), one run (the worker's figure)", cpu, prices.CPU_VCPU))
+    for label, fig, price in rows:
+        per_hour = f"${price.per_hour:.5f} ({price.parts})" if price else "no price for it in the cited catalog"
         if fig is None or not fig.samples:
             cell = ("not yet measured on an L4" if "L4" in label else "not measured in this run" if figs
                     else "not yet measured")
-            out.append(f"| {label} | {price} | {cell} | | |")
+            out.append(f"| {label} | {per_hour} | {cell} | | |")
             continue
-        out.append(f"| {label} | {price} | {fig.per_s:,.0f} (measured on a {fig.rows:,}-row day) | "
-                   f"{samples / fig.per_s:,.1f} | price x seconds / 3600 |")
-    out += ["", f"Prices: {PRICES}, as listed on the measuring date (spot prices change: cite the date)."]
+        seconds = samples / fig.per_s
+        cost = f"${prices.dollars(price, seconds):.5f}" if price else "no price"
+        out.append(f"| {label} | {per_hour} | {fig.per_s:,.0f} (measured on a {fig.rows:,}-row day) | "
+                   f"{seconds:,.1f} | {cost} |")
+    out += ["", *break_even(cpu), prices.cited()]
     return out
+
+
+def break_even(cpu: Figure | None) -> list[str]:
+    """How fast an L4 pod must train to cost a model less than one spot vCPU: the ratio of their prices."""
+    ratio = prices.L4_POD.per_hour / prices.CPU_VCPU.per_hour
+    text = (f"Which pool is cheaper: an L4 pod costs {ratio:.1f} times one vCPU an hour, so it trains a model for "
+            f"less only where it trains at least {ratio:.1f} times the vCPU's samples a second")
+    if cpu is not None and cpu.samples:
+        text += (f": at the vCPU's {cpu.per_s:,.0f} samples/s measured here, at least {ratio * cpu.per_s:,.0f} "
+                 "samples/s of all its runs (one run, or a packed sweep's aggregate)")
+    return [text + ". Below that, train on spot CPU pods (`trainOn: cpu`).", ""]
 
 
 def write_docs(text: str, path: Path = DOCS) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import gpu, loops, run
+from bench import gpu, loops, prices, run
 from workload.model.hparams import HParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,3 +126,33 @@ def test_the_kept_visits_still_render(visit: Path, capsys: pytest.CaptureFixture
     data = json.loads(visit.read_text())
     step = next(f for f in data["figures"] if (f["path"], f["device"]) == ("step", "cuda"))
     assert data["machine"]["GPU"] in text and f"{step['samples'] / step['seconds']:,.0f} samples/s" in text
+
+
+def test_the_cost_table_prices_each_measured_pool_from_its_cited_catalog_and_says_where_an_l4_pays() -> None:
+    """A model's cost is its pool's cited spot price times the device-seconds its samples take; the measured GPU
+    has no price in the catalog and says so (no guess); the L4 pod's break-even is the ratio of the two prices."""
+    samples = gpu.model_samples()
+    figs = {("worker", "cpu"): gpu.Figure("worker", "cpu", 1, 100_000, 500_000, 10.0),
+            ("worker", "cuda"): gpu.Figure("worker", "cuda", 1, 1_000_000, 4_000_000, 4.0),
+            ("worker-packed-8", "cuda"): gpu.Figure("worker-packed-8", "cuda", 8, 1_000_000, 32_000_000, 4.0)}
+    text = "\n".join(gpu.cost_table(figs, (8,), "NVIDIA H200"))
+    cpu_seconds = samples / 50_000
+    cpu_row = next(line for line in text.splitlines() if line.startswith("| spot CPU pod"))
+    assert f"| {cpu_seconds:,.1f} | ${prices.CPU_VCPU.per_hour * cpu_seconds / 3600:.5f} |" in cpu_row
+    assert f"${prices.CPU_VCPU.per_hour:.5f} (half an e2-standard-2" in cpu_row
+    h200 = [line for line in text.splitlines() if line.startswith("| NVIDIA H200")]
+    assert len(h200) == 2 and all("no price for it in the cited catalog" in line and "| no price |" in line
+                                  for line in h200)
+    assert f"| {samples / 8_000_000:,.1f} | no price |" in h200[1]  # a pack's 8 models share its device-seconds
+    l4 = [line for line in text.splitlines() if line.startswith("| spot L4 pod")]
+    assert len(l4) == 2 and all("$0.34057 (g2-standard-8 host 0.11747 + one L4 0.2231)" in line
+                                and "not yet measured on an L4" in line for line in l4)
+    ratio = prices.L4_POD.per_hour / prices.CPU_VCPU.per_hour
+    assert f"costs {ratio:.1f} times one vCPU an hour" in text
+    assert f"at least {ratio * 50_000:,.0f} samples/s of all its runs" in text
+    assert prices.SOURCE in text and f"read {prices.READ_ON}" in text and "Autopilot's own" in text
+
+
+def test_without_a_cpu_figure_the_break_even_is_the_price_ratio_alone() -> None:
+    text = "\n".join(gpu.cost_table({}, (8, 32)))
+    assert "times the vCPU's samples a second. Below that" in text and "measured here" not in text
