@@ -304,7 +304,7 @@ def test_the_title_names_the_run_and_its_sorted_hyperparameters() -> None:
 
 def _png(figure: Figure) -> bytes:
     buf = io.BytesIO()
-    FigureCanvasAgg(figure).print_png(buf)
+    FigureCanvasAgg(figure).print_png(buf, pil_kwargs=plots.PNG_OPTIONS)
     return buf.getvalue()
 
 

@@ -27,9 +27,14 @@ CURVES = (
 )
 
 
+# zlib level 1, not PIL's 6: the two pictures encode in ~36 ms instead of ~81 ms (a tenth of their drawing, on a
+# worker's critical path after a run's last day), for files ~5 % larger (~115 kB the pair).
+PNG_OPTIONS = {"compress_level": 1}
+
+
 def _save_atomically(figure: Figure, path: Path) -> Path:
     buf = io.BytesIO()
-    FigureCanvasAgg(figure).print_png(buf)
+    FigureCanvasAgg(figure).print_png(buf, pil_kwargs=PNG_OPTIONS)
     atomic_write_bytes(path, buf.getvalue(), durable=False)  # drawn again from the checkpoint if lost
     return path
 
