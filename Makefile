@@ -16,7 +16,7 @@ POLICY_VENV := policy/venv
 POLICY_STAMP := $(POLICY_VENV)/.installed
 # Where the environment sets PYTHONDONTWRITEBYTECODE (this project's machines do), every process compiled what it
 # imported from source again: this repository's modules in each of the tests' worker processes (~50 s of CPU a
-# suite, py-spy), and with the venvs installed --no-compile, torch and pulumi_gcp in every interpreter (6.9 s vs
+# suite, py-spy), and with .venv installed --no-compile, torch and pulumi_gcp in every interpreter (6.9 s vs
 # 2.8 s). Emptied, each module is compiled once into its __pycache__ (git-ignored here; inside the venvs).
 export PYTHONDONTWRITEBYTECODE :=
 
@@ -31,15 +31,17 @@ define pip_install
 	  set -x; $(2)/bin/python -m pip install $$quiet --upgrade pip && $(2)/bin/python -m pip install $$quiet $(3) -r $(1)
 endef
 
-# --no-compile (every venv): no bytecode for every module of torch, sympy, pandas and pulumi_gcp up front; Python
+# --no-compile (.venv): no bytecode for every module of torch, sympy, pandas and pulumi_gcp up front; Python
 # compiles what a command imports on its first import and keeps it (PYTHONDONTWRITEBYTECODE is emptied above).
-# Measured here from a fresh clone: `make test`'s venv took 149 s with pip's compilation, 71 s without.
+# Measured here from a fresh clone: `make test`'s venv took 149 s with pip's compilation, 71 s without. The Pulumi
+# program's and the policy pack's venvs keep pip's compilation: `pulumi` runs their interpreters outside make, in
+# the user's environment, where PYTHONDONTWRITEBYTECODE may be set.
 $(LOCAL_STAMP): requirements-local.txt workload/requirements.txt
 	$(call pip_install,requirements-local.txt,$(VENV),--no-compile)
 	@touch $@
 
 $(INFRA_STAMP): infra/requirements.txt policy/requirements.txt
-	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(INFRA_VENV),--no-compile)
+	$(call pip_install,infra/requirements.txt -r policy/requirements.txt,$(INFRA_VENV))
 	@touch $@
 
 $(ALL_STAMP): requirements.txt requirements-local.txt requirements-test.txt workload/requirements.txt \
@@ -48,7 +50,7 @@ $(ALL_STAMP): requirements.txt requirements-local.txt requirements-test.txt work
 	@touch $@ $(LOCAL_STAMP)
 
 $(POLICY_STAMP): policy/requirements.txt
-	$(call pip_install,policy/requirements.txt,$(POLICY_VENV),--no-compile)
+	$(call pip_install,policy/requirements.txt,$(POLICY_VENV))
 	@touch $@
 
 local: $(LOCAL_STAMP)
@@ -67,7 +69,7 @@ local: $(LOCAL_STAMP)
 # simulated dataset and reference run of tests/workload are built once for all processes. --dist loadgroup or load
 # would pay each module fixture (make local's run, the benchmarks' miniature: over a minute each) in every process.
 # With PYTHONDONTWRITEBYTECODE emptied (above), the Pulumi.yaml parse cached and the zygote preloading matplotlib:
-# 691 s of pytest -> 620 s -> 565 s, idle, here (2,425 tests, 2026-11-28). With the venvs --no-compile, from a fresh
+# 691 s of pytest -> 620 s -> 565 s, idle, here (2,425 tests, 2026-11-28). With .venv --no-compile, from a fresh
 # clone: 46 s of venv + 592 s of pytest (its first imports compile), 10 min 39 s in all, against 149 s + 565 s before.
 TEST_JOBS ?= 3
 test: $(ALL_STAMP) $(if $(filter true,$(CI)),chromium)
