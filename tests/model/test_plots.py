@@ -11,7 +11,6 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
-from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.text import Text
 
 from workload.model import metrics, plots
@@ -130,6 +129,29 @@ def _legend_clear_of_the_axes(figure: Figure) -> None:
     title = axes.title.get_window_extent(renderer)
     for box in (legend, title):
         assert 0 <= box.x0 and box.x1 <= figure.bbox.x1 and 0 <= box.y0 and box.y1 <= figure.bbox.y1, box
+    _every_text_inside_and_the_titles_above(figure)
+
+
+def _every_text_inside_and_the_titles_above(figure: Figure) -> None:
+    """Every text of the saved picture (tick labels, axis labels, titles, legend entries) lies inside it, at least
+    3 pixels from its edges; the subtitle lies above the axes and the title above the subtitle, none overlapping."""
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    inside = figure.bbox.padded(-3)
+    axes = figure.axes[0]
+    ticks = {*axes.get_xticklabels(), *axes.get_yticklabels()}
+    texts = [t for t in figure.findobj(Text) if t.get_visible() and t.get_text() and t not in ticks]
+    texts += plots._shown(axes.get_xticklabels(), axes.get_xlim(), 0)
+    texts += plots._shown(axes.get_yticklabels(), axes.get_ylim(), 1)
+    assert len(texts) > 10 and {t.get_text() for t in axes.get_yticklabels()} > {"0.0", "1.0"}
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, (
+            text.get_text(), box)
+    subtitle = axes.title.get_window_extent(renderer)
+    title = [t for t in texts if t is figure._suptitle][0].get_window_extent(renderer)  # noqa: SLF001
+    assert axes.bbox.y1 < subtitle.y0 and subtitle.y1 < title.y0, (axes.bbox, subtitle, title)
 
 
 def test_the_pictures_are_990_by_605_and_660_square_pixels(tmp_path: Path) -> None:
@@ -138,7 +160,7 @@ def test_the_pictures_are_990_by_605_and_660_square_pixels(tmp_path: Path) -> No
     assert _png_size(metrics_png) == (990, 605)  # 9 x 5.5 inches at 110 dpi
     assert _png_size(pr_png) == (660, 660)  # 6 x 6 inches at 110 dpi
     for figure in (plots._metrics_figure(history, "main", None), plots._pr_figure(pr, history, "main")):
-        assert isinstance(figure.get_layout_engine(), ConstrainedLayoutEngine)  # labels and legend not clipped
+        _every_text_inside_and_the_titles_above(figure)  # labels and legend not clipped
 
 
 def test_the_metrics_picture_draws_each_figure_per_day_and_the_base_rate_dashed_grey() -> None:
@@ -294,6 +316,18 @@ def test_a_full_set_of_hyperparameters_and_weekly_day_labels_still_fit() -> None
     assert figure.axes[0].get_title().count("\n") >= 1
     _legend_clear_of_the_axes(figure)
     _legend_clear_of_the_axes(plots._pr_figure(_history()[1], history, "main"))
+
+
+@pytest.mark.parametrize("days", [1, 6, 84])
+def test_days_labelled_by_long_file_names_still_fit(days: int) -> None:
+    """A bank's export whose days carry no dates of their own is labelled by its file names, ~50 characters each,
+    rotated: the first ones reach left past the axes, and the picture makes room for them."""
+    history = [{**item, "first_day": "", "shard": f"training/a-very-long-bank-export-file-name-{i:03d}.parquet"}
+               for i, item in enumerate(_days(days))]
+    figure = plots._metrics_figure(history, "a-long-run-name", {"lr": 0.002})
+    assert figure.axes[0].get_xticklabels()[0].get_text() == "training/a-very-long-bank-export-file-name-000.parquet"
+    _legend_clear_of_the_axes(figure)
+    _legend_clear_of_the_axes(plots._pr_figure(_history()[1], history, "a-long-run-name"))
 
 
 def test_the_title_names_the_run_and_its_sorted_hyperparameters() -> None:

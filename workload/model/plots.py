@@ -13,8 +13,13 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+from matplotlib import rcParams
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from workload.share.fsutil import atomic_write_bytes
 from workload.share.paths import METRICS_PNG, PR_CURVE_PNG
@@ -32,9 +37,59 @@ CURVES = (
 PNG_OPTIONS = {"compress_level": 1}
 
 
+PAD_PT = 4.0  # around the picture's edge and between its blocks (constrained layout's pads were 3 pt)
+
+
+def _shown(labels: list[Text], limits: tuple[float, float], along: int) -> list[Text]:
+    """The tick labels drawn: those of ticks inside the axes' limits (the locator also places one beyond them)."""
+    lo, hi = sorted(limits)
+    return [t for t in labels if t.get_text() and lo <= t.get_position()[along] <= hi]
+
+
+def _fit(figure: Figure, axes: Axes, title: Text, legend: Legend | None) -> None:
+    """Place `axes` so that its tick labels, axis labels and subtitle, the figure's `title` above and its `legend`
+    below (if any) lie inside the picture and clear of each other, from those texts' own sizes: what constrained
+    layout did for these two designs, but measuring each text once where it measured every text of the axes twice,
+    round after round. A pair now draws and encodes in ~0.28-0.30 s instead of ~0.33-0.37 s (medians of interleaved
+    draws on the 2-core CI machine), on a worker's critical path after a run's last day (issue 33). The texts are
+    measured with the canvas the picture is saved with, which keeps their sizes for the drawing."""
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    width, height, pt = figure.bbox.width, figure.bbox.height, figure.dpi / 72
+    pad = PAD_PT * pt
+
+    def size(text: Text | Legend) -> Bbox:
+        return text.get_window_extent(renderer)
+
+    xticks = _shown(axes.get_xticklabels(), axes.get_xlim(), 0)
+    yticks = _shown(axes.get_yticklabels(), axes.get_ylim(), 1)
+    tick_x = (rcParams["xtick.major.size"] + rcParams["xtick.major.pad"] + rcParams["axes.labelpad"]) * pt
+    tick_y = (rcParams["ytick.major.size"] + rcParams["ytick.major.pad"] + rcParams["axes.labelpad"]) * pt
+    bottom = pad + max((size(t).height for t in xticks), default=0.0) + tick_x + size(axes.xaxis.label).height
+    if legend is not None:
+        legend.set_bbox_to_anchor((0.5, pad / height), transform=figure.transFigure)
+        bottom += size(legend).height + pad
+    left = pad + size(axes.yaxis.label).width + max((size(t).width for t in yticks), default=0.0) + tick_y
+    top = pad + size(title).height + pad + size(axes.title).height + rcParams["axes.titlepad"] * pt
+    right = pad
+    title.set_y(1 - pad / height)
+    figure.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
+    # What reaches past the axes' sides: the first days' labels rotated leftwards, the last tick label's half, a wide
+    # subtitle centred over the axes. A margin grown by the shortfall moves such a text by all of it but its share of
+    # the axes' width (its place along them: ~0.05 for the first day's label), so a few rounds close it.
+    for _ in range(8):
+        boxes = [size(t) for t in (*xticks, axes.title) if t.get_text()]
+        short_left = pad - min((b.x0 for b in boxes), default=pad)
+        short_right = max((b.x1 for b in boxes), default=0.0) - (width - pad)
+        if short_left <= 0.5 and short_right <= 0.5:  # half a pixel
+            break
+        left, right = left + max(0.0, short_left), right + max(0.0, short_right)
+        figure.subplots_adjust(left=left / width, right=1 - right / width)
+
+
 def _save_atomically(figure: Figure, path: Path) -> Path:
     buf = io.BytesIO()
-    FigureCanvasAgg(figure).print_png(buf, pil_kwargs=PNG_OPTIONS)
+    canvas = figure.canvas if isinstance(figure.canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
+    canvas.print_png(buf, pil_kwargs=PNG_OPTIONS)  # `_fit`'s canvas: its renderer has the texts' sizes cached
     atomic_write_bytes(path, buf.getvalue(), durable=False)  # drawn again from the checkpoint if lost
     return path
 
@@ -59,7 +114,7 @@ def _title(run: str, hparams: dict | None) -> str:
 
 
 def _metrics_figure(history: list[dict], run: str, hparams: dict | None) -> Figure:
-    figure = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
+    figure = Figure(figsize=(9, 5.5), dpi=110)
     axes = figure.add_subplot()
     x = np.arange(len(history))
     for key, label in CURVES:
@@ -74,7 +129,7 @@ def _metrics_figure(history: list[dict], run: str, hparams: dict | None) -> Figu
     axes.set_ylabel("on the held-out test days")
     axes.set_ylim(0, 1.02)
     axes.grid(alpha=0.3)
-    figure.suptitle("Fraud detection on the test days after each training day", fontsize=11)
+    title = figure.suptitle("Fraud detection on the test days after each training day", fontsize=11)
     axes.set_title(_title(run, hparams), fontsize=8)
     if not history:
         axes.text(0.5, 0.5, "no training day applied yet", ha="center", va="center", transform=axes.transAxes)
@@ -82,14 +137,16 @@ def _metrics_figure(history: list[dict], run: str, hparams: dict | None) -> Figu
         axes.text(0.5, 0.5, "the test days hold no fraud: nothing to find, every figure is undefined",
                   ha="center", va="center", transform=axes.transAxes)
     # Below the plot, not on it (a legend inside hid the curves near 1 and the base rate near 0), and outside the
-    # axes' box with its tick labels and label: the layout makes room for it (anchored under the axes, it
+    # axes' box with its tick labels and label: `_fit` makes room for it (anchored under the axes, it
     # covered the x label when the day labels were long).
-    figure.legend(*axes.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    legend = figure.legend(*axes.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8,
+                           frameon=False, borderaxespad=0)
+    _fit(figure, axes, title, legend)
     return figure
 
 
 def _pr_figure(pr: tuple[np.ndarray, np.ndarray] | None, history: list[dict], run: str) -> Figure:
-    figure = Figure(figsize=(6, 6), dpi=110, layout="constrained")
+    figure = Figure(figsize=(6, 6), dpi=110)
     axes = figure.add_subplot()
     last = history[-1] if history else {}
     base_rate = float(last.get("base_rate", np.nan))
@@ -109,11 +166,12 @@ def _pr_figure(pr: tuple[np.ndarray, np.ndarray] | None, history: list[dict], ru
     axes.set_ylim(0, 1.02)
     axes.set_xlabel("recall (share of fraud found)")
     axes.set_ylabel("precision (share of flagged that is fraud)")
-    figure.suptitle("Precision-recall on the test days", fontsize=11)
+    title = figure.suptitle("Precision-recall on the test days", fontsize=11)
     axes.set_title(f"run {run!r}", fontsize=8)
     axes.grid(alpha=0.3)
-    if axes.get_legend_handles_labels()[0]:
-        figure.legend(*axes.get_legend_handles_labels(), loc="outside lower center", fontsize=8, frameon=False)
+    legend = (figure.legend(*axes.get_legend_handles_labels(), loc="lower center", fontsize=8, frameon=False,
+                            borderaxespad=0) if axes.get_legend_handles_labels()[0] else None)
+    _fit(figure, axes, title, legend)
     return figure
 
 
