@@ -73,6 +73,7 @@ class Size:
     population: data.Population = data.HANDBOOK
     batch_sizes: tuple[int, ...] = ()  # the step alone again at these batch sizes (`--batch-sizes`), half the budget
     profile: bool = False  # log what a step launches, alone and in the largest pack (`--profile`)
+    per_replay: tuple[int, ...] = ()  # on CUDA, the step alone at these steps a replay, the worker at the largest
 
 
 MINI = Size(rows=600, cpu_rows=600, packs=(2, 3), budget_s=60.0, population=data.Population(customers=200,
@@ -179,23 +180,36 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
             samples, seconds = loops.trainer_loop(x, y, replace(HP, batch_size=batch), device, size.budget_s / 2)
             log.add(Figure(f"step-b{batch}", dev, 1, rows, samples, seconds), info)
     with log.phase(f"{dev}: worker, claim to ack"):
-        if server is None:
-            log.add(Figure("worker", dev, 1, rows, 0, 0.0, "skipped: no Redis server could start"), info)
-        else:
-            from bench import inprocess  # the worker needs the redis client: imported only where one runs
-
-            (item,) = inprocess.run_items(server, share, f"gpu-{dev}", f"w-{dev}", HP, device,
-                                          checkpoint_interval_s=10.0, lease_ttl_s=30.0)
-            rest = sorted(((v, k) for k, v in item.phases.items() if k != "training"), reverse=True)[:4]
-            log.add(Figure("worker", dev, 1, rows, rows * HP.epochs, item.total_s,
-                           f"training {item.training_s:.2f}s of it; " + ", ".join(f"{k} {v:.2f}s" for v, k in rest)),
-                    info)
+        log.add(worker(server, share, rows, device, "worker"), info)
+    for count in size.per_replay if dev == "cuda" else ():  # a graph of several steps (`gpustep.STEPS_PER_REPLAY`)
+        with log.phase(f"{dev}: the product's step alone, {count} steps a replay"), loops.steps_per_replay(count):
+            samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s / 2)
+            log.add(Figure(f"step-r{count}", dev, 1, rows, samples, seconds), info)
+    if size.per_replay and dev == "cuda":
+        count = max(size.per_replay)
+        with log.phase(f"{dev}: worker, {count} steps a replay"), loops.steps_per_replay(count):
+            log.add(worker(server, share, rows, device, f"worker-r{count}"), info)
     for runs in size.packs:
         with log.phase(f"{dev}: packed sweep of {runs} runs"):
             samples, seconds = loops.packed_loop(x, y, HP, runs, device, size.budget_s)
             log.add(Figure(f"packed-{runs}", dev, runs, rows, samples, seconds), info)
         with log.phase(f"{dev}: worker, packed sweep of {runs} runs"):
             log.add(packed_worker(share, runs, rows, device, size, work, server), info)
+
+
+def worker(server: RedisServer | None, share: Path, rows: int, device: torch.device, path: str) -> Figure:
+    """The worker, claim to ack, training the default run on the day (a run of its own, `path`), its slowest
+    phases besides training named."""
+    dev = device.type
+    if server is None:
+        return Figure(path, dev, 1, rows, 0, 0.0, "skipped: no Redis server could start")
+    from bench import inprocess  # the worker needs the redis client: imported only where one runs
+
+    (item,) = inprocess.run_items(server, share, f"gpu-{dev}-{path}", f"{path}-{dev}", HP, device,
+                                  checkpoint_interval_s=10.0, lease_ttl_s=30.0)
+    rest = sorted(((v, k) for k, v in item.phases.items() if k != "training"), reverse=True)[:4]
+    return Figure(path, dev, 1, rows, rows * HP.epochs, item.total_s,
+                  f"training {item.training_s:.2f}s of it; " + ", ".join(f"{k} {v:.2f}s" for v, k in rest))
 
 
 def packed_worker(share: Path, runs: int, rows: int, device: torch.device, size: Size, work: Path,
@@ -262,6 +276,26 @@ def pace_table(figures: list[Figure]) -> list[str]:
     return [*out, ""]
 
 
+def replay_table(figures: list[Figure]) -> list[str]:
+    """The step alone (and the worker) with several steps a graph's replay (`--per-replay`), beside one a replay:
+    what `gpustep.STEPS_PER_REPLAY` would buy as a default."""
+    figs = {f.path: f for f in figures if f.device == "cuda" and f.samples}
+    counts = sorted(int(p.removeprefix("step-r")) for p in figs if p.startswith("step-r"))
+    if not counts or "step" not in figs:
+        return []
+    out = ["The product's step on CUDA by steps a replay (`gpustep.STEPS_PER_REPLAY`; 1 is today's default):", "",
+           "| steps a replay | step alone, samples/s | microseconds a step | worker, samples/s | worker / step alone |",
+           "|---|---|---|---|---|"]
+    for count in (1, *counts):
+        step, work = figs.get("step" if count == 1 else f"step-r{count}"), figs.get(
+            "worker" if count == 1 else f"worker-r{count}")
+        us = f"{step.seconds / (step.samples / HP.batch_size) * 1e6:,.0f}" if step else "-"
+        ratio = f"{work.per_s / step.per_s:.2f}" if work and step else "-"
+        out.append(f"| {count} | {step.per_s:,.0f} | {us} | {f'{work.per_s:,.0f}' if work else '-'} | {ratio} |"
+                   if step else f"| {count} | - | - | - | - |")
+    return [*out, ""]
+
+
 def block(figures: list[Figure], info: dict[str, str], how: Measured) -> str:
     """docs/benchmarks.md's GPU section: the figures (GPU rows not measured say so) and the cost table."""
     figs, packs = {(f.path, f.device): f for f in figures}, how.packs
@@ -292,6 +326,7 @@ def block(figures: list[Figure], info: dict[str, str], how: Measured) -> str:
             "runs differ in seed, learning rate and weight decay (`bench.loops.sweep_hparams`). CPU figures use one "
             "torch thread, on a smaller day (`--cpu-rows`).", ""]
     out += pace_table(figures)
+    out += replay_table(figures)
     out += cost_table(figs, packs, info.get("GPU", ""))
     return "\n".join(out) + "\n" + END
 
@@ -395,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, help="a budgeted phase stops after this many seconds (default 20)")
     p.add_argument("--batch-sizes", default="", help="also time the step alone at these batch sizes, e.g. 1024,8192 "
                    "(logged and kept in gpu.json, not in the table)")
+    p.add_argument("--per-replay", default="", help="on CUDA, also time the step alone with this many steps a graph's "
+                   "replay, e.g. 4,16, and the worker with the largest (gpustep.STEPS_PER_REPLAY; kept in gpu.json)")
     p.add_argument("--profile", action="store_true", help="also log what one step launches (kernels on CUDA, "
                    "operators on CPU) and their time, alone and in the largest pack")
     p.add_argument("--out", type=Path, default=OUT, help=f"log and figures go here (default {OUT})")
@@ -409,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     size = MINI if args.mini else Size()
     size = replace(size, rows=args.rows or size.rows, cpu_rows=args.cpu_rows or size.cpu_rows,
                    budget_s=args.budget_s or size.budget_s,
-                   batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()), profile=args.profile)
+                   batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()), profile=args.profile,
+                   per_replay=tuple(int(c) for c in args.per_replay.split(",") if c.strip()))
     where = args.device or ("both" if torch.cuda.is_available() else "cpu")
     if where in ("cuda", "both") and not torch.cuda.is_available():
         p.error(f"--device {where}: no CUDA device here ({gpu_check.driver_version()})")

@@ -8,7 +8,8 @@
 # 3. then alone on the machine: python -m bench.gpu --keep-going --write (CUDA, then the CPU section).
 # Every part writes its log as it goes, so a visit cut short keeps what it saw; the GPU section comes back as
 # $OUT/bench/gpu.md (`python -m bench.gpu --write` writes the same block into docs/benchmarks.md there).
-# BENCH_ARGS adds bench.gpu options (default "--profile": what a step launches, the next cut's map; add e.g.
+# BENCH_ARGS adds bench.gpu options (default "--profile --per-replay 4,16": what a step launches, the next cut's
+# map, and the step and the worker with graphs of several steps, gpustep.STEPS_PER_REPLAY's candidates; add e.g.
 # "--batch-sizes 1024,8192"); FAULTS_S, UNIT_S, BENCH_S bound each part.
 set -u
 OUT=${OUT:-build/gpu-visit}
@@ -44,7 +45,7 @@ wait "$faults"
 say "kill-and-resume tests: $(tail -n 1 "$OUT/faults.log") ($(grep -c ' PASSED ' "$OUT/faults.log") PASSED, $(grep -c ' FAILED ' "$OUT/faults.log") FAILED; $(grep -E '(passed|failed|error).* in ' "$OUT/faults.log" | tail -n 1))"
 
 say "bench.gpu: started (at most ${BENCH_S:-280}s)"
-timeout "${BENCH_S:-280}" "$PY" -m bench.gpu --keep-going --write --budget-s "${BUDGET_S:-12}" ${BENCH_ARGS:---profile} --out "$OUT/bench" \
+timeout "${BENCH_S:-280}" "$PY" -m bench.gpu --keep-going --write --budget-s "${BUDGET_S:-12}" ${BENCH_ARGS:---profile --per-replay 4,16} --out "$OUT/bench" \
   >"$OUT/bench.log" 2>&1
 say "bench.gpu: exit $?"
 say "done (the GPU section: $OUT/bench/gpu.md, written into docs/benchmarks.md here)"

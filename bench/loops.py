@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -89,6 +91,18 @@ def trainer_loop(x: np.ndarray, y: np.ndarray, hp: HParams, device: torch.device
     t.train_shard(x, y, lambda: time.perf_counter() - started < budget_s)
     sync(device)
     return trained(t, len(y)), time.perf_counter() - started
+
+
+@contextmanager
+def steps_per_replay(count: int) -> Iterator[None]:
+    """The product's step (`Trainer.train_shard` on CUDA, and so the worker's) with `count` full batches a replay
+    (`gpustep.STEPS_PER_REPLAY`), for a while: what a graph of several steps buys, before it is a default."""
+    before = gpustep.STEPS_PER_REPLAY
+    gpustep.STEPS_PER_REPLAY = count
+    try:
+        yield
+    finally:
+        gpustep.STEPS_PER_REPLAY = before
 
 
 def sweep_hparams(hp: HParams, runs: int) -> list[HParams]:

@@ -117,6 +117,34 @@ def test_a_visits_json_renders_the_same_section_here_with_its_pace_by_batch_size
         gpu.main(["--from-json", str(bad)])
 
 
+def test_steps_a_replay_are_tabled_beside_one_a_replay_with_the_workers_ratio() -> None:
+    """`--per-replay` (CUDA only) times the step alone with graphs of several steps and the worker with the largest:
+    the section tables them beside today's one a replay, a step's microseconds and the worker's share of its step;
+    a count whose worker was not run shows dashes."""
+    data = json.loads((ROOT / "bench" / "visits" / "2026-11-28-h200-gpu.json").read_text())
+    figures = [gpu.Figure(**f) for f in data["figures"]]
+    step = next(f for f in figures if (f.path, f.device) == ("step", "cuda"))
+    figures += [gpu.Figure("step-r4", "cuda", 1, step.rows, 4_000_000, 4.0),
+                gpu.Figure("step-r16", "cuda", 1, step.rows, 4_000_000, 3.2),
+                gpu.Figure("worker-r16", "cuda", 1, step.rows, 4_000_000, 3.6)]
+    table = gpu.replay_table(figures)
+    assert table[4:7] == [
+        f"| 1 | {step.per_s:,.0f} | {step.seconds / (step.samples / 128) * 1e6:,.0f} | 743,268 | 0.86 |",
+        "| 4 | 1,000,000 | 128 | - | - |",
+        "| 16 | 1,250,000 | 102 | 1,111,111 | 0.89 |"]
+    assert "\n".join(table) in gpu.block(figures, data["machine"], gpu.Measured(**{
+        **data["measured"], "packs": tuple(data["measured"]["packs"])}))
+    assert gpu.replay_table([f for f in figures if not f.path.startswith("step-r")]) == []
+
+
+def test_the_step_a_replay_setting_is_put_back_after_a_measurement() -> None:
+    before = loops.gpustep.STEPS_PER_REPLAY
+    with pytest.raises(RuntimeError), loops.steps_per_replay(16):
+        assert loops.gpustep.STEPS_PER_REPLAY == 16
+        raise RuntimeError
+    assert loops.gpustep.STEPS_PER_REPLAY == before == 1
+
+
 @pytest.mark.parametrize("visit", sorted((ROOT / "bench" / "visits").glob("*.json")), ids=lambda p: p.stem)
 def test_the_kept_visits_still_render(visit: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """bench/visits/ keeps each GPU visit's gpu.json (docs/benchmarks.md's GPU section came from one): each must

@@ -49,9 +49,10 @@ def eager(trainer: Trainer, x: np.ndarray, y: np.ndarray, after_step: Callable[[
     return trainer.train_shard(x, y, after_step)
 
 
-def shaped(capture: bool, fused: bool) -> Train:
+def shaped(capture: bool, fused: bool, per_replay: int = 1) -> Train:
     def train(trainer: Trainer, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
-        return gpustep.train_shard(trainer, x, y, after_step, _shard_seed, capture=capture, fused=fused)
+        return gpustep.train_shard(trainer, x, y, after_step, _shard_seed, capture=capture, fused=fused,
+                                   per_replay=per_replay)
     return train
 
 
@@ -124,6 +125,35 @@ def test_on_cpu_the_shaped_step_resumes_bit_for_bit(stop_at: int) -> None:
     assert_equal(eager_cpu(), run(shaped(capture=False, fused=False), torch.device("cpu"), stop_at=stop_at))
 
 
+# 10 full batches an epoch and one of 60: 4 a replay is 0-3, 4-7, then 8, 9 and the short one alone; 10 is the whole
+# epoch's full batches in one; 16 never fits (every step alone).
+@pytest.mark.parametrize("per_replay", [2, 4, 10, 16])
+def test_on_cpu_steps_gathered_for_several_batches_at_once_train_bit_for_bit_as_one_at_a_time(per_replay: int) -> None:
+    """`STEPS_PER_REPLAY` above 1 (a GPU's graph of several steps) changes where the rows are gathered and when the
+    host is asked, not what a step computes: the run equals the trainer's, and so does one stopped between two
+    replays and resumed (a checkpoint only ever falls where a replay ends)."""
+    cpu = torch.device("cpu")
+    assert_equal(eager_cpu(), run(shaped(capture=False, fused=False, per_replay=per_replay), cpu))
+    for stop_at in (1, 3, 6):
+        assert_equal(eager_cpu(), run(shaped(capture=False, fused=False, per_replay=per_replay), cpu, stop_at=stop_at))
+
+
+def test_a_replay_of_several_steps_asks_the_host_once_at_its_end() -> None:
+    """The batch boundaries `after_step` sees with 4 steps a replay: where each replay ends, the last full batches
+    and the short one alone; the progress a checkpoint would record is always one of them."""
+    trainer = Trainer("r", HP, FEATURES, torch.device("cpu"), feature_version="v")
+    x, y = _day(0)
+    trainer.begin_shard("d0", x)
+    seen: list[tuple[int, int, int]] = []
+
+    def after_step() -> bool:
+        seen.append((trainer.progress["epoch"], trainer.progress["batch"], trainer.steps))
+        return True
+
+    assert shaped(capture=False, fused=False, per_replay=4)(trainer, x, y, after_step)
+    assert seen == [(e, b, e * 11 + b) for e in range(2) for b in (4, 8, 9, 10, 11)]
+
+
 def test_on_cpu_the_fused_adam_stays_within_its_stated_tolerance() -> None:
     expected, got = tensors(eager_cpu()), tensors(run(shaped(capture=False, fused=True), torch.device("cpu")))
     assert expected.keys() == got.keys()
@@ -170,3 +200,14 @@ def test_on_cuda_the_trainer_trains_with_the_graph_and_stays_near_the_eager_cpu_
 def test_on_cuda_a_run_killed_and_resumed_equals_an_undisturbed_one_bit_for_bit(stop_at: int) -> None:
     cuda = torch.device("cuda")
     assert_equal(run(eager, cuda), run(eager, cuda, stop_at=stop_at))
+
+
+@CUDA
+@pytest.mark.parametrize("per_replay", [4, 10])
+def test_on_cuda_a_graph_of_several_steps_equals_one_step_graphs_bit_for_bit_killed_or_not(per_replay: int) -> None:
+    cuda = torch.device("cuda")
+    one = run(shaped(capture=True, fused=True), cuda)
+    assert_equal(one, run(shaped(capture=True, fused=True, per_replay=per_replay), cuda))
+    assert_equal(one, run(shaped(capture=False, fused=True, per_replay=per_replay), cuda))
+    for stop_at in (1, 3, 6):
+        assert_equal(one, run(shaped(capture=True, fused=True, per_replay=per_replay), cuda, stop_at=stop_at))

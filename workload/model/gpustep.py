@@ -48,6 +48,14 @@ from torch.nn import functional as F
 log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (torch's CUDA graphs recipe); undone after
+# Full batches one replay trains (`Step.run`'s `count`). 1: a graph of one step, as measured on an H200 (~150 us a
+# step at batches of 128: launch-bound, kernel after small kernel). More: the batches' rows and the weight
+# average's weights of `count` steps gathered at once, then the steps one after another in one graph; each step
+# the same kernels on the same values (tests/model/test_gpustep.py), the host asked after every `count` steps
+# whether to checkpoint or stop. Its default stays 1 until a GPU has measured what more buys (`bench.gpu`'s
+# "step-r<count>" rows); a stated count is used where it fits (a day's remaining full batches), single steps
+# elsewhere.
+STEPS_PER_REPLAY = 1
 ShardSeed = Callable[[int, str, int], int]  # (run seed, shard, epoch) -> the epoch's generator seed
 
 
@@ -72,13 +80,13 @@ class Step:
     stay at fixed addresses (a day's rows are copied into buffers that only grow), as a graph needs."""
 
     def __init__(self, model: nn.Module, averaged: nn.Module, optimizer: torch.optim.Optimizer,
-                 batch_size: int, ema_decay: float, capture: bool) -> None:
+                 batch_size: int, ema_decay: float, capture: bool, per_replay: int = 1) -> None:
         self.model, self.optimizer, self.capture = model, optimizer, capture
         self.requested = capture  # `capture` turns False for good when this torch and GPU cannot record the step
         self.params, self.averages = list(model.parameters()), list(averaged.parameters())
-        self.batch_size, self.ema_decay = batch_size, ema_decay
+        self.batch_size, self.ema_decay, self.per_replay = batch_size, ema_decay, max(1, per_replay)
         device = self.params[0].device
-        self.arange = torch.arange(batch_size, device=device)
+        self.arange = torch.arange(self.per_replay * batch_size, device=device)  # a replay's rows, or its steps
         self.base = torch.zeros((), dtype=torch.int64, device=device)  # the batch's first position in the order
         # The weight average's weight at each of the day's steps (computed on the host, as the eager step computes
         # it) and the step's place in that table: one lookup a step instead of the decay's arithmetic on the device.
@@ -91,7 +99,8 @@ class Step:
         self.xs = torch.zeros((0, n_features), device=device)
         self.ys = torch.zeros(0, device=device)
         self.order = torch.zeros(0, dtype=torch.int64, device=device)
-        self.graphs: dict[bool, Any] = {}  # torch.cuda.CUDAGraph per `sums` (the last epoch's step sums), as captured
+        # torch.cuda.CUDAGraph per (steps a replay trains, `sums`: the last epoch's step sums), as captured
+        self.graphs: dict[tuple[int, bool], Any] = {}
         self.captured_on: tuple[int, ...] = ()
 
     # -- what the host hands the device: once a day, once an epoch ----------------------------------------
@@ -132,18 +141,20 @@ class Step:
         self.loss_sum.copy_(loss_sum) if loss_sum is not None else self.loss_sum.zero_()
 
     # -- the step ---------------------------------------------------------------------------------------
-    def run(self, size: int, sums: bool) -> None:
-        """One step over the next `size` rows of the order, adding to the step sums when `sums` (the last epoch's):
-        replayed when it is a full batch on CUDA (one graph with the sums, one without)."""
+    def run(self, size: int, sums: bool, count: int = 1) -> None:
+        """`count` steps (more than one: full batches only) over the next `size` rows of the order each, adding to the
+        step sums when `sums` (the last epoch's): replayed when they are full batches on CUDA (a graph per `count`
+        and `sums`)."""
         if not self.capture or size != self.batch_size:
-            step(self, size, sums)
+            steps(self, size, sums, count)
             return
-        graph = self.graphs.get(sums)
+        graph = self.graphs.get((count, sums))
         if graph is None:
-            graph = self.graphs[sums] = capture_or_none("the training step", lambda: self._capture(sums))
+            graph = self.graphs[(count, sums)] = capture_or_none("the training step",
+                                                                 lambda: self._capture(sums, count))
             if graph is None:
                 self.capture = False  # the buffers stay where they are: the eager step reads them alike
-                step(self, size, sums)
+                steps(self, size, sums, count)
                 return
         graph.replay()
 
@@ -154,16 +165,16 @@ class Step:
     def _addresses(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for t in self._tensors())
 
-    def _capture(self, sums: bool) -> Any:
+    def _capture(self, sums: bool, count: int) -> Any:
         prepare_state(self.optimizer, self.params)
 
         def warm_step() -> None:
             self.base.zero_()
             self.k.zero_()
-            step(self, self.batch_size, sums)
+            steps(self, self.batch_size, sums, count)
 
         self.optimizer.zero_grad(set_to_none=True)
-        graph = capture(lambda: step(self, self.batch_size, sums), warm_step, self._tensors())
+        graph = capture(lambda: steps(self, self.batch_size, sums, count), warm_step, self._tensors())
         self.captured_on = self._addresses()
         return graph
 
@@ -220,23 +231,33 @@ def prepare_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) 
             st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
 
 
-def step(s: Step, size: int, sums: bool) -> None:
-    """The trainer's step as a function of device tensors: the same batch (positions `base` .. `base + size`
-    of the order), loss, backward, Adam step, weight average (its weight from the day's table, `average_weights`)
-    and, when `sums`, the last epoch's sums."""
-    idx = s.order[s.base + s.arange[:size]]
+def steps(s: Step, size: int, sums: bool, count: int = 1) -> None:
+    """The trainer's step as a function of device tensors, `count` times: the same batches (positions `base` ..
+    `base + count * size` of the order, `size` rows a step), and for each its loss, backward, Adam step, weight
+    average (its weight from the day's table, `average_weights`) and, when `sums`, the last epoch's sums. The
+    batches' rows and weights are gathered for all `count` steps at once; each step reads its own contiguous rows."""
+    rows = s.order[s.base + s.arange[:count * size]]
+    xs, ys = s.xs[rows], s.ys[rows]
+    # not weights[k]: the host may read a 0-dim index
+    weights = s.weights.index_select(0, s.k + s.arange[:count]) if count > 1 else s.weights.index_select(
+        0, s.k.view(1))
+    for i in range(count):
+        step(s, xs[i * size:(i + 1) * size], ys[i * size:(i + 1) * size], weights[i], sums)
+    s.k.add_(count)
+    s.base.add_(count * size)
+
+
+def step(s: Step, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, sums: bool) -> None:
+    """One step on the batch `x`, `target`: loss, backward, Adam step, the weight average at `weight`, and the
+    last epoch's sums when `sums`."""
     s.optimizer.zero_grad(set_to_none=True)
-    logits = s.model(s.xs[idx])
-    target = s.ys[idx]
+    logits = s.model(x)
     loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=s.pos_weight)
     loss.backward()
     s.optimizer.step()
     with torch.no_grad():
-        weight = s.weights.index_select(0, s.k.view(1)).view(())  # not weights[k]: the host may read a 0-dim index
         for a, p in zip(s.averages, s.params, strict=True):
             a.lerp_(p, weight)
-        s.k.add_(1)
-        s.base.add_(size)
         if sums:
             s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
             s.loss_sum.add_(loss.detach())
@@ -252,12 +273,14 @@ def average_weights(ema_decay: float, steps: int, ahead: int) -> torch.Tensor:
 _STEPS: weakref.WeakKeyDictionary[Any, Step] = weakref.WeakKeyDictionary()
 
 
-def step_for(trainer: Any, capture: bool, fused: bool) -> Step:
+def step_for(trainer: Any, capture: bool, fused: bool, per_replay: int = 1) -> Step:
     """The trainer's Step, made once per trainer and mode (its graph outlives a day)."""
     s = _STEPS.get(trainer)
-    if s is None or (s.requested, bool(s.optimizer.param_groups[0].get("fused"))) != (capture, fused):
+    mode = (capture, fused, max(1, per_replay))
+    if s is None or (s.requested, bool(s.optimizer.param_groups[0].get("fused")), s.per_replay) != mode:
         optimizer = fused_adam(trainer.optimizer) if fused else trainer.optimizer
-        s = Step(trainer.model, trainer.averaged, optimizer, trainer.hp.batch_size, trainer.hp.ema_decay, capture)
+        s = Step(trainer.model, trainer.averaged, optimizer, trainer.hp.batch_size, trainer.hp.ema_decay, capture,
+                 per_replay)
         _STEPS[trainer] = s
     if fused:
         s.optimizer.state = trainer.optimizer.state  # a loaded checkpoint may have replaced the mapping
@@ -266,15 +289,17 @@ def step_for(trainer: Any, capture: bool, fused: bool) -> Step:
 
 
 def train_shard(trainer: Any, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool], shard_seed: ShardSeed,
-                capture: bool | None = None, fused: bool | None = None) -> bool:
+                capture: bool | None = None, fused: bool | None = None, per_replay: int | None = None) -> bool:
     """`Trainer.train_shard` with the GPU-shaped step: the same contract (train from `trainer.progress` to the
-    end of the shard on the window's rows `x`, `y`; `after_step()` at every batch boundary, False stops; True
-    when finished), the same progress, step count and last-epoch sums in the trainer as the eager loop leaves.
-    `capture`, `fused`: replay a CUDA graph, use the fused Adam (default: both on CUDA, neither elsewhere)."""
+    end of the shard on the window's rows `x`, `y`; `after_step()` at every batch boundary a replay ends at, False
+    stops; True when finished), the same progress, step count and last-epoch sums in the trainer as the eager loop
+    leaves. `capture`, `fused`: replay a CUDA graph, use the fused Adam (default: both on CUDA, neither elsewhere);
+    `per_replay`: full batches a replay trains where they fit (default `STEPS_PER_REPLAY`)."""
     assert trainer.progress is not None, "begin_shard first"
     shard, hp, device = trainer.progress["shard"], trainer.hp, trainer.device
     on_cuda = device.type == "cuda"
-    s = step_for(trainer, on_cuda if capture is None else capture, on_cuda if fused is None else fused)
+    s = step_for(trainer, on_cuda if capture is None else capture, on_cuda if fused is None else fused,
+                 STEPS_PER_REPLAY if per_replay is None else per_replay)
     xs = trainer.norm.apply(x, device)  # the day's tensors move to the device once
     ys = torch.from_numpy(np.asarray(y, dtype=np.float32)).to(device)
     n = len(ys)
@@ -292,12 +317,15 @@ def train_shard(trainer: Any, x: np.ndarray, y: np.ndarray, after_step: Callable
             s.load_order(perm, first)
             if last_epoch and first < batches:
                 s.begin_sums(trainer._correct, trainer._loss_sum)
-            for b in range(first, batches):
-                s.run(min(hp.batch_size, n - b * hp.batch_size), last_epoch)
-                trainer.steps += 1
+            b, full = first, n // hp.batch_size
+            while b < batches:
+                count = s.per_replay if b + s.per_replay <= full else 1
+                s.run(min(hp.batch_size, n - b * hp.batch_size), last_epoch, count)
+                b += count
+                trainer.steps += count
                 if last_epoch:  # the device's running sums: read only when a checkpoint or the report asks
                     trainer._correct, trainer._loss_sum = s.hits, s.loss_sum
-                trainer.progress = {"shard": shard, "epoch": epoch, "batch": b + 1, "epochs": epochs}
+                trainer.progress = {"shard": shard, "epoch": epoch, "batch": b, "epochs": epochs}
                 if not after_step():
                     return False
             trainer.progress = {"shard": shard, "epoch": epoch + 1, "batch": 0, "epochs": epochs}
