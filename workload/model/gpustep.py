@@ -49,12 +49,14 @@ log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (torch's CUDA graphs recipe); undone after
 # Full batches one replay trains (`Step.run`'s `count`). 1: a graph of one step, as measured on an H200 (~150 us a
-# step at batches of 128: launch-bound, kernel after small kernel). More: the batches' rows and the weight
-# average's weights of `count` steps gathered at once, then the steps one after another in one graph; each step
-# the same kernels on the same values (tests/model/test_gpustep.py), the host asked after every `count` steps
-# whether to checkpoint or stop. Its default stays 1 until a GPU has measured what more buys (`bench.gpu`'s
-# "step-r<count>" rows); a stated count is used where it fits (a day's remaining full batches), single steps
-# elsewhere.
+# step at batches of 128: launch-bound, small kernels one after another). More: the batches' rows and the weight
+# average's weights of `count` steps gathered at once, the weights and their average each in one buffer (the average
+# one kernel a step, not one a tensor), then the steps one after another in one graph: 30 operators a step instead
+# of 40 (counted at dispatch, the default run, 4 a replay; the loss's own kernels come on top of both), each step
+# the same arithmetic on the same values (tests/model/test_gpustep.py), the
+# host asked after every `count` steps whether to checkpoint or stop. The default stays 1 until a GPU has measured
+# what more buys (`bench.gpu --per-replay`); a stated count is used where it fits (a day's remaining full batches),
+# single steps elsewhere.
 STEPS_PER_REPLAY = 1
 ShardSeed = Callable[[int, str, int], int]  # (run seed, shard, epoch) -> the epoch's generator seed
 
@@ -87,6 +89,10 @@ class Step:
         self.batch_size, self.ema_decay, self.per_replay = batch_size, ema_decay, max(1, per_replay)
         device = self.params[0].device
         self.arange = torch.arange(self.per_replay * batch_size, device=device)  # a replay's rows, or its steps
+        # Several steps a replay: the weights and their average each in one buffer (the parameters re-pointed to
+        # slices of it, values unchanged), so that the average is one kernel a step instead of one a tensor.
+        self.flat: tuple[torch.Tensor, torch.Tensor] | None = (
+            (flatten(self.params), flatten(self.averages)) if self.per_replay > 1 else None)
         self.base = torch.zeros((), dtype=torch.int64, device=device)  # the batch's first position in the order
         # The weight average's weight at each of the day's steps (computed on the host, as the eager step computes
         # it) and the step's place in that table: one lookup a step instead of the decay's arithmetic on the device.
@@ -256,11 +262,32 @@ def step(s: Step, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, s
     loss.backward()
     s.optimizer.step()
     with torch.no_grad():
-        for a, p in zip(s.averages, s.params, strict=True):
-            a.lerp_(p, weight)
+        if s.flat is not None:
+            s.flat[1].lerp_(s.flat[0], weight)
+        else:
+            for a, p in zip(s.averages, s.params, strict=True):
+                a.lerp_(p, weight)
         if sums:
             s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
             s.loss_sum.add_(loss.detach())
+
+
+ALIGN = 128  # elements: each slice of a flat buffer starts on 512 bytes, as the CUDA allocator places a tensor
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One buffer holding `tensors`' values, each tensor re-pointed to its slice (the same values and shape, its
+    start aligned as a tensor of its own is, so that its kernels stay the ones it had); the gaps hold zeros."""
+    sizes = [math.ceil(t.numel() / ALIGN) * ALIGN for t in tensors]
+    buffer = torch.zeros(sum(sizes), dtype=tensors[0].dtype, device=tensors[0].device)
+    at = 0
+    with torch.no_grad():
+        for t, size in zip(tensors, sizes, strict=True):
+            view = buffer[at:at + t.numel()].view_as(t)
+            view.copy_(t)
+            t.data = view
+            at += size
+    return buffer
 
 
 def average_weights(ema_decay: float, steps: int, ahead: int) -> torch.Tensor:
