@@ -93,14 +93,16 @@ class Pack:
             st = t.optimizer.state.get(p)
             return st[key] if st else torch.zeros_like(p)
 
-        # Each kind of state in one flat buffer, every parameter's [R, ...] block a view of it: Adam and the weight
-        # average run as a few kernels over all parameters (on CUDA a step's cost is its count of kernels).
+        # Each kind of state in one [R, P] buffer, a run's parameters along its row, every parameter's [R, ...] block
+        # a view of it: Adam and the weight average run as a few kernels over all parameters (on CUDA a step's cost
+        # is its count of kernels), each run's own numbers broadcast along its row.
         self.flat_w, self.w = flat(stacked(lambda t, k: dict(t.model.named_parameters())[k]))
         self.flat_avg, self.avg = flat(stacked(lambda t, k: dict(t.averaged.named_parameters())[k]))
         self.flat_m, self.m = flat(stacked(lambda t, k: moment(t, k, "exp_avg")))
         self.flat_v, self.v = flat(stacked(lambda t, k: moment(t, k, "exp_avg_sq")))
-        per_run = [self.w[k][0].numel() for k in self.names]
-        self.run_of = torch.cat([torch.arange(self.r, device=dev).repeat_interleave(n) for n in per_run])
+        # What a row holds besides the parameters (zeros: each parameter starts aligned, the row too): the gradients
+        # are laid out alike by one concatenation.
+        self.gaps = {k: torch.zeros((self.r, n), device=dev) for k, n in gaps(stacked_sizes(self.w)).items()}
         p0 = [dict(t.model.named_parameters())[self.names[0]] for t in ts]
         self.adam_steps = torch.tensor([float(t.optimizer.state[p]["step"]) if t.optimizer.state.get(p) else 0.0
                                         for t, p in zip(ts, p0, strict=True)], dtype=torch.float64, device=dev)
@@ -269,7 +271,7 @@ def packed_step(p: Pack) -> None:
         adam(p, grads)
         decay = torch.minimum((1 + p.ema_step) / (10 + p.ema_step), p.ema_decay)
         weight = torch.where(p.active, 1.0 - decay, 0.0).float()
-        p.flat_avg.lerp_(p.flat_w, weight[p.run_of])
+        p.flat_avg.lerp_(p.flat_w, weight[:, None])
         p.ema_step.add_(p.active.double())
         p.base.add_(p.active.long() * p.bs)
         hits = (((logits >= 0) == (yb >= 0.5)) & valid).sum(1)
@@ -279,30 +281,49 @@ def packed_step(p: Pack) -> None:
 
 def adam(p: Pack, grads: dict[str, torch.Tensor]) -> None:
     """torch's single-tensor Adam (L2 weight decay in the gradient), over the stacked runs' flat buffers, element
-    by element as it runs over each tensor: each run its own learning rate, weight decay and step count (gathered
-    to its elements by `run_of`); a run sitting the step out keeps its tensors."""
+    by element as it runs over each tensor: each run its own learning rate, weight decay and step count (broadcast
+    along its row); a run sitting the step out keeps its tensors."""
     beta1, beta2 = p.betas
     steps = p.adam_steps + p.active.double()
-    step_size = (p.lr / (1 - beta1 ** steps)).float()
-    bc2_sqrt = torch.sqrt(1 - beta2 ** steps).float()
-    ix, w = p.run_of, p.flat_w
-    g = torch.cat([grads[k].reshape(-1) for k in p.names]) + p.wd[ix] * w
+    step_size = (p.lr / (1 - beta1 ** steps)).float()[:, None]
+    bc2_sqrt = torch.sqrt(1 - beta2 ** steps).float()[:, None]
+    w = p.flat_w
+    g = torch.cat([t for k in p.names for t in (grads[k].reshape(p.r, -1), *(
+        [p.gaps[k]] if k in p.gaps else []))], dim=1) + p.wd[:, None] * w
     m = p.flat_m.lerp(g, 1 - beta1)
     v = p.flat_v.mul(beta2).addcmul_(g, g, value=1 - beta2)
-    denom = (v.sqrt() / bc2_sqrt[ix]).add_(p.eps)
-    new_w = w + (-step_size[ix] * m) / denom
-    active = p.active[ix]
-    p.flat_w.copy_(torch.where(active, new_w, w))
-    p.flat_m.copy_(torch.where(active, m, p.flat_m))
-    p.flat_v.copy_(torch.where(active, v, p.flat_v))
+    denom = (v.sqrt() / bc2_sqrt).add_(p.eps)
+    new_w = w + (-step_size * m) / denom
+    active = p.active[:, None]
+    torch.where(active, new_w, w, out=p.flat_w)  # in place: one pass each, not a pass and a copy
+    torch.where(active, m, p.flat_m, out=p.flat_m)
+    torch.where(active, v, p.flat_v, out=p.flat_v)
     p.adam_steps.copy_(steps)
 
 
+ALIGN = 128  # elements: each parameter's slice of a row, and each row, starts on 512 bytes (as a tensor of its own)
+
+
+def stacked_sizes(blocks: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Elements of one run's block of each parameter."""
+    return {k: b[0].numel() for k, b in blocks.items()}
+
+
+def gaps(sizes: dict[str, int]) -> dict[str, int]:
+    """The zeros after each parameter in a row that align the next one (and the row's end) to `ALIGN`."""
+    return {k: -n % ALIGN for k, n in sizes.items() if n % ALIGN}
+
+
 def flat(blocks: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One buffer holding every block, and each block as a view of it (same shapes, written through)."""
-    buffer = torch.cat([b.reshape(-1) for b in blocks.values()])
+    """One [R, P] buffer holding every [R, ...] block along its rows (a run's parameters in one row, each starting
+    aligned, the gaps zeros), and each block as a view of it (same shapes, written through)."""
+    sizes, pads = stacked_sizes(blocks), gaps(stacked_sizes(blocks))
+    first = next(iter(blocks.values()))
+    buffer = torch.cat([t for k, b in blocks.items() for t in (b.reshape(len(b), -1), *(
+        [torch.zeros((len(b), pads[k]), dtype=b.dtype, device=b.device)] if k in pads else []))], dim=1)
     views, at = {}, 0
     for k, b in blocks.items():
-        views[k] = buffer[at:at + b.numel()].view(b.shape)
-        at += b.numel()
+        views[k] = buffer[:, at:at + sizes[k]].view(len(b), *b.shape[1:])
+        at += sizes[k] + pads.get(k, 0)
+    assert buffer.shape == (len(first), at)
     return buffer, views
