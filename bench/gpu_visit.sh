@@ -10,7 +10,8 @@
 # $OUT/bench/gpu.md (`python -m bench.gpu --write` writes the same block into docs/benchmarks.md there).
 # BENCH_ARGS adds bench.gpu options (default "--profile --per-replay 4,16": what a step launches, the next cut's
 # map, and the step and the worker with graphs of several steps, gpustep.STEPS_PER_REPLAY's candidates; add e.g.
-# "--batch-sizes 1024,8192"); FAULTS_S, UNIT_S, BENCH_S bound each part.
+# "--batch-sizes 1024,8192"); FAULTS_S, UNIT_S, BENCH_S bound each part. STEPS_PER_REPLAY=N in the environment runs
+# the kill-and-resume tests' workers (each a `python -m workload worker`) with N steps a replay instead of 1.
 set -u
 OUT=${OUT:-build/gpu-visit}
 mkdir -p "$OUT"

@@ -350,6 +350,9 @@ def worker(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from workload.model import gpustep
+
+    gpustep.STEPS_PER_REPLAY = args.steps_per_replay  # this process's CUDA step (the CPU's trains as ever)
     from workload.runtime import gpu
     from workload.runtime.worker import Worker
 
@@ -653,6 +656,11 @@ def add_worker(sub: Any) -> None:
                    help="runs of one day of one dataset (a sweep) leased together and trained as one stacked "
                         "model, each with its own lease, checkpoints, report and ack; 1 trains one item at a time "
                         "(env PACK_RUNS; default 1; a GPU default is not yet measured)")
+    w.add_argument("--steps-per-replay", type=positive(int, "--steps-per-replay"),
+                   default=FromEnv("STEPS_PER_REPLAY", "1"),
+                   help="on CUDA, full batches one replay of the captured step trains (the same steps, the host "
+                        "asked once a replay: fewer kernels a step); ignored on CPU (env STEPS_PER_REPLAY; default 1 "
+                        "until a GPU has measured more)")
     w.add_argument("--threads", type=positive(int, "--threads"), default=FromEnv("TORCH_THREADS"),
                    help="torch CPU threads (env TORCH_THREADS; default: torch's choice)")
     w.set_defaults(fn=worker)

@@ -57,7 +57,7 @@ ENV = ("SHARE_DIR", "REDIS_URL", "REDIS_PASSWORD", "QUEUE_PREFIX", "MAX_ATTEMPTS
        "DATASET", "DATASET_PRESET", "DATASET_COLUMNS", "DATASET_DATETIME_FORMAT", "DATASET_TIMEZONE", "WORKER_ID",
        "LEASE_TTL_SECONDS",
        "CHECKPOINT_INTERVAL_SECONDS", "TORCH_THREADS", "OUTPUT_URI", "REDIS_RETRY_SECONDS", "PLOT_INTERVAL_SECONDS",
-       "INFRA_GIVE_UP_SECONDS", "STALL_SECONDS", "TERM_GRACE_SECONDS", "LOG_LEVEL", "PACK_RUNS")
+       "INFRA_GIVE_UP_SECONDS", "STALL_SECONDS", "TERM_GRACE_SECONDS", "LOG_LEVEL", "PACK_RUNS", "STEPS_PER_REPLAY")
 SECONDS = {"REDIS_RETRY_SECONDS": "redis_retry_s", "PLOT_INTERVAL_SECONDS": "plot_interval_s",
            "INFRA_GIVE_UP_SECONDS": "infra_give_up_s", "STALL_SECONDS": "stall_s",
            "TERM_GRACE_SECONDS": "term_grace_s"}
@@ -146,6 +146,7 @@ def test_worker_config_defaults() -> None:
     assert cfg.term_grace_s == preemption.STOP_WITHIN_S == 13
     assert cfg.pack_runs == 1  # one item at a time: today's path
     assert parse("worker").threads is None
+    assert parse("worker").steps_per_replay == 1  # a graph of one step, as measured
 
 
 def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +154,7 @@ def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> 
               "MAX_ATTEMPTS": "9", "WORKER_ID": "pod-1", "LEASE_TTL_SECONDS": "12.5",
               "CHECKPOINT_INTERVAL_SECONDS": "4", "TORCH_THREADS": "3", "REDIS_RETRY_SECONDS": "11",
               "PLOT_INTERVAL_SECONDS": "12", "INFRA_GIVE_UP_SECONDS": "13", "STALL_SECONDS": "14",
-              "TERM_GRACE_SECONDS": "8", "PACK_RUNS": "4"}
+              "TERM_GRACE_SECONDS": "8", "PACK_RUNS": "4", "STEPS_PER_REPLAY": "16"}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     args = parse("worker")
@@ -161,6 +162,7 @@ def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> 
     assert cfg.share == Path("/data/share") and cfg.redis_url == "redis://r:1/2" and cfg.redis_password == "pw"
     assert (cfg.prefix, cfg.worker_id, cfg.max_attempts) == ("q", "pod-1", 9)
     assert (cfg.lease_ttl_s, cfg.checkpoint_interval_s, args.threads, cfg.pack_runs) == (12.5, 4.0, 3, 4)
+    assert args.steps_per_replay == 16
     assert {var: getattr(cfg, field) for var, field in SECONDS.items()} == {
         "REDIS_RETRY_SECONDS": 11, "PLOT_INTERVAL_SECONDS": 12, "INFRA_GIVE_UP_SECONDS": 13, "STALL_SECONDS": 14,
         "TERM_GRACE_SECONDS": 8}
@@ -170,6 +172,18 @@ def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> 
     assert (flags.share, flags.redis_url, flags.prefix, flags.max_attempts, flags.worker_id, flags.lease_ttl_s,
             flags.checkpoint_interval_s, flags.pack_runs) == (Path("/s"), "redis://x:3/0", "p", 2, "me", 6.0, 1.5,
                                                               2), "flags win"
+
+
+def test_the_worker_sets_its_processes_steps_a_replay(monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+    """`--steps-per-replay` is the process's CUDA step (`gpustep.STEPS_PER_REPLAY`), set before anything trains: here a
+    worker that finds no Redis gives up at once, having set it."""
+    from workload.model import gpustep
+
+    monkeypatch.setattr(gpustep, "STEPS_PER_REPLAY", 1)  # put back after the test, whatever the worker set
+    for name in ("REDIS_RETRY_SECONDS", "INFRA_GIVE_UP_SECONDS"):
+        monkeypatch.setenv(name, "0.1")
+    code, _, _ = run("worker", "--redis-url", "redis://127.0.0.1:1/0", "--steps-per-replay", "8")
+    assert code != 0 and gpustep.STEPS_PER_REPLAY == 8
 
 
 @pytest.mark.parametrize("name", sorted(SECONDS))
@@ -200,9 +214,15 @@ def test_the_worker_refuses_bad_flags_and_variables(monkeypatch: pytest.MonkeyPa
     assert code == 2 and "argument --lease-ttl: --lease-ttl must be > 0, got 'nan'" in err
     code, _, err = run("worker", "--pack", "0")
     assert code == 2 and "argument --pack: --pack must be > 0, got '0'" in err
+    code, _, err = run("worker", "--steps-per-replay", "0")
+    assert code == 2 and "argument --steps-per-replay: --steps-per-replay must be > 0, got '0'" in err
     monkeypatch.setenv("PACK_RUNS", "two")
     code, _, err = run("worker")
     assert code == 2 and "env PACK_RUNS must be an integer, got 'two'" in err
+    monkeypatch.delenv("PACK_RUNS")
+    monkeypatch.setenv("STEPS_PER_REPLAY", "1.5")
+    code, _, err = run("worker")
+    assert code == 2 and "env STEPS_PER_REPLAY must be an integer, got '1.5'" in err
 
 
 @pytest.mark.parametrize(("name", "text", "flag", "rule"), [
