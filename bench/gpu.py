@@ -180,7 +180,7 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
             samples, seconds = loops.trainer_loop(x, y, replace(HP, batch_size=batch), device, size.budget_s / 2)
             log.add(Figure(f"step-b{batch}", dev, 1, rows, samples, seconds), info)
     with log.phase(f"{dev}: worker, claim to ack"):
-        log.add(worker(server, share, rows, device, "worker"), info)
+        log.add(worker(server, share, rows, device, "worker", log), info)
     for count in size.per_replay if dev == "cuda" else ():  # a graph of several steps (`gpustep.STEPS_PER_REPLAY`)
         with log.phase(f"{dev}: the product's step alone, {count} steps a replay"), loops.steps_per_replay(count):
             samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s / 2)
@@ -188,7 +188,7 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
     if size.per_replay and dev == "cuda":
         count = max(size.per_replay)
         with log.phase(f"{dev}: worker, {count} steps a replay"), loops.steps_per_replay(count):
-            log.add(worker(server, share, rows, device, f"worker-r{count}"), info)
+            log.add(worker(server, share, rows, device, f"worker-r{count}", log), info)
     for runs in size.packs:
         with log.phase(f"{dev}: packed sweep of {runs} runs"):
             samples, seconds = loops.packed_loop(x, y, HP, runs, device, size.budget_s)
@@ -197,9 +197,10 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
             log.add(packed_worker(share, runs, rows, device, size, work, server), info)
 
 
-def worker(server: RedisServer | None, share: Path, rows: int, device: torch.device, path: str) -> Figure:
+def worker(server: RedisServer | None, share: Path, rows: int, device: torch.device, path: str,
+           log: Log | None = None) -> Figure:
     """The worker, claim to ack, training the default run on the day (a run of its own, `path`), its slowest
-    phases besides training named."""
+    phases besides training named (and every phase, with what no phase timed, on a line of `log`)."""
     dev = device.type
     if server is None:
         return Figure(path, dev, 1, rows, 0, 0.0, "skipped: no Redis server could start")
@@ -207,7 +208,12 @@ def worker(server: RedisServer | None, share: Path, rows: int, device: torch.dev
 
     (item,) = inprocess.run_items(server, share, f"gpu-{dev}-{path}", f"{path}-{dev}", HP, device,
                                   checkpoint_interval_s=10.0, lease_ttl_s=30.0)
-    rest = sorted(((v, k) for k, v in item.phases.items() if k != "training"), reverse=True)[:4]
+    rest = sorted(((v, k) for k, v in item.phases.items() if k != "training"), reverse=True)
+    if log is not None:  # the worker's own overhead, phase by phase: where the next cut is
+        untimed = item.total_s - sum(item.phases.values())
+        log.line(f"  {dev} {path} phases: " + ", ".join(f"{k} {v:.3f}s" for v, k in sorted(
+            ((v, k) for k, v in item.phases.items()), reverse=True)) + f", untimed {untimed:.3f}s")
+    rest = rest[:4]
     return Figure(path, dev, 1, rows, rows * HP.epochs, item.total_s,
                   f"training {item.training_s:.2f}s of it; " + ", ".join(f"{k} {v:.2f}s" for v, k in rest))
 

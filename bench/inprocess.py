@@ -38,6 +38,7 @@ PHASES: list[tuple[Any, str, str]] = [
     (CheckpointStore, "save", "checkpoint"),
     (Dataset, "examples", "features"),
     (Dataset, "test_examples", "test features"),  # includes its own `examples` call
+    (Trainer, "begin_shard", "statistics"),  # the day's rows into the normalisation statistics (float64, CPU)
     (Trainer, "train_shard", "training"),
     (Trainer, "score", "scoring"),
     (Trainer, "logits", "scoring"),  # calibration's fit scores the days it fits on
