@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One short visit to a GPU machine (shared/GPU.md has the recipe and its pitfalls), as one command of at most ~9 minutes (kill-and-resume 240 s beside the unit tests, then the benchmark 280 s):
+# One short visit to a GPU machine (shared/GPU.md has the recipe and its pitfalls), as one command of at most
+# ~9 minutes (the kill-and-resume tests' 240 s beside the unit tests, then the benchmark's 280 s):
 #   bash bench/gpu_visit.sh            # from the checkout's root; logs and figures under $OUT (or build/gpu-visit)
 # 1. the redis/pandas wheels carried in .whl/ (if any) into the machine's own Python;
 # 2. at once, side by side (correctness only, nothing timed): the CUDA unit tests (the GPU-shaped step, the packed
