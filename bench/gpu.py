@@ -1,8 +1,8 @@
 """`python -m bench.gpu`: what one GPU trains per second, and what a trained model costs on it.
 
 Sized for one short visit to a GPU machine (under 6 minutes on an H100 or H200): a simulated 1,000,000-row
-day, timed on CUDA through each path, and the same paths on the CPU beside them (one torch thread, on a
-smaller day: `--cpu-rows`):
+day, timed on CUDA through each path (with the CPU threads the stack's GPU pod has: `GPU_POD_THREADS`), and the
+same paths on the CPU beside them (one torch thread, as a `trainOn: cpu` pod has, on a smaller day: `--cpu-rows`):
 
 - the eager bare loop at the default run (`bench.loops.bare_loop`: today's step; on CUDA one epoch of the
   day, its pace is flat);
@@ -58,6 +58,10 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 OUT = ROOT / "build" / "bench" / "gpu"
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 HP = HParams()  # the default run
+# Torch threads of the CUDA section: a GPU pod requests `workerCpu` ("4" by default, Pulumi.yaml) and is not given
+# TORCH_THREADS (infra/jobs.py sets it to 1 on CPU pods only), so its CPU-side work (the day's statistics, reading,
+# calibration) runs on at least 4 threads; visits before 2026-11-29 measured it on 1 (their gpu.json says so).
+GPU_POD_THREADS = 4
 NOT_MEASURED = "not yet measured on a GPU"
 # A trained model, for its cost: the Handbook's 12 weeks of the handbook's population (~9,700 rows a day).
 MODEL_DAYS, ROWS_A_DAY = 84, 9_700
@@ -143,7 +147,7 @@ def machine() -> dict[str, str]:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    out = {"CPU": f"{cpu}, {os.cpu_count()} cores, 1 torch thread", "torch": torch.__version__,
+    out = {"CPU": f"{cpu}, {os.cpu_count()} cores", "torch": torch.__version__,
            "Python": platform.python_version()}
     if torch.cuda.is_available():
         out |= {"GPU": torch.cuda.get_device_name(0), "driver": gpu_check.driver_version(),
@@ -265,6 +269,7 @@ class Measured:
     wall_s: float
     budget_s: float
     packs: tuple[int, ...]
+    gpu_threads: int = 1  # torch threads of the CUDA section (`GPU_POD_THREADS`; 1 before it)
 
 
 def pace_table(figures: list[Figure]) -> list[str]:
@@ -312,7 +317,8 @@ def block(figures: list[Figure], info: dict[str, str], how: Measured) -> str:
                "Not yet measured on a GPU: `python -m bench.gpu --write` on a GPU machine fills this section "
                "(CUDA and the same run's CPU figures); `bash bench/gpu_visit.sh` runs it after the CUDA tests, in "
                "one visit.")
-    out += ["", "| path | on the GPU | on the CPU (1 torch thread) |", "|---|---|---|"]
+    threads = f"{how.gpu_threads} torch thread{'s' if how.gpu_threads > 1 else ''}"
+    out += ["", f"| path | on the GPU ({threads} beside it) | on the CPU (1 torch thread) |", "|---|---|---|"]
     paths = [*PATHS, *((f"packed-{r}", f"packed sweep of {r} runs (aggregate)") for r in packs),
              *((f"worker-packed-{r}", f"worker, packed sweep of {r} runs (`--pack {r}`, aggregate)") for r in packs)]
     out += [f"| {label} | {figure_cell(figs, p, 'cuda')} | {figure_cell(figs, p, 'cpu')} |" for p, label in paths]
@@ -413,7 +419,7 @@ def from_json(path: Path, write: bool) -> int:
         data = json.loads(path.read_text())
         how = data["measured"]
         how = Measured(how["command"], how["at"], float(how["wall_s"]), float(how["budget_s"]),
-                       tuple(int(r) for r in how["packs"]))
+                       tuple(int(r) for r in how["packs"]), int(how.get("gpu_threads", 1)))
         figures = [Figure(**f) for f in data["figures"]]
         info = {str(k): str(v) for k, v in data["machine"].items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -461,8 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.gpu" + (" " + shlex.join(given) if given else "")
     args.out.mkdir(parents=True, exist_ok=True)
     log, info = Log(args.out, keep_going=args.keep_going), machine()
-    torch.set_num_threads(1)
-    log.line(f"{command}: " + "; ".join(f"{k}: {v}" for k, v in info.items()))
+    gpu_threads = min(GPU_POD_THREADS, os.cpu_count() or 1) if where in ("cuda", "both") else 1
+    threads = f"{gpu_threads} beside the GPU (its pod's), 1 on the CPU" if where != "cpu" else "1"
+    log.line(f"{command}: " + "; ".join(f"{k}: {v}" for k, v in info.items()) + f"; torch threads: {threads}")
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         work = Path(tmp)
         if args.mini:
@@ -471,13 +478,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for dev, rows in (("cuda", size.rows), ("cpu", size.cpu_rows)):
                 if where in (dev, "both"):
+                    torch.set_num_threads(gpu_threads if dev == "cuda" else 1)
                     with log.phase(f"{dev}: every path"):
                         measure(torch.device(dev), rows, size, work, log, server, info)
         finally:
             if server is not None:
                 server.stop()
     how = Measured(command, f"{datetime.now(UTC):%Y-%m-%d %H:%M}", round(time.monotonic() - log.started, 1),
-                   size.budget_s, size.packs)
+                   size.budget_s, size.packs, gpu_threads)
     (args.out / "gpu.json").write_text(json.dumps(
         {"machine": info, "measured": asdict(how), "figures": [asdict(f) for f in log.figures]}, indent=1))
     text = block(log.figures, info, how)
