@@ -184,7 +184,11 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
             samples, seconds = loops.trainer_loop(x, y, replace(HP, batch_size=batch), device, size.budget_s / 2)
             log.add(Figure(f"step-b{batch}", dev, 1, rows, samples, seconds), info)
     with log.phase(f"{dev}: worker, claim to ack"):
-        log.add(worker(server, share, rows, device, "worker", log), info)
+        log.add(worker(server, own_share(share, work, f"worker-{dev}"), rows, device, "worker", log), info)
+    if size.profile and server is not None:  # where the worker's own overhead goes, function by function
+        with log.phase(f"{dev}: profile of the worker outside training"):
+            for line in worker_profile(server, own_share(share, work, f"profiled-{dev}"), device):
+                log.line("  " + line)
     for count in size.per_replay if dev == "cuda" else ():  # a graph of several steps (`gpustep.STEPS_PER_REPLAY`)
         with log.phase(f"{dev}: the product's step alone, {count} steps a replay"), loops.steps_per_replay(count):
             samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s / 2)
@@ -192,13 +196,23 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
     if size.per_replay and dev == "cuda":
         count = max(size.per_replay)
         with log.phase(f"{dev}: worker, {count} steps a replay"), loops.steps_per_replay(count):
-            log.add(worker(server, share, rows, device, f"worker-r{count}", log), info)
+            log.add(worker(server, own_share(share, work, f"worker-r{count}-{dev}"), rows, device, f"worker-r{count}",
+                           log), info)
     for runs in size.packs:
         with log.phase(f"{dev}: packed sweep of {runs} runs"):
             samples, seconds = loops.packed_loop(x, y, HP, runs, device, size.budget_s)
             log.add(Figure(f"packed-{runs}", dev, runs, rows, samples, seconds), info)
         with log.phase(f"{dev}: worker, packed sweep of {runs} runs"):
             log.add(packed_worker(share, runs, rows, device, size, work, server), info)
+
+
+def own_share(share: Path, work: Path, name: str) -> Path:
+    """A share of its own for one measured worker, linking `share`'s datasets (their stored features too): a run
+    recorded on a share is one every later worker there reconciles its queue against, which is not its cost."""
+    own = work / f"share-{name}"
+    own.mkdir()
+    (own / "datasets").symlink_to((share / "datasets").resolve())
+    return own
 
 
 def worker(server: RedisServer | None, share: Path, rows: int, device: torch.device, path: str,
@@ -222,6 +236,29 @@ def worker(server: RedisServer | None, share: Path, rows: int, device: torch.dev
                   f"training {item.training_s:.2f}s of it; " + ", ".join(f"{k} {v:.2f}s" for v, k in rest))
 
 
+def worker_profile(server: RedisServer, share: Path, device: torch.device, top: int = 40) -> list[str]:
+    """The worker's day once more (a run of its own) under cProfile: the product's functions by cumulative time,
+    training's own left out (its step is `step_profile`'s), so that what its own overhead is made of shows."""
+    import cProfile
+    import pstats
+
+    from bench import inprocess
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        inprocess.run_items(server, share, f"gpu-{device.type}-profiled", f"profiled-{device.type}", HP, device,
+                            checkpoint_interval_s=10.0, lease_ttl_s=30.0)
+    finally:
+        profile.disable()
+    stats = pstats.Stats(profile)
+    rows = [(cum, calls, f"{Path(file).name}:{line}({name})") for (file, line, name), (calls, _, _, cum, _)
+            in stats.stats.items()  # type: ignore[attr-defined]  # pstats keeps its table there
+            if "/workload/" in file and "/workload/model/gpustep.py" not in file and name != "train_shard"]
+    rows.sort(reverse=True)
+    return [f"{cum:7.3f}s {calls:6d}x  {where}" for cum, calls, where in rows[:top]]
+
+
 def packed_worker(share: Path, runs: int, rows: int, device: torch.device, size: Size, work: Path,
                   server: RedisServer | None) -> Figure:
     """The worker's packed path (`--pack runs`): one worker leases the sweep's runs of the day together, claim to
@@ -231,9 +268,7 @@ def packed_worker(share: Path, runs: int, rows: int, device: torch.device, size:
         return Figure(path, dev, runs, rows, 0, 0.0, "skipped: no Redis server could start")
     from bench import inprocess  # the worker needs the redis client: imported only where one runs
 
-    own = work / f"share-{rows}-pack{runs}-{dev}"
-    own.mkdir()
-    (own / "datasets").symlink_to((share / "datasets").resolve())
+    own = own_share(share, work, f"{rows}-pack{runs}-{dev}")
     sweep = {f"pack{runs}-{i}": h for i, h in enumerate(loops.sweep_hparams(HP, runs))}
     # Checkpoints every third of the budget: the figure counts what the runs' checkpoints record, so each run saves
     # (and its save's cost is measured) before the stop; with none measured the stop's budget assumes 1 s a save.
