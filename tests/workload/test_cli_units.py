@@ -182,7 +182,12 @@ def test_the_worker_sets_its_processes_steps_a_replay(monkeypatch: pytest.Monkey
     monkeypatch.setattr(gpustep, "STEPS_PER_REPLAY", 1)  # put back after the test, whatever the worker set
     for name in ("REDIS_RETRY_SECONDS", "INFRA_GIVE_UP_SECONDS"):
         monkeypatch.setenv(name, "0.1")
-    code, _, _ = run("worker", "--redis-url", "redis://127.0.0.1:1/0", "--steps-per-replay", "8")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code, _, _ = run("worker", "--redis-url", "redis://127.0.0.1:1/0", "--steps-per-replay", "8")
+    finally:  # the worker installed its own: this pytest process keeps its
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     assert code != 0 and gpustep.STEPS_PER_REPLAY == 8
 
 
