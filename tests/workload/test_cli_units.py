@@ -174,7 +174,8 @@ def test_worker_config_reads_every_variable(monkeypatch: pytest.MonkeyPatch) -> 
                                                               2), "flags win"
 
 
-def test_the_worker_sets_its_processes_steps_a_replay(monkeypatch: pytest.MonkeyPatch, run: Run) -> None:
+def test_the_worker_sets_its_processes_steps_a_replay(monkeypatch: pytest.MonkeyPatch, run: Run,
+                                                      tmp_path: Path) -> None:
     """`--steps-per-replay` is the process's CUDA step (`gpustep.STEPS_PER_REPLAY`), set before anything trains: here a
     worker that finds no Redis gives up at once, having set it."""
     from workload.model import gpustep
@@ -184,7 +185,8 @@ def test_the_worker_sets_its_processes_steps_a_replay(monkeypatch: pytest.Monkey
         monkeypatch.setenv(name, "0.1")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code, _, _ = run("worker", "--redis-url", "redis://127.0.0.1:1/0", "--steps-per-replay", "8")
+        code, _, _ = run("worker", "--share", str(tmp_path), "--redis-url", "redis://127.0.0.1:1/0",
+                         "--steps-per-replay", "8")
     finally:  # the worker installed its own: this pytest process keeps its
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
