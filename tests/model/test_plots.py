@@ -330,6 +330,19 @@ def test_days_labelled_by_long_file_names_still_fit(days: int) -> None:
     _legend_clear_of_the_axes(plots._pr_figure(_history()[1], history, "a-long-run-name"))
 
 
+def test_day_labels_too_long_for_any_picture_are_cut_and_the_pictures_still_written(tmp_path: Path) -> None:
+    """A day file's name of 200 characters needs more room than the picture has: the axes keep `MIN_AXES` of it
+    each way and the label is cut at the edge, as a report must be written whatever the user named the files
+    (matplotlib refuses margins that meet, and a failed report would fail the item)."""
+    history = [{**item, "first_day": "", "shard": "training/" + "x" * 200 + f"-{i}.parquet"}
+               for i, item in enumerate(_days(3))]
+    paths = plots.write_plots(tmp_path, history, _history()[1], run="main", hparams={"lr": 0.002})
+    for path in paths:
+        _assert_png(path)
+    box = plots._metrics_figure(history, "main", {"lr": 0.002}).axes[0].get_position()
+    assert box.width >= plots.MIN_AXES - 1e-9 and box.height >= plots.MIN_AXES - 1e-9, box
+
+
 def test_the_title_names_the_run_and_its_sorted_hyperparameters() -> None:
     assert plots._title("main", None) == "run 'main'"
     assert plots._title("main", {}) == "run 'main'"

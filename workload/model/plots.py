@@ -50,9 +50,11 @@ def _fit(figure: Figure, axes: Axes, title: Text, legend: Legend | None) -> None
     """Place `axes` so that its tick labels, axis labels and subtitle, the figure's `title` above and its `legend`
     below (if any) lie inside the picture and clear of each other, from those texts' own sizes: what constrained
     layout did for these two designs, but measuring each text once where it measured every text of the axes twice,
-    round after round. A pair now draws and encodes in ~0.28-0.30 s instead of ~0.33-0.37 s (medians of interleaved
-    draws on the 2-core CI machine), on a worker's critical path after a run's last day (issue 33). The texts are
-    measured with the canvas the picture is saved with, which keeps their sizes for the drawing."""
+    round after round. A pair draws and encodes in ~0.20-0.24 s instead of ~0.27-0.32 s (matplotlib 3.10.9, medians
+    of interleaved draws on the 2-core CI machine), on a worker's critical path after a run's last day (issue 33).
+    The texts are measured with the canvas the picture is saved with, which keeps their sizes for the drawing. Texts
+    too large for the picture (day labels of very long file names) never shrink the axes below `MIN_AXES` of it:
+    they are cut at its edge, and the report is written all the same."""
     renderer = FigureCanvasAgg(figure).get_renderer()
     width, height, pt = figure.bbox.width, figure.bbox.height, figure.dpi / 72
     pad = PAD_PT * pt
@@ -72,7 +74,7 @@ def _fit(figure: Figure, axes: Axes, title: Text, legend: Legend | None) -> None
     top = pad + size(title).height + pad + size(axes.title).height + rcParams["axes.titlepad"] * pt
     right = pad
     title.set_y(1 - pad / height)
-    figure.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
+    _place(figure, left / width, right / width, bottom / height, top / height)
     # What reaches past the axes' sides: the first days' labels rotated leftwards, the last tick label's half, a wide
     # subtitle centred over the axes. A margin grown by the shortfall moves such a text by all of it but its share of
     # the axes' width (its place along them: ~0.05 for the first day's label), so a few rounds close it.
@@ -83,7 +85,27 @@ def _fit(figure: Figure, axes: Axes, title: Text, legend: Legend | None) -> None
         if short_left <= 0.5 and short_right <= 0.5:  # half a pixel
             break
         left, right = left + max(0.0, short_left), right + max(0.0, short_right)
-        figure.subplots_adjust(left=left / width, right=1 - right / width)
+        if not _place(figure, left / width, right / width, bottom / height, top / height):
+            break  # the axes are as small as they may be
+
+
+MIN_AXES = 0.25  # of the picture's width and of its height: the least the axes keep, whatever their texts need
+
+
+def _place(figure: Figure, left: float, right: float, bottom: float, top: float) -> bool:
+    """The axes inside these margins (fractions of the picture), or as near as `MIN_AXES` allows (the margins cut
+    in proportion); False when it had to cut them."""
+    fits = True
+    for near, far in ((0, 1), (2, 3)):
+        margins = [left, right, bottom, top]
+        room = 1 - MIN_AXES
+        if margins[near] + margins[far] > room:
+            scale = room / (margins[near] + margins[far])
+            margins[near], margins[far] = margins[near] * scale, margins[far] * scale
+            fits = False
+        left, right, bottom, top = margins
+    figure.subplots_adjust(left=left, right=1 - right, bottom=bottom, top=1 - top)
+    return fits
 
 
 def _save_atomically(figure: Figure, path: Path) -> Path:
