@@ -191,7 +191,7 @@ def measure(device: torch.device, rows: int, size: Size, work: Path, log: Log, s
                 log.line("  " + line)
     for count in size.per_replay if dev == "cuda" else ():  # a graph of several steps (`gpustep.STEPS_PER_REPLAY`)
         with log.phase(f"{dev}: the product's step alone, {count} steps a replay"), loops.steps_per_replay(count):
-            samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s / 2)
+            samples, seconds = loops.trainer_loop(x, y, HP, device, size.budget_s)  # as the "step" row: comparable
             log.add(Figure(f"step-r{count}", dev, 1, rows, samples, seconds), info)
     if size.per_replay and dev == "cuda":
         count = max(size.per_replay)
