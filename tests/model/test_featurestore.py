@@ -331,3 +331,24 @@ def test_a_day_file_that_holds_less_than_its_size_when_read_is_refused_naming_it
     said = rf"^{re.escape(str(entry))}: unreadable \({re.escape(str(arrays))}: changed while read\)$"
     with pytest.raises(featurestore.StaleFeatures, match=said):
         featurestore.load(tmp_path, REL, INPUTS)
+
+
+def test_a_stored_day_larger_than_a_read_chunk_loads_whole_writable_and_checked(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is read chunk by chunk into one array (the CRC32C taken of each chunk): a day spanning several chunks,
+    the last one partial, comes back equal and writable (the trainer normalises in place), and a byte flipped in any
+    chunk is caught."""
+    monkeypatch.setattr(featurestore, "CHUNK", 4096)
+    stored = _arrays(n=1000)
+    featurestore.store(tmp_path, REL, stored, INPUTS)
+    arrays, _ = featurestore.paths(tmp_path, REL)
+    assert arrays.stat().st_size > 3 * featurestore.CHUNK and arrays.stat().st_size % featurestore.CHUNK
+    back = featurestore.load(tmp_path, REL, INPUTS)
+    for name, _dtype in featurestore._ARRAYS:
+        np.testing.assert_array_equal(back[name], stored[name])
+        assert back[name].flags.writeable, name
+    raw = bytearray(arrays.read_bytes())
+    raw[2 * featurestore.CHUNK + 7] ^= 1
+    arrays.write_bytes(bytes(raw))
+    with pytest.raises(featurestore.StaleFeatures, match="checksum mismatch"):
+        featurestore.load(tmp_path, REL, INPUTS)

@@ -33,6 +33,19 @@ def test_running_statistics_match_the_whole_data() -> None:
     np.testing.assert_allclose((norm.m2 / norm.count).numpy(), whole.var(0), rtol=1e-12)
 
 
+def test_folding_a_day_in_leaves_the_callers_rows_alone_and_sums_squares_as_before() -> None:
+    """`_merge` centres and squares its chunk in place: the chunk is a float64 copy even when the caller's rows are
+    float64 already, and the sum of squares is ((chunk - mean) ** 2).sum(0) to the bit (what checkpoints hold)."""
+    rng = np.random.default_rng(4)
+    day = rng.normal(3, 2, size=(1000, 3))
+    kept = day.copy()
+    norm = Normalizer(3)
+    norm.update(day)
+    np.testing.assert_array_equal(day, kept)
+    chunk = torch.from_numpy(kept)
+    assert torch.equal(norm.m2, ((chunk - chunk.mean(0)) ** 2).sum(0)) and torch.equal(norm.mean, chunk.mean(0))
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ({"lr": 0}, "lr=0.0 is not allowed; must be 0 < lr < 1"),
     ({"epochs": 0}, "epochs=0 is not allowed"),
