@@ -63,7 +63,7 @@ class StaleFeatures(Exception):
     """A stored day that must not be used: the message says why."""
 
 
-def _check(entry: dict[str, Any], data: np.ndarray, crc: str | None, data_path: Path, entry_path: Path) -> None:
+def _check(entry: dict[str, Any], data: bytearray, crc: str | None, data_path: Path, entry_path: Path) -> None:
     """`StaleFeatures` unless `data` (whose CRC32C `_read` took as it read; None without the C extension) has the
     size and checksum `entry` records: CRC32C or, in an entry written before it, sha256."""
     if entry.get("bytes") == len(data):
@@ -93,7 +93,7 @@ def _to_bytes(out: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def _from_bytes(data: bytearray | np.ndarray) -> dict[str, np.ndarray]:
+def _from_bytes(data: bytearray) -> dict[str, np.ndarray]:
     """Arrays viewed in place on `data` (no copy: the 1M-row day is ~90 MB); only the expected plain
     dtypes are accepted, so nothing here can unpickle."""
     out, pos = {}, 0
@@ -118,23 +118,19 @@ def _from_bytes(data: bytearray | np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _read(path: Path) -> tuple[np.ndarray, str | None]:
-    """The file's bytes in a writable array (so that arrays viewed on it are writable), read once, chunk by chunk,
-    and their CRC32C taken of each chunk as it arrives (None without google-crc32c's C extension). Each chunk is read
-    into a bytes object of its own (what the C extension checksums) and copied into an array `np.empty` left
-    unfilled: ~35 ms for the 1M-row day's 101 MB, where `readinto` a zero-filled bytearray (and a copy of each chunk
-    for the checksum) took ~130 ms (issue 33: per-item overhead)."""
+def _read(path: Path) -> tuple[bytearray, str | None]:
+    """The file's bytes in a writable buffer (so that arrays viewed on it are writable), read once, and their CRC32C
+    taken chunk by chunk as they arrive (None without google-crc32c's C extension, which wants read-only bytes)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        data, crc, pos = np.empty(size, dtype=np.uint8), 0, 0
-        while pos < size:
-            chunk = f.read(min(CHUNK, size - pos))
-            if not chunk:
+        data = bytearray(size)
+        view, crc = memoryview(data), 0
+        for start in range(0, size, CHUNK):
+            got = f.readinto(view[start:start + CHUNK])
+            if got != min(CHUNK, size - start):
                 raise OSError(f"{path}: changed while read")
             if FAST_CRC:
-                crc = google_crc32c.extend(crc, chunk)
-            data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-            pos += len(chunk)
+                crc = google_crc32c.extend(crc, bytes(view[start:start + got]))
         if f.read(1):
             raise OSError(f"{path}: changed while read")
     return data, f"{crc:08x}" if FAST_CRC else None

@@ -11,7 +11,9 @@ steps and progress (it knows them without asking), and reads the device only whe
 On an H200 (2026-11-28) the replayed step cost the same ~150-170 us at batches of 128 and 1,024 rows (bench.gpu):
 it is bound by what it launches, kernel after small kernel, not by its arithmetic or the host. So the day's
 averaging weights are computed once on the host (one lookup a step instead of six kernels of arithmetic) and the
-last epoch's accuracy and loss sums are taken only in the last epoch (a second graph, with them).
+last epoch's accuracy and loss sums are taken only in the last epoch (a second graph, with them). For the same
+reason a step seeds its backward with the loss's gradient (`loss_gradient`: torch's own backward of the loss,
+operator for operator, so the same bits) and runs the loss's forward only where its value is summed.
 
 The meaning is the eager step's:
 - the same batches in the same order: each epoch's permutation is drawn by the same CPU generator as today
@@ -258,8 +260,9 @@ def step(s: Step, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, s
     last epoch's sums when `sums`."""
     s.optimizer.zero_grad(set_to_none=True)
     logits = s.model(x)
-    loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=s.pos_weight)
-    loss.backward()
+    with torch.no_grad():
+        grad = loss_gradient(logits.detach(), target, s.pos_weight)
+    logits.backward(grad)
     s.optimizer.step()
     with torch.no_grad():
         if s.flat is not None:
@@ -269,7 +272,19 @@ def step(s: Step, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, s
                 a.lerp_(p, weight)
         if sums:
             s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
-            s.loss_sum.add_(loss.detach())
+            s.loss_sum.add_(F.binary_cross_entropy_with_logits(logits.detach(), target, pos_weight=s.pos_weight))
+
+
+def loss_gradient(logits: torch.Tensor, target: torch.Tensor, pos_weight: torch.Tensor) -> torch.Tensor:
+    """The gradient of the class-weighted loss (`F.binary_cross_entropy_with_logits`, mean over the batch) with
+    respect to `logits`, computed as torch's own backward of it computes it, operator for operator (torch 2.11-2.13:
+    ``t = pos_weight * target; ((t + 1 - target) * sigmoid(logits) - t) * 1 / n``, the upstream gradient 1 left out:
+    x * 1 is x), so the bits are the same (tests/model/test_gpustep.py). Without the loss's value a step does not
+    run its forward (about nine kernels on CUDA: log-sigmoid, weights, mean) nor the gradient's seed and scaling:
+    7 operators instead of 18 kernels, on a step that is launch-bound (issue 33). The last epoch's steps, which sum
+    the loss, compute its value apart."""
+    t = pos_weight.mul(target)
+    return t.add(1).sub_(target).mul_(logits.sigmoid()).sub_(t).div_(logits.numel())
 
 
 ALIGN = 128  # elements: each slice of a flat buffer starts on 512 bytes, as the CUDA allocator places a tensor
