@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from workload.model import lineage, packed
 from workload.model.trainer import HParams, Trainer, _shard_seed
@@ -129,6 +130,55 @@ def test_each_packed_run_ends_where_its_solo_training_ends_within_the_stated_tol
                                                                          abs=2 / 700)
     assert [t.steps for t in together] == [44, 44, 66]  # each its own epochs
     assert not torch.equal(tensors(together[0])["model.net.0.weight"], tensors(together[1])["model.net.0.weight"])
+
+
+def test_each_packed_runs_last_epoch_sums_are_its_solo_runs_though_only_that_epochs_steps_take_them() -> None:
+    """A packed step seeds its backward with the loss's gradient and runs the loss itself only while a run is in
+    its last epoch (run c's third epoch is trained alone in the pack): each run's summed loss and rows classified
+    right are still its solo training's (what the finiteness check before promotion and the day's accuracy read)."""
+    x, y = _day(0)
+    alone, together = fresh(), fresh()
+    for t in alone:
+        t.begin_shard("d0", x)
+        assert t.train_shard(x, y, lambda: True)
+    for t in together:
+        t.begin_shard("d0", x)
+    assert packed.Pack(together, _shard_seed).train_shard(x, y, lambda r: True) == [True] * len(RUNS)
+    for a, b in zip(alone, together, strict=True):
+        assert b.last_epoch_loss() == pytest.approx(a.last_epoch_loss(), rel=1e-5), a.run
+        assert b.train_accuracy(len(y)) == a.train_accuracy(len(y)), a.run
+
+
+class _Named(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's own hook
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_packed_step_outside_last_epochs_runs_no_loss_and_a_fifth_fewer_operators() -> None:
+    """On CUDA a packed step costs its count of kernels. Under vmap the loss's forward and backward decomposed into
+    ~30 operators (log, exp, clamps, negations); seeded with the loss's gradient, a step computes the loss only
+    when some run sums its last epoch (the graph with the sums): the other steps dispatch none of it."""
+    x, y = _day(0)
+    trainers = fresh()
+    for t in trainers:
+        t.begin_shard("d0", x)
+    pack = packed.Pack(trainers, _shard_seed, capture=False)
+    pack.load_day(x, y)
+    counts = {}
+    for sums in (False, True):
+        with _Named() as seen:
+            packed.packed_step(pack, sums)
+        counts[sums] = seen.names
+    loss_ops = {"binary_cross_entropy_with_logits", "log", "log_", "exp", "exp_", "log_sigmoid_forward"}
+    assert not loss_ops & set(counts[False]), counts[False]
+    assert counts[True].count("binary_cross_entropy_with_logits") == 1
+    # every operator, views included: 204 a step while the loss was differentiated under vmap, 158 now (torch 2.13)
+    assert len(counts[False]) <= 0.8 * 204, len(counts[False])
 
 
 def test_a_packed_run_stopped_and_resumed_from_its_checkpoint_ends_bit_for_bit() -> None:

@@ -2,7 +2,8 @@
 
 One run's step leaves a GPU nearly idle (a batch of 128 rows through a small MLP); R runs of the same
 architecture stacked on a leading axis take R batches in one step: `torch.func.vmap` over
-`functional_call` gives every run its own forward, loss and gradients in batched kernels, and Adam and the
+`functional_call` gives every run its own forward and gradients in batched kernels (backward seeded with the
+loss's gradient; the loss itself is computed only while some run sums its last epoch), and Adam and the
 weight average are written out over the stacked tensors with per-run learning rate, weight decay, class
 weight, averaging decay and step count. Each run keeps everything that makes it itself: its batches (its
 own seed's permutation each epoch, its own cursor), its optimizer state, its number of epochs for the day,
@@ -28,17 +29,19 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vjp, vmap
 from torch.nn import functional as F
 
 from workload.model import gpustep
 from workload.model.trainer import Trainer
 
 # A packed run's weights, averaged weights and Adam moments against its solo training: after 44-66 steps on CPU
-# at most 6e-8 apart (tests/model/test_packed.py); within this tolerance on an H200 too (the CUDA tests, 2026-11-28).
+# at most 3e-8 apart (tests/model/test_packed.py; 6e-8 while the pack differentiated the loss under vmap); within
+# this tolerance on an H200 too (the CUDA tests, 2026-11-28, before that change).
 # Not bit for bit even on CPU: vmap's batched products round differently from one run's (gradients ~1e-9 apart
 # after one step). On CUDA they also round by the pack's size: a run resumed in a pack of another size (alone, say)
 # ends within this tolerance of its undisturbed pack, and bit for bit when its pack resumes together.
@@ -78,7 +81,8 @@ class Pack:
         self.base_model = copy.deepcopy(first.model).to("meta")
         self.names = [k for k, _ in first.model.named_parameters()]
         self._stack()
-        self.graph = None
+        self.graphs: dict[bool, Any] = {}  # CUDA graphs of the step, without and with the last epoch's sums
+        self.sums = True
         self.orders: dict[tuple[int, int], Future[torch.Tensor]] = {}  # (run, epoch): its permutation, drawing
 
     # -- stacked state ----------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class Pack:
             self.pos_weight[r] = min(max((self.n - positives) / positives, 1.0), cap) if positives else 1.0
         self.order = torch.zeros((self.r, self.n), dtype=torch.int64, device=self.device)
         self.ema_step.copy_(torch.tensor([float(t.steps) for t in self.trainers], dtype=torch.float64))
-        self.graph = None  # new buffers: capture again
+        self.graphs = {}  # new buffers: capture again
 
     def train_shard(self, x: np.ndarray, y: np.ndarray, after_step: Callable[[int], bool]) -> list[bool]:
         """Every run from its own progress to the end of the day (each `trainers[r].begin_shard` first, all on
@@ -231,52 +235,62 @@ class Pack:
         return self.pool.submit(lambda: torch.randperm(self.n, generator=torch.Generator().manual_seed(seed)))
 
     def _set_flags(self, cursors: list[Cursor]) -> None:
+        summing = [c.active and c.epoch == c.epochs - 1 for c in cursors]
         self.active.copy_(torch.tensor([c.active for c in cursors]))
-        self.summing.copy_(torch.tensor([c.active and c.epoch == c.epochs - 1 for c in cursors]))
+        self.summing.copy_(torch.tensor(summing))
+        self.sums = any(summing)  # the host knows: the step with the sums (a graph of its own) only then
 
     def _run_step(self) -> None:
+        sums = self.sums
         if not self.capture:
-            packed_step(self)
+            packed_step(self, sums)
             return
-        if self.graph is None:
+        graph = self.graphs.get(sums)
+        if graph is None:
             state = [self.flat_w, self.flat_avg, self.flat_m, self.flat_v, self.adam_steps, self.ema_step, self.hits,
                      self.loss_sum, self.base]
-            self.graph = gpustep.capture_or_none(
-                "the packed step", lambda: gpustep.capture(lambda: packed_step(self), lambda: packed_step(self), state))
-            if self.graph is None:
+            graph = self.graphs[sums] = gpustep.capture_or_none("the packed step", lambda: gpustep.capture(
+                lambda: packed_step(self, sums), lambda: packed_step(self, sums), state))
+            if graph is None:
                 self.capture = False
-                packed_step(self)
+                packed_step(self, sums)
                 return
-        self.graph.replay()
+        graph.replay()
 
 
-def packed_step(p: Pack) -> None:
-    """One step of every active run: its next batch (a short last batch masked to its rows), its loss and
-    gradients (vmap over the runs), Adam with its own lr and weight decay, its weight average, its sums."""
+def packed_step(p: Pack, sums: bool = True) -> None:
+    """One step of every active run: its next batch (a short last batch masked to its rows), its gradients (vmap
+    over the runs, backward seeded with the loss's gradient), Adam with its own lr and weight decay, its weight
+    average, and with `sums` (some run is in its last epoch) the sums of the runs that are."""
     pos = p.base[:, None] + p.arange  # [R, bs] positions in each run's order
     valid = pos < p.n
     idx = p.order.gather(1, pos.clamp(max=p.n - 1))
     xb, yb = p.xs[p.run_ix, idx], p.ys[idx]
     count = valid.sum(1).clamp(min=1).float()
+    weight = valid.float()
 
-    def loss_of(params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, pw: torch.Tensor,
-                n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = functional_call(p.base_model, params, (x,))
-        loss = F.binary_cross_entropy_with_logits(logits, y, weight=w, pos_weight=pw, reduction="sum") / n
-        return loss, logits
+    def grads_of(params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, pw: torch.Tensor,
+                 n: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        logits, pullback = vjp(lambda q: functional_call(p.base_model, q, (x,)), params)
+        # d/dlogits of sum(w * BCE-with-logits(pos_weight)) / n, as torch's backward of the loss computes it (the
+        # loss's forward, ~20 operators under vmap, runs only where it is summed: a step is launch-bound on CUDA)
+        t = pw * y
+        return pullback(((t + 1 - y) * logits.sigmoid() - t) * w / n)[0], logits
 
-    grads, (loss, logits) = vmap(grad_and_value(loss_of, has_aux=True))(
-        p.w, xb, yb, valid.float(), p.pos_weight, count)
+    grads, logits = vmap(grads_of)(p.w, xb, yb, weight, p.pos_weight, count)
     with torch.no_grad():
         adam(p, grads)
         decay = torch.minimum((1 + p.ema_step) / (10 + p.ema_step), p.ema_decay)
-        weight = torch.where(p.active, 1.0 - decay, 0.0).float()
-        p.flat_avg.lerp_(p.flat_w, weight[:, None])
+        avg_weight = torch.where(p.active, 1.0 - decay, 0.0).float()
+        p.flat_avg.lerp_(p.flat_w, avg_weight[:, None])
         p.ema_step.add_(p.active.double())
         p.base.add_(p.active.long() * p.bs)
-        hits = (((logits >= 0) == (yb >= 0.5)) & valid).sum(1)
-        p.hits.add_(torch.where(p.summing, hits, 0))
-        p.loss_sum.add_(torch.where(p.summing, loss.detach(), 0.0))
+        if sums:
+            loss = F.binary_cross_entropy_with_logits(logits, yb, weight=weight, pos_weight=p.pos_weight[:, None],
+                                                      reduction="none").sum(1) / count
+            hits = (((logits >= 0) == (yb >= 0.5)) & valid).sum(1)
+            p.hits.add_(torch.where(p.summing, hits, 0))
+            p.loss_sum.add_(torch.where(p.summing, loss, 0.0))
 
 
 def adam(p: Pack, grads: dict[str, torch.Tensor]) -> None:
