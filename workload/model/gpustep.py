@@ -53,8 +53,8 @@ WARMUP_STEPS = 3  # eager steps on a side stream before capture (torch's CUDA gr
 # Full batches one replay trains (`Step.run`'s `count`). 1: a graph of one step, as measured on an H200 (~150 us a
 # step at batches of 128: launch-bound, small kernels one after another). More: the batches' rows and the weight
 # average's weights of `count` steps gathered at once, the weights and their average each in one buffer (the average
-# one kernel a step, not one a tensor), then the steps one after another in one graph: 30 operators a step instead
-# of 40 (counted at dispatch, the default run, 4 a replay; the loss's own kernels come on top of both), each step
+# one kernel a step, not one a tensor), then the steps one after another in one graph: 27 operators a step instead
+# of 37 (counted at dispatch, the default run, 4 a replay; 40 and 30 while each step ran the loss), each step
 # the same arithmetic on the same values (tests/model/test_gpustep.py), the
 # host asked after every `count` steps whether to checkpoint or stop. The default stays 1 until a GPU has measured
 # what more buys (`bench.gpu --per-replay`); a stated count is used where it fits (a day's remaining full batches),
