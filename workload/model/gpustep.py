@@ -280,10 +280,10 @@ def loss_gradient(logits: torch.Tensor, target: torch.Tensor, pos_weight: torch.
     respect to `logits`, computed as torch's own backward of it computes it, operator for operator (its
     `binary_cross_entropy_with_logits_backward`, the same formula for years: ``t = pos_weight * target;
     ((t + 1 - target) * sigmoid(logits) - t) * 1 / n``, the upstream gradient 1 left out: x * 1 is x), so the bits
-    are the same (tests/model/test_gpustep.py: torch 2.13 on CPU here, and on CUDA where a GPU runs it). Without the loss's value a step does not
-    run its forward (about nine kernels on CUDA: log-sigmoid, weights, mean) nor the gradient's seed and scaling:
-    7 operators instead of 18 kernels, on a step that is launch-bound (issue 33). The last epoch's steps, which sum
-    the loss, compute its value apart."""
+    are the same (tests/model/test_gpustep.py: torch 2.13 on CPU here, and on CUDA where a GPU runs it). Without the
+    loss's value a step does not run its forward (about nine kernels on CUDA: log-sigmoid, weights, mean) nor the
+    gradient's seed and scaling: 7 operators instead of 18 kernels, on a step that is launch-bound (issue 33). The
+    last epoch's steps, which sum the loss, compute its value apart."""
     t = pos_weight.mul(target)
     return t.add(1).sub_(target).mul_(logits.sigmoid()).sub_(t).div_(logits.numel())
 

@@ -81,8 +81,9 @@ class Pack:
         self.base_model = copy.deepcopy(first.model).to("meta")
         self.names = [k for k, _ in first.model.named_parameters()]
         self._stack()
-        self.graphs: dict[bool, Any] = {}  # CUDA graphs of the step, without and with the last epoch's sums
-        self.sums = True
+        # CUDA graphs of the step by (the last epoch's sums, nothing masked), as captured
+        self.graphs: dict[tuple[bool, bool], Any] = {}
+        self.sums, self.all_active = True, False
         self.orders: dict[tuple[int, int], Future[torch.Tensor]] = {}  # (run, epoch): its permutation, drawing
 
     # -- stacked state ----------------------------------------------------------------------------------
@@ -125,6 +126,7 @@ class Pack:
         self.loss_sum = torch.zeros(self.r, device=dev)
         self.base = torch.zeros(self.r, dtype=torch.int64, device=dev)
         self.arange = torch.arange(self.bs, device=dev)
+        self.full = torch.full((self.r,), float(self.bs), device=dev)  # a full batch's rows, as `count` has them
 
     def trainer(self, r: int) -> Trainer:
         """Run `r`'s trainer with its slice of the stacked state written back: what a checkpoint saves."""
@@ -182,7 +184,7 @@ class Pack:
                     self._begin_epoch(r, c, batches)
             self._set_flags(cursors)
             while any(c.active for c in cursors):
-                self._run_step()
+                self._run_step(self.n % self.bs == 0 or all(c.batch < batches - 1 for c in cursors))
                 changed = False
                 for r, c in enumerate(cursors):
                     if c.active:
@@ -239,79 +241,101 @@ class Pack:
         self.active.copy_(torch.tensor([c.active for c in cursors]))
         self.summing.copy_(torch.tensor(summing))
         self.sums = any(summing)  # the host knows: the step with the sums (a graph of its own) only then
+        self.all_active = all(c.active for c in cursors)  # then, with full batches, nothing is masked
 
-    def _run_step(self) -> None:
-        sums = self.sums
+    def _run_step(self, full: bool) -> None:
+        """The step (replayed on CUDA: a graph for each kind, captured on first use); `full`: every run's batch is."""
+        sums, plain = self.sums, full and self.all_active
         if not self.capture:
-            packed_step(self, sums)
+            packed_step(self, sums, plain)
             return
-        graph = self.graphs.get(sums)
+        graph = self.graphs.get((sums, plain))
         if graph is None:
             state = [self.flat_w, self.flat_avg, self.flat_m, self.flat_v, self.adam_steps, self.ema_step, self.hits,
                      self.loss_sum, self.base]
-            graph = self.graphs[sums] = gpustep.capture_or_none("the packed step", lambda: gpustep.capture(
-                lambda: packed_step(self, sums), lambda: packed_step(self, sums), state))
+            graph = self.graphs[(sums, plain)] = gpustep.capture_or_none("the packed step", lambda: gpustep.capture(
+                lambda: packed_step(self, sums, plain), lambda: packed_step(self, sums, plain), state))
             if graph is None:
                 self.capture = False
-                packed_step(self, sums)
+                packed_step(self, sums, plain)
                 return
         graph.replay()
 
 
-def packed_step(p: Pack, sums: bool = True) -> None:
+def packed_step(p: Pack, sums: bool = True, plain: bool = False) -> None:
     """One step of every active run: its next batch (a short last batch masked to its rows), its gradients (vmap
     over the runs, backward seeded with the loss's gradient), Adam with its own lr and weight decay, its weight
-    average, and with `sums` (some run is in its last epoch) the sums of the runs that are."""
+    average, and with `sums` (some run is in its last epoch) the sums of the runs that are. `plain`: every run is
+    active and its batch full (what the host knows of its cursors), so nothing is masked: the same values, by the
+    same arithmetic, for a third fewer kernels (on CUDA a step costs its count of kernels)."""
     pos = p.base[:, None] + p.arange  # [R, bs] positions in each run's order
-    valid = pos < p.n
-    idx = p.order.gather(1, pos.clamp(max=p.n - 1))
+    if plain:
+        idx, count, weight = p.order.gather(1, pos), p.full, None
+    else:
+        valid = pos < p.n
+        idx = p.order.gather(1, pos.clamp(max=p.n - 1))
+        count, weight = valid.sum(1).clamp(min=1).float(), valid.float()
     xb, yb = p.xs[p.run_ix, idx], p.ys[idx]
-    count = valid.sum(1).clamp(min=1).float()
-    weight = valid.float()
 
-    def grads_of(params: dict, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, pw: torch.Tensor,
-                 n: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    def grads_of(params: dict, x: torch.Tensor, y: torch.Tensor, pw: torch.Tensor, n: torch.Tensor,
+                 w: torch.Tensor | None = None) -> tuple[dict, torch.Tensor]:
         logits, pullback = vjp(lambda q: functional_call(p.base_model, q, (x,)), params)
         # d/dlogits of sum(w * BCE-with-logits(pos_weight)) / n, as torch's backward of the loss computes it (the
-        # loss's forward, ~20 operators under vmap, runs only where it is summed: a step is launch-bound on CUDA)
+        # loss's forward, ~20 operators under vmap, runs only where it is summed: a step is launch-bound on CUDA).
+        # A full batch's weights are all 1: x * 1 is x, so leaving them out changes no bit.
         t = pw * y
-        return pullback(((t + 1 - y) * logits.sigmoid() - t) * w / n)[0], logits
+        dz = (t + 1 - y) * logits.sigmoid() - t
+        return pullback((dz if w is None else dz * w) / n)[0], logits
 
-    grads, logits = vmap(grads_of)(p.w, xb, yb, weight, p.pos_weight, count)
+    if plain:
+        grads, logits = vmap(grads_of)(p.w, xb, yb, p.pos_weight, count)
+    else:
+        grads, logits = vmap(grads_of)(p.w, xb, yb, p.pos_weight, count, weight)
     with torch.no_grad():
-        adam(p, grads)
+        adam(p, grads, plain)
         decay = torch.minimum((1 + p.ema_step) / (10 + p.ema_step), p.ema_decay)
-        avg_weight = torch.where(p.active, 1.0 - decay, 0.0).float()
+        avg_weight = (1.0 - decay if plain else torch.where(p.active, 1.0 - decay, 0.0)).float()
         p.flat_avg.lerp_(p.flat_w, avg_weight[:, None])
-        p.ema_step.add_(p.active.double())
-        p.base.add_(p.active.long() * p.bs)
+        if plain:
+            p.ema_step.add_(1)
+            p.base.add_(p.bs)
+        else:
+            p.ema_step.add_(p.active.double())
+            p.base.add_(p.active.long() * p.bs)
         if sums:
             loss = F.binary_cross_entropy_with_logits(logits, yb, weight=weight, pos_weight=p.pos_weight[:, None],
                                                       reduction="none").sum(1) / count
-            hits = (((logits >= 0) == (yb >= 0.5)) & valid).sum(1)
+            right = (logits >= 0) == (yb >= 0.5)
+            hits = (right if plain else right & valid).sum(1)
             p.hits.add_(torch.where(p.summing, hits, 0))
             p.loss_sum.add_(torch.where(p.summing, loss, 0.0))
 
 
-def adam(p: Pack, grads: dict[str, torch.Tensor]) -> None:
+def adam(p: Pack, grads: dict[str, torch.Tensor], plain: bool = False) -> None:
     """torch's single-tensor Adam (L2 weight decay in the gradient), over the stacked runs' flat buffers, element
     by element as it runs over each tensor: each run its own learning rate, weight decay and step count (broadcast
-    along its row); a run sitting the step out keeps its tensors."""
+    along its row); a run sitting the step out keeps its tensors. `plain` (every run active): written in place,
+    the same values without the three masked passes over every run's parameters."""
     beta1, beta2 = p.betas
-    steps = p.adam_steps + p.active.double()
+    steps = p.adam_steps + (1 if plain else p.active.double())
     step_size = (p.lr / (1 - beta1 ** steps)).float()[:, None]
     bc2_sqrt = torch.sqrt(1 - beta2 ** steps).float()[:, None]
     w = p.flat_w
     g = torch.cat([t for k in p.names for t in (grads[k].reshape(p.r, -1), *(
         [p.gaps[k]] if k in p.gaps else []))], dim=1) + p.wd[:, None] * w
-    m = p.flat_m.lerp(g, 1 - beta1)
-    v = p.flat_v.mul(beta2).addcmul_(g, g, value=1 - beta2)
-    denom = (v.sqrt() / bc2_sqrt).add_(p.eps)
-    new_w = w + (-step_size * m) / denom
-    active = p.active[:, None]
-    torch.where(active, new_w, w, out=p.flat_w)  # in place: one pass each, not a pass and a copy
-    torch.where(active, m, p.flat_m, out=p.flat_m)
-    torch.where(active, v, p.flat_v, out=p.flat_v)
+    if plain:
+        m = p.flat_m.lerp_(g, 1 - beta1)
+        v = p.flat_v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        w.add_((-step_size * m) / (v.sqrt() / bc2_sqrt).add_(p.eps))
+    else:
+        m = p.flat_m.lerp(g, 1 - beta1)
+        v = p.flat_v.mul(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v.sqrt() / bc2_sqrt).add_(p.eps)
+        new_w = w + (-step_size * m) / denom
+        active = p.active[:, None]
+        torch.where(active, new_w, w, out=p.flat_w)  # in place: one pass each, not a pass and a copy
+        torch.where(active, m, p.flat_m, out=p.flat_m)
+        torch.where(active, v, p.flat_v, out=p.flat_v)
     p.adam_steps.copy_(steps)
 
 
