@@ -53,8 +53,8 @@ WARMUP_STEPS = 3  # eager steps on a side stream before capture (torch's CUDA gr
 # Full batches one replay trains (`Step.run`'s `count`). 1: a graph of one step, as measured on an H200 (~150 us a
 # step at batches of 128: launch-bound, small kernels one after another). More: the batches' rows and the weight
 # average's weights of `count` steps gathered at once, the weights and their average each in one buffer (the average
-# one kernel a step, not one a tensor), then the steps one after another in one graph: 27 operators a step instead
-# of 37 (counted at dispatch, the default run, 4 a replay; 40 and 30 while each step ran the loss), each step
+# one kernel a step, not one a tensor), then the steps one after another in one graph: 24.25 operators a step
+# instead of 35 (counted at dispatch, the default run, 4 a replay; 30 and 40 while each step ran the loss), each step
 # the same arithmetic on the same values (tests/model/test_gpustep.py), the
 # host asked after every `count` steps whether to checkpoint or stop. The default stays 1 until a GPU has measured
 # what more buys (`bench.gpu --per-replay`); a stated count is used where it fits (a day's remaining full batches),
@@ -106,6 +106,8 @@ class Step:
         n_features = self.params[0].shape[1]
         self.xs = torch.zeros((0, n_features), device=device)
         self.ys = torch.zeros(0, device=device)
+        # Each row's share of the loss's gradient that does not depend on the weights (`loss_factors`), once a day.
+        self.t_rows, self.a_rows = torch.zeros(0, device=device), torch.zeros(0, device=device)
         self.order = torch.zeros(0, dtype=torch.int64, device=device)
         # torch.cuda.CUDAGraph per (steps a replay trains, `sums`: the last epoch's step sums), as captured
         self.graphs: dict[tuple[int, bool], Any] = {}
@@ -117,14 +119,15 @@ class Step:
         the run's `steps` so far."""
         self.pos_weight.fill_(pos_weight)
         weights = average_weights(self.ema_decay, steps, ahead).to(xs.device)
+        t_rows, a_rows = loss_factors(ys, self.pos_weight)
         self.k.zero_()
         if not self.capture:
-            self.xs, self.ys, self.weights = xs, ys, weights
+            self.xs, self.ys, self.weights, self.t_rows, self.a_rows = xs, ys, weights, t_rows, a_rows
             return
         n = len(ys)
         if n > len(self.ys):  # grow (and capture again): a graph reads the buffers it was captured with
             self.xs = torch.zeros((n, xs.shape[1]), device=xs.device)
-            self.ys = torch.zeros(n, device=ys.device)
+            self.ys, self.t_rows, self.a_rows = (torch.zeros(n, device=ys.device) for _ in range(3))
             self.order = torch.zeros(n, dtype=torch.int64, device=ys.device)  # zeros: valid rows, always
             self.graphs = {}
         if ahead > len(self.weights):
@@ -132,6 +135,8 @@ class Step:
             self.graphs = {}
         self.xs[:n].copy_(xs)
         self.ys[:n].copy_(ys)
+        self.t_rows[:n].copy_(t_rows)
+        self.a_rows[:n].copy_(a_rows)
         self.weights[:ahead].copy_(weights)
         if self.captured_on != self._addresses():  # a checkpoint loaded into the trainer replaced its tensors
             self.graphs = {}
@@ -245,23 +250,26 @@ def steps(s: Step, size: int, sums: bool, count: int = 1) -> None:
     average (its weight from the day's table, `average_weights`) and, when `sums`, the last epoch's sums. The
     batches' rows and weights are gathered for all `count` steps at once; each step reads its own contiguous rows."""
     rows = s.order[s.base + s.arange[:count * size]]
-    xs, ys = s.xs[rows], s.ys[rows]
+    xs, ts, as_ = s.xs[rows], s.t_rows[rows], s.a_rows[rows]
+    ys = s.ys[rows] if sums else None  # the labels themselves: only the last epoch's sums read them
     # not weights[k]: the host may read a 0-dim index
     weights = s.weights.index_select(0, s.k + s.arange[:count]) if count > 1 else s.weights.index_select(
         0, s.k.view(1))
     for i in range(count):
-        step(s, xs[i * size:(i + 1) * size], ys[i * size:(i + 1) * size], weights[i], sums)
+        batch = slice(i * size, (i + 1) * size)
+        step(s, xs[batch], (ts[batch], as_[batch]), None if ys is None else ys[batch], weights[i], sums)
     s.k.add_(count)
     s.base.add_(count * size)
 
 
-def step(s: Step, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, sums: bool) -> None:
-    """One step on the batch `x`, `target`: loss, backward, Adam step, the weight average at `weight`, and the
-    last epoch's sums when `sums`."""
+def step(s: Step, x: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor | None,
+         weight: torch.Tensor, sums: bool) -> None:
+    """One step on the batch `x` (its rows' `loss_factors`; its labels `target` when `sums`): the loss's gradient,
+    backward, Adam step, the weight average at `weight`, and the last epoch's sums when `sums`."""
     s.optimizer.zero_grad(set_to_none=True)
     logits = s.model(x)
     with torch.no_grad():
-        grad = loss_gradient(logits.detach(), target, s.pos_weight)
+        grad = gradient_from(logits.detach(), *factors)
     logits.backward(grad)
     s.optimizer.step()
     with torch.no_grad():
@@ -271,6 +279,7 @@ def step(s: Step, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, s
             for a, p in zip(s.averages, s.params, strict=True):
                 a.lerp_(p, weight)
         if sums:
+            assert target is not None
             s.hits.add_(((logits.detach() >= 0) == (target >= 0.5)).sum())
             s.loss_sum.add_(F.binary_cross_entropy_with_logits(logits.detach(), target, pos_weight=s.pos_weight))
 
@@ -284,8 +293,20 @@ def loss_gradient(logits: torch.Tensor, target: torch.Tensor, pos_weight: torch.
     loss's value a step does not run its forward (about nine kernels on CUDA: log-sigmoid, weights, mean) nor the
     gradient's seed and scaling: 7 operators instead of 18 kernels, on a step that is launch-bound (issue 33). The
     last epoch's steps, which sum the loss, compute its value apart."""
+    return gradient_from(logits, *loss_factors(target, pos_weight))
+
+
+def loss_factors(target: torch.Tensor, pos_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The part of `loss_gradient` that does not depend on the weights, row by row: ``t = pos_weight * target`` and
+    ``t + 1 - target``. Each element's value is the same whether taken for a batch or for the whole day, so a day
+    takes them once (`Step.load_day`) and a step gathers them with its rows: 4 operators a step instead of 7."""
     t = pos_weight.mul(target)
-    return t.add(1).sub_(target).mul_(logits.sigmoid()).sub_(t).div_(logits.numel())
+    return t, t.add(1).sub_(target)
+
+
+def gradient_from(logits: torch.Tensor, t: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """`loss_gradient` from its factors (`loss_factors`): ``(a * sigmoid(logits) - t) / n``, as torch orders it."""
+    return a.mul(logits.sigmoid()).sub_(t).div_(logits.numel())
 
 
 ALIGN = 128  # elements: each slice of a flat buffer starts on 512 bytes, as the CUDA allocator places a tensor
