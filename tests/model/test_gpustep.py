@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.model.dispatch import Dispatched
 from workload.model import gpustep, lineage
 from workload.model.trainer import HParams, Trainer, _shard_seed
 
@@ -171,22 +171,6 @@ def test_flattening_keeps_each_tensors_values_shape_and_gradient_and_aligns_its_
     assert all(torch.equal(p, was + 1) for p, was in zip(params, before, strict=True))  # written through
 
 
-class _Dispatched(TorchDispatchMode):
-    """The operators dispatched (views and the profiler's markers left out): on CUDA each is one or more kernels."""
-
-    NOT_WORK = {"view", "_unsafe_view", "reshape", "as_strided", "slice", "select", "expand", "t", "transpose",
-                "unsqueeze", "squeeze", "detach", "alias", "empty", "empty_like", "_record_function_enter_new",
-                "_record_function_exit"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's own hook
-        self.count += func.overloadpacket.__name__ not in self.NOT_WORK
-        return func(*args, **(kwargs or {}))
-
-
 def _operators_a_step(per_replay: int) -> float:
     """Operators one step of the default run dispatches, with `per_replay` steps a replay (the fused Adam, as on
     CUDA): measured over 8 replays, less what 4 cost (the day's own set-up cancels out)."""
@@ -203,7 +187,7 @@ def _operators_a_step(per_replay: int) -> float:
             calls["n"] += 1
             return calls["n"] < replays
 
-        with _Dispatched() as seen:
+        with Dispatched() as seen:
             gpustep.train_shard(trainer, x, y, after_step, _shard_seed, capture=False, fused=True,
                                 per_replay=per_replay)
         counts.append((seen.count, trainer.steps))
@@ -248,20 +232,10 @@ def test_a_step_runs_no_loss_forward_until_its_last_epoch_sums_it() -> None:
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(512, 4)).astype(np.float32), (rng.random(512) < 0.2).astype(np.float32)
     trainer.begin_shard("d", x)
-    with _Named() as seen:
+    with Dispatched() as seen:
         gpustep.train_shard(trainer, x, y, lambda: True, _shard_seed, capture=False, fused=True)
     losses = [i for i, name in enumerate(seen.names) if name.startswith("binary_cross_entropy_with_logits")]
     assert trainer.steps == 8 and len(losses) == 4, (trainer.steps, losses)  # 4 steps an epoch, summed in the second
-
-
-class _Named(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's own hook
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def test_on_cpu_the_fused_adam_stays_within_its_stated_tolerance() -> None:

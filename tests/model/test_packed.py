@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.model.dispatch import Dispatched
 from workload.model import lineage, packed
 from workload.model.trainer import HParams, Trainer, _shard_seed
 
@@ -149,23 +149,6 @@ def test_each_packed_runs_last_epoch_sums_are_its_solo_runs_though_only_that_epo
         assert b.train_accuracy(len(y)) == a.train_accuracy(len(y)), a.run
 
 
-class _Named(TorchDispatchMode):
-    """The operators dispatched, views and the profiler's markers left out: on CUDA each is one or more kernels."""
-
-    NOT_WORK = {"view", "_unsafe_view", "reshape", "as_strided", "slice", "select", "expand", "t", "transpose",
-                "unsqueeze", "squeeze", "detach", "alias", "empty", "empty_like", "_record_function_enter_new",
-                "_record_function_exit"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's own hook
-        if func.overloadpacket.__name__ not in self.NOT_WORK:
-            self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def _ready_pack() -> packed.Pack:
     """A pack of the three runs on day 0, every run active with its own permutation, ready for `packed_step`."""
     x, y = _day(0)
@@ -202,7 +185,7 @@ def test_a_packed_step_outside_last_epochs_runs_no_loss_and_a_third_fewer_operat
     pack = _ready_pack()
     counts = {}
     for sums, plain in ((False, False), (True, False), (False, True)):
-        with _Named() as seen:
+        with Dispatched() as seen:
             packed.packed_step(pack, sums, plain)
         counts[sums, plain] = seen.names
     loss_ops = {"binary_cross_entropy_with_logits", "log", "log_", "exp", "exp_", "log_sigmoid_forward"}
