@@ -352,3 +352,17 @@ def test_a_stored_day_larger_than_a_read_chunk_loads_whole_writable_and_checked(
     arrays.write_bytes(bytes(raw))
     with pytest.raises(featurestore.StaleFeatures, match="checksum mismatch"):
         featurestore.load(tmp_path, REL, INPUTS)
+
+
+def test_without_anonymous_mappings_a_day_is_read_into_a_bytearray_alike(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where mmap takes no flags (Windows), the day is read into a bytearray as before: equal, writable, checked."""
+    stored = _arrays(n=50)
+    featurestore.store(tmp_path, REL, stored, INPUTS)
+    assert isinstance(featurestore._buffer(8).base, featurestore.mmap.mmap)
+    monkeypatch.delattr(featurestore.mmap, "MAP_ANONYMOUS")
+    assert isinstance(featurestore._buffer(8).base, bytearray)
+    back = featurestore.load(tmp_path, REL, INPUTS)
+    for name, _dtype in featurestore._ARRAYS:
+        np.testing.assert_array_equal(back[name], stored[name])
+        assert back[name].flags.writeable, name

@@ -124,8 +124,8 @@ def _buffer(size: int) -> np.ndarray:
     system can (MAP_POPULATE, Linux). Reading the 1M-row day's 101 MB into it takes ~60 ms where a bytearray (zeroed
     page by page first) took ~120 ms; and unlike numpy's own large arrays it asks for no huge pages, whose
     compaction stalled first reads here by hundreds of milliseconds (issue 33: per-item overhead)."""
-    if size == 0:
-        return np.empty(0, dtype=np.uint8)
+    if size == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # Windows' mmap takes no flags: a bytearray, as before
+        return np.frombuffer(bytearray(size), dtype=np.uint8)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
     return np.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=np.uint8)  # unmapped when its last view goes
 
