@@ -359,9 +359,9 @@ def test_without_anonymous_mappings_a_day_is_read_into_a_bytearray_alike(tmp_pat
     """Where mmap takes no flags (Windows), the day is read into a bytearray as before: equal, writable, checked."""
     stored = _arrays(n=50)
     featurestore.store(tmp_path, REL, stored, INPUTS)
-    assert isinstance(featurestore._buffer(8).base, featurestore.mmap.mmap)
+    assert isinstance(featurestore._buffer(8).base.obj, featurestore.mmap.mmap)  # .base: a memoryview of it
     monkeypatch.delattr(featurestore.mmap, "MAP_ANONYMOUS")
-    assert isinstance(featurestore._buffer(8).base, bytearray)
+    assert isinstance(featurestore._buffer(8).base.obj, bytearray)
     back = featurestore.load(tmp_path, REL, INPUTS)
     for name, _dtype in featurestore._ARRAYS:
         np.testing.assert_array_equal(back[name], stored[name])
