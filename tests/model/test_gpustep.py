@@ -197,7 +197,7 @@ def _operators_a_step(per_replay: int) -> float:
 
 def test_a_replay_of_several_steps_dispatches_a_quarter_fewer_operators_a_step() -> None:
     """What makes a replay of several steps cheaper on a launch-bound GPU: the rows and weights gathered once a
-    replay, the weight average one operator (the loss's own kernels, not counted here, are the same in both)."""
+    replay, the weight average one operator (the loss gradient's operators are the same in both)."""
     one, four = _operators_a_step(1), _operators_a_step(4)
     # 35 and 24.25 with torch 2.13 (a replay's gathers shared by its 4 steps); 37 and 27 before the loss's factors
     # were taken once a day, 40 and 30 while each step ran the loss
@@ -209,7 +209,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_losss_gradient_is_torchs_own_backward_of_it_to_the_bit(device: str) -> None:
+def test_the_loss_gradient_is_torchs_own_backward_of_the_loss_to_the_bit(device: str) -> None:
     """The step seeds backward with the loss's gradient (`gpustep.loss_gradient`) instead of running the loss:
     it must be what autograd's backward of `binary_cross_entropy_with_logits` (mean, `pos_weight`) gives, bit for
     bit, for any class weight, batch size (the last, shorter batch too) and logits far out on either side."""

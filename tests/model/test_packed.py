@@ -146,7 +146,8 @@ def test_each_packed_runs_last_epoch_sums_are_its_solo_runs_though_only_that_epo
     assert packed.Pack(together, _shard_seed).train_shard(x, y, lambda r: True) == [True] * len(RUNS)
     for a, b in zip(alone, together, strict=True):
         assert b.last_epoch_loss() == pytest.approx(a.last_epoch_loss(), rel=1e-5), a.run
-        assert b.train_accuracy(len(y)) == a.train_accuracy(len(y)), a.run
+        assert b.train_accuracy(len(y)) == pytest.approx(a.train_accuracy(len(y)), abs=2 / 700), a.run  # a row
+        # whose logit sits within rounding of 0 may go either way, as in the test above
 
 
 def _ready_pack() -> packed.Pack:
