@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -366,3 +367,32 @@ def test_without_anonymous_mappings_a_day_is_read_into_a_bytearray_alike(tmp_pat
     for name, _dtype in featurestore._ARRAYS:
         np.testing.assert_array_equal(back[name], stored[name])
         assert back[name].flags.writeable, name
+
+
+def test_a_day_file_that_holds_more_than_its_size_when_read_is_refused_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file appended to between its size's reading and its end's (a writer on the share) is refused as changed
+    while read, naming the file, rather than read short: as if its size were read 16 bytes before the append."""
+    featurestore.store(tmp_path, REL, _arrays(), INPUTS)
+    arrays, entry = featurestore.paths(tmp_path, REL)
+    real = os.fstat
+
+    def earlier(fd: int) -> object:
+        st = real(fd)
+        return type("Stat", (), {"st_size": st.st_size - 16})()
+
+    monkeypatch.setattr(featurestore.os, "fstat", earlier)
+    said = rf"^{re.escape(str(entry))}: unreadable \({re.escape(str(arrays))}: changed while read\)$"
+    with pytest.raises(featurestore.StaleFeatures, match=said):
+        featurestore.load(tmp_path, REL, INPUTS)
+
+
+def test_an_emptied_day_file_is_refused_as_damaged_naming_it(tmp_path: Path) -> None:
+    """A day file cut to nothing (a full disk, a copy stopped at its start) reads as no bytes, whose size and checksum
+    are not its entry's: refused as damaged, like any other damage, naming the file and its entry."""
+    featurestore.store(tmp_path, REL, _arrays(), INPUTS)
+    arrays, entry = featurestore.paths(tmp_path, REL)
+    arrays.write_bytes(b"")
+    said = rf"^{re.escape(str(arrays))}: checksum mismatch with {re.escape(entry.name)} \(damaged or replaced\)$"
+    with pytest.raises(featurestore.StaleFeatures, match=said):
+        featurestore.load(tmp_path, REL, INPUTS)
