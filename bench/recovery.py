@@ -25,7 +25,20 @@ from workload.share.checkpoint import CheckpointStore
 # "training on N rows (M of the day's), ...": the window's rows, then the day's own (Attempt.train)
 _TRAINING = re.compile(r"^(\S+ \S+) INFO \S+ \[(\S+)\]: (\S+): training on \d+ rows \(\d+ of the day's\), "
                        r"(warm|cold) start", re.M)
-_RESUMING = re.compile(r"(\S+): training on \d+ rows \(\d+ of the day's\), resuming at epoch (\d+) batch (\d+)")
+# A day taken over: resumed from the victim's last mid-day checkpoint, or started again from its first batch when the
+# victim died before promoting one (a SIGKILL within the first interval, as the miniature's 0.3 s ones can be when
+# the machine is loaded): lost work is then everything since the day started.
+_TAKEN_OVER = re.compile(r"(\S+): training on \d+ rows \(\d+ of the day's\), "
+                         r"(?:resuming at epoch (\d+) batch (\d+)|(?:warm|cold) start)")
+
+
+def takeover_point(log: str, item: str) -> tuple[int, int] | None:
+    """Where a peer's `log` says it began training `item`: the (epoch, batch) it resumed at, (0, 0) when it began
+    the day again from its first batch; None before it said either."""
+    for m in _TAKEN_OVER.finditer(log):
+        if m[1] == item:
+            return (int(m[2]), int(m[3])) if m[2] is not None else (0, 0)
+    return None
 
 
 @dataclass(frozen=True)
@@ -122,10 +135,9 @@ class _Bench:
         exited = time.time()
         if sig == signal.SIGTERM:  # its final checkpoint was promoted before its release
             promoted = self.promoted()
-        resumed_at = _wait(lambda p=peer, n=log_before: _RESUMING.search(cluster.log(p)[n:]), 60,
-                           f"{peer} to resume training")
+        resume_point = _wait(lambda p=peer, n=log_before: takeover_point(cluster.log(p)[n:], item), 60,
+                             f"{peer} to resume training")
         resumed = time.time()
-        resume_point = (int(resumed_at[2]), int(resumed_at[3]))
         if sig == signal.SIGTERM and promoted >= signalled:
             lost, detail = self.saved_at(resume_point, f"exit {code} {exited - signalled:.1f}s after the signal")
         else:
