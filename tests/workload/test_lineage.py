@@ -7,16 +7,20 @@ import ast
 import dataclasses
 import hashlib
 import json
+import logging
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from workload.core.errors import NonFinite
-from workload.data import features
-from workload.model import lineage
+from workload.core.errors import ItemFault, NonFinite
+from workload.data import features, simulator
+from workload.data.dataset import Dataset
+from workload.data.manifest import write_manifest
+from workload.model import lineage, metrics
 from workload.model.hparams import HParams
 from workload.model.lineage import Checkpoint, Lineage, LineageState, Rewind
 from workload.model.trainer import Trainer
@@ -253,3 +257,155 @@ def test_the_checkpoints_keys_are_read_by_name_in_the_lineage_module_only() -> N
              if p.name != "lineage.py" for e in key_reads(p, keys)}
     assert reads - set(NOT_A_CHECKPOINT) == set(), "read the checkpoint through workload.model.lineage"
     assert key_reads(ROOT / "workload" / "model" / "lineage.py", keys), "the scan finds the reads that are there"
+
+
+# -- the protocol's calls, as the worker makes them (workload/runtime/steps.py) ----------------------------------------
+PROTOCOL_SPEC = simulator.SimulationSpec(customers=200, terminals=150, train_days=4, test_days=2,
+                                         start_date="2018-04-01", seed=5)
+PROTOCOL_HP = HParams(hidden=(8,), epochs=2, batch_size=64, window_days=2, seed=4)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """A small simulated dataset on disk: four training days and two test days."""
+    root = tmp_path_factory.mktemp("lineage") / "fraud"
+    simulator.generate(root, PROTOCOL_SPEC)
+    write_manifest(root)
+    return Dataset(root)
+
+
+def _closed(data: Dataset, tmp_path: Path, days: int, token: int = 1) -> tuple[Lineage, CheckpointStore, list]:
+    """A run trained over its first `days` days as the worker does it: read, train, close, save each."""
+    store = CheckpointStore(tmp_path / "run")
+    assert store.fence(token)
+    run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None))
+    closed = []
+    for day in data.training_shards()[:days]:
+        examples, window = run.read(data, day)
+        seconds = run.train_day(day, examples, window, lambda: True, f"main/{day}")
+        assert seconds is not None and seconds >= 0
+        closed.append(run.close_day(data, day, examples, window, seconds, store, token, lambda: None))
+        assert store.save(closed[-1].raw, path=closed[-1].checkpoint.path, may_promote=lambda: True,
+                          boundary=True) == closed[-1].checkpoint.path
+    return run, store, closed
+
+
+def test_a_cold_start_is_a_new_trainer_of_this_codes_features_with_the_starts_rewind_records() -> None:
+    records = ({"day": "d2", "reapplied": ["d3"], "from": "a cold start", "why": "w", "time": "t"},)
+    run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None, reapplied=records))
+    t = run.trainer
+    assert (t.run, t.hp, t.feature_names, t.feature_version) == ("main", PROTOCOL_HP, features.FEATURE_NAMES,
+                                                                 features.FEATURE_VERSION)
+    assert t.applied == [] and t.progress is None
+    assert t.reapplied == list(records) and t.reapplied[0] is not records[0], "the lineage's own copies"
+    assert Lineage.resume("main", PROTOCOL_HP, lineage.Start(None)).trainer.reapplied == []
+
+
+def test_a_day_reads_its_window_trains_and_closes_into_the_checkpoint_its_lease_writes_next(
+        data: Dataset, tmp_path: Path) -> None:
+    run, store, closed = _closed(data, tmp_path, 3, token=2)
+    days = data.training_shards()[:3]
+    assert run.trainer.applied == days
+    examples, window = run.read(data, days[2])
+    want_examples, want_window = data.day_and_window(days[1:3])  # window_days=2: the day before, then the day
+    assert np.array_equal(window.x, want_window.x) and np.array_equal(examples.y, want_examples.y)
+    last = closed[-1]
+    assert (last.checkpoint.seq, last.checkpoint.token) == (3, 2) and last.checkpoint.path.parent == store.dir
+    assert last.checkpoint.state.has_applied(days[2]) and last.checkpoint.state.is_boundary
+    assert last.raw == last.checkpoint.state.to_checkpoint()
+    entry = last.checkpoint.state.history[-1]
+    assert {k: entry[k] for k in ("shard", "checkpoint", "train_rows", "window_rows", "test_window")} == {
+        "shard": days[2], "checkpoint": last.checkpoint.path.name, "train_rows": len(examples.y),
+        "window_rows": len(window.y), "test_window": data.test_window()}
+    assert entry["train_frauds"] == int(examples.y.sum())
+    assert (entry["first_day"], entry["last_day"]) == (str(examples.day.min()), str(examples.day.max()))
+    assert days[2] == f"training/{entry['first_day']}.parquet" and entry["time"].endswith(" UTC")
+    test = data.test_examples()
+    scores = run.trainer.score(test.x)
+    precision, recall = last.pr
+    want_precision, want_recall = metrics.pr_curve(scores, test.y)
+    assert np.array_equal(precision, want_precision) and np.array_equal(recall, want_recall)
+    assert entry["average_precision"] == metrics.evaluate(scores, test.y, test.day, test.card)["average_precision"]
+    for got, want in zip(run.pr_curve(data), last.pr, strict=True):
+        assert np.array_equal(got, want)
+    for got, want in zip(run.pr_curve(data, np.zeros_like(scores)), metrics.pr_curve(np.zeros_like(scores), test.y),
+                         strict=True):
+        assert np.array_equal(got, want), "the scores given are the ones the curve is drawn from"
+
+
+def test_closing_a_day_touches_the_lease_before_scoring_the_test_days(data: Dataset, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.fence(1)
+    run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None))
+    day = data.training_shards()[0]
+    examples, window = run.read(data, day)
+    run.train_day(day, examples, window, lambda: True, "main/d")
+    order: list[str] = []
+    logits = run.trainer.logits
+    monkeypatch.setattr(run.trainer, "logits", lambda x, *a: order.append("score") or logits(x, *a))
+    closed = run.close_day(data, day, examples, window, 1.23456, store, 1, lambda: order.append("touch"))
+    assert order == ["touch", "score"]
+    assert closed.checkpoint.state.history[-1]["train_seconds"] == 1.235
+
+
+def test_a_day_stopped_at_a_step_returns_none_mid_day_and_resumes_from_its_checkpoint_to_the_same_weights(
+        data: Dataset, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="workload.model.lineage")
+    whole, _, _ = _closed(data, tmp_path / "whole", 2)
+    store = CheckpointStore(tmp_path / "cut")
+    assert store.fence(1)
+    run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None))
+    first, second = data.training_shards()[:2]
+    examples, window = run.read(data, first)
+    run.train_day(first, examples, window, lambda: True, "main/a")
+    assert caplog.messages[-1] == (f"main/a: training on {len(window.y)} rows ({len(examples.y)} of the day's), "
+                                   "cold start")
+    state = run.close_day(data, first, examples, window, 0.0, store, 1, lambda: None).checkpoint.state
+    examples, window = run.read(data, second)
+    steps = iter(range(3))
+    assert run.train_day(second, examples, window, lambda: next(steps, None) is not None, "main/b") is None
+    assert caplog.messages[-1].endswith("of the day's), warm start after 1 shard(s)")
+    mid = run.checkpoint("main/b")
+    assert mid.mid_day == second and not mid.is_boundary and mid.applied == state.applied
+    path = store.save(mid.to_checkpoint(), path=store.next_path(1), may_promote=lambda: True, boundary=False)
+    resumed = Lineage.resume("main", PROTOCOL_HP, lineage.Start(lineage.load(store)))
+    assert resumed.trainer.progress == mid.progress and path is not None
+    assert resumed.train_day(second, examples, window, lambda: True, "main/b") is not None
+    progress = mid.progress
+    assert caplog.messages[-1].endswith(f"resuming at epoch {progress['epoch']} batch {progress['batch']}")
+    assert _digest(resumed.trainer) == _digest(whole.trainer), "stopped and resumed: the same weights, to the bit"
+
+
+def test_a_checkpoint_of_other_features_is_refused_naming_it_and_other_hyperparameters_lose_to_it(
+        data: Dataset, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _, store, closed = _closed(data, tmp_path, 1)
+    found = lineage.load(store)
+    other = dataclasses.replace(found, state=dataclasses.replace(found.state, feature_version="0"))
+    with pytest.raises(ItemFault, match=rf"^checkpoint {re.escape(str(found.path))} was trained on features .* "
+                       r"version '0', this code computes .* version .*: start a new run$"):
+        Lineage.resume("main", PROTOCOL_HP, lineage.Start(other))
+    assert Lineage.as_saved(other).trainer.feature_version == "0", "its report is re-rendered as saved"
+    renamed = dataclasses.replace(found, state=dataclasses.replace(
+        found.state, feature_names=tuple(reversed(features.FEATURE_NAMES))))
+    with pytest.raises(ItemFault, match="start a new run"):
+        Lineage.resume("main", PROTOCOL_HP, lineage.Start(renamed))
+    other_hp = dataclasses.replace(PROTOCOL_HP, lr=0.5)
+    with caplog.at_level(logging.WARNING, logger="workload.model.lineage"):
+        run = Lineage.resume("main", other_hp, lineage.Start(found))
+    assert run.trainer.hp == PROTOCOL_HP and run.trainer.applied == [closed[0].checkpoint.state.applied[0]]
+    assert caplog.messages == [f"run main: checkpoint hyperparameters {PROTOCOL_HP} differ from the share's "
+                               f"{other_hp}; the checkpoint's lineage wins"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="workload.model.lineage"):
+        Lineage.resume("main", PROTOCOL_HP, lineage.Start(found))
+    assert caplog.messages == []
+
+
+def test_a_mid_day_checkpoint_of_non_finite_weights_is_refused() -> None:
+    run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None))
+    assert run.checkpoint("main/d").applied == ()
+    with torch.no_grad():
+        next(iter(run.trainer.model.parameters())).view(-1)[0] = math.nan
+    with pytest.raises(NonFinite, match=r"^main/d: training produced non-finite weights "):
+        run.checkpoint("main/d")
