@@ -409,3 +409,40 @@ def test_a_mid_day_checkpoint_of_non_finite_weights_is_refused() -> None:
         next(iter(run.trainer.model.parameters())).view(-1)[0] = math.nan
     with pytest.raises(NonFinite, match=r"^main/d: training produced non-finite weights "):
         run.checkpoint("main/d")
+
+
+def test_a_model_files_entries_leave_out_what_only_training_needs_and_load_back_to_the_same_scores(
+        data: Dataset, tmp_path: Path) -> None:
+    run, store, _ = _closed(data, tmp_path, 2)
+    state = lineage.load(store).state
+    entries = state.scoring_entries()
+    assert set(lineage.TRAINING_ONLY) == {"optimizer", "rng", "progress"}
+    assert set(entries) == set(state.to_checkpoint()) - set(lineage.TRAINING_ONLY)
+    assert {"model", "averaged", "norm", "calibration"} <= set(entries)
+    back = LineageState.from_scoring_entries(entries, "--model m.safetensors").trainer(CPU)
+    test = data.test_examples()
+    assert np.array_equal(back.score(test.x), run.trainer.score(test.x))
+    assert back.hp == run.trainer.hp and back.applied == run.trainer.applied
+    bad = {**entries, "hparams": {**entries["hparams"], "batch_size": 0}}
+    with pytest.raises(ValueError, match=r"^--model m\.safetensors: hparams"):
+        LineageState.from_scoring_entries(bad, "--model m.safetensors")
+    mid = run.checkpoint("main/x")
+    assert mid.is_boundary  # closed: nothing half-trained
+    half = dataclasses.replace(mid, progress={"shard": "d9", "epoch": 0, "batch": 1, "epochs": 1}).to_checkpoint()
+    with pytest.raises(ValueError, match=r"^state is mid-way through \{'shard': 'd9'.*\}; export a shard-boundary "
+                       r"checkpoint$"):
+        lineage.scoring_entries(half)
+
+
+def test_the_newest_boundary_with_a_day_applied_is_what_export_and_score_read(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.fence(1)
+    assert lineage.newest_boundary(store) is None
+    _save(store, _state(()))  # a boundary with nothing applied: nothing to export
+    assert lineage.newest_boundary(store) is None
+    first = _save(store, _state(("d1",)))
+    _save(store, _state(("d1",), {"shard": "d2", "epoch": 0, "batch": 1}))
+    found = lineage.newest_boundary(store)
+    assert found.path == first and found.state.applied == ("d1",)
+    second = _save(store, _state(("d1", "d2")))
+    assert lineage.newest_boundary(store).path == second
