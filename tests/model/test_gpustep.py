@@ -5,6 +5,7 @@ equals the same function run eagerly, and a run killed and resumed equals an und
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 from collections.abc import Callable, Iterator
@@ -257,6 +258,45 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_with_the_same_meaning_and_s
     assert [r.getMessage() for r in caplog.records] == [
         "the training step could not be captured as a CUDA graph (torch.cuda.Stream requires CUDA support): it "
         "runs eagerly, slower, same meaning"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
+def test_adams_state_made_for_a_recording_is_the_state_its_first_step_would_make(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Before recording, the fused Adam's state is created up front (`prepare_state`: a graph cannot create it);
+    when the recording then fails (CPU), the eager fused step that goes on from that state trains bit for bit as
+    the fused step that created its own state lazily, and a state that exists already is left alone."""
+    with caplog.at_level("WARNING", logger="workload.model.gpustep"):
+        prepared = run(shaped(capture=True, fused=True), torch.device("cpu"))
+    assert_equal(run(shaped(capture=False, fused=True), torch.device("cpu")), prepared)
+    assert len(caplog.records) == 1 and "could not be captured" in caplog.records[0].getMessage()
+    trainer = Trainer("r", HP, FEATURES, torch.device("cpu"), feature_version="v")
+    fused = gpustep.fused_adam(trainer.optimizer)
+    params = list(trainer.model.parameters())
+    gpustep.prepare_state(fused, params)
+    for p in params:
+        st = fused.state[p]
+        assert st["step"].dtype == torch.float32 and st["step"].shape == () and float(st["step"]) == 0
+        assert torch.equal(st["exp_avg"], torch.zeros_like(p)) and torch.equal(st["exp_avg_sq"], torch.zeros_like(p))
+        st["step"].fill_(3)
+    gpustep.prepare_state(fused, params)
+    assert all(float(fused.state[p]["step"]) == 3 for p in params), "an existing state is kept"
+    gpustep.prepare_state(trainer.optimizer, params)  # the default Adam: nothing made
+    plain = Trainer("r", HP, FEATURES, torch.device("cpu"), feature_version="v")
+    gpustep.prepare_state(plain.optimizer, list(plain.model.parameters()))
+    assert not plain.optimizer.state
+
+
+def test_the_fused_adam_takes_the_trainers_hyperparameters_and_shares_its_state() -> None:
+    hp = dataclasses.replace(HP, lr=0.0123, weight_decay=0.004)
+    trainer = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
+    group = trainer.optimizer.param_groups[0]
+    fused = gpustep.fused_adam(trainer.optimizer)
+    got = fused.param_groups[0]
+    assert {k: got[k] for k in ("lr", "betas", "eps", "weight_decay")} == {
+        k: group[k] for k in ("lr", "betas", "eps", "weight_decay")}
+    assert got["fused"] and not got["capturable"], "capturable only on CUDA"
+    assert got["params"] == group["params"] and fused.state is trainer.optimizer.state
 
 
 def test_the_trainer_picks_the_shaped_step_on_cuda_only() -> None:

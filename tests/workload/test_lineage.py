@@ -10,6 +10,8 @@ import json
 import logging
 import math
 import re
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -208,7 +210,8 @@ def test_check_finite_names_what_is_not_finite() -> None:
     trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
     with torch.no_grad():
         next(iter(trainer.model.parameters())).view(-1)[0] = math.nan
-    with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite weights "):
+    with pytest.raises(NonFinite, match=r"^main/x: training produced non-finite weights net\.0\.weight \(NaN or "
+                       r"infinity\); nothing was promoted: check the day's data for extreme values$"):
         Lineage(trainer).check_finite("main/x")
     trainer = Trainer("main", hp, features.FEATURE_NAMES, feature_version=features.FEATURE_VERSION)
     key, value = next(iter(trainer.norm.state().items()))
@@ -274,8 +277,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
     return Dataset(root)
 
 
-def _closed(data: Dataset, tmp_path: Path, days: int, token: int = 1) -> tuple[Lineage, CheckpointStore, list]:
-    """A run trained over its first `days` days as the worker does it: read, train, close, save each."""
+def _closed(data: Dataset, tmp_path: Path, days: int, token: int = 1,
+            accuracies: list[float] | None = None) -> tuple[Lineage, CheckpointStore, list]:
+    """A run trained over its first `days` days as the worker does it: read, train, close, save each (each day's
+    training accuracy, which closing it resets, appended to `accuracies`)."""
     store = CheckpointStore(tmp_path / "run")
     assert store.fence(token)
     run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None))
@@ -284,6 +289,8 @@ def _closed(data: Dataset, tmp_path: Path, days: int, token: int = 1) -> tuple[L
         examples, window = run.read(data, day)
         seconds = run.train_day(day, examples, window, lambda: True, f"main/{day}")
         assert seconds is not None and seconds >= 0
+        if accuracies is not None:
+            accuracies.append(run.trainer.train_accuracy(len(window.y)))
         closed.append(run.close_day(data, day, examples, window, seconds, store, token, lambda: None))
         assert store.save(closed[-1].raw, path=closed[-1].checkpoint.path, may_promote=lambda: True,
                           boundary=True) == closed[-1].checkpoint.path
@@ -303,7 +310,10 @@ def test_a_cold_start_is_a_new_trainer_of_this_codes_features_with_the_starts_re
 
 def test_a_day_reads_its_window_trains_and_closes_into_the_checkpoint_its_lease_writes_next(
         data: Dataset, tmp_path: Path) -> None:
-    run, store, closed = _closed(data, tmp_path, 3, token=2)
+    accuracies: list[float] = []
+    run, store, closed = _closed(data, tmp_path, 3, token=2, accuracies=accuracies)
+    accuracy = accuracies[-1]
+    assert 0 < accuracy <= 1
     days = data.training_shards()[:3]
     assert run.trainer.applied == days
     examples, window = run.read(data, days[2])
@@ -314,18 +324,24 @@ def test_a_day_reads_its_window_trains_and_closes_into_the_checkpoint_its_lease_
     assert last.checkpoint.state.has_applied(days[2]) and last.checkpoint.state.is_boundary
     assert last.raw == last.checkpoint.state.to_checkpoint()
     entry = last.checkpoint.state.history[-1]
+    test = data.test_examples()
+    scores = run.trainer.score(test.x)
+    evaluated = metrics.evaluate(scores, test.y, test.day, test.card)
     assert {k: entry[k] for k in ("shard", "checkpoint", "train_rows", "window_rows", "test_window")} == {
         "shard": days[2], "checkpoint": last.checkpoint.path.name, "train_rows": len(examples.y),
         "window_rows": len(window.y), "test_window": data.test_window()}
     assert entry["train_frauds"] == int(examples.y.sum())
     assert (entry["first_day"], entry["last_day"]) == (str(examples.day.min()), str(examples.day.max()))
-    assert days[2] == f"training/{entry['first_day']}.parquet" and entry["time"].endswith(" UTC")
-    test = data.test_examples()
-    scores = run.trainer.score(test.x)
+    assert days[2] == f"training/{entry['first_day']}.parquet"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", entry["time"])
+    assert entry["train_accuracy"] == accuracy
+    assert {k: entry[k] for k in evaluated} == evaluated
+    raw = run.trainer.probabilities(run.trainer.logits(test.x), False)
+    assert (entry["brier_raw"], entry["ece_raw"]) == (metrics.brier(raw, test.y),
+                                                      metrics.expected_calibration_error(raw, test.y))
     precision, recall = last.pr
     want_precision, want_recall = metrics.pr_curve(scores, test.y)
     assert np.array_equal(precision, want_precision) and np.array_equal(recall, want_recall)
-    assert entry["average_precision"] == metrics.evaluate(scores, test.y, test.day, test.card)["average_precision"]
     for got, want in zip(run.pr_curve(data), last.pr, strict=True):
         assert np.array_equal(got, want)
     for got, want in zip(run.pr_curve(data, np.zeros_like(scores)), metrics.pr_curve(np.zeros_like(scores), test.y),
@@ -446,3 +462,111 @@ def test_the_newest_boundary_with_a_day_applied_is_what_export_and_score_read(tm
     assert found.path == first and found.state.applied == ("d1",)
     second = _save(store, _state(("d1", "d2")))
     assert lineage.newest_boundary(store).path == second
+
+
+def test_the_newest_checkpoint_is_taken_unless_it_is_mid_way_through_another_day(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.fence(1)
+    assert lineage.newest(store, "d1") is None
+    boundary = _save(store, _state(("d1",)))
+    with caplog.at_level(logging.WARNING, logger="workload.model.lineage"):
+        assert lineage.newest(store, "d2").path == boundary
+    assert caplog.messages == [], "a boundary is taken as it is"
+    mid = _save(store, _state(("d1", "d2"), {"shard": "d3", "epoch": 0, "batch": 1}))
+    assert lineage.newest(store, "d3").path == mid, "its own day resumes there"
+    assert lineage.newest(store, "d2").path == mid, "it holds the day already: the day is only acked"
+    with caplog.at_level(logging.WARNING, logger="workload.model.lineage"):
+        assert lineage.newest(store, "d4").path == boundary
+    assert caplog.messages == [f"checkpoint {mid.name} is mid-way through d3, not d4: starting from the last shard "
+                               "boundary"]
+
+
+def test_a_day_applied_already_is_neither_earlier_nor_later_and_an_older_version_of_a_day_is_later() -> None:
+    state = _state(("d1", "d2", "d3"))
+    assert Rewind.needed(state, "d2", ORDER) == Rewind(day="d2", later=("d3",), earlier=("d1",),
+                                                      again=(("d3", 2), ("d4", 3)))
+    relabelled = Rewind.needed(_state(("d1", "d3@v1")), "d2", ORDER)
+    assert relabelled == Rewind(day="d2", later=("d3@v1",), earlier=("d1",), again=(("d3", 2), ("d4", 3)))
+    record = relabelled.record(None, ORDER)
+    assert record["why"] == "d2 carries new labels for d3@v1 (late labels)" and record["from"] == "a cold start"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", record["time"])
+    assert relabelled.record(None)["why"] == "d2 arrived after d3@v1 was applied (a backfill or a requeued day)"
+    two = Rewind(day="d1", later=("d2", "x@v1", "y@v1"), earlier=(), again=())
+    assert two.record(None, ORDER)["why"] == "d1 carries new labels for x@v1 (late labels)"
+
+
+def test_a_rewind_goes_back_to_the_boundary_holding_exactly_the_earlier_days_before_any_newer_shorter_one(
+        tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.fence(1)
+    exact = _save(store, _state(("d1", "d2")))
+    _save(store, _state(("d1",)))  # newer, after an earlier rewind: a prefix of what the rewind needs
+    rewind = Rewind(day="d3", later=("d4",), earlier=("d1", "d2"), again=(("d4", 3),))
+    assert rewind.target(store).path == exact
+
+
+def test_a_rewinds_record_in_start_for_names_late_labels_in_both_its_paths(tmp_path: Path) -> None:
+    """Whether the rewind's boundary is kept or pruned, its record says why with the dataset's order in hand."""
+    store = CheckpointStore(tmp_path)
+    assert store.fence(1)
+    _save(store, _state(("d1",)))
+    found = lineage.load(store)
+    found = dataclasses.replace(found, state=_state(("d1", "d3@v1")))
+    kept = lineage.start_for(store, found, "d2", lambda: ORDER, "r")
+    assert kept.reapplied[-1]["why"] == "d2 carries new labels for d3@v1 (late labels)"
+    pruned = lineage.start_for(store, dataclasses.replace(found, state=_state(("d1", "d2", "d4@v1"))), "d3",
+                               lambda: ORDER, "r")
+    assert pruned.detour == (("d2", 1),)
+    assert pruned.reapplied[-1]["why"] == "d3 carries new labels for d4@v1 (late labels)"
+
+
+def test_a_state_read_keeps_the_code_version_that_wrote_it() -> None:
+    raw = _state(("d1",)).to_checkpoint()
+    assert LineageState.read({**raw, "code_version": "0.9.1"}).code_version == "0.9.1"
+    assert LineageState.read({k: v for k, v in raw.items() if k != "code_version"}).code_version == ""
+
+
+def test_record_times_are_utc_whatever_the_machines_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # +09:00 all year: never the UTC date and hour at once
+    time.tzset()
+    try:
+        before = datetime.now(UTC).replace(microsecond=0)
+        stamp = datetime.strptime(lineage._now(), "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+        after = datetime.now(UTC)
+    finally:
+        monkeypatch.undo()  # the machine's own TZ (or none) back, then read again
+        time.tzset()
+    assert before <= stamp <= after
+
+
+def test_closing_a_day_refuses_a_non_finite_loss_or_test_scores_naming_the_run_and_day(
+        data: Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.fence(1)
+    run = Lineage.resume("main", PROTOCOL_HP, lineage.Start(None))
+    day = data.training_shards()[0]
+    examples, window = run.read(data, day)
+    started = time.monotonic()
+    seconds = run.train_day(day, examples, window, lambda: True, "main/d")
+    assert 0 <= seconds <= time.monotonic() - started
+    t = run.trainer
+
+    def close() -> lineage.ClosedDay:
+        return run.close_day(data, day, examples, window, 0.0, store, 1, lambda: None)
+
+    monkeypatch.setattr(t, "last_epoch_loss", lambda: math.inf)
+    with pytest.raises(NonFinite, match=rf"^main/{re.escape(day)}: the training loss is inf; nothing was promoted$"):
+        close()
+    monkeypatch.undo()
+    test_rows = len(data.test_examples().y)
+    logits = t.logits
+    monkeypatch.setattr(t, "logits", lambda x, *a: np.full(len(x), np.nan, np.float32) if len(x) == test_rows
+                        else logits(x, *a))
+    with pytest.raises(NonFinite, match=rf"^main/{re.escape(day)}: the model's test scores are non-finite"):
+        close()
+    monkeypatch.undo()
+    empty = dataclasses.replace(examples, **{k: getattr(examples, k)[:0] for k in ("x", "y", "day", "card", "known",
+                                                                                    "ids")})
+    entry = run.close_day(data, day, empty, window, 0.0, store, 1, lambda: None).checkpoint.state.history[-1]
+    assert (entry["first_day"], entry["last_day"], entry["train_rows"]) == ("", "", 0)

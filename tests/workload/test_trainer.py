@@ -327,6 +327,16 @@ def test_scoring_in_batches_is_scoring_at_once() -> None:
     whole = trainer.score(x)
     assert whole.shape == (50,) and whole.dtype == np.float32
     np.testing.assert_allclose(trainer.score(x, batch=7), whole, rtol=1e-6)
+    rows: list[int] = []  # each forward pass's rows: `batch` bounds what one pass holds (score --batch)
+    hook = trainer.averaged.register_forward_hook(lambda _m, args, _out: rows.append(len(args[0])))
+    try:
+        trainer.score(x, batch=7)
+        assert rows == [7] * 7 + [1]
+        rows.clear()
+        trainer.score(x)
+        assert rows == [50]
+    finally:
+        hook.remove()
     empty = trainer.score(x[:0])
     assert empty.shape == (0,) and empty.dtype == np.float32
 
@@ -349,6 +359,7 @@ def test_scoring_on_a_cpu_in_passes_is_one_pass_within_rounding_and_the_same_bit
     assert scoring_passes(0, torch.device("cpu")) == [] and scoring_passes(5, torch.device("cpu")) == [(0, 5)]
     assert scoring_passes(2 * c + 1, torch.device("cpu")) == [(0, c), (c, 2 * c + 1)]
     assert scoring_passes(2 * c, torch.device("cpu")) == [(0, c), (c, 2 * c)]
+    assert scoring_passes(c + 1, torch.device("cpu")) == [(0, c + 1)], "a pass of one row joins the one before"
     assert scoring_passes(3 * c, torch.device("cuda")) == [(0, 3 * c)]
 
 
@@ -388,6 +399,7 @@ def test_a_checkpoint_keeps_the_lineages_rewinds_and_calibration_in_float64() ->
     expected = torch.sigmoid(z * torch.tensor(0.123456789012345).float() + torch.tensor(-2.5)).numpy()
     assert np.array_equal(trainer.score(x), expected) and np.array_equal(again.score(x), expected)
     assert np.array_equal(trainer.score(x, calibrated=False), torch.sigmoid(z).numpy())
+    assert np.array_equal(trainer.probabilities(z.numpy()), expected), "calibrated unless told otherwise"
     assert np.array_equal(trainer.score(x, batch=7), trainer.score(x))
 
 

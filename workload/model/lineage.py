@@ -279,7 +279,7 @@ class Rewind:
         """Whether a checkpoint is the boundary to go back to."""
         return _boundary(raw) and tuple(raw["applied"]) == self.earlier
 
-    def target(self, store: CheckpointStore, run: str) -> Checkpoint | None:
+    def target(self, store: CheckpointStore) -> Checkpoint | None:
         """The boundary to go back to; None for a cold start. When retention pruned it (docs/architecture.md,
         Checkpoints), the nearest kept boundary before it: its applied days a prefix of `earlier` (a cold start
         when none is); the caller then trains the days missing from it first (`Start.detour`). Nothing is
@@ -326,12 +326,12 @@ def start_for(store: CheckpointStore, found: Checkpoint | None, day: str, order:
     (or a cold start), and those later days are applied again after it. Nothing is promoted here: a worker
     dying mid-rewind leaves the old checkpoint newest, and the next attempt rewinds again."""
     if found is None:
-        return Start(found)
+        return Start(None)
     days = order()
     rewind = Rewind.needed(found.state, day, days)
     if rewind is None:
         return Start(found)
-    target = rewind.target(store, run)
+    target = rewind.target(store)
     held = len(target.state.applied) if target else 0
     if held < len(rewind.earlier):
         pos = {d: i for i, d in enumerate(days)}
