@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -220,6 +222,138 @@ def test_a_pack_that_cannot_be_recorded_runs_eagerly_bit_for_bit_and_says_so(cap
         assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], a.run
     assert len(caplog.records) == 2  # once a day: a pack is made for the day
     assert caplog.records[0].getMessage().startswith("the packed step could not be captured as a CUDA graph")
+
+
+def _alike(n_runs: int = 3, **hp: object) -> list[Trainer]:
+    """Runs that differ only in their seeds (so they stay in step through a day)."""
+    return [Trainer(f"s{i}", HParams.from_dict({**BASE.to_dict(), "seed": i + 1, **hp}), FEATURES, CPU,
+                    feature_version="v") for i in range(n_runs)]
+
+
+def _solo_day(t: Trainer, x: np.ndarray, y: np.ndarray, edit: Callable[[Trainer], None] = lambda t: None) -> list:
+    """One day trained alone, the progress after each step recorded (what each checkpoint would save)."""
+    t.begin_shard("d0", x)
+    edit(t)
+    seen: list = []
+    assert t.train_shard(x, y, lambda: seen.append(dict(t.progress)) or True)
+    return seen
+
+
+def _packed_day(ts: list[Trainer], x: np.ndarray, y: np.ndarray, edit: Callable[[Trainer], None] = lambda t: None,
+                **kw: object) -> list[list]:
+    for t in ts:
+        t.begin_shard("d0", x)
+        edit(t)
+    seen: list[list] = [[] for _ in ts]
+    pack = packed.Pack(ts, _shard_seed, **kw)
+    assert pack.train_shard(x, y, lambda r: seen[r].append(dict(ts[r].progress)) or True) == [True] * len(ts)
+    return seen
+
+
+def _close(a: Trainer, b: Trainer) -> None:
+    ta, tb = tensors(a), tensors(b)
+    for key in ta:
+        torch.testing.assert_close(tb[key], ta[key], **packed.SOLO_TOLERANCE, msg=f"run {a.run}: {key}")
+
+
+@pytest.mark.parametrize("rows", [641, 640])
+def test_a_packed_runs_progress_is_its_solo_runs_at_every_step_and_at_the_days_end(rows: int) -> None:
+    """What each checkpoint of a packed run saves (its progress after every step) and where the day leaves it are
+    its solo training's; a day whose last batch holds one row (641 rows, batches of 64) or none trains as solo."""
+    x, y = _day(3, n=rows)
+    alone, together = _alike(), _alike()
+    solo_seen = [_solo_day(t, x, y) for t in alone]
+    assert _packed_day(together, x, y) == solo_seen
+    for a, b in zip(alone, together, strict=True):
+        assert (b.progress, b.steps) == (a.progress, a.steps) == ({"shard": "d0", "epoch": 2, "batch": 0,
+                                                                   "epochs": 2}, 2 * math.ceil(rows / 64))
+        _close(a, b)
+
+
+def test_a_packed_run_stopped_after_its_days_last_step_resumes_to_nothing_more() -> None:
+    """Stopped by its last step's checkpoint (the day trained, not yet closed), a run resumed in a pack trains no
+    further step and stands where its solo training ends the day."""
+    x, y = _day(3, n=640)
+    (t,) = _alike(1)
+    t.begin_shard("d0", x)
+    assert packed.Pack([t], _shard_seed).train_shard(x, y, lambda r: t.steps < 20) == [False]
+    again = reload(t)
+    again.begin_shard("d0", x)
+    assert packed.Pack([again], _shard_seed).train_shard(x, y, lambda r: True) == [True]
+    assert (again.steps, again.progress) == (20, {"shard": "d0", "epoch": 2, "batch": 0, "epochs": 2})
+
+
+def test_a_packed_day_of_more_epochs_than_the_runs_default_or_of_an_old_progress_without_them_trains_as_solo() -> None:
+    """`min_steps` raises a short run's epochs for the day (the progress keeps them); a format-2 checkpoint's
+    progress has no epochs and the run's `epochs` apply: packed as solo, either way."""
+    x, y = _day(4, n=300)
+    for edit, epochs in ((lambda t: None, 6), (lambda t: t.progress.pop("epochs"), 2)):
+        alone, together = _alike(min_steps=30), _alike(min_steps=30)
+        for t in alone:
+            _solo_day(t, x, y, edit)
+        _packed_day(together, x, y, edit)
+        for a, b in zip(alone, together, strict=True):
+            assert b.steps == a.steps == epochs * 5
+            _close(a, b)
+
+
+def test_a_day_of_full_batches_trains_unmasked_steps_and_sums_only_in_its_last_epoch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host chooses each step's kind from its cursors: with every run active and every batch full the step
+    runs without masks (the cheaper graph); the step that holds a partial last batch is masked; only the last
+    epoch's steps compute the sums."""
+    kinds: list[tuple[bool, bool]] = []
+    step = packed.packed_step
+    monkeypatch.setattr(packed, "packed_step", lambda p, sums=True, plain=False: kinds.append((sums, plain))
+                        or step(p, sums, plain))
+    for rows, plain in ((640, [True] * 10), (700, [True] * 10 + [False])):
+        kinds.clear()
+        x, y = _day(5, n=rows)
+        _packed_day(_alike(), x, y)
+        assert kinds == [(False, p) for p in plain] + [(True, p) for p in plain], rows
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
+def test_a_pack_that_cannot_be_recorded_on_its_first_summing_step_trains_and_sums_it_as_the_eager_pack() -> None:
+    x, y = _day(6, n=300)
+    eager, fallen = _alike(epochs=1), _alike(epochs=1)
+    _packed_day(eager, x, y, capture=False)
+    _packed_day(fallen, x, y, capture=True)
+    for a, b in zip(eager, fallen, strict=True):
+        ta, tb = tensors(a), tensors(b)
+        assert [k for k in ta if not torch.equal(ta[k], tb[k])] == [], a.run
+        assert (b.last_epoch_loss(), b.train_accuracy(len(y))) == (a.last_epoch_loss(), a.train_accuracy(len(y)))
+
+
+def test_each_packed_run_keeps_its_own_hyperparameters_exactly() -> None:
+    ts = fresh()
+    pack = packed.Pack(ts, _shard_seed, capture=False)
+    assert pack.lr.tolist() == [t.hp.lr for t in ts] and pack.lr.dtype == torch.float64
+    assert pack.ema_decay.tolist() == [t.hp.ema_decay for t in ts]
+    assert pack.wd.tolist() == [torch.tensor(t.hp.weight_decay, dtype=torch.float32).item() for t in ts]
+
+
+def test_a_packed_runs_last_epoch_sums_start_from_what_it_carried_or_from_zero() -> None:
+    """At the start of a run's last epoch its counts start from the trainer's (a checkpoint's `correct`, or what
+    this process summed before a stop) or from zero; at any other epoch, or past the epoch's end, they are
+    left alone."""
+    x, y = _day(0)
+    ts = fresh()
+    for t in ts:
+        t.begin_shard("d0", x)
+    pack = packed.Pack(ts, _shard_seed, capture=False)
+    pack.load_day(x, y)
+    batches = math.ceil(pack.n / pack.bs)
+    with ThreadPoolExecutor(max_workers=1) as pack.pool:
+        def start(epoch: int, batch: int = 0) -> tuple[int, float]:
+            pack.hits[0], pack.loss_sum[0] = 7, 0.5
+            pack._begin_epoch(0, packed.Cursor(epoch, batch, 2), batches)
+            return int(pack.hits[0]), float(pack.loss_sum[0])
+
+        assert start(0) == (7, 0.5) and start(1, batches) == (7, 0.5)
+        assert start(1) == (0, 0.0)
+        ts[0]._correct, ts[0]._loss_sum = torch.tensor(5), torch.tensor(1.25)
+        assert start(1) == (5, 1.25)
 
 
 def test_runs_that_cannot_share_a_stacked_model_are_refused_by_name() -> None:
