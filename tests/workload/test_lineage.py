@@ -263,14 +263,15 @@ def test_the_checkpoints_keys_are_read_by_name_in_the_lineage_module_only() -> N
 
 
 # -- the protocol's calls, as the worker makes them (workload/runtime/steps.py) ----------------------------------------
-PROTOCOL_SPEC = simulator.SimulationSpec(customers=200, terminals=150, train_days=4, test_days=2,
+# Ten training days: the first ones end a label delay (7 days) before the test days, so calibration is fitted.
+PROTOCOL_SPEC = simulator.SimulationSpec(customers=200, terminals=150, train_days=10, test_days=2,
                                          start_date="2018-04-01", seed=5)
 PROTOCOL_HP = HParams(hidden=(8,), epochs=2, batch_size=64, window_days=2, seed=4)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
-    """A small simulated dataset on disk: four training days and two test days."""
+    """A small simulated dataset on disk: ten training days and two test days."""
     root = tmp_path_factory.mktemp("lineage") / "fraud"
     simulator.generate(root, PROTOCOL_SPEC)
     write_manifest(root)
@@ -336,6 +337,8 @@ def test_a_day_reads_its_window_trains_and_closes_into_the_checkpoint_its_lease_
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", entry["time"])
     assert entry["train_accuracy"] == accuracy
     assert {k: entry[k] for k in evaluated} == evaluated
+    assert entry["calibration_days"] == days[:3], "the first days end a label delay before the test days"
+    assert (entry["calibration_scale"], entry["calibration_shift"]) != (1.0, 0.0), "calibrated: not the raw"
     raw = run.trainer.probabilities(run.trainer.logits(test.x), False)
     assert (entry["brier_raw"], entry["ece_raw"]) == (metrics.brier(raw, test.y),
                                                       metrics.expected_calibration_error(raw, test.y))
@@ -359,7 +362,9 @@ def test_closing_a_day_touches_the_lease_before_scoring_the_test_days(data: Data
     run.train_day(day, examples, window, lambda: True, "main/d")
     order: list[str] = []
     logits = run.trainer.logits
-    monkeypatch.setattr(run.trainer, "logits", lambda x, *a: order.append("score") or logits(x, *a))
+    test_rows = len(data.test_examples().y)
+    monkeypatch.setattr(run.trainer, "logits", lambda x, *a: (len(x) == test_rows and order.append("score"))
+                        or logits(x, *a))
     closed = run.close_day(data, day, examples, window, 1.23456, store, 1, lambda: order.append("touch"))
     assert order == ["touch", "score"]
     assert closed.checkpoint.state.history[-1]["train_seconds"] == 1.235
