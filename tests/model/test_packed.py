@@ -331,6 +331,8 @@ def test_each_packed_run_keeps_its_own_hyperparameters_exactly() -> None:
     assert pack.lr.tolist() == [t.hp.lr for t in ts] and pack.lr.dtype == torch.float64
     assert pack.ema_decay.tolist() == [t.hp.ema_decay for t in ts]
     assert pack.wd.tolist() == [torch.tensor(t.hp.weight_decay, dtype=torch.float32).item() for t in ts]
+    # Counts in int64, as solo (a float32 count stops at 2**24 rows); the averaging's step count in float64.
+    assert (pack.hits.dtype, pack.ema_step.dtype, pack.ema_decay.dtype) == (torch.int64, torch.float64, torch.float64)
 
 
 def test_a_packed_runs_last_epoch_sums_start_from_what_it_carried_or_from_zero() -> None:
@@ -354,6 +356,86 @@ def test_a_packed_runs_last_epoch_sums_start_from_what_it_carried_or_from_zero()
         assert start(1) == (0, 0.0)
         ts[0]._correct, ts[0]._loss_sum = torch.tensor(5), torch.tensor(1.25)
         assert start(1) == (5, 1.25)
+
+
+def _rated(seed: int, rate: float, n: int = 320) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < rate).astype(np.float32)
+    return (rng.normal(size=(n, 4)) + y[:, None]).astype(np.float32), y
+
+
+def test_packed_runs_weigh_fraud_as_solo_at_any_rate_and_read_labels_of_any_float_type() -> None:
+    """The class weight (non-fraud over fraud rows, at least 1, at most the run's cap) where the cap does not bind:
+    30 % fraud (2.3) and 60 % (below 1: 1); labels handed over as float64 are read as float32, as solo."""
+    for rate in (0.3, 0.6):
+        x, y = _rated(7, rate)
+        alone, together, as_float64 = _alike(), _alike(), _alike()
+        for t in alone:
+            _solo_day(t, x, y)
+        _packed_day(together, x, y)
+        _packed_day(as_float64, x, y.astype(np.float64))
+        for a, b, c in zip(alone, together, as_float64, strict=True):
+            _close(a, b)
+            tb, tc = tensors(b), tensors(c)
+            assert [k for k in tb if not torch.equal(tb[k], tc[k])] == [], "float64 labels are read as float32"
+
+
+def test_runs_whose_normalisers_differ_are_each_fed_the_day_normalised_by_their_own() -> None:
+    """A pack of runs that applied different days: each run's rows are normalised by its own statistics (a pack of
+    runs that agree shares one copy)."""
+    early, (x, y) = _day(8, n=200), _day(9, n=320)
+    alone, together = _alike(), _alike()
+    for ts in (alone, together):
+        ts[1].begin_shard("early", early[0])  # run 1's statistics fold in another day first
+        assert ts[1].train_shard(*early, lambda: True)
+        ts[1].finish_shard({"shard": "early"})
+    for t in alone:
+        _solo_day(t, x, y)
+    _packed_day(together, x, y)
+    for a, b in zip(alone, together, strict=True):
+        _close(a, b)
+
+
+def test_a_pack_whose_parameters_fill_whole_aligned_blocks_trains_as_solo() -> None:
+    """hidden=(32,) over 4 features: a 128-element weight needs no gap after it in the stacked rows."""
+    x, y = _day(10, n=320)
+    alone, together = _alike(hidden=(32,)), _alike(hidden=(32,))
+    assert 4 * 32 % packed.ALIGN == 0 and "net.0.weight" not in packed.gaps(packed.stacked_sizes(
+        packed.Pack(_alike(hidden=(32,)), _shard_seed, capture=False).w))
+    for t in alone:
+        _solo_day(t, x, y)
+    _packed_day(together, x, y)
+    for a, b in zip(alone, together, strict=True):
+        _close(a, b)
+
+
+def test_a_logit_of_exactly_zero_counts_as_fraud_in_a_packed_runs_accuracy_as_solo() -> None:
+    """Output layer zeroed: every logit of the day's first step is exactly 0, a probability of one half, which
+    counts as fraud (trainer: test_a_probability_of_exactly_one_half_counts_as_fraud)."""
+    x, y = _day(11, n=64)
+
+    def zeroed(ts: list[Trainer]) -> list[Trainer]:
+        for t in ts:
+            with torch.no_grad():
+                for p in t.model.net[-1].parameters():
+                    p.zero_()
+        return ts
+
+    alone, together = zeroed(_alike(epochs=1)), zeroed(_alike(epochs=1))
+    for t in alone:
+        _solo_day(t, x, y)
+    _packed_day(together, x, y)
+    for a, b in zip(alone, together, strict=True):
+        assert b.train_accuracy(len(y)) == a.train_accuracy(len(y)) == float(y.mean())
+
+
+def test_a_pack_of_no_runs_or_of_runs_with_other_adam_constants_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^a pack needs at least one run$"):
+        packed.Pack([], _shard_seed)
+    ts = _alike(2)
+    ts[1].optimizer.param_groups[0]["eps"] = 1e-6
+    with pytest.raises(ValueError, match=r"^runs of a pack must share Adam's betas and eps$"):
+        packed.Pack(ts, _shard_seed)
 
 
 def test_runs_that_cannot_share_a_stacked_model_are_refused_by_name() -> None:
