@@ -287,6 +287,23 @@ def test_adams_state_made_for_a_recording_is_the_state_its_first_step_would_make
     assert not plain.optimizer.state
 
 
+def test_a_step_stopped_in_its_last_epoch_and_continued_in_the_same_process_sums_as_an_undisturbed_one() -> None:
+    """Continued without a reload (a stop that did not end the process), the last epoch's loss and count go on
+    from what this process summed before the stop, as the eager trainer's do."""
+    x, y = _day(0)
+    whole = Trainer("r", HP, FEATURES, torch.device("cpu"), feature_version="v")
+    whole.begin_shard("d0", x)
+    assert shaped(capture=False, fused=False)(whole, x, y, lambda: True)
+    cut = Trainer("r", HP, FEATURES, torch.device("cpu"), feature_version="v")
+    cut.begin_shard("d0", x)
+    assert not shaped(capture=False, fused=False)(cut, x, y, lambda: cut.steps != 15)  # epoch 2 of 2, batch 4
+    assert shaped(capture=False, fused=False)(cut, x, y, lambda: True)
+    n = len(y)
+    assert (cut.last_epoch_loss(), cut.train_accuracy(n)) == (whole.last_epoch_loss(), whole.train_accuracy(n))
+    s = gpustep.step_for(cut, capture=False, fused=False)
+    assert (s.hits.dtype, s.k.dtype, s.base.dtype) == (torch.int64,) * 3, "counts in int64: float32 stops at 2**24"
+
+
 def test_the_fused_adam_takes_the_trainers_hyperparameters_and_shares_its_state() -> None:
     hp = dataclasses.replace(HP, lr=0.0123, weight_decay=0.004)
     trainer = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
