@@ -304,6 +304,56 @@ def test_a_step_stopped_in_its_last_epoch_and_continued_in_the_same_process_sums
     assert (s.hits.dtype, s.k.dtype, s.base.dtype) == (torch.int64,) * 3, "counts in int64: float32 stops at 2**24"
 
 
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_logit_of_exactly_zero_counts_as_fraud_in_the_shaped_steps_accuracy_as_in_the_trainers(capture: bool) -> None:
+    """Output layer zeroed, one batch, one epoch: every logit the step sees is exactly 0, a probability of one half,
+    which counts as fraud; asked to record on CPU, the step that falls back sums it alike."""
+    x, y = _day(1, n=64)
+    hp = dataclasses.replace(HP, epochs=1)
+    trainers = []
+    for train in (eager, shaped(capture=capture, fused=False)):
+        t = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
+        with torch.no_grad():
+            for p in t.model.net[-1].parameters():
+                p.zero_()
+        t.begin_shard("d0", x)
+        assert train(t, x, y, lambda: True)
+        trainers.append(t)
+    a, b = trainers
+    assert b.train_accuracy(len(y)) == a.train_accuracy(len(y)) == float(y.mean())
+    assert b.last_epoch_loss() == a.last_epoch_loss()
+
+
+def test_on_cpu_the_shaped_step_asked_for_nothing_is_the_trainers_eager_step_to_the_bit() -> None:
+    """Without `capture` and `fused` the shaped step records and fuses only on CUDA: on CPU it trains as the
+    trainer does, to the bit, whatever float type the labels come in; asked to record several steps a replay, the
+    step that falls back trains them all."""
+    def defaults(t: Trainer, x: np.ndarray, y: np.ndarray, after_step: Callable[[], bool]) -> bool:
+        return gpustep.train_shard(t, x, y.astype(np.float64), after_step, _shard_seed)
+
+    assert_equal(eager_cpu(), run(defaults, torch.device("cpu")))
+    assert_equal(eager_cpu(), run(shaped(capture=True, fused=False, per_replay=4), torch.device("cpu")))
+    with pytest.raises(AssertionError, match="^begin_shard first$"):
+        gpustep.train_shard(Trainer("r", HP, FEATURES, torch.device("cpu")), *_day(0), lambda: True, _shard_seed)
+
+
+def test_the_shaped_step_trains_the_epochs_its_progress_holds_or_an_old_progress_the_runs_own() -> None:
+    """`min_steps` raises a short run's epochs for the day (the progress keeps them); a format-2 checkpoint's
+    progress has none and the run's `epochs` apply: the shaped step as the trainer, either way."""
+    x, y = _day(2, n=300)
+    hp = dataclasses.replace(HP, min_steps=30)
+    for edit, epochs in ((lambda t: None, 6), (lambda t: t.progress.pop("epochs"), 2)):
+        got = []
+        for train in (eager, shaped(capture=False, fused=False)):
+            t = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
+            t.begin_shard("d0", x)
+            edit(t)
+            assert train(t, x, y, lambda: True)
+            got.append(t)
+        assert got[0].steps == got[1].steps == epochs * 5
+        assert_equal(*got)
+
+
 def test_the_fused_adam_takes_the_trainers_hyperparameters_and_shares_its_state() -> None:
     hp = dataclasses.replace(HP, lr=0.0123, weight_decay=0.004)
     trainer = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
