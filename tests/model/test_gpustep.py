@@ -344,14 +344,51 @@ def test_the_shaped_step_trains_the_epochs_its_progress_holds_or_an_old_progress
     hp = dataclasses.replace(HP, min_steps=30)
     for edit, epochs in ((lambda t: None, 6), (lambda t: t.progress.pop("epochs"), 2)):
         got = []
+        seen: list[list] = []
         for train in (eager, shaped(capture=False, fused=False)):
             t = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
             t.begin_shard("d0", x)
             edit(t)
-            assert train(t, x, y, lambda: True)
+            seen.append([])
+            assert train(t, x, y, lambda t=t, at=seen[-1]: at.append(dict(t.progress)) or True)
             got.append(t)
         assert got[0].steps == got[1].steps == epochs * 5
+        assert seen[0] == seen[1] and got[0].progress == got[1].progress, "what each checkpoint saves, and the end"
         assert_equal(*got)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 0.6])
+def test_the_shaped_step_weighs_fraud_as_the_trainer_at_any_rate(rate: float) -> None:
+    """The class weight (non-fraud over fraud rows, at least 1, at most the cap; 1 on a day without fraud) where
+    the cap does not bind: to the bit as the trainer."""
+    rng = np.random.default_rng(5)
+    y = (rng.random(300) < rate).astype(np.float32)
+    x = (rng.normal(size=(300, 4)) + y[:, None]).astype(np.float32)
+    got = []
+    for train in (eager, shaped(capture=False, fused=False)):
+        t = Trainer("r", HP, FEATURES, torch.device("cpu"), feature_version="v")
+        t.begin_shard("d0", x)
+        assert train(t, x, y, lambda: True)
+        got.append(t)
+    assert_equal(*got)
+
+
+def test_a_run_resumed_in_a_later_epoch_draws_that_epochs_batches_when_they_are_drawn_ahead() -> None:
+    """Asked to record (on CPU it falls back), the next epoch's permutation is drawn on a thread ahead of it: a
+    run of three epochs stopped in its second and resumed from its checkpoint still trains each epoch's batches."""
+    x, y = _day(3, n=300)
+    hp = dataclasses.replace(HP, epochs=3)
+    whole = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
+    whole.begin_shard("d0", x)
+    assert eager(whole, x, y, lambda: True)
+    cut = Trainer("r", hp, FEATURES, torch.device("cpu"), feature_version="v")
+    cut.begin_shard("d0", x)
+    train = shaped(capture=True, fused=False)
+    assert not train(cut, x, y, lambda: cut.steps != 7)  # epoch 1 (of 0, 1, 2), batch 2
+    cut = reload(cut)
+    cut.begin_shard("d0", x)
+    assert train(cut, x, y, lambda: True)
+    assert_equal(whole, cut)
 
 
 def test_the_fused_adam_takes_the_trainers_hyperparameters_and_shares_its_state() -> None:

@@ -314,8 +314,12 @@ def test_a_day_of_full_batches_trains_unmasked_steps_and_sums_only_in_its_last_e
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a machine where the step cannot be recorded")
-def test_a_pack_that_cannot_be_recorded_on_its_first_summing_step_trains_and_sums_it_as_the_eager_pack() -> None:
-    x, y = _day(6, n=300)
+@pytest.mark.parametrize("rows", [300, 40])
+def test_a_pack_that_cannot_be_recorded_on_its_first_summing_step_trains_and_sums_it_as_the_eager_pack(
+        rows: int) -> None:
+    """The step after the failed recording sums (the day's one epoch is its last), its batch full or, on a day of
+    one partial batch, masked."""
+    x, y = _day(6, n=rows)
     eager, fallen = _alike(epochs=1), _alike(epochs=1)
     _packed_day(eager, x, y, capture=False)
     _packed_day(fallen, x, y, capture=True)
@@ -367,7 +371,7 @@ def _rated(seed: int, rate: float, n: int = 320) -> tuple[np.ndarray, np.ndarray
 def test_packed_runs_weigh_fraud_as_solo_at_any_rate_and_read_labels_of_any_float_type() -> None:
     """The class weight (non-fraud over fraud rows, at least 1, at most the run's cap) where the cap does not bind:
     30 % fraud (2.3) and 60 % (below 1: 1); labels handed over as float64 are read as float32, as solo."""
-    for rate in (0.3, 0.6):
+    for rate in (0.0, 0.3, 0.6):
         x, y = _rated(7, rate)
         alone, together, as_float64 = _alike(), _alike(), _alike()
         for t in alone:
