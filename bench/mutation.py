@@ -159,16 +159,17 @@ GROUPS: tuple[Group, ...] = (
         ("workload/model/trainer.py", "workload/model/lineage.py"),
         ("tests/workload/test_trainer.py", "tests/workload/test_trainer_rng.py", "tests/model/test_first_days.py",
          "tests/model/test_window.py", "tests/workload/test_lineage.py", "tests/model/test_gpustep.py"),
-        cpu_minutes=4.4,
+        cpu_minutes=15.7,
     ),
     # The GPU-shaped step and the packed sweep (issue 33): the same function runs eagerly on CPU, where the tests
-    # compare it with the trainer; the CUDA-only lines (capture, replay) are exercised only by the tests that skip
-    # without a GPU, so their mutants survive on CPU. Not measured yet: cpu_minutes is a guess.
+    # compare it with the trainer; the CUDA-only lines (recording, replay, where a tensor is made) are exercised only
+    # by the tests that skip without a GPU, so their mutants survive on CPU and are explained (CPU_ONLY) in
+    # bench/mutation_equivalent.toml. Its first whole run took 71 CPU min at one mutant at once.
     Group(
         "gpustep",
         ("workload/model/gpustep.py", "workload/model/packed.py"),
         ("tests/model/test_gpustep.py", "tests/model/test_packed.py"),
-        cpu_minutes=10.0,
+        cpu_minutes=71.0,
     ),
     # Which days calibrate a model, and the fit: one module-scoped fixture trains a run on simulated days
     # (~20 CPU s), which every mutant pays once. Not measured yet: cpu_minutes is a guess.
