@@ -152,14 +152,20 @@ def test_each_packed_runs_last_epoch_sums_are_its_solo_runs_though_only_that_epo
         # whose logit sits within rounding of 0 may go either way, as in the test above
 
 
-def _ready_pack() -> packed.Pack:
-    """A pack of the three runs on day 0, every run active with its own permutation, ready for `packed_step`."""
+def _loaded_pack() -> packed.Pack:
+    """A pack of the three runs with day 0 begun and loaded."""
     x, y = _day(0)
     trainers = fresh()
     for t in trainers:
         t.begin_shard("d0", x)
     pack = packed.Pack(trainers, _shard_seed, capture=False)
     pack.load_day(x, y)
+    return pack
+
+
+def _ready_pack() -> packed.Pack:
+    """A pack of the three runs on day 0, every run active with its own permutation, ready for `packed_step`."""
+    pack = _loaded_pack()
     for r in range(pack.r):
         pack.order[r].copy_(torch.randperm(pack.n, generator=torch.Generator().manual_seed(r)))
     pack.active.fill_(True)
@@ -256,6 +262,17 @@ def _close(a: Trainer, b: Trainer) -> None:
         torch.testing.assert_close(tb[key], ta[key], **packed.SOLO_TOLERANCE, msg=f"run {a.run}: {key}")
 
 
+def _packed_as_solo(alone: list[Trainer], together: list[Trainer], x: np.ndarray, y: np.ndarray,
+                    edit: Callable[[Trainer], None] = lambda t: None) -> None:
+    """The day trained by each of `alone` on its own and by `together` packed: each packed run ends within the
+    stated tolerance of its solo twin."""
+    for t in alone:
+        _solo_day(t, x, y, edit)
+    _packed_day(together, x, y, edit)
+    for a, b in zip(alone, together, strict=True):
+        _close(a, b)
+
+
 @pytest.mark.parametrize("rows", [641, 640])
 def test_a_packed_runs_progress_is_its_solo_runs_at_every_step_and_at_the_days_end(rows: int) -> None:
     """What each checkpoint of a packed run saves (its progress after every step) and where the day leaves it are
@@ -289,12 +306,8 @@ def test_a_packed_day_of_more_epochs_than_the_runs_default_or_of_an_old_progress
     x, y = _day(4, n=300)
     for edit, epochs in ((lambda t: None, 6), (lambda t: t.progress.pop("epochs"), 2)):
         alone, together = _alike(min_steps=30), _alike(min_steps=30)
-        for t in alone:
-            _solo_day(t, x, y, edit)
-        _packed_day(together, x, y, edit)
-        for a, b in zip(alone, together, strict=True):
-            assert b.steps == a.steps == epochs * 5
-            _close(a, b)
+        _packed_as_solo(alone, together, x, y, edit)
+        assert [t.steps for t in together] == [t.steps for t in alone] == [epochs * 5] * 3
 
 
 def test_a_day_of_full_batches_trains_unmasked_steps_and_sums_only_in_its_last_epoch(
@@ -343,12 +356,8 @@ def test_a_packed_runs_last_epoch_sums_start_from_what_it_carried_or_from_zero()
     """At the start of a run's last epoch its counts start from the trainer's (a checkpoint's `correct`, or what
     this process summed before a stop) or from zero; at any other epoch, or past the epoch's end, they are
     left alone."""
-    x, y = _day(0)
-    ts = fresh()
-    for t in ts:
-        t.begin_shard("d0", x)
-    pack = packed.Pack(ts, _shard_seed, capture=False)
-    pack.load_day(x, y)
+    pack = _loaded_pack()
+    ts = pack.trainers
     batches = math.ceil(pack.n / pack.bs)
     with ThreadPoolExecutor(max_workers=1) as pack.pool:
         def start(epoch: int, batch: int = 0) -> tuple[int, float]:
@@ -393,11 +402,7 @@ def test_runs_whose_normalisers_differ_are_each_fed_the_day_normalised_by_their_
         ts[1].begin_shard("early", early[0])  # run 1's statistics fold in another day first
         assert ts[1].train_shard(*early, lambda: True)
         ts[1].finish_shard({"shard": "early"})
-    for t in alone:
-        _solo_day(t, x, y)
-    _packed_day(together, x, y)
-    for a, b in zip(alone, together, strict=True):
-        _close(a, b)
+    _packed_as_solo(alone, together, x, y)
 
 
 def test_a_pack_whose_parameters_fill_whole_aligned_blocks_trains_as_solo() -> None:
@@ -406,11 +411,7 @@ def test_a_pack_whose_parameters_fill_whole_aligned_blocks_trains_as_solo() -> N
     alone, together = _alike(hidden=(32,)), _alike(hidden=(32,))
     assert 4 * 32 % packed.ALIGN == 0 and "net.0.weight" not in packed.gaps(packed.stacked_sizes(
         packed.Pack(_alike(hidden=(32,)), _shard_seed, capture=False).w))
-    for t in alone:
-        _solo_day(t, x, y)
-    _packed_day(together, x, y)
-    for a, b in zip(alone, together, strict=True):
-        _close(a, b)
+    _packed_as_solo(alone, together, x, y)
 
 
 def test_a_logit_of_exactly_zero_counts_as_fraud_in_a_packed_runs_accuracy_as_solo() -> None:
