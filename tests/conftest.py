@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     assert not missing, f"tests/conftest.py's LONG_FILES names {missing}, not under tests/: rename them there"
     rank = {tests / name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level() -> Iterator[None]:
+    """The root logger's level put back after each test. The CLI's setup_logging (basicConfig, INFO) run in-process
+    would otherwise let INFO lines through for every later test of that pytest process, and a test that compares
+    caplog.messages to a list would pass or fail by which files `--dist loadfile` gave that process before it."""
+    level = logging.root.level
+    yield
+    logging.root.setLevel(level)
 
 
 @pytest.fixture

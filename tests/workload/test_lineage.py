@@ -412,6 +412,7 @@ def test_a_checkpoint_of_other_features_is_refused_naming_it_and_other_hyperpara
     with pytest.raises(ItemFault, match="start a new run"):
         Lineage.resume("main", PROTOCOL_HP, lineage.Start(renamed))
     other_hp = dataclasses.replace(PROTOCOL_HP, lr=0.5)
+    caplog.clear()  # the days trained above log at INFO where the root logger lets them through
     with caplog.at_level(logging.WARNING, logger="workload.model.lineage"):
         run = Lineage.resume("main", other_hp, lineage.Start(found))
     assert run.trainer.hp == PROTOCOL_HP and run.trainer.applied == [closed[0].checkpoint.state.applied[0]]
@@ -481,6 +482,7 @@ def test_the_newest_checkpoint_is_taken_unless_it_is_mid_way_through_another_day
     mid = _save(store, _state(("d1", "d2"), {"shard": "d3", "epoch": 0, "batch": 1}))
     assert lineage.newest(store, "d3").path == mid, "its own day resumes there"
     assert lineage.newest(store, "d2").path == mid, "it holds the day already: the day is only acked"
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="workload.model.lineage"):
         assert lineage.newest(store, "d4").path == boundary
     assert caplog.messages == [f"checkpoint {mid.name} is mid-way through d3, not d4: starting from the last shard "
