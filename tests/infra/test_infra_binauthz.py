@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
+import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dill
 import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -172,3 +177,148 @@ def test_a_stack_without_binary_authorization_declares_none_of_it(rendered: Rend
     r = rendered("dev")
     assert not [x for x in r.resources if "binaryauthorization" in x.type or "containeranalysis" in x.type
                 or x.type == "pulumi-python:dynamic:Resource"]
+
+
+def test_a_docker_reference_with_two_ats_or_beyond_ascii_is_written_as_gcloud_would() -> None:
+    """Only the first '@' ends the name (a reference with two is refused, not read from its last), and the payload
+    escapes what is not ASCII as gcloud's json.dumps(ensure_ascii=True) does."""
+    with pytest.raises(ValueError, match="only a digest can be attested"):
+        binauthz.signature_payload(f"gcr.io/a@b@{DIGEST}")
+    payload = binauthz.signature_payload(f"gcr.io/caf\u00e9@{DIGEST}")
+    assert b'"docker-reference": "gcr.io/caf\\u00e9"' in payload and payload.isascii()
+
+
+PROVIDER = "urn:pulumi:prod::spot-trainer::pulumi:pulumi:Stack$pulumi:providers:gcp::gcp::"
+
+
+def test_every_part_of_it_is_the_components_own_in_the_stacks_project_through_the_stacks_provider(
+        rendered: Render) -> None:
+    """The key ring, key, note, attestor, policy, grants, signatures and occurrences are children of the
+    BinaryAuthorization component (so the stack's gcp provider and its protection reach them), each names the
+    stack's project and its stack-scoped name, and the two lookups it makes go to the stack's provider too."""
+    r = rendered("prod")
+    (component,) = [x for x in r.resources if x.name == "binauthz"]
+    assert component.type == "spot-trainer:gcp:BinaryAuthorization"
+    parts = [x for x in r.resources if x.parent == component.urn]
+    assert sorted((x.type.rsplit(":", 1)[-1], x.name) for x in parts) == sorted([
+        ("KeyRing", "binauthz-attestor"), ("CryptoKey", "binauthz-attestor"), ("Note", "binauthz-attestor"),
+        ("Attestor", "binauthz-attestor"), ("Policy", "binauthz-policy"),
+        ("CryptoKeyIAMMember", "binauthz-deployer-signs"), ("NoteIamMember", "binauthz-deployer-attaches"),
+        ("Resource", "binauthz-trainer-signature"), ("Resource", "binauthz-redis-signature"),
+        ("Occurence", "binauthz-trainer"), ("Occurence", "binauthz-redis")])
+    project = r.config.site.project_id
+    for part in parts:
+        if part.type != "pulumi-python:dynamic:Resource":
+            assert part.provider.startswith(PROVIDER), part.urn
+        if part.type.rsplit(":", 1)[-1] not in ("CryptoKey", "CryptoKeyIAMMember", "Resource"):
+            assert part.inputs["project"] == project, part.urn
+    named = {x.type.rsplit(":", 1)[-1]: x.inputs for x in parts}
+    assert named["KeyRing"]["name"] == "spot-trainer-prod-binauthz"
+    assert (named["CryptoKey"]["name"], named["CryptoKey"]["labels"]) == (
+        "attestor", {"app": "spot-trainer", "env": "prod", "team": "ml-platform"})
+    assert named["Note"]["name"] == "spot-trainer-prod-attestor"
+    assert named["Note"]["attestationAuthority"] == {
+        "hint": {"humanReadableName": "spot-trainer prod: built and pushed by pulumi up"}}
+    assert named["Attestor"]["name"] == "spot-trainer-prod"
+    assert named["Policy"]["description"] == "spot-trainer prod: only images its attestor signed"
+    lookups = {c.token.rsplit(":", 1)[-1]: c.provider for c in r.calls}
+    for lookup in ("getKMSCryptoKeyVersion", "getClientOpenIdUserInfo"):
+        assert lookups[lookup].startswith(PROVIDER), lookup
+
+
+class _Kms(http.server.BaseHTTPRequestHandler):
+    """Cloud KMS's asymmetricSign and an STS token exchange, as their REST references define them, on a local port:
+    Cloud KMS itself cannot run here, and its reply is a real P-256 signature of the digest the request carries.
+    The token endpoint stands where workload identity federation's STS is for a CI deployer (an external_account
+    credential file, which names its token URL)."""
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    bodies: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/token":
+            self._reply(200, {"access_token": "t0ken", "issued_token_type":
+                              "urn:ietf:params:oauth:token-type:access_token", "token_type": "Bearer",
+                              "expires_in": 3600})
+        elif self.headers.get("Authorization") != "Bearer t0ken":
+            self._reply(401, {"error": {"code": 401, "message": "no credentials"}})
+        elif self.path.endswith("/cryptoKeyVersions/1:asymmetricSign"):
+            request = json.loads(body)
+            type(self).bodies.append(request)
+            digest = base64.b64decode(request["digest"]["sha256"])
+            signature = self.key.sign(digest, ec.ECDSA(Prehashed(hashes.SHA256())))
+            self._reply(200, {"signature": base64.b64encode(signature).decode(), "name": self.path})
+        else:
+            self._reply(403, {"error": {"code": 403, "message": "Permission 'cloudkms.cryptoKeyVersions.useToSign' "
+                                        "denied"}})
+
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def kms(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A local Cloud KMS (``_Kms``) and application default credentials that reach it: the URL to sign at."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Kms)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    (tmp_path / "oidc").write_text("a-ci-oidc-token")
+    (tmp_path / "adc.json").write_text(json.dumps({
+        "type": "external_account", "audience": "//iam.googleapis.com/locations/global/workloadIdentityPools/ci/"
+        "providers/github", "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+        "token_url": f"{url}/token", "credential_source": {"file": str(tmp_path / "oidc")}}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    _Kms.bodies.clear()
+    try:
+        yield f"{url}/v1/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pulumi_up_signs_the_payload_with_the_key_version_and_a_new_payload_or_key_is_a_new_signature(
+        kms: str) -> None:
+    """The dynamic provider's create: the payload's digest sent to asymmetricSign on the stack's key version with
+    the deployer's credentials; the ID is the payload's SHA-256, the signature verifies against the payload; a
+    refusal is an error naming the key version and Cloud KMS's reply. Its diff replaces on a new payload or key."""
+    signer = binauthz.KmsSignature.provider()
+    signer.api = kms  # type: ignore[attr-defined]
+    payload = binauthz.signature_payload(IMAGE)
+    version = "projects/p/locations/us-central1/keyRings/r/cryptoKeys/attestor/cryptoKeyVersions/1"
+    props = {"payload": base64.b64encode(payload).decode(), "key_version": version, "signature": None}
+    made = signer.create(props)
+    assert made.id == hashlib.sha256(payload).hexdigest()
+    assert made.outs == {**props, "signature": made.outs["signature"]}
+    _Kms.key.public_key().verify(base64.b64decode(made.outs["signature"]), payload, ec.ECDSA(hashes.SHA256()))
+    assert _Kms.bodies == [binauthz.sign_request(payload)]
+    other = version.replace("cryptoKeyVersions/1", "cryptoKeyVersions/2")
+    with pytest.raises(RuntimeError, match=rf"^Cloud KMS asymmetricSign with {re.escape(other)} failed: 403 .*"
+                       r"useToSign' denied"):
+        signer.create({**props, "key_version": other})
+    assert _diff(signer.diff(made.id, made.outs, {**props})) == (False, [], False)
+    assert _diff(signer.diff(made.id, made.outs, {**props, "key_version": other})) == (True, ["key_version"], False)
+    news = {**props, "payload": "bmV3", "key_version": other}
+    assert _diff(signer.diff(made.id, made.outs, news)) == (True, ["payload", "key_version"], False)
+
+
+def _diff(result: Any) -> tuple[bool, list[str], bool]:
+    return result.changes, result.replaces, result.delete_before_replace
+
+
+def test_the_signature_resource_carries_the_signer_pulumi_will_run(rendered: Render) -> None:
+    """What the engine stores with each signature is the pickled _KmsSigner (the provider `pulumi up` runs)."""
+    signature = rendered("prod").one("pulumi-python:dynamic:Resource", "binauthz-trainer-signature")
+    signer = dill.loads(base64.b64decode(signature.inputs["__provider"]))
+    assert signer.request(b"payload") == binauthz.sign_request(b"payload")
+    assert type(signer).__name__ == "_KmsSigner" and hasattr(signer, "create")
