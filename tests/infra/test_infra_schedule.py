@@ -18,10 +18,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from infra import config, contract, render, schedule
+from infra import config, contract, jobs, render, schedule
 from infra.render import Registered, Rendered
 from policy import offline
 from tests.infra.job_controller import FailedPod, JobController
+from tests.infra.pod_security import pod_security_violations
 from workload.core import errors
 
 Render = Callable[..., Rendered]
@@ -322,6 +323,29 @@ def test_the_launcher_is_a_small_pod_of_its_own_without_share_bucket_or_google_i
     kubernetes_validate.validate(render.to_manifest(cron), "1.33", strict=True)
     immutable = r.one("kubernetes:core/v1:ConfigMap", "schedule-job")
     assert immutable.inputs["immutable"] is True and immutable.delete_before_replace
+
+
+@pytest.mark.parametrize("overrides", [DAILY, SCORED], ids=["trains", "scores"])
+def test_the_launchers_pod_is_restricted_and_its_job_fails_as_the_loaders_does(overrides: dict,
+                                                                                 rendered: Render) -> None:
+    """The launcher's pod passes the restricted Pod Security level on its own securityContext too (non-root, the
+    workloads' UID, RuntimeDefault seccomp), is never restarted in place, leaves its log's tail as its termination
+    message, and reads Redis's retry budget in seconds; its Job is the loader's kind of Job (no retry, the loader's
+    exit-code rules for its own container) with a deadline of exactly its two waits and the slack."""
+    r = rendered("dev", **overrides)
+    cfg = r.config.jobs
+    job = r.one(CRON, "schedule-launcher").inputs["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    (container,) = pod["containers"]
+    assert not pod_security_violations(pod, "restricted")
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": contract.WORKLOAD_UID,
+                                      "runAsGroup": contract.WORKLOAD_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert (pod["restartPolicy"], container["terminationMessagePolicy"]) == ("Never", "FallbackToLogsOnError")
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    assert values[contract.ENV_REDIS_RETRY] == str(cfg.infra_retry_budget_minutes * 60)
+    assert (job["backoffLimit"], job["podFailurePolicy"]) == (0, jobs.failure_policy(contract.LAUNCHER))
+    assert job["activeDeadlineSeconds"] == (cfg.loader_timeout_minutes * 60 + cfg.active_deadline_seconds
+                                            + schedule.LAUNCH_SLACK_S)
 
 
 @pytest.mark.parametrize("stack", render.stack_names())
