@@ -11,7 +11,7 @@ costs, never its verdict: the same tests run, with the same fixtures and asserti
   (``gc.freeze()``): the fork server forks every mutant's run from a process that collected the tests, and a
   full collection there walks every object of pandas, torch and the Pulumi SDKs, copying the memory pages
   it touches, for objects that live as long as the process anyway.
-- Calls of functions whose ``__module__`` the code set to ``"__main__"`` are recorded in the stats run under the
+- Calls of functions whose ``__module__`` the code set to ``"__main__"`` are filed in the stats run under the
   module that defines them. infra/binauthz.py does that to its Pulumi dynamic provider's class and methods (so
   that dill pickles them by value); mutmut names a call by the called function's ``__module__``, so no test
   was ever mapped to those methods and all their mutants were "no tests", never run. Which tests run for a
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mutmut.mutation import trampoline
+from mutmut.state import state
 
 STATS = Path("mutmut-stats.json")
 
@@ -49,10 +49,10 @@ def pytest_collection_finish() -> None:
     gc.freeze()
 
 
-def _defined_in(name: str | None) -> str | None:
+def _defined_in(name: str) -> str:
     """``__main__.<mangled>`` as ``<module>.<mangled>``, the module holding mutmut's dict of that function's
     mutants (``mutants_<mangled>__mutmut``); any other name as it is."""
-    if name is None or not name.startswith("__main__."):
+    if not name.startswith("__main__."):
         return name
     mangled = name.removeprefix("__main__.")
     holder = f"mutants_{mangled}__mutmut"
@@ -60,11 +60,13 @@ def _defined_in(name: str | None) -> str | None:
     return f"{found}.{mangled}" if found else name
 
 
-_record_hit = trampoline.record_trampoline_hit
-
-
-def _record_where_defined(name: str, caller: str | None = None) -> None:
-    _record_hit(_defined_in(name) or name, caller=_defined_in(caller))
-
-
-trampoline.record_trampoline_hit = _record_where_defined
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown() -> None:
+    """Before mutmut's stats run files the functions a test called under the test (its own teardown hook), the
+    names of calls recorded as ``__main__.`` are put under their module. Not by replacing mutmut's recording
+    function: the signer's pickle (by value) would then carry a reference to this module."""
+    recorded = state()._stats
+    renamed = {_defined_in(name) for name in recorded}
+    if renamed != recorded:
+        recorded.clear()
+        recorded.update(renamed)

@@ -55,21 +55,22 @@ def test_without_recorded_durations_pytests_order_is_kept(pytester: pytest.Pytes
                               "test_heap_is_frozen_after_collection"]
 
 
-def test_a_call_of_a_method_renamed_to_main_is_recorded_under_the_module_that_defines_it(
+def test_a_call_of_a_method_renamed_to_main_is_filed_under_the_module_that_defines_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """infra/binauthz.py sets its dynamic provider's ``__module__`` to ``__main__`` (dill pickles it by value):
-    mutmut's stats run names a call by that, so the plugin finds the module holding the method's mutants."""
+    mutmut's stats run names a call by that, so the plugin finds the module holding the method's mutants and
+    renames what mutmut recorded before mutmut files it under the test."""
     import types
 
-    from mutmut.mutation import trampoline
+    from mutmut.state import state
 
     from bench import mutmut_plugin
 
     module = types.ModuleType("infra.signer_under_test")
     module.__dict__["mutants_xǁ_Signerǁcreate__mutmut"] = {}
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    assert mutmut_plugin._defined_in("__main__.xǁ_Signerǁcreate") == "infra.signer_under_test.xǁ_Signerǁcreate"
     assert mutmut_plugin._defined_in("__main__.xǁ_Signerǁdiff") == "__main__.xǁ_Signerǁdiff", "no such mutants"
-    assert mutmut_plugin._defined_in("infra.binauthz.x_member_of") == "infra.binauthz.x_member_of"
-    assert mutmut_plugin._defined_in(None) is None
-    assert trampoline.record_trampoline_hit is mutmut_plugin._record_where_defined
+    monkeypatch.setattr(state(), "_stats", set())  # mutmut's own set is put back afterwards
+    state()._stats.update({"__main__.xǁ_Signerǁcreate", "infra.binauthz.x_member_of"})
+    mutmut_plugin.pytest_runtest_teardown()
+    assert state()._stats == {"infra.signer_under_test.xǁ_Signerǁcreate", "infra.binauthz.x_member_of"}
