@@ -95,6 +95,7 @@ class _KmsSigner(pulumi.dynamic.ResourceProvider):
 
     api = "https://cloudkms.googleapis.com/v1/"
     scope = "https://www.googleapis.com/auth/cloud-platform"
+    timeout_s = 60.0  # a Cloud KMS that does not answer fails `pulumi up` after this, never hangs it
 
     @staticmethod
     def request(payload: bytes) -> dict[str, Any]:
@@ -111,7 +112,7 @@ class _KmsSigner(pulumi.dynamic.ResourceProvider):
 
         credentials, _ = google.auth.default(scopes=[self.scope])
         reply = AuthorizedSession(credentials).post(
-            f"{self.api}{key_version}:asymmetricSign", json=self.request(payload), timeout=60)
+            f"{self.api}{key_version}:asymmetricSign", json=self.request(payload), timeout=self.timeout_s)
         if reply.status_code != 200:
             raise RuntimeError(f"Cloud KMS asymmetricSign with {key_version} failed: {reply.status_code} {reply.text}")
         return str(reply.json()["signature"])

@@ -15,11 +15,14 @@ import re
 import subprocess
 import sys
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import dill
 import pytest
+import requests
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -188,6 +191,7 @@ def test_a_docker_reference_with_two_ats_or_beyond_ascii_is_written_as_gcloud_wo
     assert b'"docker-reference": "gcr.io/caf\\u00e9"' in payload and payload.isascii()
 
 
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PROVIDER = "urn:pulumi:prod::spot-trainer::pulumi:pulumi:Stack$pulumi:providers:gcp::gcp::"
 
 
@@ -237,12 +241,17 @@ class _Kms(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/token":
+        if self.path == "/token" and urllib.parse.parse_qs(body.decode()).get("scope") != [SCOPE]:
+            self._reply(400, {"error": "invalid_scope", "error_description": "a scope is required"})
+        elif self.path == "/token":
             self._reply(200, {"access_token": "t0ken", "issued_token_type":
                               "urn:ietf:params:oauth:token-type:access_token", "token_type": "Bearer",
                               "expires_in": 3600})
         elif self.headers.get("Authorization") != "Bearer t0ken":
             self._reply(401, {"error": {"code": 401, "message": "no credentials"}})
+        elif self.path.endswith("/cryptoKeyVersions/9:asymmetricSign"):  # a Cloud KMS that does not answer
+            time.sleep(3)
+            self._reply(200, {"signature": "dG9vIGxhdGU="})
         elif self.path.endswith("/cryptoKeyVersions/1:asymmetricSign"):
             request = json.loads(body)
             type(self).bodies.append(request)
@@ -306,6 +315,11 @@ def test_pulumi_up_signs_the_payload_with_the_key_version_and_a_new_payload_or_k
     with pytest.raises(RuntimeError, match=rf"^Cloud KMS asymmetricSign with {re.escape(other)} failed: 403 .*"
                        r"useToSign' denied"):
         signer.create({**props, "key_version": other})
+    signer.timeout_s = 0.5  # type: ignore[attr-defined]
+    started = time.monotonic()
+    with pytest.raises(requests.exceptions.Timeout):
+        signer.create({**props, "key_version": version.replace("cryptoKeyVersions/1", "cryptoKeyVersions/9")})
+    assert time.monotonic() - started < 2.5, "a stalled Cloud KMS fails the signature, it does not hang pulumi up"
     assert _diff(signer.diff(made.id, made.outs, {**props})) == (False, [], False)
     assert _diff(signer.diff(made.id, made.outs, {**props, "key_version": other})) == (True, ["key_version"], False)
     news = {**props, "payload": "bmV3", "key_version": other}
