@@ -1,9 +1,9 @@
 """The launcher's admission policy evaluated as CEL (infra/admission.py), on the Job bodies the launcher posts and on
 bodies changed the way a stolen launcher token would change them.
 
-Needs cel-python (`celpy`, PyPI "cel-python"), which the project's requirements do not carry yet: skipped without
-it. It evaluates standard CEL, as the API server's cel-go does for these expressions (they use no Kubernetes
-extension library); the API server itself is not run.
+Needs cel-python (`celpy`, PyPI "cel-python", in requirements-test.txt): skipped without it. It evaluates
+standard CEL, as the API server's cel-go does for these expressions (they use no Kubernetes extension library); the
+API server itself is not run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from infra import contract, schedule
+from infra import admission, contract, schedule
 from infra.render import Rendered
 
 celpy = pytest.importorskip("celpy")
@@ -128,3 +128,32 @@ def test_each_scheduled_name_admits_only_its_own_body(rendered: Callable[..., Re
     }
     verdicts = {case: verdict(policy, job, launcher) for case, job in cases.items()}
     assert verdicts == dict.fromkeys(cases, [body])
+
+
+# Entries of every kind each line tells apart, as the API server stores them (empty omitempty fields left out).
+ENTRIES = {
+    "env": ([{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+             {"name": "C", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+             {"name": "D", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
+            ["A=1", "B secret s/k", "C field metadata.name", "D other"]),
+    "mount": ([{"name": "a", "mountPath": "/a"}, {"name": "b", "mountPath": "/b", "subPath": "x"},
+               {"name": "c", "mountPath": "/c", "readOnly": True}, {"name": "d", "mountPath": "/d", "readOnly": False},
+               {"name": "e", "mountPath": "/e", "subPath": "y", "readOnly": True}],
+              ["a at /a", "b at /b sub x", "c at /c ro", "d at /d", "e at /e sub y ro"]),
+    "volume": ([{"name": "v", "persistentVolumeClaim": {"claimName": "share"}},
+                {"name": "w", "configMap": {"name": "m"}}, {"name": "x", "emptyDir": {}}],
+               ["v claim share", "w configMap m", "x other"]),
+}
+LINES = {"env": (admission.ENV_LINE, admission.env_line, "e"),
+         "mount": (admission.MOUNT_LINE, admission.mount_line, "m"),
+         "volume": (admission.VOLUME_LINE, admission.volume_line, "v")}
+
+
+@pytest.mark.parametrize("kind", list(ENTRIES))
+def test_every_kind_of_entry_reads_the_same_in_cel_and_in_python(kind: str) -> None:
+    """A body's entries are compared as lines, written by CEL on the object and by Python on the rendered body:
+    for each kind of variable, mount and volume the two lines are the same, and different kinds differ."""
+    entries, lines = ENTRIES[kind]
+    cel, python, var = LINES[kind]
+    in_cel = _run(f"object.items.map({var}, {cel})", {"object": celpy.json_to_cel({"items": entries})})
+    assert [str(line) for line in in_cel] == [python(e) for e in entries] == lines
