@@ -122,6 +122,10 @@ def test_each_scheduled_name_admits_only_its_own_body(rendered: Callable[..., Re
         "another claim": worker(lambda j, p: p["volumes"][0]["persistentVolumeClaim"].update(claimName="other")),
         "a mount moved": worker(lambda j, p: p[first][0]["volumeMounts"][0].update(mountPath="/tmp")),
         "more GPUs": worker(lambda j, p: p[first][0]["resources"]["limits"].update({"nvidia.com/gpu": "8"})),
+        "a GPU for the scorer": changed(scoring, lambda j, p: p[first][0]["resources"].setdefault(
+            "limits", {}).update({"nvidia.com/gpu": "1"})),
+        "a GPU requested by the scorer": changed(scoring, lambda j, p: p[first][0]["resources"].setdefault(
+            "requests", {}).update({"nvidia.com/gpu": "1"})),
         "a second container": worker(lambda j, p: p[first].append({**p[first][0], "name": "side"})),
         "a scorer dropped": changed(scoring, lambda j, p: p[first].pop()),
         "the scorer's init args": changed(scoring, lambda j, p: p["initContainers"][0].update(args=["sleep"])),
@@ -157,3 +161,15 @@ def test_every_kind_of_entry_reads_the_same_in_cel_and_in_python(kind: str) -> N
     cel, python, var = LINES[kind]
     in_cel = _run(f"object.items.map({var}, {cel})", {"object": celpy.json_to_cel({"items": entries})})
     assert [str(line) for line in in_cel] == [python(e) for e in entries] == lines
+
+
+def test_a_container_without_resources_is_pinned_to_no_gpu() -> None:
+    """A body whose container declares no resources at all (nor limits) admits itself, and not itself with a GPU."""
+    bare = {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "args": ["x"]}]}}}}
+    no_limits = changed(bare, lambda j, p: p["containers"][0].update(resources={"requests": {"cpu": "1"}}))
+    for job in (bare, no_limits):
+        pin = admission.body_pin(job)
+        assert _run(pin, {"object": celpy.json_to_cel(job)})
+        gpu = changed(job, lambda j, p: p["containers"][0].setdefault("resources", {}).setdefault(
+            "limits", {}).update({"nvidia.com/gpu": "1"}))
+        assert not _run(pin, {"object": celpy.json_to_cel(gpu)})
