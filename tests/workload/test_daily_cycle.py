@@ -24,8 +24,8 @@ from harness import same_weights
 
 from workload import cli
 from workload.core.errors import EXIT_BAD_CONFIG, EXIT_DONE
+from workload.data import cycle, publish, simulator, source
 from workload.data import dataset as ds
-from workload.data import publish, simulator, source
 from workload.data.cycle import Cycle
 from workload.data.dayfile import DatasetError
 from workload.model import score
@@ -237,3 +237,33 @@ def test_new_labels_for_a_day_still_queued_replace_its_item(
     c = WorkQueue(connect(bank.server.url, bank.server.password)).counts()
     assert (c.pending, c.done, c.dead) == (1, 1, 0)
     assert bank.drain()["applied"] == [f"training/v2/{DAY[0]}.parquet"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2", None])
+def test_a_cycle_needs_a_whole_number_of_test_days_of_at_least_one(bad: object) -> None:
+    with pytest.raises(DatasetError) as err:
+        Cycle(bad)  # type: ignore[arg-type]
+    assert str(err.value) == (f"test days: {bad!r}; the daily cycle needs a whole number of test days of at least 1 "
+                              "(the newest N labelled days test, older ones train)")
+
+
+def test_a_cycle_reads_back_from_its_manifest_record_and_says_what_it_is() -> None:
+    assert Cycle(1).test_days == 1 and Cycle.from_record(Cycle(2).record()) == Cycle(2)
+    assert Cycle.from_record(None) is None, "a dataset without a cycle"
+    for bad in ({}, [2], {"days": 2}):
+        with pytest.raises(DatasetError) as err:
+            Cycle.from_record(bad)
+        assert str(err.value) == f"manifest cycle: {bad!r}; expected {{test_days: N}}"
+    assert cycle.describe(None) == "a fixed holdout (testing/ days test)"
+    assert cycle.describe(Cycle(2)) == "the daily cycle (the newest 2 labelled day(s) test, older ones train)"
+
+
+def test_a_version_stands_for_its_day_and_remembers_its_source_file() -> None:
+    assert cycle.version_path("training/2018-04-05.parquet", 2) == "training/v2/2018-04-05.parquet"
+    assert cycle.unversioned("training/v2/2018-04-05.parquet") == "training/2018-04-05.parquet"
+    for other in ("training/2018-04-05.parquet", "training/late/2018-04-05.parquet",
+                  "training/v2/x/2018-04-05.parquet"):
+        assert cycle.unversioned(other) == other
+    assert cycle.source_rel({"path": "training/v2/2018-04-05.parquet", "from": "training/2018-04-05.csv"}) == (
+        "training/2018-04-05.csv")
+    assert cycle.source_rel({"path": "training/2018-04-05.parquet"}) == "training/2018-04-05.parquet"
