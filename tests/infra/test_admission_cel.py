@@ -164,12 +164,31 @@ def test_every_kind_of_entry_reads_the_same_in_cel_and_in_python(kind: str) -> N
 
 
 def test_a_container_without_resources_is_pinned_to_no_gpu() -> None:
-    """A body whose container declares no resources at all (nor limits) admits itself, and not itself with a GPU."""
-    bare = {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "args": ["x"]}]}}}}
-    no_limits = changed(bare, lambda j, p: p["containers"][0].update(resources={"requests": {"cpu": "1"}}))
+    """A body whose container declares no resources at all (nor limits), and none of args, variables, mounts or
+    volumes, admits itself, and not itself with a GPU."""
+    bare = {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}  # no args, env, mounts
+    no_limits = changed(bare, lambda j, p: p["containers"][0].update(resources={"requests": {"cpu": "1"}},
+                                                                     args=["x"]))
     for job in (bare, no_limits):
         pin = admission.body_pin(job)
         assert _run(pin, {"object": celpy.json_to_cel(job)})
         gpu = changed(job, lambda j, p: p["containers"][0].setdefault("resources", {}).setdefault(
             "limits", {}).update({"nvidia.com/gpu": "1"}))
         assert not _run(pin, {"object": celpy.json_to_cel(gpu)})
+
+
+def test_a_refused_job_is_told_which_rule_it_broke_in_the_stacks_own_names(rendered: Callable[..., Rendered]) -> None:
+    """The API server denies the launcher's request with the broken rule's message: each names what is allowed."""
+    policy, training, scoring, _ = _rendered(rendered)
+    trains, scores = schedule.SCHEDULED_JOB, schedule.SCHEDULED_SCORING_JOB
+    (first, second) = sorted([trains, scores])
+    image = training["spec"]["template"]["spec"]["containers"][0]["image"]
+    account = {trains: admission.account_of(training), scores: admission.account_of(scoring)}
+    assert [v["message"] for v in policy["validations"]] == [
+        f"the launcher may create only the Jobs {first}, {second}",
+        f"every container of a launched Job runs the stack's image {image}",
+        "a launched Job runs as the service account the stack gives it: "
+        f"{first} as {account[first]}, {second} as {account[second]}",
+        "a launched Job's containers run what the stack renders for its name (args, environment, mounts, volumes, "
+        f"GPUs): {first}, {second}",
+    ]
