@@ -35,7 +35,7 @@ def verdict(policy: dict[str, Any], job: dict[str, Any], user: str) -> str | lis
     if not all(_run(c["expression"], activation) for c in policy["matchConditions"]):
         return "not matched"
     (account,) = policy["variables"]
-    activation["variables"] = celpy.json_to_cel({"account": str(_run(account["expression"], activation))})
+    activation["variables"] = celpy.json_to_cel({account["name"]: str(_run(account["expression"], activation))})
     failed = [v["message"] for v in policy["validations"] if not _run(v["expression"], activation)]
     return failed or "admitted"
 

@@ -325,6 +325,22 @@ def test_the_launcher_is_a_small_pod_of_its_own_without_share_bucket_or_google_i
     assert immutable.inputs["immutable"] is True and immutable.delete_before_replace
 
 
+def test_the_admission_policy_and_its_binding_are_the_launch_admissions_own_on_the_stacks_cluster(
+        rendered: Render) -> None:
+    """Both objects are children of LaunchAdmission, go to the stack's cluster provider, carry the launcher's
+    labels and the policy's one name; the binding is created after the policy it names."""
+    r = rendered("dev", **DAILY)
+    component = r.one("spot-trainer:k8s:LaunchAdmission")
+    cluster_provider = r.one(JOB, "loader").provider
+    policy = r.one("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy")
+    binding = r.one("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    name = f"{contract.APP}-{r.config.namespace}-{contract.LAUNCHER}"
+    for child in (policy, binding):
+        assert (child.parent, child.provider) == (component.urn, cluster_provider), child.urn
+        assert child.inputs["metadata"] == {"name": name, "labels": contract.labels(contract.LAUNCHER)}, child.urn
+    assert binding.inputs["spec"]["policyName"] == name and policy.urn in binding.dependencies
+
+
 @pytest.mark.parametrize("overrides", [DAILY, SCORED], ids=["trains", "scores"])
 def test_the_launchers_pod_is_restricted_and_its_job_fails_as_the_loaders_does(overrides: dict,
                                                                                  rendered: Render) -> None:
